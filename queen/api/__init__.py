@@ -1,0 +1,23 @@
+"""Falcon resources: parse and validate, call the store, serialise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+import orjson
+
+MAX_BODY = 64 * 1024 * 1024  # bytes; larger requests get 413
+
+
+def read_body(req: falcon.Request) -> bytes:
+    """Read the raw request body, refusing bodies over MAX_BODY."""
+    if req.content_length is not None and req.content_length > MAX_BODY:
+        raise falcon.HTTPPayloadTooLarge(description=f"request body over {MAX_BODY} bytes")
+    return req.bounded_stream.read(MAX_BODY + 1)
+
+
+def send_json(resp: falcon.Response, doc: Any, status: int = 200) -> None:
+    resp.status = status
+    resp.content_type = falcon.MEDIA_JSON
+    resp.data = orjson.dumps(doc)

@@ -1,0 +1,137 @@
+"""Push, pop and ack (API.md sections 1-3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+import orjson
+
+from queen.api import read_body, send_json, validation
+from queen.errors import NotFound, QueueFull
+from queen.models import AckResult, Popped, PopRoute, iso
+from queen.polling import LongPoller
+from queen.store import Store
+
+
+class PushResource:
+    def __init__(self, store: Store, max_batch: int) -> None:
+        self.store = store
+        self.max_batch = max_batch
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        raw = read_body(req)
+        items = validation.push_items(validation.parse_json_object(raw), raw, self.max_batch)
+        results = self.store.messages.push(raw, items)
+        messages = []
+        for r in results:
+            entry: dict[str, Any] = {
+                "id": r.id,
+                "transactionId": r.transaction_id,
+                "status": r.status,
+            }
+            if r.status == "rejected":
+                entry["error"] = "queue is full (maxSize)"
+                entry["transactionId"] = items[r.index - 1].get("transactionId")
+            messages.append(entry)
+        if all(r.status == "rejected" for r in results):
+            raise QueueFull("queue is full (maxSize): every item was rejected")
+        send_json(resp, {"messages": messages}, 201)
+
+
+def message_json(m: Popped) -> dict[str, Any]:
+    """Shape a popped message as API.md 2.1."""
+    return {
+        "id": m.id,
+        "transactionId": m.transaction_id,
+        "queue": m.queue,
+        "partition": m.partition,
+        "data": orjson.Fragment(m.payload),
+        "retryCount": m.retry_count,
+        "priority": m.priority,
+        "createdAt": iso(m.created_at),
+        "lockedAt": iso(m.locked_at),
+        "leaseId": m.lease_id,
+        "leaseExpiresAt": iso(m.lease_expires_at),
+        "options": {"leaseTime": m.lease_time, "retryLimit": m.retry_limit},
+    }
+
+
+class PopResource:
+    """The three pop routes; which one is decided by the URL fields present."""
+
+    def __init__(
+        self, poller: LongPoller, max_batch: int, default_timeout_ms: int, max_timeout_ms: int
+    ) -> None:
+        self.poller = poller
+        self.max_batch = max_batch
+        self.default_timeout_ms = default_timeout_ms
+        self.max_timeout_ms = max_timeout_ms
+
+    def on_get(
+        self,
+        req: falcon.Request,
+        resp: falcon.Response,
+        queue: str | None = None,
+        partition: str | None = None,
+    ) -> None:
+        params = req.params
+        if queue is None:
+            route = PopRoute(
+                namespace=validation.name(params.get("namespace"), "namespace", required=False),
+                task=validation.name(params.get("task"), "task", required=False),
+            )
+        else:
+            route = PopRoute(
+                queue=validation.name(queue, "queue"),
+                partition=validation.name(partition, "partition", required=False),
+            )
+        batch = validation.int_param(params, "batch", 1, 1, self.max_batch)
+        wait = validation.bool_param(params, "wait")
+        timeout_ms = validation.int_param(params, "timeout", self.default_timeout_ms, 0, 2**31 - 1)
+        timeout_ms = min(timeout_ms, self.max_timeout_ms)
+        messages = self.poller.pop(route, batch, wait=wait, timeout_s=timeout_ms / 1000)
+        if not messages:
+            resp.status = falcon.HTTP_204
+            return
+        send_json(resp, {"messages": [message_json(m) for m in messages]})
+
+
+def ack_json(r: AckResult) -> dict[str, Any]:
+    doc: dict[str, Any] = {"transactionId": r.transaction_id, "status": r.status}
+    if r.status == "retry_scheduled":
+        doc["retryCount"] = r.retry_count
+    return doc
+
+
+class AckResource:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        ack = validation.acknowledgment(validation.parse_json_object(read_body(req)))
+        (result,) = self.store.messages.ack([ack])
+        if result.status == "not_found":
+            raise NotFound(f"message {result.transaction_id!r} not found")
+        send_json(resp, {**ack_json(result), "acknowledgedAt": iso(result.acknowledged_at)})
+
+
+class AckBatchResource:
+    def __init__(self, store: Store, max_batch: int) -> None:
+        self.store = store
+        self.max_batch = max_batch
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        doc = validation.parse_json_object(read_body(req))
+        results = self.store.messages.ack(validation.acknowledgments(doc, self.max_batch))
+        if all(r.status == "not_found" for r in results):
+            raise NotFound("none of these messages exist")
+        found = [r for r in results if r.status != "not_found"]
+        send_json(
+            resp,
+            {
+                "processed": len(found),
+                "acknowledgedAt": iso(results[0].acknowledged_at),
+                "results": [ack_json(r) for r in results],
+            },
+        )

@@ -1,0 +1,171 @@
+"""Parse and check request input; raise InvalidInput with a message a client can act on."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from queen.errors import InvalidInput, PayloadTooLarge
+from queen.models import OPTIONS_BY_NAME
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+NAME_RULE = "1-128 characters: letters, digits and . _ : @ - (not first)"
+MAX_TRANSACTION_ID = 255
+MAX_ERROR_TEXT = 10_000
+MAX_INT = 2**31 - 1
+TRUE = {"true", "1", "yes"}
+FALSE = {"false", "0", "no"}
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """Decode a request body that must be a JSON object."""
+    if not body:
+        raise InvalidInput("request body is required")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object")
+    return doc
+
+
+def name(value: Any, field: str, *, required: bool = True) -> str | None:
+    """Check a queue, partition, namespace or task name."""
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field} must be a string")
+    if not NAME.match(value):
+        raise InvalidInput(f"invalid {field} {value[:64]!r}: {NAME_RULE}")
+    return value
+
+
+def _items(doc: Mapping[str, Any], key: str, max_items: int) -> list[Any]:
+    items = doc.get(key)
+    if not isinstance(items, list):
+        raise InvalidInput(f"{key} must be an array")
+    if not items:
+        raise InvalidInput(f"{key} must not be empty")
+    if len(items) > max_items:
+        raise PayloadTooLarge(f"at most {max_items} {key} per request, got {len(items)}")
+    return items
+
+
+def _transaction_id(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{field} must be a non-empty string")
+    if len(value) > MAX_TRANSACTION_ID:
+        raise InvalidInput(f"{field} is longer than {MAX_TRANSACTION_ID} characters")
+    if "\x00" in value:
+        raise InvalidInput(f"{field} must not contain NUL")
+    return value
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in k or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def push_items(doc: Mapping[str, Any], raw: bytes, max_items: int) -> list[dict[str, Any]]:
+    """Check a push body: {"items": [{"queue", "partition"?, "payload", "transactionId"?}]}."""
+    items = _items(doc, "items", max_items)
+    may_hold_nul = b"\\u0000" in raw  # PostgreSQL jsonb cannot store NUL
+    for i, item in enumerate(items):
+        where = f"items[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidInput(f"{where} must be an object")
+        name(item.get("queue"), f"{where}.queue")
+        name(item.get("partition"), f"{where}.partition", required=False)
+        if "payload" not in item:
+            raise InvalidInput(f"{where}.payload is required")
+        if item.get("transactionId") is not None:
+            _transaction_id(item["transactionId"], f"{where}.transactionId")
+        if may_hold_nul and _has_nul(item["payload"]):
+            raise InvalidInput(f"{where}.payload must not contain NUL characters (\\u0000)")
+    return items
+
+
+def acknowledgments(doc: Mapping[str, Any], max_items: int) -> list[dict[str, Any]]:
+    """Check an ack batch: {"acknowledgments": [{"transactionId", "status", "error"?}]}."""
+    return [
+        acknowledgment(item, f"acknowledgments[{i}]")
+        for i, item in enumerate(_items(doc, "acknowledgments", max_items))
+    ]
+
+
+def acknowledgment(item: Any, where: str = "body") -> dict[str, Any]:
+    """Check one ack: {"transactionId", "status": "completed"|"failed", "error"?}."""
+    if not isinstance(item, dict):
+        raise InvalidInput(f"{where} must be an object")
+    txid = _transaction_id(item.get("transactionId"), f"{where}.transactionId")
+    status = item.get("status")
+    if status not in ("completed", "failed"):
+        raise InvalidInput(f"{where}.status must be 'completed' or 'failed'")
+    error = item.get("error")
+    if error is not None:
+        if not isinstance(error, str):
+            raise InvalidInput(f"{where}.error must be a string")
+        error = error.replace("\x00", "")[:MAX_ERROR_TEXT]
+    return {"transactionId": txid, "status": status, "error": error}
+
+
+def queue_options(value: Any) -> dict[str, Any]:
+    """Check configure options; return {column: value} for the options given."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput("options must be an object")
+    columns: dict[str, Any] = {}
+    for key, raw in value.items():
+        option = OPTIONS_BY_NAME.get(key)
+        if option is None:
+            raise InvalidInput(f"unknown option {key!r}")
+        if option.type is bool:
+            if not isinstance(raw, bool):
+                raise InvalidInput(f"option {key} must be a boolean")
+        else:
+            if isinstance(raw, bool) or not isinstance(raw, int):
+                raise InvalidInput(f"option {key} must be an integer")
+            low = -MAX_INT if key == "priority" else 0
+            if not low <= raw <= MAX_INT:
+                raise InvalidInput(f"option {key} must be between {low} and {MAX_INT}")
+            if key == "leaseTime" and raw < 1:
+                raise InvalidInput("option leaseTime must be at least 1 second")
+        columns[option.column] = raw
+    return columns
+
+
+def int_param(params: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
+    """Read an integer query parameter within [low, high]."""
+    raw = params.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"{key} must be an integer") from exc
+    if not low <= value <= high:
+        raise InvalidInput(f"{key} must be between {low} and {high}")
+    return value
+
+
+def bool_param(params: Mapping[str, str], key: str, default: bool = False) -> bool:
+    """Read a boolean query parameter (true/false/1/0/yes/no)."""
+    raw = params.get(key)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.lower()
+    if lowered in TRUE:
+        return True
+    if lowered in FALSE:
+        return False
+    raise InvalidInput(f"{key} must be true or false")

@@ -1,0 +1,111 @@
+"""The WSGI application: routes, CORS, and the one mapping of domain errors to HTTP."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import falcon
+
+from queen.api import send_json
+from queen.api.messages import AckBatchResource, AckResource, PopResource, PushResource
+from queen.api.queues import ConfigureResource
+from queen.api.system import HealthResource
+from queen.config import Settings
+from queen.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    QueenError,
+    QueueFull,
+    Unavailable,
+)
+from queen.events import Events
+from queen.polling import LongPoller
+from queen.store import Store
+
+log = logging.getLogger(__name__)
+
+API = "/api/v1"
+STATUS_OF: dict[type[QueenError], str] = {
+    InvalidInput: falcon.HTTP_400,
+    NotFound: falcon.HTTP_404,
+    Conflict: falcon.HTTP_409,
+    PayloadTooLarge: falcon.HTTP_413,
+    QueueFull: falcon.HTTP_429,
+    Unavailable: falcon.HTTP_503,
+}
+CORS_HEADERS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Methods": "GET, POST, PUT, DELETE, OPTIONS",
+    "Access-Control-Allow-Headers": "Content-Type, Authorization",
+    "Access-Control-Max-Age": "86400",
+}
+
+
+class CORSMiddleware:
+    """Put the CORS headers on every response; answer preflight requests."""
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if req.method == "OPTIONS":
+            resp.set_headers(CORS_HEADERS)
+            resp.status = falcon.HTTP_204
+            resp.complete = True
+
+    def process_response(
+        self, req: falcon.Request, resp: falcon.Response, resource: Any, ok: bool
+    ) -> None:
+        resp.set_headers(CORS_HEADERS)
+
+
+def _queen_error(req: falcon.Request, resp: falcon.Response, ex: QueenError, params: Any) -> None:
+    status = next((s for cls, s in STATUS_OF.items() if isinstance(ex, cls)), falcon.HTTP_400)
+    if isinstance(ex, Unavailable):
+        log.warning("%s %s: %s (%r)", req.method, req.path, ex.message, ex.__cause__)
+        resp.set_header("Retry-After", "1")
+    send_json(resp, {"error": ex.message}, int(status.split()[0]))
+
+
+def _http_error(
+    req: falcon.Request, resp: falcon.Response, ex: falcon.HTTPError, params: Any
+) -> None:
+    message = ex.description or ex.title or "error"
+    send_json(resp, {"error": message}, int(ex.status_code))
+    if ex.headers:
+        resp.set_headers(ex.headers)
+
+
+def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    log.exception("%s %s failed", req.method, req.path)
+    send_json(resp, {"error": "internal server error"}, 500)
+
+
+def create_app(
+    settings: Settings,
+    store: Store | None = None,
+    events: Events | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> falcon.App:
+    """Build the WSGI app around a store (opened by the caller) and an events registry."""
+    store = store or Store.from_settings(settings)
+    poller = LongPoller(store, events, settings.effective_worker_id, clock)
+    app = falcon.App(middleware=[CORSMiddleware()])
+    app.req_options.strip_url_path_trailing_slash = True
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(falcon.HTTPError, _http_error)
+    app.add_error_handler(QueenError, _queen_error)
+
+    batch = settings.max_batch
+    pop = PopResource(poller, batch, settings.default_timeout_ms, settings.max_timeout_ms)
+    app.add_route(f"{API}/push", PushResource(store, batch))
+    app.add_route(f"{API}/pop/queue/{{queue}}/partition/{{partition}}", pop)
+    app.add_route(f"{API}/pop/queue/{{queue}}", pop)
+    app.add_route(f"{API}/pop", pop)
+    app.add_route(f"{API}/ack", AckResource(store))
+    app.add_route(f"{API}/ack/batch", AckBatchResource(store, batch))
+    app.add_route(f"{API}/configure", ConfigureResource(store))
+    app.add_route("/health", HealthResource(store, events, clock))
+    return app

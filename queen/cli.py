@@ -1,0 +1,129 @@
+"""`queen serve | migrate | maintenance | env`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from queen.config import Settings, env_table
+
+log = logging.getLogger("queen")
+
+ROOT = Path(__file__).resolve().parents[1]
+STOP_TIMEOUT = 15.0  # seconds children get to stop before they are killed
+
+
+def _database_env(settings: Settings) -> dict[str, str]:
+    """Return the environment naming the database, starting an embedded one if none is set."""
+    env = dict(os.environ)
+    if settings.database_configured:
+        return env
+    from queen.embedded import default_data_dir, start_embedded
+
+    data_dir = settings.embedded_dir or str(default_data_dir())
+    log.info("no database configured: starting embedded PostgreSQL in %s", data_dir)
+    env["DATABASE_URL"] = start_embedded(data_dir)
+    return env
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from queen.store.migrate import migrate
+
+    settings = Settings.from_env()
+    dsn = _database_env(settings).get("DATABASE_URL") or settings.dsn
+    applied = migrate(dsn)
+    print(f"applied {len(applied)} migration(s): {', '.join(applied) or 'none pending'}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from queen.store.migrate import migrate
+
+    settings = Settings.from_env(host=args.host, port=args.port, workers=args.workers)
+    env = _database_env(settings)
+    env.update(HOST=settings.host, PORT=str(settings.port), QUEEN_WORKERS=str(settings.workers))
+    dsn = env.get("DATABASE_URL") or settings.dsn
+    applied = migrate(dsn)
+    log.info("migrations applied: %s", applied or "none pending")
+
+    children: list[subprocess.Popen[bytes]] = []
+    if args.maintenance and (ROOT / "workers" / "maintenance.py").exists():
+        children.append(subprocess.Popen([sys.executable, "-m", "workers.maintenance"], env=env,
+                                         cwd=ROOT))
+    children.append(subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")], env=env,
+        cwd=ROOT))
+    log.info("serving on http://%s:%s with %d workers", settings.host, settings.port,
+             settings.workers)
+    return _supervise(children)
+
+
+def _supervise(children: list[subprocess.Popen[bytes]]) -> int:
+    """Wait for any child to exit or a stop signal; then stop them all."""
+    stopping = False
+
+    def stop(sig: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while not stopping and all(child.poll() is None for child in children):
+        time.sleep(0.2)
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    for child in children:
+        try:
+            child.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    failed = [c.returncode for c in children if c.returncode not in (0, -signal.SIGTERM)]
+    return 0 if stopping or not failed else 1
+
+
+def cmd_maintenance(args: argparse.Namespace) -> int:
+    from workers.maintenance import main as maintenance_main
+
+    return maintenance_main()
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    print(env_table())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="queen", description="Queen message queue server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the HTTP API (gunicorn) and the maintenance process")
+    serve.add_argument("--host", help="listen address (env HOST, default 0.0.0.0)")
+    serve.add_argument("--port", type=int, help="listen port (env PORT, default 6632)")
+    serve.add_argument("--workers", type=int, help="gunicorn workers (env QUEEN_WORKERS, default 2)")
+    serve.add_argument("--no-maintenance", dest="maintenance", action="store_false",
+                       help="do not start the maintenance process")
+    serve.set_defaults(func=cmd_serve)
+    sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
+    sub.add_parser("maintenance", help="run the maintenance process").set_defaults(
+        func=cmd_maintenance)
+    sub.add_parser("env", help="list the environment variables").set_defaults(func=cmd_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "info").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

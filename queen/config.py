@@ -1,0 +1,124 @@
+"""Settings: one frozen object read from the environment, each field with its variable and doc."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+
+def _s(env: str, default: Any, doc: str) -> Any:
+    """Declare a setting: its environment variable, default and help text."""
+    return dataclasses.field(default=default, metadata={"env": env, "doc": doc})
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every runtime setting of a Queen process."""
+
+    database_url: str = _s(
+        "DATABASE_URL", "", "PostgreSQL URL; when empty, PG_* variables or an embedded server"
+    )
+    pg_host: str = _s("PG_HOST", "", "PostgreSQL host (used when DATABASE_URL is empty)")
+    pg_port: int = _s("PG_PORT", 5432, "PostgreSQL port")
+    pg_user: str = _s("PG_USER", "postgres", "PostgreSQL user")
+    pg_password: str = _s("PG_PASSWORD", "", "PostgreSQL password")
+    pg_db: str = _s("PG_DB", "postgres", "PostgreSQL database")
+    db_pool_size: int = _s("DB_POOL_SIZE", 10, "connections per gunicorn worker")
+    db_timeout_ms: int = _s(
+        "DB_TIMEOUT", 5000, "ms to wait for a pooled connection before answering 503"
+    )
+    statement_timeout_ms: int = _s(
+        "QUEEN_STATEMENT_TIMEOUT", 30000, "statement_timeout of API connections (ms)"
+    )
+    host: str = _s("HOST", "0.0.0.0", "address to listen on")
+    port: int = _s("PORT", 6632, "port to listen on")
+    workers: int = _s("QUEEN_WORKERS", 2, "gunicorn worker processes")
+    worker_connections: int = _s(
+        "QUEEN_WORKER_CONNECTIONS", 10000, "concurrent requests (long polls) per worker"
+    )
+    worker_id: str = _s("WORKER_ID", "", "name recorded on leased messages (default: hostname-pid)")
+    default_timeout_ms: int = _s("DEFAULT_TIMEOUT", 30000, "long-poll timeout (ms)")
+    max_timeout_ms: int = _s("MAX_TIMEOUT", 60000, "largest long-poll timeout (ms)")
+    poll_fallback_s: float = _s(
+        "QUEEN_POLL_FALLBACK", 2.0, "seconds between re-checks of a parked poll"
+    )
+    max_batch: int = _s("MAX_BATCH_SIZE", 1000, "largest push or pop batch")
+    encryption_key: str = _s(
+        "QUEEN_ENCRYPTION_KEY", "", "64 hex chars (AES-256) for encryptionEnabled queues"
+    )
+    embedded_dir: str = _s("QUEEN_EMBEDDED_DIR", "", "data directory of the embedded PostgreSQL")
+    maintenance_interval_s: float = _s(
+        "QUEEN_MAINTENANCE_INTERVAL", 1.0, "seconds between maintenance cycles"
+    )
+    metrics_interval_s: float = _s(
+        "METRICS_COLLECTION_INTERVAL", 5.0, "seconds between depth snapshots"
+    )
+    metrics_retention_days: int = _s(
+        "METRICS_RETENTION_DAYS", 30, "days of per-minute metrics kept"
+    )
+    partition_cleanup_s: int = _s(
+        "QUEEN_PARTITION_CLEANUP", 86400, "empty partitions are removed after this (s)"
+    )
+    log_level: str = _s("LOG_LEVEL", "info", "log level")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from environment variables, then apply non-None overrides."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = environ.get(field.metadata["env"], "")
+            if raw != "":
+                values[field.name] = _parse(field, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    @property
+    def database_configured(self) -> bool:
+        """Tell whether a database was named (otherwise `queen serve` embeds one)."""
+        return bool(self.database_url or self.pg_host)
+
+    @property
+    def dsn(self) -> str:
+        """Return the libpq connection string for the configured database."""
+        if self.database_url:
+            return self.database_url
+        parts = {
+            "host": self.pg_host or "127.0.0.1",
+            "port": str(self.pg_port),
+            "user": self.pg_user,
+            "dbname": self.pg_db,
+        }
+        if self.pg_password:
+            parts["password"] = self.pg_password
+        return " ".join(f"{k}='{_quote(v)}'" for k, v in parts.items())
+
+    @property
+    def effective_worker_id(self) -> str:
+        """Return the worker id recorded on leases."""
+        return self.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
+    kind = type(field.default)
+    try:
+        return kind(raw)
+    except ValueError as exc:
+        env = field.metadata["env"]
+        raise ValueError(f"{env}={raw!r} is not a valid {kind.__name__}") from exc
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def env_table() -> str:
+    """Render the settings as a markdown table (README and `queen env`)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for field in dataclasses.fields(Settings):
+        meta = field.metadata
+        rows.append(f"| `{meta['env']}` | `{field.default}` | {meta['doc']} |")
+    return "\n".join(rows)

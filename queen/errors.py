@@ -1,0 +1,38 @@
+"""Domain errors. Each class's docstring is its default message; none knows about HTTP."""
+
+from __future__ import annotations
+
+
+class QueenError(Exception):
+    """Queen error."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidInput(QueenError):
+    """Invalid request."""
+
+
+class NotFound(QueenError):
+    """Not found."""
+
+
+class Conflict(QueenError):
+    """The resource is not in a state that allows this."""
+
+
+class QueueFull(QueenError):
+    """The queue is full."""
+
+
+class PayloadTooLarge(QueenError):
+    """Request body too large."""
+
+
+class Unavailable(QueenError):
+    """The database is unavailable."""

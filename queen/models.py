@@ -1,0 +1,99 @@
+"""Records and shapes shared by the store, the API and the workers (no SQL, no HTTP)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from typing import Any, NamedTuple
+
+
+class QueueOption(NamedTuple):
+    """One queue option: its API name, its column, its type and default."""
+
+    name: str
+    column: str
+    type: type
+    default: Any
+
+
+QUEUE_OPTIONS: tuple[QueueOption, ...] = (
+    QueueOption("leaseTime", "lease_time", int, 300),
+    QueueOption("retryLimit", "retry_limit", int, 3),
+    QueueOption("priority", "priority", int, 0),
+    QueueOption("maxSize", "max_size", int, 0),
+    QueueOption("ttl", "ttl", int, 0),
+    QueueOption("dlqAfterMaxRetries", "dlq_after_max_retries", bool, True),
+    QueueOption("delayedProcessing", "delayed_processing", int, 0),
+    QueueOption("windowBuffer", "window_buffer", int, 0),
+    QueueOption("retentionSeconds", "retention_seconds", int, 0),
+    QueueOption("completedRetentionSeconds", "completed_retention_seconds", int, 0),
+    QueueOption("retentionEnabled", "retention_enabled", bool, False),
+    QueueOption("encryptionEnabled", "encryption_enabled", bool, False),
+    QueueOption("maxWaitTimeSeconds", "max_wait_time_seconds", int, 0),
+)
+OPTIONS_BY_NAME = {option.name: option for option in QUEUE_OPTIONS}
+
+
+def options_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Return the API options of a queue row (a dict with the option columns)."""
+    return {option.name: row[option.column] for option in QUEUE_OPTIONS}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Popped:
+    """A message handed to a consumer under a lease (the row type queen.popped)."""
+
+    id: uuid.UUID
+    transaction_id: str
+    queue: str
+    partition: str
+    payload: str  # JSON text, decrypted
+    encrypted: bool
+    retry_count: int
+    priority: int
+    created_at: dt.datetime
+    locked_at: dt.datetime
+    lease_id: uuid.UUID
+    lease_expires_at: dt.datetime
+    lease_time: int
+    retry_limit: int
+
+
+class PushResult(NamedTuple):
+    index: int  # 1-based position in the request
+    id: uuid.UUID | None
+    transaction_id: str | None
+    status: str  # queued | duplicate | rejected
+
+
+class AckResult(NamedTuple):
+    index: int
+    transaction_id: str
+    status: str  # completed | retry_scheduled | dead_letter | failed | not_found | pending
+    retry_count: int | None
+    acknowledged_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PopRoute:
+    """What a pop asks for: one partition, any partition of a queue, or a filter."""
+
+    queue: str | None = None
+    partition: str | None = None
+    namespace: str | None = None
+    task: str | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.partition is not None:
+            return "partition"
+        return "queue" if self.queue is not None else "filter"
+
+
+def iso(ts: dt.datetime | None) -> str | None:
+    """Format a timestamp as ISO-8601 UTC with milliseconds: 2025-10-08T05:12:33.893Z."""
+    if ts is None:
+        return None
+    ts = ts.astimezone(dt.UTC)
+    return ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"

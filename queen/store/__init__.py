@@ -1,0 +1,38 @@
+"""The only code that talks SQL. Store bundles one object per family over one pool."""
+
+from __future__ import annotations
+
+from queen.config import Settings
+from queen.store.db import Database
+from queen.store.messages import Messages
+from queen.store.queues import Queues
+
+
+class Store:
+    """Everything the API and the workers ask of PostgreSQL."""
+
+    def __init__(self, db: Database, encryption_key: str = "") -> None:
+        self.db = db
+        self.queues = Queues(db)
+        self.messages = Messages(db, self.queues, encryption_key)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, application_name: str = "queen") -> Store:
+        db = Database(
+            settings.dsn,
+            pool_size=settings.db_pool_size,
+            timeout_s=settings.db_timeout_ms / 1000,
+            statement_timeout_ms=settings.statement_timeout_ms,
+            application_name=application_name,
+        )
+        return cls(db, settings.encryption_key)
+
+    def open(self) -> None:
+        self.db.open()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def ping(self) -> None:
+        """Raise Unavailable unless the database answers."""
+        self.db.fetch("ping")

@@ -1,0 +1,73 @@
+"""Push, pop and ack: the hot paths, one database call each."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+from psycopg.rows import class_row
+
+from queen import crypto
+from queen.errors import InvalidInput
+from queen.models import AckResult, Popped, PopRoute, PushResult
+from queen.store.db import Database
+from queen.store.queues import Queues
+
+
+class Messages:
+    """The message lifecycle: push, pop (claim under a lease) and ack."""
+
+    def __init__(self, db: Database, queues: Queues, encryption_key: str = "") -> None:
+        self.db = db
+        self.queues = queues
+        self._key = crypto.load_key(encryption_key) if encryption_key else None
+
+    def push(self, body: bytes | str, items: list[dict[str, Any]]) -> list[PushResult]:
+        """Store validated items; body is the raw request ({"items": [...]}) they came from."""
+        if self.queues.any_encrypted():
+            body = self._encrypt_items(body, items)
+        rows = self.db.fetch("push", {"body": body if isinstance(body, str) else body.decode()})
+        return [PushResult(*row) for row in rows]
+
+    def _encrypt_items(self, body: bytes | str, items: list[dict[str, Any]]) -> bytes | str:
+        secret = [bool((f := self.queues.flags(i["queue"])) and f.encrypted) for i in items]
+        if not any(secret):
+            return body
+        if self._key is None:
+            raise InvalidInput("queue is encrypted but QUEEN_ENCRYPTION_KEY is not set")
+        sealed = [
+            {
+                **item,
+                "payload": crypto.encrypt(self._key, orjson.dumps(item["payload"])),
+                "encrypted": True,
+            }
+            if is_secret
+            else item
+            for item, is_secret in zip(items, secret, strict=True)
+        ]
+        return orjson.dumps({"items": sealed})
+
+    def pop(self, route: PopRoute, batch: int, worker: str) -> list[Popped]:
+        """Claim up to batch messages for route; an empty list when none is available."""
+        params = {
+            "batch": batch,
+            "worker": worker,
+            "queue": route.queue,
+            "partition": route.partition,
+            "namespace": route.namespace,
+            "task": route.task,
+        }
+        rows = self.db.fetch(f"pop_{route.kind}", params, class_row(Popped), raw_json=True)
+        return [self._decrypt(row) if row.encrypted else row for row in rows]
+
+    def _decrypt(self, message: Popped) -> Popped:
+        if self._key is None:
+            raise InvalidInput("message is encrypted but QUEEN_ENCRYPTION_KEY is not set")
+        plain = crypto.decrypt(self._key, orjson.loads(message.payload))
+        return dataclasses.replace(message, payload=plain.decode())
+
+    def ack(self, acks: list[dict[str, Any]]) -> list[AckResult]:
+        """Apply validated acknowledgments; one result per item, in order."""
+        rows = self.db.fetch("ack", {"acks": orjson.dumps(acks).decode()})
+        return [AckResult(*row) for row in rows]

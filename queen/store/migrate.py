@@ -1,0 +1,51 @@
+"""Apply sql/migrations/ in order, once each, under an advisory lock (hosts may start together)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import psycopg
+
+from queen.store.db import translate_errors
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_LOCK = 0x5155_4545_4E00  # pg_advisory_lock key ("QUEEN")
+
+
+def sql_dir() -> Path:
+    """Return the sql/ directory (beside the package in a checkout or an editable install)."""
+    return Path(__file__).resolve().parents[2] / "sql"
+
+
+def migration_files(directory: Path | None = None) -> list[Path]:
+    directory = directory or sql_dir() / "migrations"
+    return sorted(directory.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+
+
+def migrate(dsn: str, directory: Path | None = None) -> list[str]:
+    """Apply pending migrations; return the names applied."""
+    applied: list[str] = []
+    with translate_errors(), psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATIONS_LOCK,))
+        try:
+            conn.execute("CREATE SCHEMA IF NOT EXISTS queen")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS queen.schema_migrations ("
+                " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r[0] for r in conn.execute("SELECT name FROM queen.schema_migrations")}
+            for path in migration_files(directory):
+                if path.name in done:
+                    continue
+                log.info("applying migration %s", path.name)
+                with conn.transaction():
+                    conn.execute(path.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+                    conn.execute(
+                        "INSERT INTO queen.schema_migrations (name) VALUES (%s)", (path.name,)
+                    )
+                applied.append(path.name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATIONS_LOCK,))
+    return applied

@@ -1,0 +1,58 @@
+"""Per-worker process wiring: what gunicorn loads after fork (`queen.wsgi:get_app()`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from queen.config import Settings
+
+log = logging.getLogger(__name__)
+
+# This process's store and events registry, for gunicorn's shutdown hooks.
+runtime: dict[str, Any] = {}
+
+
+def assert_cooperative_driver() -> None:
+    """Fail fast if psycopg was imported before gevent patched select (it would block the hub)."""
+    if "gevent" not in sys.modules:
+        return
+    from gevent import monkey
+
+    if not monkey.is_module_patched("select"):
+        return
+    import psycopg.waiting
+
+    if psycopg.waiting.wait is getattr(psycopg.waiting, "wait_c", None):
+        raise RuntimeError("psycopg was imported before gevent patched select: it would block")
+
+
+def get_app() -> Any:
+    """Build this worker's app: its own pool and LISTEN connection, created after fork."""
+    assert_cooperative_driver()
+    from queen.app import create_app
+    from queen.events import Events
+    from queen.store import Store
+
+    settings = Settings.from_env()
+    logging.basicConfig(level=settings.log_level.upper())
+    store = Store.from_settings(settings)
+    store.open()
+    events = Events(settings.dsn, settings.poll_fallback_s)
+    events.start()
+    runtime.update(store=store, events=events, settings=settings)
+    return create_app(settings, store=store, events=events)
+
+
+def shutdown() -> None:
+    """Release parked polls at once (they answer 204) when the worker is asked to stop."""
+    events = runtime.get("events")
+    if events is not None:
+        events.shutdown()
+
+
+def close() -> None:
+    store = runtime.pop("store", None)
+    if store is not None:
+        store.close()

@@ -1,0 +1,538 @@
+-- 0001: the first schema (queues, partitions, messages, partition heads, push/pop/ack functions).
+
+CREATE SCHEMA IF NOT EXISTS queen;
+
+-- Queues carry every option as a column: the hot paths read them in SQL.
+CREATE TABLE queen.queues (
+    id                          uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    name                        text NOT NULL UNIQUE,
+    namespace                   text,
+    task                        text,
+    priority                    integer NOT NULL DEFAULT 0,
+    lease_time                  integer NOT NULL DEFAULT 300,     -- seconds
+    retry_limit                 integer NOT NULL DEFAULT 3,
+    max_size                    integer NOT NULL DEFAULT 0,       -- pending messages, 0 = unlimited
+    ttl                         integer NOT NULL DEFAULT 0,       -- seconds, 0 = forever
+    dlq_after_max_retries       boolean NOT NULL DEFAULT true,
+    delayed_processing          integer NOT NULL DEFAULT 0,       -- seconds
+    window_buffer               integer NOT NULL DEFAULT 0,       -- seconds
+    retention_seconds           integer NOT NULL DEFAULT 0,
+    completed_retention_seconds integer NOT NULL DEFAULT 0,
+    retention_enabled           boolean NOT NULL DEFAULT false,
+    encryption_enabled          boolean NOT NULL DEFAULT false,
+    max_wait_time_seconds       integer NOT NULL DEFAULT 0,       -- 0 = no cap
+    created_at                  timestamptz NOT NULL DEFAULT now(),
+    updated_at                  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX queues_namespace ON queen.queues (namespace) WHERE namespace IS NOT NULL;
+CREATE INDEX queues_task ON queen.queues (task) WHERE task IS NOT NULL;
+
+-- A partition is a FIFO lane and the unit of leasing: while lease_id is set and
+-- lease_expires_at is in the future, one consumer owns it.
+CREATE TABLE queen.partitions (
+    id                uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    queue_id          uuid NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
+    name              text NOT NULL,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    last_activity_at  timestamptz NOT NULL DEFAULT now(),
+    lease_id          uuid,
+    lease_expires_at  timestamptz,
+    leased_by         text,
+    UNIQUE (queue_id, name)
+) WITH (fillfactor = 70);
+CREATE INDEX partitions_leased ON queen.partitions (lease_expires_at) WHERE lease_id IS NOT NULL;
+
+CREATE TABLE queen.messages (
+    transaction_id   text PRIMARY KEY,
+    id               uuid NOT NULL,
+    seq              bigint GENERATED ALWAYS AS IDENTITY,   -- FIFO order within a partition
+    partition_id     uuid NOT NULL REFERENCES queen.partitions (id) ON DELETE CASCADE,
+    payload          jsonb NOT NULL,
+    encrypted        boolean NOT NULL DEFAULT false,        -- payload is {"iv","tag","data"}
+    status           text NOT NULL DEFAULT 'pending'
+                     CHECK (status IN ('pending', 'processing', 'completed', 'failed', 'dead_letter')),
+    retry_count      integer NOT NULL DEFAULT 0,
+    worker_id        text,
+    lease_id         uuid,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    locked_at        timestamptz,
+    lease_expires_at timestamptz,
+    completed_at     timestamptz,
+    failed_at        timestamptz,
+    error_message    text
+) WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 1
+);
+-- The claim walks exactly this: pending rows of one partition in FIFO order.
+CREATE INDEX messages_pending ON queen.messages (partition_id, seq) WHERE status = 'pending';
+-- Acks and lease expiry look up the in-flight rows of a partition.
+CREATE INDEX messages_processing ON queen.messages (partition_id, lease_id) WHERE status = 'processing';
+-- Listing and retention walk a partition by time, for any status.
+CREATE INDEX messages_partition_created ON queen.messages (partition_id, created_at);
+
+-- One row per partition that may hold pending messages, ordered by its oldest one.
+-- Pop by queue walks this (one row per partition) instead of the message backlog.
+-- Rows are added by trigger whenever a message becomes pending, and removed by a pop
+-- that finds the partition empty (both under the partition's advisory lock).
+CREATE TABLE queen.partition_heads (
+    partition_id  uuid PRIMARY KEY REFERENCES queen.partitions (id) ON DELETE CASCADE,
+    queue_id      uuid NOT NULL,
+    head_seq      bigint NOT NULL
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01);
+CREATE INDEX partition_heads_queue ON queen.partition_heads (queue_id, head_seq);
+
+-- ---------------------------------------------------------------------------
+-- Functions
+-- ---------------------------------------------------------------------------
+
+-- Time-ordered UUID (RFC 9562 version 7).
+CREATE FUNCTION queen.uuid_v7() RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+    SELECT encode(
+        set_bit(set_bit(
+            overlay(uuid_send(gen_random_uuid())
+                    PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                    FROM 1 FOR 6),
+            52, 1), 53, 1),
+        'hex')::uuid
+$$;
+
+CREATE FUNCTION queen.partition_lock_key(p_partition uuid) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended(p_partition::text, 7)
+$$;
+
+-- Wake long polls waiting on these partitions: payload 'queue/partition/namespace/task',
+-- one per partition and transaction (PostgreSQL folds identical payloads). Called by the triggers below
+-- and by maintenance when delayed or windowed messages become due.
+CREATE FUNCTION queen.notify_partitions(p_partitions uuid[]) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('queen', q.name || '/' || p.name || '/' || coalesce(q.namespace, '') || '/' || coalesce(q.task, ''))
+    FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+    WHERE p.id = ANY (p_partitions)
+$$;
+
+-- Record that these partitions hold pending work: make sure each has a head row
+-- (taken under the shared partition lock so a concurrent "partition is empty"
+-- decision cannot miss it) and wake waiters.
+CREATE FUNCTION queen.mark_pending(p_partitions uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(queen.partition_lock_key(x))
+    FROM unnest(p_partitions) AS x ORDER BY x;
+
+    INSERT INTO queen.partition_heads (partition_id, queue_id, head_seq)
+    SELECT p.id, p.queue_id,
+           coalesce((SELECT m.seq FROM queen.messages m
+                     WHERE m.partition_id = p.id AND m.status = 'pending'
+                     ORDER BY m.seq LIMIT 1), 0)
+    FROM queen.partitions p
+    WHERE p.id = ANY (p_partitions)
+    ORDER BY p.id
+    ON CONFLICT (partition_id) DO NOTHING;
+
+    PERFORM queen.notify_partitions(p_partitions);
+END
+$$;
+
+CREATE FUNCTION queen.messages_inserted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM queen.mark_pending(array_agg(DISTINCT partition_id))
+    FROM new_rows WHERE status = 'pending'
+    HAVING count(*) > 0;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER messages_inserted AFTER INSERT ON queen.messages
+REFERENCING NEW TABLE AS new_rows
+FOR EACH STATEMENT EXECUTE FUNCTION queen.messages_inserted();
+
+CREATE FUNCTION queen.message_back_to_pending() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM queen.mark_pending(ARRAY[NEW.partition_id]);
+    RETURN NULL;
+END
+$$;
+
+-- Every path that makes a message pending again (failed ack, expired lease, manual
+-- retry) goes through this; the WHEN clause makes it free for all other updates.
+CREATE TRIGGER message_back_to_pending AFTER UPDATE OF status ON queen.messages
+FOR EACH ROW WHEN (NEW.status = 'pending' AND OLD.status <> 'pending')
+EXECUTE FUNCTION queen.message_back_to_pending();
+
+-- Return the un-acked messages of an expired lease to pending with retry_count + 1,
+-- or to dead_letter / failed past the queue's retry limit; free the partition.
+-- The caller holds the partition row lock.
+CREATE FUNCTION queen.release_lease(p_partition uuid, p_lease uuid) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    released integer;
+BEGIN
+    WITH q AS (
+        SELECT q.retry_limit, q.dlq_after_max_retries
+        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+        WHERE p.id = p_partition
+    )
+    UPDATE queen.messages m SET
+        status = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN 'pending'
+                      WHEN q.dlq_after_max_retries THEN 'dead_letter'
+                      ELSE 'failed' END,
+        retry_count = CASE WHEN m.retry_count + 1 <= q.retry_limit
+                           THEN m.retry_count + 1 ELSE m.retry_count END,
+        failed_at = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN m.failed_at ELSE now() END,
+        error_message = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN m.error_message
+                             ELSE 'lease expired' END,
+        lease_id = NULL, lease_expires_at = NULL, worker_id = NULL
+    FROM q
+    WHERE m.partition_id = p_partition AND m.status = 'processing' AND m.lease_id = p_lease;
+    GET DIAGNOSTICS released = ROW_COUNT;
+
+    UPDATE queen.partitions
+    SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL
+    WHERE id = p_partition AND lease_id = p_lease;
+    RETURN released;
+END
+$$;
+
+-- What a pop returns for each message.
+CREATE TYPE queen.popped AS (
+    id uuid, transaction_id text, queue text, partition text, payload jsonb,
+    encrypted boolean, retry_count integer, priority integer, created_at timestamptz,
+    locked_at timestamptz, lease_id uuid, lease_expires_at timestamptz,
+    lease_time integer, retry_limit integer
+);
+
+-- Claim up to p_batch eligible messages of one partition whose row the caller has
+-- locked and found free; lease the partition when anything was claimed.
+CREATE FUNCTION queen.claim(p_partition uuid, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE plpgsql AS $$
+DECLARE
+    part   queen.partitions%ROWTYPE;
+    qu     queen.queues%ROWTYPE;
+    lease  uuid := gen_random_uuid();
+    newest timestamptz;
+BEGIN
+    SELECT * INTO part FROM queen.partitions p WHERE p.id = p_partition;
+    SELECT * INTO qu FROM queen.queues q WHERE q.id = part.queue_id;
+
+    IF part.lease_id IS NOT NULL THEN
+        PERFORM queen.release_lease(part.id, part.lease_id);
+    END IF;
+
+    IF qu.ttl > 0 THEN
+        UPDATE queen.messages m
+        SET status = 'dead_letter', failed_at = now(), error_message = 'ttl expired'
+        WHERE m.partition_id = p_partition AND m.status = 'pending'
+          AND m.created_at < now() - make_interval(secs => qu.ttl);
+    END IF;
+
+    IF qu.window_buffer > 0 THEN
+        SELECT m.created_at INTO newest FROM queen.messages m
+        WHERE m.partition_id = p_partition AND m.status = 'pending'
+        ORDER BY m.seq DESC LIMIT 1;
+        IF newest > now() - make_interval(secs => qu.window_buffer) THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    RETURN QUERY
+    WITH candidates AS (
+        SELECT m.transaction_id, m.created_at FROM queen.messages m
+        WHERE m.partition_id = p_partition AND m.status = 'pending'
+        ORDER BY m.seq LIMIT p_batch
+        FOR UPDATE SKIP LOCKED
+    ), due AS (
+        SELECT c.transaction_id FROM candidates c
+        WHERE qu.delayed_processing = 0
+           OR c.created_at <= now() - make_interval(secs => qu.delayed_processing)
+    ), claimed AS (
+        UPDATE queen.messages m SET
+            status = 'processing', lease_id = lease, worker_id = p_worker,
+            locked_at = now(), lease_expires_at = now() + make_interval(secs => qu.lease_time)
+        FROM due WHERE m.transaction_id = due.transaction_id AND m.status = 'pending'
+        RETURNING m.*
+    )
+    SELECT c.id, c.transaction_id, qu.name, part.name, c.payload, c.encrypted, c.retry_count,
+           qu.priority, c.created_at, c.locked_at, c.lease_id, c.lease_expires_at,
+           qu.lease_time, qu.retry_limit
+    FROM claimed c ORDER BY c.seq;
+
+    IF FOUND THEN
+        UPDATE queen.partitions p SET
+            lease_id = lease, lease_expires_at = now() + make_interval(secs => qu.lease_time),
+            leased_by = p_worker, last_activity_at = now()
+        WHERE p.id = p_partition;
+        UPDATE queen.partition_heads h SET head_seq = coalesce(
+            (SELECT m.seq FROM queen.messages m
+             WHERE m.partition_id = p_partition AND m.status = 'pending'
+             ORDER BY m.seq LIMIT 1), h.head_seq)
+        WHERE h.partition_id = p_partition;
+    ELSIF NOT EXISTS (SELECT 1 FROM queen.messages m
+                      WHERE m.partition_id = p_partition AND m.status = 'pending') THEN
+        -- Empty: drop its head row. The exclusive lock waits for pushes in flight;
+        -- the re-check then runs on a fresh snapshot that sees them.
+        PERFORM pg_advisory_xact_lock(queen.partition_lock_key(p_partition));
+        DELETE FROM queen.partition_heads h
+        WHERE h.partition_id = p_partition
+          AND NOT EXISTS (SELECT 1 FROM queen.messages m
+                          WHERE m.partition_id = p_partition AND m.status = 'pending');
+    END IF;
+END
+$$;
+
+-- Pop from one named partition: 204-equivalent (no rows) when it is leased or empty.
+CREATE FUNCTION queen.pop_partition(p_queue text, p_partition text, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE plpgsql AS $$
+DECLARE
+    target uuid;
+BEGIN
+    SELECT p.id INTO target
+    FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+    WHERE q.name = p_queue AND p.name = p_partition
+      AND (p.lease_id IS NULL OR p.lease_expires_at <= now())
+    FOR NO KEY UPDATE OF p SKIP LOCKED;
+    IF FOUND THEN
+        RETURN QUERY SELECT * FROM queen.claim(target, p_batch, p_worker);
+    END IF;
+END
+$$;
+
+-- Pop from the free partition of a queue whose oldest pending message is oldest.
+-- Walks partition_heads in order (one row per partition with work), skipping the
+-- leased ones, so the cost follows the number of consumers, not the backlog.
+CREATE FUNCTION queen.pop_queue_id(p_queue uuid, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE plpgsql AS $$
+DECLARE
+    target uuid;
+    tried  uuid[] := '{}';
+BEGIN
+    FOR attempt IN 1..16 LOOP
+        SELECT p.id INTO target
+        FROM queen.partition_heads h JOIN queen.partitions p ON p.id = h.partition_id
+        WHERE h.queue_id = p_queue
+          AND (p.lease_id IS NULL OR p.lease_expires_at <= now())
+          AND NOT (h.partition_id = ANY (tried))
+        ORDER BY h.head_seq
+        LIMIT 1
+        FOR NO KEY UPDATE OF p SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        RETURN QUERY SELECT * FROM queen.claim(target, p_batch, p_worker);
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        tried := tried || target;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION queen.pop_queue(p_queue text, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE sql AS $$
+    SELECT r.* FROM queen.queues q, queen.pop_queue_id(q.id, p_batch, p_worker) r
+    WHERE q.name = p_queue
+$$;
+
+-- Pop across the queues matching namespace and/or task, highest priority first.
+CREATE FUNCTION queen.pop_filtered(p_namespace text, p_task text, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE plpgsql AS $$
+DECLARE
+    candidate uuid;
+BEGIN
+    FOR candidate IN
+        SELECT q.id FROM queen.queues q
+        WHERE (p_namespace IS NULL OR q.namespace = p_namespace)
+          AND (p_task IS NULL OR q.task = p_task)
+          AND EXISTS (SELECT 1 FROM queen.partition_heads h WHERE h.queue_id = q.id)
+        ORDER BY q.priority DESC, q.created_at
+    LOOP
+        RETURN QUERY SELECT * FROM queen.pop_queue_id(candidate, p_batch, p_worker);
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Insert a batch of messages (the push body's "items" array) in one call.
+-- Queues and partitions are created as needed; a transactionId already stored
+-- (or repeated earlier in the batch) is a duplicate; items past a queue's maxSize
+-- are rejected. Returns one row per item, in item order.
+CREATE FUNCTION queen.push(p_items jsonb)
+RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    full_queue record;
+    rejected integer[] := '{}';
+BEGIN
+    INSERT INTO queen.queues (name)
+    SELECT DISTINCT i ->> 'queue' FROM jsonb_array_elements(p_items) i
+    WHERE NOT EXISTS (SELECT 1 FROM queen.queues q WHERE q.name = i ->> 'queue')
+    ORDER BY 1
+    ON CONFLICT (name) DO NOTHING;
+
+    INSERT INTO queen.partitions (queue_id, name)
+    SELECT DISTINCT q.id, coalesce(i ->> 'partition', 'Default')
+    FROM jsonb_array_elements(p_items) i JOIN queen.queues q ON q.name = i ->> 'queue'
+    WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
+                      WHERE p.queue_id = q.id AND p.name = coalesce(i ->> 'partition', 'Default'))
+    ORDER BY 1, 2
+    ON CONFLICT (queue_id, name) DO NOTHING;
+
+    -- maxSize: serialise pushes per limited queue, count what is pending, reject the rest.
+    FOR full_queue IN
+        SELECT q.id, q.max_size FROM queen.queues q
+        WHERE q.max_size > 0
+          AND q.name IN (SELECT i ->> 'queue' FROM jsonb_array_elements(p_items) i)
+        ORDER BY q.id
+    LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended(full_queue.id::text, 11));
+        rejected := rejected || ARRAY(
+            SELECT t.ord::integer
+            FROM jsonb_array_elements(p_items) WITH ORDINALITY t(i, ord)
+            JOIN queen.queues q ON q.name = t.i ->> 'queue'
+            WHERE q.id = full_queue.id
+            ORDER BY t.ord
+            OFFSET greatest(0, full_queue.max_size - (
+                SELECT count(*) FROM (
+                    SELECT 1 FROM queen.messages m JOIN queen.partitions p ON p.id = m.partition_id
+                    WHERE p.queue_id = full_queue.id AND m.status = 'pending'
+                    LIMIT full_queue.max_size) pending)));
+    END LOOP;
+
+    RETURN QUERY
+    WITH items AS (
+        SELECT t.ord::integer AS idx, t.i, queen.uuid_v7() AS id
+        FROM jsonb_array_elements(p_items) WITH ORDINALITY t(i, ord)
+    ), resolved AS (
+        SELECT it.idx, it.id, coalesce(it.i ->> 'transactionId', it.id::text) AS txid,
+               p.id AS partition_id, it.i -> 'payload' AS payload,
+               coalesce((it.i ->> 'encrypted')::boolean, false) AS encrypted
+        FROM items it
+        JOIN queen.queues q ON q.name = it.i ->> 'queue'
+        JOIN queen.partitions p ON p.queue_id = q.id AND p.name = coalesce(it.i ->> 'partition', 'Default')
+        WHERE it.idx <> ALL (rejected)
+    ), inserted AS (
+        INSERT INTO queen.messages (transaction_id, id, partition_id, payload, encrypted)
+        SELECT r.txid, r.id, r.partition_id, r.payload, r.encrypted FROM resolved r ORDER BY r.idx
+        ON CONFLICT DO NOTHING
+        RETURNING queen.messages.transaction_id, queen.messages.id
+    ), firsts AS (
+        SELECT r.*, row_number() OVER (PARTITION BY r.txid ORDER BY r.idx) = 1 AS first
+        FROM resolved r
+    )
+    SELECT f.idx, coalesce(ins.id, old.id),
+           f.txid,
+           CASE WHEN ins.id IS NOT NULL AND f.first THEN 'queued' ELSE 'duplicate' END
+    FROM firsts f
+    LEFT JOIN inserted ins ON ins.transaction_id = f.txid
+    LEFT JOIN queen.messages old ON ins.id IS NULL AND old.transaction_id = f.txid
+    UNION ALL
+    SELECT r, NULL, NULL, 'rejected' FROM unnest(rejected) r
+    ORDER BY 1;
+END
+$$;
+
+-- Acknowledge a batch: [{"transactionId", "status": "completed"|"failed", "error"}].
+CREATE TYPE queen.ack_result AS (
+    transaction_id text, status text, retry_count integer,
+    partition_id uuid, lease_id uuid
+);
+
+CREATE FUNCTION queen.ack(p_acks jsonb)
+RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    results queen.ack_result[];
+    freed   uuid[];
+BEGIN
+    -- Lock the partitions first (the order pop uses): concurrent acks of one lease
+    -- then run one after the other, and the last one sees that the lease is done.
+    PERFORM 1 FROM queen.partitions p
+    WHERE p.id IN (SELECT m.partition_id FROM queen.messages m
+                   WHERE m.transaction_id IN (SELECT a ->> 'transactionId'
+                                              FROM jsonb_array_elements(p_acks) a))
+    ORDER BY p.id
+    FOR NO KEY UPDATE;
+
+    WITH acks AS (
+        SELECT DISTINCT ON (a ->> 'transactionId')
+               a ->> 'transactionId' AS txid, a ->> 'status' AS wanted, a ->> 'error' AS error
+        FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
+        ORDER BY a ->> 'transactionId', t.ord DESC
+    ), targets AS (
+        SELECT a.*, m.status AS current, m.retry_count, m.partition_id, m.lease_id,
+               q.retry_limit, q.dlq_after_max_retries
+        FROM acks a
+        JOIN queen.messages m ON m.transaction_id = a.txid
+        JOIN queen.partitions p ON p.id = m.partition_id
+        JOIN queen.queues q ON q.id = p.queue_id
+        ORDER BY a.txid
+        FOR NO KEY UPDATE OF m
+    ), decided AS (
+        SELECT t.*, CASE
+            WHEN t.wanted = 'completed' AND t.current IN ('processing', 'pending') THEN 'completed'
+            WHEN t.wanted = 'failed' AND t.current = 'processing' THEN
+                CASE WHEN t.retry_count + 1 <= t.retry_limit THEN 'pending'
+                     WHEN t.dlq_after_max_retries THEN 'dead_letter'
+                     ELSE 'failed' END
+            END AS next
+        FROM targets t
+    ), updated AS (
+        UPDATE queen.messages m SET
+            status = d.next,
+            retry_count = CASE WHEN d.next = 'pending' THEN m.retry_count + 1 ELSE m.retry_count END,
+            completed_at = CASE WHEN d.next = 'completed' THEN now() END,
+            failed_at = CASE WHEN d.next = 'completed' THEN m.failed_at ELSE now() END,
+            error_message = CASE WHEN d.next = 'completed' THEN m.error_message ELSE d.error END,
+            lease_id = NULL, lease_expires_at = NULL,
+            worker_id = CASE WHEN d.next = 'completed' THEN m.worker_id END
+        FROM decided d
+        WHERE m.transaction_id = d.txid AND d.next IS NOT NULL
+        RETURNING m.transaction_id, m.status, m.retry_count
+    )
+    SELECT array_agg(ROW(
+        d.txid,
+        CASE WHEN u.status = 'pending' THEN 'retry_scheduled'
+             WHEN u.status IS NOT NULL THEN u.status
+             WHEN d.current = 'pending' THEN 'retry_scheduled'
+             ELSE d.current END,
+        coalesce(u.retry_count, d.retry_count), d.partition_id, d.lease_id)::queen.ack_result)
+    INTO results
+    FROM decided d LEFT JOIN updated u ON u.transaction_id = d.txid;
+
+    -- A lease ends when the last message it covers is acknowledged.
+    WITH done AS (
+        UPDATE queen.partitions p
+        SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL, last_activity_at = now()
+        FROM (SELECT DISTINCT r.partition_id, r.lease_id FROM unnest(results) r
+              WHERE r.lease_id IS NOT NULL) acked
+        WHERE p.id = acked.partition_id AND p.lease_id = acked.lease_id
+          AND NOT EXISTS (SELECT 1 FROM queen.messages m
+                          WHERE m.partition_id = p.id AND m.status = 'processing'
+                            AND m.lease_id = acked.lease_id)
+        RETURNING p.id
+    )
+    SELECT array_agg(d.id) INTO freed
+    FROM done d JOIN queen.partition_heads h ON h.partition_id = d.id;
+    IF freed IS NOT NULL THEN
+        PERFORM queen.notify_partitions(freed);
+    END IF;
+
+    RETURN QUERY
+    SELECT t.ord::integer, t.a ->> 'transactionId', coalesce(r.status, 'not_found'), r.retry_count
+    FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
+    LEFT JOIN unnest(results) r ON r.transaction_id = t.a ->> 'transactionId'
+    ORDER BY t.ord;
+END
+$$;

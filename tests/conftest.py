@@ -1,0 +1,162 @@
+"""Fixtures shared by every test depth.
+
+The database server comes from QUEEN_TEST_DSN (set by .ci/run), else the local
+PostgreSQL at 127.0.0.1:5432 when it answers, else an embedded one. Integration and
+e2e tests get a fresh database per test, cloned from a template built once from
+sql/schema.sql.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _answers(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """DSN of a maintenance database on the PostgreSQL server the tests use."""
+    dsn = os.environ.get("QUEEN_TEST_DSN")
+    if dsn:
+        return dsn
+    if _answers(LOCAL_DSN):
+        return LOCAL_DSN
+    from queen.embedded import start_embedded
+
+    return start_embedded(tmp_path_factory.mktemp("pg"))
+
+
+def dsn_for(server_dsn: str, dbname: str) -> str:
+    """Return server_dsn pointing at another database."""
+    return psycopg.conninfo.make_conninfo(server_dsn, dbname=dbname)
+
+
+def _admin(server_dsn: str, statement: sql.Composable) -> None:
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(statement)
+
+
+@pytest.fixture(scope="session")
+def template_db(server_dsn: str) -> Iterator[str]:
+    """A database built once from sql/schema.sql, cloned by each test."""
+    name = f"queen_tmpl_{os.getpid()}"
+    _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+    _admin(server_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    with psycopg.connect(dsn_for(server_dsn, name), autocommit=True) as conn:
+        conn.execute((ROOT / "sql" / "schema.sql").read_text())  # type: ignore[arg-type]
+    yield name
+    _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+        sql.Identifier(name)))
+
+
+@pytest.fixture
+def db_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh database for one test, cloned from the template."""
+    name = f"queen_t_{uuid.uuid4().hex[:12]}"
+    _admin(server_dsn, sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+        sql.Identifier(name), sql.Identifier(template_db)))
+    yield dsn_for(server_dsn, name)
+    _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+        sql.Identifier(name)))
+
+
+@pytest.fixture
+def store(db_dsn: str) -> Iterator[object]:
+    from queen.store import Store
+    from queen.store.db import Database
+
+    s = Store(Database(db_dsn, pool_size=8, timeout_s=5))
+    s.db.pool.open(wait=True)
+    yield s
+    s.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A real gunicorn (Queen's gunicorn.conf.py) on a free port, as a subprocess."""
+
+    def __init__(self, dsn: str, workers: int = 1, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ, "DATABASE_URL": dsn, "HOST": "127.0.0.1", "PORT": str(self.port),
+            "QUEEN_WORKERS": str(workers), "LOG_LEVEL": "warning", **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> Server:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
+            env=self.env, cwd=ROOT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gunicorn exited with {self.proc.returncode}")
+            with contextlib.suppress(OSError), socket.create_connection(
+                ("127.0.0.1", self.port), timeout=0.5
+            ):
+                if self._healthy():
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError("gunicorn did not start in time")
+
+    def _healthy(self) -> bool:
+        import requests
+
+        try:
+            return requests.get(f"{self.url}/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+@pytest.fixture
+def server(db_dsn: str) -> Iterator[Server]:
+    """One gunicorn with one worker on a fresh database."""
+    srv = Server(db_dsn).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def http() -> Iterator[object]:
+    import requests
+
+    with requests.Session() as session:
+        yield session
