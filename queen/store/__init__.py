@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from queen.config import Settings
+from queen.store.dashboard import Dashboard
 from queen.store.db import Database
 from queen.store.messages import Messages
 from queen.store.queues import Queues
@@ -15,6 +16,7 @@ class Store:
         self.db = db
         self.queues = Queues(db)
         self.messages = Messages(db, self.queues, encryption_key)
+        self.dashboard = Dashboard(db)
 
     @classmethod
     def from_settings(cls, settings: Settings, application_name: str = "queen") -> Store:

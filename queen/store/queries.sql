@@ -45,3 +45,42 @@ SELECT name, encryption_enabled, max_wait_time_seconds FROM queen.queues
 
 -- ping: cheapest round trip, for health checks --
 SELECT 1
+
+-- dashboard_statement_timeout: keep a dashboard query short (applies to its transaction only) --
+SELECT set_config('statement_timeout', %(ms)s, true)
+
+-- dashboard_depths: current counts of every partition with its queue; queues without partitions too --
+SELECT q.name AS queue, q.namespace, q.task, p.name AS partition,
+       coalesce(s.pending, 0) AS pending, coalesce(s.processing, 0) AS processing,
+       coalesce(s.completed, 0) AS completed, coalesce(s.failed, 0) AS failed,
+       coalesce(s.dead_letter, 0) AS dead_letter
+FROM queen.queues q
+LEFT JOIN queen.partitions p ON p.queue_id = q.id
+LEFT JOIN queen.partition_stats s ON s.partition_id = p.id
+ORDER BY q.name, p.name
+
+-- dashboard_recent: messages created and completed in the last complete minute (folded metrics) --
+SELECT coalesce(sum(incoming), 0)::bigint AS created, coalesce(sum(completed), 0)::bigint AS completed
+FROM queen.metrics_minute
+WHERE minute = date_trunc('minute', now()) - interval '1 minute'
+
+-- dashboard_locate: queue and partition of messages named by transactionId --
+SELECT m.transaction_id, q.name AS queue, p.name AS partition
+FROM queen.messages m
+JOIN queen.partitions p ON p.id = m.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+WHERE m.transaction_id = ANY (%(ids)s::text[])
+
+-- dashboard_throughput: per-minute activity of the last minutes (optionally one queue), gaps as zeros --
+SELECT g.minute,
+       coalesce(sum(m.incoming), 0)::bigint AS incoming,
+       coalesce(sum(m.popped), 0)::bigint AS popped,
+       coalesce(sum(m.completed), 0)::bigint AS completed,
+       coalesce(sum(m.failed), 0)::bigint AS failed,
+       coalesce(sum(m.dead_letter), 0)::bigint AS dead_letter
+FROM generate_series(date_trunc('minute', now()) - (%(minutes)s - 1) * interval '1 minute',
+                     date_trunc('minute', now()), interval '1 minute') AS g(minute)
+LEFT JOIN queen.metrics_minute m
+       ON m.minute = g.minute AND (%(queue)s::text IS NULL OR m.queue = %(queue)s::text)
+GROUP BY g.minute
+ORDER BY g.minute

@@ -1,0 +1,47 @@
+"""The dashboard's read queries against a real database."""
+
+from __future__ import annotations
+
+import orjson
+
+from queen.models import PopRoute
+
+
+def push(store, *items):
+    body = orjson.dumps({"items": list(items)})
+    return store.messages.push(body, list(items))
+
+
+def test_depths_count_every_partition_and_empty_queues(store):
+    push(store, {"queue": "q1", "payload": 1}, {"queue": "q1", "partition": "b", "payload": 2},
+         {"queue": "q1", "partition": "b", "payload": 3})
+    store.queues.configure("empty", "ns", None, {})
+    (popped,) = store.messages.pop(PopRoute(queue="q1", partition="Default"), 1, "w")
+    depths = {(d.queue, d.partition): d for d in store.dashboard.depths()}
+    assert depths[("q1", "Default")].processing == 1
+    assert depths[("q1", "Default")].pending == 0
+    assert depths[("q1", "b")].pending == 2
+    assert depths[("empty", None)].namespace == "ns"
+    assert depths[("empty", None)].pending == 0
+
+
+def test_locate_names_queue_and_partition(store):
+    (r,) = push(store, {"queue": "q1", "partition": "p", "payload": 1})
+    places = store.dashboard.locate([r.transaction_id, "unknown"])
+    assert set(places) == {r.transaction_id}
+    assert places[r.transaction_id].queue == "q1"
+    assert places[r.transaction_id].partition == "p"
+    assert store.dashboard.locate([]) == {}
+
+
+def test_throughput_fills_gaps_and_reads_folded_metrics(store):
+    push(store, {"queue": "q1", "payload": 1}, {"queue": "q2", "payload": 2})
+    store.db.fetch("ping")
+    with store.db.connection() as conn:
+        conn.execute("SELECT queen.fold_deltas()")
+    minutes = store.dashboard.throughput(5)
+    assert len(minutes) == 5
+    assert minutes[-1].incoming == 2
+    assert sum(m.incoming for m in minutes[:-1]) == 0
+    assert store.dashboard.throughput(3, "q2")[-1].incoming == 1
+    assert store.dashboard.recent().created in (0, 2)  # only complete minutes count
