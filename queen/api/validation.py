@@ -11,11 +11,12 @@ import orjson
 from queen.errors import InvalidInput, PayloadTooLarge
 from queen.models import OPTIONS_BY_NAME
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")  # matched whole (fullmatch)
 NAME_RULE = "1-128 characters: letters, digits and . _ : @ - (not first)"
 MAX_TRANSACTION_ID = 255
 MAX_ERROR_TEXT = 10_000
 MAX_INT = 2**31 - 1
+INTEGER = re.compile(r"-?[0-9]{1,10}")  # matched whole; ASCII digits only
 TRUE = {"true", "1", "yes"}
 FALSE = {"false", "0", "no"}
 
@@ -39,7 +40,7 @@ def name(value: Any, field: str, *, required: bool = True) -> str | None:
         return None
     if not isinstance(value, str):
         raise InvalidInput(f"{field} must be a string")
-    if not NAME.match(value):
+    if not NAME.fullmatch(value):
         raise InvalidInput(f"invalid {field} {value[:64]!r}: {NAME_RULE}")
     return value
 
@@ -144,15 +145,22 @@ def queue_options(value: Any) -> dict[str, Any]:
     return columns
 
 
+def _single(params: Mapping[str, Any], key: str) -> str | None:
+    """Return a query parameter given at most once (Falcon lists repeated ones)."""
+    raw = params.get(key)
+    if raw is not None and not isinstance(raw, str):
+        raise InvalidInput(f"{key} must be given once")
+    return raw
+
+
 def int_param(params: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
     """Read an integer query parameter within [low, high]."""
-    raw = params.get(key)
+    raw = _single(params, key)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise InvalidInput(f"{key} must be an integer") from exc
+    if not INTEGER.fullmatch(raw):
+        raise InvalidInput(f"{key} must be an integer")
+    value = int(raw)
     if not low <= value <= high:
         raise InvalidInput(f"{key} must be between {low} and {high}")
     return value
@@ -160,7 +168,7 @@ def int_param(params: Mapping[str, str], key: str, default: int, low: int, high:
 
 def bool_param(params: Mapping[str, str], key: str, default: bool = False) -> bool:
     """Read a boolean query parameter (true/false/1/0/yes/no)."""
-    raw = params.get(key)
+    raw = _single(params, key)
     if raw is None or raw == "":
         return default
     lowered = raw.lower()
