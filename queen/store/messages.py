@@ -14,6 +14,8 @@ from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.store.db import Database
 from queen.store.queues import Queues
 
+POP_QUERIES = {"partition": "pop_partition", "queue": "pop_queue", "filter": "pop_filtered"}
+
 
 class Messages:
     """The message lifecycle: push, pop (claim under a lease) and ack."""
@@ -58,7 +60,7 @@ class Messages:
             "namespace": route.namespace,
             "task": route.task,
         }
-        rows = self.db.fetch(f"pop_{route.kind}", params, class_row(Popped), raw_json=True)
+        rows = self.db.fetch(POP_QUERIES[route.kind], params, class_row(Popped), raw_json=True)
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
     def _decrypt(self, message: Popped) -> Popped:

@@ -12,7 +12,7 @@ def parse_queries(text: str) -> dict[str, str]:
     """Split text into {name: statement}; each section starts with a marker line."""
     queries: dict[str, str] = {}
     matches = list(_MARKER.finditer(text))
-    for match, following in zip(matches, [*matches[1:], None], strict=True):
+    for match, following in zip(matches, [*matches[1:], None][: len(matches)], strict=True):
         end = following.start() if following else len(text)
         name = match.group("name")
         if name in queries:
