@@ -10,10 +10,17 @@ from typing import Any
 import falcon
 
 from queen.api import send_json
+from queen.api.dashboard import (
+    DashboardPageResource,
+    DashboardSocketResource,
+    ThroughputResource,
+)
 from queen.api.messages import AckBatchResource, AckResource, PopResource, PushResource
 from queen.api.queues import ConfigureResource
 from queen.api.system import HealthResource
 from queen.config import Settings
+from queen.dashboard import STATIC_DIR
+from queen.dashboard.hub import Hub
 from queen.errors import (
     Conflict,
     InvalidInput,
@@ -88,9 +95,11 @@ def create_app(
     store: Store | None = None,
     events: Events | None = None,
     clock: Callable[[], float] = time.monotonic,
+    hub: Hub | None = None,
 ) -> falcon.App:
     """Build the WSGI app around a store (opened by the caller) and an events registry."""
     store = store or Store.from_settings(settings)
+    hub = hub or Hub.from_settings(settings, store.dashboard)
     poller = LongPoller(store, events, settings.effective_worker_id, clock)
     app = falcon.App(middleware=[CORSMiddleware()])
     app.req_options.strip_url_path_trailing_slash = True
@@ -99,13 +108,23 @@ def create_app(
     app.add_error_handler(QueenError, _queen_error)
 
     batch = settings.max_batch
-    pop = PopResource(poller, batch, settings.default_timeout_ms, settings.max_timeout_ms)
-    app.add_route(f"{API}/push", PushResource(store, batch))
+    pop = PopResource(poller, batch, settings.default_timeout_ms, settings.max_timeout_ms, hub)
+    app.add_route(f"{API}/push", PushResource(store, batch, hub))
     app.add_route(f"{API}/pop/queue/{{queue}}/partition/{{partition}}", pop)
     app.add_route(f"{API}/pop/queue/{{queue}}", pop)
     app.add_route(f"{API}/pop", pop)
-    app.add_route(f"{API}/ack", AckResource(store))
-    app.add_route(f"{API}/ack/batch", AckBatchResource(store, batch))
+    app.add_route(f"{API}/ack", AckResource(store, hub))
+    app.add_route(f"{API}/ack/batch", AckBatchResource(store, batch, hub))
     app.add_route(f"{API}/configure", ConfigureResource(store))
     app.add_route("/health", HealthResource(store, events, clock))
+    _add_dashboard_routes(app, store, hub)
     return app
+
+
+def _add_dashboard_routes(app: falcon.App, store: Store, hub: Hub) -> None:
+    page = DashboardPageResource()
+    app.add_route("/", page)
+    app.add_route("/dashboard", page)
+    app.add_static_route("/dashboard/static", str(STATIC_DIR))
+    app.add_route("/ws/dashboard", DashboardSocketResource(hub))
+    app.add_route(f"{API}/dashboard/throughput", ThroughputResource(store))

@@ -62,6 +62,18 @@ class Settings:
     partition_cleanup_s: int = _s(
         "QUEEN_PARTITION_CLEANUP", 86400, "empty partitions are removed after this (s)"
     )
+    dashboard_depth_interval_s: float = _s(
+        "QUEEN_DASHBOARD_DEPTH_INTERVAL", 5.0, "seconds between queue.depth dashboard events"
+    )
+    dashboard_stats_interval_s: float = _s(
+        "QUEEN_DASHBOARD_STATS_INTERVAL", 10.0, "seconds between system.stats dashboard events"
+    )
+    dashboard_client_buffer: int = _s(
+        "QUEEN_DASHBOARD_CLIENT_BUFFER", 1000, "events queued per dashboard before the oldest drop"
+    )
+    dashboard_max_events_per_s: int = _s(
+        "QUEEN_DASHBOARD_MAX_EVENTS", 5000, "per-message dashboard events per second per worker"
+    )
     log_level: str = _s("LOG_LEVEL", "info", "log level")
 
     @classmethod

@@ -32,6 +32,7 @@ def get_app() -> Any:
     """Build this worker's app: its own pool and LISTEN connection, created after fork."""
     assert_cooperative_driver()
     from queen.app import create_app
+    from queen.dashboard.hub import Hub
     from queen.events import Events
     from queen.store import Store
 
@@ -41,8 +42,9 @@ def get_app() -> Any:
     store.open()
     events = Events(settings.dsn, settings.poll_fallback_s)
     events.start()
-    runtime.update(store=store, events=events, settings=settings)
-    return create_app(settings, store=store, events=events)
+    hub = Hub.from_settings(settings, store.dashboard)
+    runtime.update(store=store, events=events, settings=settings, hub=hub)
+    return create_app(settings, store=store, events=events, hub=hub)
 
 
 def shutdown() -> None:
@@ -50,6 +52,9 @@ def shutdown() -> None:
     events = runtime.get("events")
     if events is not None:
         events.shutdown()
+    hub = runtime.get("hub")
+    if hub is not None:
+        hub.shutdown()  # dashboard sockets would otherwise hold the worker until graceful_timeout
 
 
 def close() -> None:

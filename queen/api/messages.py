@@ -8,6 +8,8 @@ import falcon
 import orjson
 
 from queen.api import read_body, send_json, validation
+from queen.dashboard import formats
+from queen.dashboard.hub import SILENT, Publisher
 from queen.errors import NotFound, QueueFull
 from queen.models import AckResult, Popped, PopRoute, iso
 from queen.polling import LongPoller
@@ -15,14 +17,16 @@ from queen.store import Store
 
 
 class PushResource:
-    def __init__(self, store: Store, max_batch: int) -> None:
+    def __init__(self, store: Store, max_batch: int, hub: Publisher = SILENT) -> None:
         self.store = store
         self.max_batch = max_batch
+        self.hub = hub
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         raw = read_body(req)
         items = validation.push_items(validation.parse_json_object(raw), raw, self.max_batch)
         results = self.store.messages.push(raw, items)
+        self.hub.publish(formats.PUSHED, items, results)
         messages = []
         for r in results:
             entry: dict[str, Any] = {
@@ -61,9 +65,15 @@ class PopResource:
     """The three pop routes; which one is decided by the URL fields present."""
 
     def __init__(
-        self, poller: LongPoller, max_batch: int, default_timeout_ms: int, max_timeout_ms: int
+        self,
+        poller: LongPoller,
+        max_batch: int,
+        default_timeout_ms: int,
+        max_timeout_ms: int,
+        hub: Publisher = SILENT,
     ) -> None:
         self.poller = poller
+        self.hub = hub
         self.max_batch = max_batch
         self.default_timeout_ms = default_timeout_ms
         self.max_timeout_ms = max_timeout_ms
@@ -94,6 +104,7 @@ class PopResource:
         if not messages:
             resp.status = falcon.HTTP_204
             return
+        self.hub.publish(formats.PROCESSING, messages)
         send_json(resp, {"messages": [message_json(m) for m in messages]})
 
 
@@ -105,25 +116,30 @@ def ack_json(r: AckResult) -> dict[str, Any]:
 
 
 class AckResource:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, hub: Publisher = SILENT) -> None:
         self.store = store
+        self.hub = hub
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         ack = validation.acknowledgment(validation.parse_json_object(read_body(req)))
         (result,) = self.store.messages.ack([ack])
         if result.status == "not_found":
             raise NotFound(f"message {result.transaction_id!r} not found")
+        self.hub.publish(formats.ACKED, [ack], [result])
         send_json(resp, {**ack_json(result), "acknowledgedAt": iso(result.acknowledged_at)})
 
 
 class AckBatchResource:
-    def __init__(self, store: Store, max_batch: int) -> None:
+    def __init__(self, store: Store, max_batch: int, hub: Publisher = SILENT) -> None:
         self.store = store
         self.max_batch = max_batch
+        self.hub = hub
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         doc = validation.parse_json_object(read_body(req))
-        results = self.store.messages.ack(validation.acknowledgments(doc, self.max_batch))
+        acks = validation.acknowledgments(doc, self.max_batch)
+        results = self.store.messages.ack(acks)
+        self.hub.publish(formats.ACKED, acks, results)
         if all(r.status == "not_found" for r in results):
             raise NotFound("none of these messages exist")
         found = [r for r in results if r.status != "not_found"]

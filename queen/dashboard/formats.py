@@ -1,0 +1,187 @@
+"""Dashboard event shapes (API.md "WebSocket Support"), built from API and store records."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import orjson
+
+from queen.models import AckResult, Popped, PushResult, iso
+from queen.store.dashboard import MessagePlace, PartitionDepth
+
+# What the API publishes: one call per request, with the request's records.
+PUSHED = "message.pushed"  # (items, push results)
+PROCESSING = "message.processing"  # (popped messages,)
+ACKED = "message.acked"  # (acks, ack results): becomes message.completed / message.failed
+
+COMPLETED = "message.completed"
+FAILED = "message.failed"
+FAILED_STATUSES = frozenset({"retry_scheduled", "dead_letter", "failed"})
+
+
+class Event(NamedTuple):
+    """One event for clients; queue is None for events every subscriber gets."""
+
+    name: str
+    data: dict[str, Any]
+    queue: str | None
+
+
+def now_iso() -> str:
+    """Return the current time as ISO-8601 UTC with milliseconds."""
+    return iso(dt.datetime.now(dt.UTC)) or ""
+
+
+def encode(name: str, data: Mapping[str, Any], timestamp: str) -> str:
+    """Serialise one event as the text frame clients receive."""
+    return orjson.dumps({"event": name, "data": data, "timestamp": timestamp}).decode()
+
+
+def pushed(items: Sequence[Mapping[str, Any]], results: Iterable[PushResult]) -> Iterator[Event]:
+    """Yield message.pushed for each item that was stored (not duplicates or rejects)."""
+    for r in results:
+        if r.status != "queued":
+            continue
+        item = items[r.index - 1]
+        queue = item["queue"]
+        data = {
+            "queue": queue,
+            "partition": item.get("partition") or "Default",
+            "transactionId": r.transaction_id,
+        }
+        yield Event(PUSHED, data, queue)
+
+
+def processing(messages: Iterable[Popped], worker_id: str) -> Iterator[Event]:
+    """Yield message.processing for each message handed to a consumer."""
+    for m in messages:
+        data = {
+            "queue": m.queue,
+            "partition": m.partition,
+            "transactionId": m.transaction_id,
+            "workerId": worker_id,
+        }
+        yield Event(PROCESSING, data, m.queue)
+
+
+def acked(
+    acks: Sequence[Mapping[str, Any]],
+    results: Iterable[AckResult],
+    places: Mapping[str, MessagePlace],
+) -> Iterator[Event]:
+    """Yield message.completed / message.failed per acknowledgment that found its message."""
+    for r in results:
+        data: dict[str, Any] = {"transactionId": r.transaction_id}
+        if r.status == "completed":
+            name = COMPLETED
+        elif r.status in FAILED_STATUSES:
+            error = acks[r.index - 1].get("error")
+            name = FAILED
+            data.update(error=error, status=r.status)
+            if r.status == "retry_scheduled":
+                data["retryCount"] = r.retry_count
+        else:
+            continue
+        place = places.get(r.transaction_id)
+        if place is not None:
+            data["queue"], data["partition"] = place.queue, place.partition
+        yield Event(name, data, place.queue if place else None)
+
+
+def expand(
+    kind: str,
+    records: Sequence[Any],
+    places: Mapping[str, MessagePlace],
+    worker_id: str,
+) -> Iterator[Event]:
+    """Turn one publication into its client events."""
+    if kind == PUSHED:
+        return pushed(records[0], records[1])
+    if kind == PROCESSING:
+        return processing(records[0], worker_id)
+    if kind == ACKED:
+        return acked(records[0], records[1], places)
+    raise ValueError(f"unknown publication {kind!r}")
+
+
+def acked_ids(kind: str, records: Sequence[Any]) -> list[str]:
+    """Return the transactionIds an ack publication needs located (none for others)."""
+    if kind != ACKED:
+        return []
+    return [r.transaction_id for r in records[1] if r.status != "not_found"]
+
+
+def partition_counts(row: PartitionDepth) -> dict[str, int]:
+    return {
+        "depth": row.pending,
+        "processing": row.processing,
+        "completed": row.completed,
+        "failed": row.failed,
+        "deadLetter": row.dead_letter,
+    }
+
+
+def queue_depths(rows: Iterable[PartitionDepth]) -> list[Event]:
+    """Group a depth snapshot into one queue.depth event per queue."""
+    queues: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        doc = queues.get(row.queue)
+        if doc is None:
+            doc = queues[row.queue] = {
+                "queue": row.queue,
+                "namespace": row.namespace,
+                "task": row.task,
+                "totalDepth": 0,
+                "totalProcessing": 0,
+                "totalCompleted": 0,
+                "totalFailed": 0,
+                "totalDeadLetter": 0,
+                "partitions": {},
+            }
+        if row.partition is None:
+            continue
+        doc["partitions"][row.partition] = partition_counts(row)
+        doc["totalDepth"] += row.pending
+        doc["totalProcessing"] += row.processing
+        doc["totalCompleted"] += row.completed
+        doc["totalFailed"] += row.failed
+        doc["totalDeadLetter"] += row.dead_letter
+    return [Event("queue.depth", doc, name) for name, doc in queues.items()]
+
+
+def partition_depth(row: PartitionDepth) -> Event:
+    """Shape one partition's counts as a partition.depth event."""
+    counts = partition_counts(row)
+    data = {"queue": row.queue, "partition": row.partition, **counts}
+    data["total"] = sum(counts.values())
+    return Event("partition.depth", data, row.queue)
+
+
+def queue_created(row: PartitionDepth) -> Event:
+    data = {
+        "queue": row.queue,
+        "partition": row.partition,
+        "namespace": row.namespace,
+        "task": row.task,
+    }
+    return Event("queue.created", data, row.queue)
+
+
+def system_stats(
+    rows: Iterable[PartitionDepth], created: int, completed: int, connections: int, dropped: int
+) -> Event:
+    """Shape cluster totals (from a depth snapshot) and this process's connections."""
+    rows = list(rows)
+    data = {
+        "pending": sum(r.pending for r in rows),
+        "processing": sum(r.processing for r in rows),
+        "recentCreated": created,
+        "recentCompleted": completed,
+        "connections": connections,
+        "queues": len({r.queue for r in rows}),
+        "partitions": sum(1 for r in rows if r.partition is not None),
+        "droppedEvents": dropped,
+    }
+    return Event("system.stats", data, None)

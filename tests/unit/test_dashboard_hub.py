@@ -1,0 +1,231 @@
+"""The dashboard hub, its clients and event shapes, with fake sockets and no database."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import queue
+import threading
+import time
+import uuid
+from typing import Any
+
+from queen.dashboard import formats
+from queen.dashboard.client import DashboardClient
+from queen.dashboard.hub import Hub, RateBudget
+from queen.dashboard.ticker import Ticker
+from queen.errors import Unavailable
+from queen.models import AckResult, Popped, PushResult
+from queen.store.dashboard import MessagePlace, PartitionDepth, RecentActivity
+
+NOW = dt.datetime(2025, 10, 8, 7, 30, tzinfo=dt.UTC)
+
+
+class FakeSocket:
+    """A socket fed by the test; what the server sends lands in `sent`."""
+
+    def __init__(self, block_sends: bool = False) -> None:
+        self.incoming: queue.Queue[str | None] = queue.Queue()
+        self.sent: queue.Queue[str] = queue.Queue()
+        self.unblock = threading.Event()
+        if not block_sends:
+            self.unblock.set()
+        self.closed = False
+
+    def receive(self) -> str | None:
+        return self.incoming.get()
+
+    def send(self, message: str) -> None:
+        self.unblock.wait()
+        self.sent.put(message)
+
+    def close(self) -> None:
+        self.closed = True
+        self.incoming.put(None)
+
+    def next_event(self, timeout: float = 2.0) -> dict[str, Any]:
+        while True:
+            frame = self.sent.get(timeout=timeout)
+            if frame != "pong":
+                return json.loads(frame)
+
+    def wait_for(self, name: str, timeout: float = 2.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self.next_event(max(0.01, deadline - time.monotonic()))
+            if event["event"] == name:
+                return event
+
+
+def popped(txid: str, queue_name: str = "q", partition: str = "p") -> Popped:
+    return Popped(uuid.uuid4(), txid, queue_name, partition, "{}", False, 0, 0, NOW, NOW,
+                  uuid.uuid4(), NOW, 300, 3)
+
+
+def depth(queue_name: str, partition: str | None, pending: int = 0, processing: int = 0,
+          completed: int = 0) -> PartitionDepth:
+    return PartitionDepth(queue_name, None, None, partition, pending, processing, completed, 0, 0)
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.rows: list[PartitionDepth] = []
+        self.fail = False
+
+    def depths(self) -> list[PartitionDepth]:
+        if self.fail:
+            raise Unavailable("database unavailable")
+        return list(self.rows)
+
+    def recent(self) -> RecentActivity:
+        return RecentActivity(7, 5)
+
+    def locate(self, ids: list[str]) -> dict[str, MessagePlace]:
+        return {i: MessagePlace(i, "q", "p") for i in ids}
+
+
+def serve(hub: Hub, sock: FakeSocket) -> threading.Thread:
+    thread = threading.Thread(target=hub.serve, args=(sock,), daemon=True)
+    thread.start()
+    sock.wait_for("client.connected")
+    return thread
+
+
+# -- formats ------------------------------------------------------------------------
+
+
+def test_pushed_skips_duplicates_and_defaults_the_partition():
+    items = [{"queue": "a", "payload": 1}, {"queue": "a", "partition": "x", "payload": 2}]
+    results = [PushResult(1, uuid.uuid4(), "t1", "queued"), PushResult(2, None, "t2", "duplicate")]
+    (event,) = formats.pushed(items, results)
+    assert event == formats.Event(
+        "message.pushed", {"queue": "a", "partition": "Default", "transactionId": "t1"}, "a")
+
+
+def test_acked_maps_statuses_and_places():
+    acks = [{"transactionId": t, "status": s, "error": e} for t, s, e in
+            [("t1", "completed", None), ("t2", "failed", "boom"), ("t3", "failed", "x"),
+             ("t4", "completed", None)]]
+    results = [AckResult(1, "t1", "completed", None, NOW),
+               AckResult(2, "t2", "retry_scheduled", 2, NOW),
+               AckResult(3, "t3", "dead_letter", None, NOW),
+               AckResult(4, "t4", "not_found", None, NOW)]
+    events = list(formats.acked(acks, results, {"t1": MessagePlace("t1", "q", "p")}))
+    assert [e.name for e in events] == ["message.completed", "message.failed", "message.failed"]
+    assert events[0].data == {"transactionId": "t1", "queue": "q", "partition": "p"}
+    assert events[1].data == {"transactionId": "t2", "error": "boom",
+                              "status": "retry_scheduled", "retryCount": 2}
+    assert events[1].queue is None  # not located: only unfiltered dashboards get it
+    assert formats.acked_ids(formats.ACKED, (acks, results)) == ["t1", "t2", "t3"]
+
+
+def test_queue_depths_group_partitions_and_keep_empty_queues():
+    rows = [depth("a", "p1", 2, 1, 5), depth("a", "p2", 3), depth("b", None)]
+    a, b = formats.queue_depths(rows)
+    assert (a.data["totalDepth"], a.data["totalProcessing"], a.data["totalCompleted"]) == (5, 1, 5)
+    assert a.data["partitions"]["p1"] == {
+        "depth": 2, "processing": 1, "completed": 5, "failed": 0, "deadLetter": 0}
+    assert b.data["partitions"] == {} and b.data["totalDepth"] == 0
+    assert formats.partition_depth(rows[0]).data["total"] == 8
+
+
+def test_timestamps_are_iso_utc_with_milliseconds():
+    text = formats.encode("x", {}, formats.now_iso())
+    stamp = json.loads(text)["timestamp"]
+    assert len(stamp) == 24 and stamp.endswith("Z") and stamp[19] == "."
+
+
+# -- clients ------------------------------------------------------------------------
+
+
+def test_a_slow_client_never_blocks_and_keeps_the_newest_frames():
+    sock = FakeSocket(block_sends=True)
+    client = DashboardClient(sock, buffer_size=3)
+    client.start_writer()
+    started = time.monotonic()
+    for i in range(100):
+        client.send(str(i))
+    assert time.monotonic() - started < 0.5
+    sock.unblock.set()
+    received = [sock.sent.get(timeout=2) for _ in range(3)]
+    with contextlib.suppress(queue.Empty):
+        received.append(sock.sent.get(timeout=0.3))
+    # The writer may have taken "0" before blocking; after it, only the newest three survive.
+    assert received[-3:] == ["97", "98", "99"]
+    assert client.dropped >= 96
+    client.close()
+
+
+def test_subscription_filter():
+    client = DashboardClient(FakeSocket(), 10)
+    assert client.wants("a") and client.wants(None)
+    client.queues = frozenset({"a"})
+    assert client.wants("a") and client.wants(None) and not client.wants("b")
+
+
+def test_rate_budget_resets_every_second():
+    now = [0.0]
+    budget = RateBudget(2, clock=lambda: now[0])
+    assert [budget.take() for _ in range(3)] == [True, True, False]
+    now[0] = 1.0
+    assert budget.take()
+
+
+# -- hub ----------------------------------------------------------------------------
+
+
+def test_publishing_without_dashboards_does_nothing():
+    hub = Hub(None, "w1")
+    hub.publish(formats.PROCESSING, [popped("t1")])
+    assert not hub.listening and not hub._inbox
+
+
+def test_hub_serves_connect_ping_subscribe_and_disconnect():
+    hub = Hub(FakeStore(), "w1", depth_interval_s=60, stats_interval_s=60)  # type: ignore[arg-type]
+    sock = FakeSocket()
+    thread = serve(hub, sock)
+    assert hub.listening and hub.connections == 1
+
+    sock.incoming.put("ping")
+    while sock.sent.get(timeout=2) != "pong":
+        pass
+    sock.incoming.put(json.dumps({"type": "subscribe", "queues": ["q", 3]}))
+    assert sock.wait_for("subscribed")["data"] == {"queues": ["q"]}
+
+    hub.publish(formats.PROCESSING, [popped("other", "elsewhere"), popped("t1")])
+    event = sock.wait_for("message.processing")
+    assert event["data"] == {"queue": "q", "partition": "p", "transactionId": "t1",
+                             "workerId": "w1"}
+
+    acks = [{"transactionId": "t1", "status": "completed", "error": None}]
+    hub.publish(formats.ACKED, acks, [AckResult(1, "t1", "completed", None, NOW)])
+    assert sock.wait_for("message.completed")["data"]["queue"] == "q"  # located by the store
+
+    sock.incoming.put(None)  # peer went away
+    thread.join(2)
+    assert not thread.is_alive()
+    assert not hub.listening and hub.connections == 0
+
+
+def test_ticker_reports_depths_changes_and_new_queues():
+    store = FakeStore()
+    store.rows = [depth("a", "p1", 1), depth("a", "p2", 1)]
+    ticker = Ticker(store)  # type: ignore[arg-type]
+    first = ticker.depth_events()
+    assert [e.name for e in first] == ["queue.depth", "partition.depth", "partition.depth"]
+
+    store.rows = [depth("a", "p1", 1), depth("a", "p2", 2), depth("b", "Default", 1)]
+    names = [(e.name, e.data.get("partition")) for e in ticker.depth_events()]
+    assert names == [("queue.created", "Default"), ("queue.depth", None), ("queue.depth", None),
+                     ("partition.depth", "p2"), ("partition.depth", "Default")]
+
+    stats = ticker.stats_event(connections=3, dropped=0)
+    assert stats is not None
+    assert stats.data["pending"] == 4 and stats.data["recentCreated"] == 7
+    assert stats.data["connections"] == 3
+    events, stamp = ticker.replay(max_age_s=60)
+    assert len(events) == 2 and stamp
+
+    store.fail = True
+    assert ticker.depth_events() == [] and ticker.failing
