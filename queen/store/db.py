@@ -19,6 +19,13 @@ log = logging.getLogger(__name__)
 
 QUERIES = load_queries()
 RETRIES_ON_DEADLOCK = 3
+# Class 40: the statement was rolled back and may simply be run again. psycopg derives
+# these from OperationalError, not from TransactionRollback, so they are listed.
+RETRYABLE = (
+    pg_errors.TransactionRollback,
+    pg_errors.DeadlockDetected,
+    pg_errors.SerializationFailure,
+)
 
 
 @contextlib.contextmanager
@@ -28,7 +35,7 @@ def translate_errors() -> Iterator[None]:
         yield
     except PoolTimeout as exc:
         raise Unavailable("no database connection available") from exc
-    except pg_errors.TransactionRollback:
+    except RETRYABLE:
         raise  # deadlock or serialization failure: Database.fetch retries
     except pg_errors.QueryCanceled as exc:
         raise Unavailable("database statement timed out") from exc
@@ -104,7 +111,7 @@ class Database:
                         cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
                     cur.execute(QUERIES[name], params)
                     return cur.fetchall() if cur.description else []
-            except pg_errors.TransactionRollback as exc:
+            except RETRYABLE as exc:
                 if attempt == RETRIES_ON_DEADLOCK - 1:
                     raise Unavailable("database busy (deadlock), retry") from exc
                 log.warning("retrying %s after %s", name, type(exc).__name__)
