@@ -380,28 +380,37 @@ DECLARE
     full_queue record;
     rejected   integer[] := '{}';
     accepted   queen.push_item[];
+    wanted     integer;
+    held       integer;
 BEGIN
-    INSERT INTO queen.queues (name)
-    SELECT DISTINCT i ->> 'queue' FROM jsonb_array_elements(p_items) i
-    WHERE NOT EXISTS (SELECT 1 FROM queen.queues q WHERE q.name = i ->> 'queue')
-    ORDER BY 1
-    ON CONFLICT (name) DO NOTHING;
+    SELECT count(DISTINCT (i ->> 'queue', coalesce(i ->> 'partition', 'Default'))) INTO wanted
+    FROM jsonb_array_elements(p_items) i;
+    LOOP
+        INSERT INTO queen.queues (name)
+        SELECT DISTINCT i ->> 'queue' FROM jsonb_array_elements(p_items) i
+        WHERE NOT EXISTS (SELECT 1 FROM queen.queues q WHERE q.name = i ->> 'queue')
+        ORDER BY 1
+        ON CONFLICT (name) DO NOTHING;
 
-    INSERT INTO queen.partitions (queue_id, name)
-    SELECT DISTINCT q.id, coalesce(i ->> 'partition', 'Default')
-    FROM jsonb_array_elements(p_items) i JOIN queen.queues q ON q.name = i ->> 'queue'
-    WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
-                      WHERE p.queue_id = q.id AND p.name = coalesce(i ->> 'partition', 'Default'))
-    ORDER BY 1, 2
-    ON CONFLICT (queue_id, name) DO NOTHING;
+        INSERT INTO queen.partitions (queue_id, name)
+        SELECT DISTINCT q.id, coalesce(i ->> 'partition', 'Default')
+        FROM jsonb_array_elements(p_items) i JOIN queen.queues q ON q.name = i ->> 'queue'
+        WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
+                          WHERE p.queue_id = q.id AND p.name = coalesce(i ->> 'partition', 'Default'))
+        ORDER BY 1, 2
+        ON CONFLICT (queue_id, name) DO NOTHING;
 
-    -- Keep these partitions from being removed until this transaction ends.
-    PERFORM 1
-    FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-    WHERE (q.name, p.name) IN (SELECT i ->> 'queue', coalesce(i ->> 'partition', 'Default')
-                               FROM jsonb_array_elements(p_items) i)
-    ORDER BY p.id
-    FOR KEY SHARE OF p;
+        -- Keep these partitions from being removed until this transaction ends. One that
+        -- maintenance removed after the insert above saw it is missing here: create it again.
+        PERFORM 1
+        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+        WHERE (q.name, p.name) IN (SELECT i ->> 'queue', coalesce(i ->> 'partition', 'Default')
+                                   FROM jsonb_array_elements(p_items) i)
+        ORDER BY p.id
+        FOR KEY SHARE OF p;
+        GET DIAGNOSTICS held = ROW_COUNT;
+        EXIT WHEN held >= wanted;
+    END LOOP;
 
     -- maxSize: serialise pushes per limited queue, count what is pending, reject the rest.
     FOR full_queue IN

@@ -1,0 +1,220 @@
+-- 0003: time-driven work of the maintenance process: lease expiry, due wake-ups, partition
+-- cleanup, count reconciliation; storage settings for the tables that churn.
+
+-- Retention deletes completed messages oldest first, per partition, without walking the
+-- rest of the table. Partial: pending and in-flight rows never enter it.
+CREATE INDEX messages_completed ON queen.messages (partition_id, completed_at)
+WHERE status = 'completed';
+
+-- Churn settings. Every pop and ack rewrites a partition row (lease columns) and every
+-- fold rewrites count and metric rows: leave room on the page for the new version and
+-- vacuum after a small number of dead rows instead of a fraction of the table.
+ALTER TABLE queen.partitions SET (
+    fillfactor = 50,
+    autovacuum_vacuum_scale_factor = 0.0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.05,
+    autovacuum_vacuum_cost_delay = 0
+);
+ALTER TABLE queen.partition_heads SET (
+    autovacuum_vacuum_scale_factor = 0.0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+-- Appended by every status change and emptied by every fold: a queue of its own.
+ALTER TABLE queen.status_deltas SET (
+    autovacuum_vacuum_scale_factor = 0.0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_insert_scale_factor = 0.0,
+    autovacuum_vacuum_insert_threshold = 20000,
+    autovacuum_vacuum_cost_delay = 0
+);
+ALTER TABLE queen.partition_counts SET (
+    fillfactor = 50,
+    autovacuum_vacuum_scale_factor = 0.0,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+ALTER TABLE queen.metrics_minute SET (
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000
+);
+
+-- Release up to p_limit expired partition leases (skipping partitions someone holds) and
+-- wake polls for the freed partitions that still hold pending work. Returns the leases
+-- released, the messages they covered, and the seconds until the next lease expires.
+CREATE FUNCTION queen.expire_leases(p_limit integer)
+RETURNS TABLE (leases integer, messages integer, next_expiry_in double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    part  record;
+    freed uuid[] := '{}';
+    total integer := 0;
+BEGIN
+    FOR part IN
+        SELECT p.id, p.lease_id FROM queen.partitions p
+        WHERE p.lease_id IS NOT NULL AND p.lease_expires_at <= now()
+        ORDER BY p.lease_expires_at
+        LIMIT p_limit
+        FOR NO KEY UPDATE SKIP LOCKED
+    LOOP
+        total := total + queen.release_lease(part.id, part.lease_id);
+        freed := freed || part.id;
+    END LOOP;
+
+    -- Messages back to pending have notified (trigger); this covers partitions whose
+    -- expired messages all went to the dead letter queue but which hold more work.
+    IF cardinality(freed) > 0 THEN
+        PERFORM queen.notify_partitions(ARRAY(
+            SELECT h.partition_id FROM queen.partition_heads h
+            WHERE h.partition_id = ANY (freed)));
+    END IF;
+
+    RETURN QUERY
+    SELECT cardinality(freed), total,
+           extract(epoch FROM min(p.lease_expires_at) - clock_timestamp())::double precision
+    FROM queen.partitions p
+    WHERE p.lease_id IS NOT NULL;
+END
+$$;
+
+-- When a partition of a delayed or windowed queue becomes poppable: its oldest pending
+-- message is delayedProcessing old and its newest is windowBuffer old (what claim checks).
+-- NULL when it holds nothing pending.
+CREATE FUNCTION queen.partition_due_at(p_partition uuid, p_delay integer, p_window integer)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT greatest(
+        CASE WHEN p_delay > 0 THEN
+            (SELECT m.created_at FROM queen.messages m
+             WHERE m.partition_id = p_partition AND m.status = 'pending'
+             ORDER BY m.seq LIMIT 1) + make_interval(secs => p_delay) END,
+        CASE WHEN p_window > 0 THEN
+            (SELECT m.created_at FROM queen.messages m
+             WHERE m.partition_id = p_partition AND m.status = 'pending'
+             ORDER BY m.seq DESC LIMIT 1) + make_interval(secs => p_window) END)
+$$;
+
+-- Wake polls for the delayed/windowed partitions that became poppable after p_since (the
+-- scanned_at of the previous call; -infinity the first time). Returns how many were
+-- woken, the seconds until the next one becomes due (NULL: none waiting) and the time
+-- of this scan.
+CREATE FUNCTION queen.wake_due(p_since timestamptz)
+RETURNS TABLE (woken integer, next_due_in double precision, scanned_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    at       timestamptz := clock_timestamp();
+    due      uuid[];
+    next_due timestamptz;
+BEGIN
+    SELECT array_agg(t.partition_id) FILTER (WHERE t.due_at > p_since AND t.due_at <= at),
+           min(t.due_at) FILTER (WHERE t.due_at > at)
+    INTO due, next_due
+    FROM (SELECT h.partition_id,
+                 queen.partition_due_at(h.partition_id, q.delayed_processing, q.window_buffer)
+                     AS due_at
+          FROM queen.queues q JOIN queen.partition_heads h ON h.queue_id = q.id
+          WHERE q.delayed_processing > 0 OR q.window_buffer > 0) t;
+    IF due IS NOT NULL THEN
+        PERFORM queen.notify_partitions(due);
+    END IF;
+    RETURN QUERY SELECT coalesce(cardinality(due), 0),
+                        extract(epoch FROM next_due - at)::double precision, at;
+END
+$$;
+
+-- Remove up to p_limit partitions that hold no message, no lease, and saw no activity for
+-- p_idle_seconds. A push locks the partitions it writes to (FOR KEY SHARE) before it
+-- inserts, so SKIP LOCKED passes over those; the emptiness re-check runs on a snapshot
+-- taken after the locks, so it sees every push that committed before them.
+CREATE FUNCTION queen.cleanup_partitions(p_idle_seconds integer, p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    locked  uuid[];
+    removed integer;
+BEGIN
+    SELECT array_agg(c.id) INTO locked FROM (
+        SELECT p.id FROM queen.partitions p
+        WHERE p.last_activity_at < now() - make_interval(secs => p_idle_seconds)
+          AND p.created_at < now() - make_interval(secs => p_idle_seconds)
+          AND p.lease_id IS NULL
+          AND NOT EXISTS (SELECT 1 FROM queen.messages m WHERE m.partition_id = p.id)
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED) c;
+    IF locked IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    DELETE FROM queen.partitions p
+    WHERE p.id = ANY (locked) AND p.lease_id IS NULL
+      AND NOT EXISTS (SELECT 1 FROM queen.messages m WHERE m.partition_id = p.id);
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed;
+END
+$$;
+
+-- Recount up to p_limit partitions after p_after (in id order) and correct drift in
+-- partition_counts. Counts and unfolded deltas are read in one snapshot, where they must
+-- add up to the rows; the difference is added (not assigned), so a concurrent fold
+-- stays right. Statuses are recounted from the partial indexes (pending, processing) and,
+-- for partitions holding at most p_max_rows rows, from the rows (the terminal ones).
+-- Returns one row per partition looked at, with the drift found (0: none).
+CREATE FUNCTION queen.reconcile_counts(p_after uuid, p_limit integer, p_max_rows bigint)
+RETURNS TABLE (partition_id uuid, drift bigint)
+LANGUAGE sql AS $$
+    WITH picked AS (
+        SELECT p.id FROM queen.partitions p
+        WHERE p_after IS NULL OR p.id > p_after
+        ORDER BY p.id LIMIT p_limit
+    ), believed AS (
+        SELECT s.*, s.pending + s.processing + s.completed + s.failed + s.dead_letter AS total
+        FROM queen.partition_stats s JOIN picked ON picked.id = s.partition_id
+    ), actual AS (
+        SELECT b.partition_id,
+               live.pending - b.pending AS d_pending,
+               live.processing - b.processing AS d_processing,
+               CASE WHEN done.counted THEN done.completed - b.completed ELSE 0 END AS d_completed,
+               CASE WHEN done.counted THEN done.failed - b.failed ELSE 0 END AS d_failed,
+               CASE WHEN done.counted THEN done.dead_letter - b.dead_letter ELSE 0 END
+                   AS d_dead_letter
+        FROM believed b
+        CROSS JOIN LATERAL (
+            SELECT (SELECT count(*) FROM queen.messages m
+                    WHERE m.partition_id = b.partition_id AND m.status = 'pending') AS pending,
+                   (SELECT count(*) FROM queen.messages m
+                    WHERE m.partition_id = b.partition_id AND m.status = 'processing')
+                       AS processing) live
+        CROSS JOIN LATERAL (
+            SELECT b.total <= p_max_rows AS counted,
+                   count(*) FILTER (WHERE m.status = 'completed') AS completed,
+                   count(*) FILTER (WHERE m.status = 'failed') AS failed,
+                   count(*) FILTER (WHERE m.status = 'dead_letter') AS dead_letter
+            FROM queen.messages m
+            WHERE m.partition_id = b.partition_id AND b.total <= p_max_rows) done
+        WHERE b.pending + b.processing <= p_max_rows
+    ), fixed AS (
+        INSERT INTO queen.partition_counts AS c
+            (partition_id, pending, processing, completed, failed, dead_letter, updated_at)
+        SELECT a.partition_id, a.d_pending, a.d_processing, a.d_completed, a.d_failed,
+               a.d_dead_letter, now()
+        FROM actual a
+        WHERE (a.d_pending, a.d_processing, a.d_completed, a.d_failed, a.d_dead_letter)
+              <> (0, 0, 0, 0, 0)
+        ORDER BY a.partition_id
+        ON CONFLICT ON CONSTRAINT partition_counts_pkey DO UPDATE SET
+            pending = c.pending + EXCLUDED.pending,
+            processing = c.processing + EXCLUDED.processing,
+            completed = c.completed + EXCLUDED.completed,
+            failed = c.failed + EXCLUDED.failed,
+            dead_letter = c.dead_letter + EXCLUDED.dead_letter,
+            updated_at = now()
+        RETURNING c.partition_id
+    )
+    SELECT p.id,
+           coalesce(abs(a.d_pending) + abs(a.d_processing) + abs(a.d_completed)
+                    + abs(a.d_failed) + abs(a.d_dead_letter), 0)
+    FROM picked p LEFT JOIN actual a ON a.partition_id = p.id
+    ORDER BY p.id
+$$;
