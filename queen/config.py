@@ -53,6 +53,15 @@ class Settings:
     maintenance_interval_s: float = _s(
         "QUEEN_MAINTENANCE_INTERVAL", 1.0, "seconds between maintenance cycles"
     )
+    retention_interval_s: float = _s(
+        "QUEEN_RETENTION_INTERVAL", 5.0, "seconds between retention and partition cleanup runs"
+    )
+    leader_poll_s: float = _s(
+        "QUEEN_LEADER_POLL", 1.0, "seconds between a standby maintenance process's leader attempts"
+    )
+    maintenance_batch: int = _s(
+        "QUEEN_MAINTENANCE_BATCH", 1000, "rows (or leases) per maintenance statement"
+    )
     metrics_interval_s: float = _s(
         "METRICS_COLLECTION_INTERVAL", 5.0, "seconds between depth snapshots"
     )

@@ -84,3 +84,131 @@ LEFT JOIN queen.metrics_minute m
        ON m.minute = g.minute AND (%(queue)s::text IS NULL OR m.queue = %(queue)s::text)
 GROUP BY g.minute
 ORDER BY g.minute
+
+-- maintenance_setup: session settings of the maintenance connection (timeouts, server-side keepalives) --
+SELECT set_config('statement_timeout', %(statement_ms)s, false),
+       set_config('lock_timeout', %(lock_ms)s, false),
+       set_config('idle_in_transaction_session_timeout', '60s', false),
+       set_config('tcp_keepalives_idle', '10', false),
+       set_config('tcp_keepalives_interval', '3', false),
+       set_config('tcp_keepalives_count', '3', false),
+       set_config('client_connection_check_interval', '1s', false)
+
+-- maintenance_try_lead: take the maintenance leader lock for this session, without waiting --
+SELECT pg_try_advisory_lock(%(key)s)
+
+-- maintenance_leader: application_name of the session holding the maintenance leader lock --
+SELECT a.application_name
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
+          SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid::bigint = (%(key)s::bigint >> 32) AND l.objid::bigint = (%(key)s::bigint & 4294967295)
+  AND l.objsubid = 1
+
+-- maintenance_expire_leases: release expired partition leases (retry, DLQ or failed), wake polls --
+SELECT leases, messages, next_expiry_in FROM queen.expire_leases(%(limit)s)
+
+-- maintenance_wake_due: wake polls for delayed/windowed partitions that became due since the last scan --
+SELECT woken, next_due_in, scanned_at FROM queen.wake_due(%(since)s)
+
+-- maintenance_timed_queues: queues whose messages become poppable later (delayedProcessing, windowBuffer) --
+SELECT name, delayed_processing, window_buffer FROM queen.queues
+WHERE delayed_processing > 0 OR window_buffer > 0
+
+-- maintenance_expire_ttl: pending messages older than their queue's ttl go to dead_letter, at most limit --
+WITH heads AS (
+    SELECT h.partition_id, now() - make_interval(secs => q.ttl) AS cutoff
+    FROM queen.queues q JOIN queen.partition_heads h ON h.queue_id = q.id
+    WHERE q.ttl > 0
+      AND (SELECT m.created_at FROM queen.messages m
+           WHERE m.partition_id = h.partition_id AND m.status = 'pending'
+           ORDER BY m.seq LIMIT 1) < now() - make_interval(secs => q.ttl)
+), doomed AS (
+    SELECT m.transaction_id
+    FROM heads h CROSS JOIN LATERAL (
+        SELECT x.transaction_id, x.created_at FROM queen.messages x
+        WHERE x.partition_id = h.partition_id AND x.status = 'pending'
+        ORDER BY x.seq LIMIT %(limit)s) m
+    WHERE m.created_at < h.cutoff
+    LIMIT %(limit)s
+), locked AS (
+    SELECT x.transaction_id FROM queen.messages x
+    WHERE x.transaction_id = ANY (ARRAY(SELECT transaction_id FROM doomed)) AND x.status = 'pending'
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE queen.messages m
+    SET status = 'dead_letter', failed_at = now(), error_message = 'ttl expired'
+    FROM locked WHERE m.transaction_id = locked.transaction_id
+    RETURNING 1
+)
+SELECT count(*) FROM moved
+
+-- maintenance_retention_pending: delete pending messages older than retentionSeconds, at most limit --
+WITH heads AS (
+    SELECT h.partition_id, now() - make_interval(secs => q.retention_seconds) AS cutoff
+    FROM queen.queues q JOIN queen.partition_heads h ON h.queue_id = q.id
+    WHERE q.retention_enabled AND q.retention_seconds > 0
+      AND (SELECT m.created_at FROM queen.messages m
+           WHERE m.partition_id = h.partition_id AND m.status = 'pending'
+           ORDER BY m.seq LIMIT 1) < now() - make_interval(secs => q.retention_seconds)
+), doomed AS (
+    SELECT m.transaction_id
+    FROM heads h CROSS JOIN LATERAL (
+        SELECT x.transaction_id, x.created_at FROM queen.messages x
+        WHERE x.partition_id = h.partition_id AND x.status = 'pending'
+        ORDER BY x.seq LIMIT %(limit)s) m
+    WHERE m.created_at < h.cutoff
+    LIMIT %(limit)s
+), locked AS (
+    SELECT x.transaction_id FROM queen.messages x
+    WHERE x.transaction_id = ANY (ARRAY(SELECT transaction_id FROM doomed)) AND x.status = 'pending'
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM queen.messages m USING locked
+    WHERE m.transaction_id = locked.transaction_id
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+
+-- maintenance_retention_completed: delete completed messages older than completedRetentionSeconds, at most limit --
+WITH parts AS (
+    SELECT p.id, now() - make_interval(secs => q.completed_retention_seconds) AS cutoff
+    FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE q.retention_enabled AND q.completed_retention_seconds > 0
+), doomed AS (
+    SELECT m.transaction_id
+    FROM parts p CROSS JOIN LATERAL (
+        SELECT x.transaction_id FROM queen.messages x
+        WHERE x.partition_id = p.id AND x.status = 'completed' AND x.completed_at < p.cutoff
+        ORDER BY x.completed_at LIMIT %(limit)s) m
+    LIMIT %(limit)s
+), locked AS (
+    SELECT x.transaction_id FROM queen.messages x
+    WHERE x.transaction_id = ANY (ARRAY(SELECT transaction_id FROM doomed)) AND x.status = 'completed'
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM queen.messages m USING locked
+    WHERE m.transaction_id = locked.transaction_id
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+
+-- maintenance_cleanup_partitions: remove empty partitions idle for idle_s seconds, at most limit --
+SELECT queen.cleanup_partitions(%(idle_s)s, %(limit)s)
+
+-- maintenance_fold_deltas: fold at most limit status deltas into partition_counts and metrics_minute --
+SELECT queen.fold_deltas(%(limit)s)
+
+-- maintenance_reconcile_counts: recount a few partitions after a cursor and correct count drift --
+SELECT partition_id, drift FROM queen.reconcile_counts(%(after)s, %(limit)s, %(max_rows)s)
+
+-- maintenance_prune_metrics: delete per-minute metrics older than the retention, at most limit rows --
+WITH gone AS (
+    DELETE FROM queen.metrics_minute m
+    USING (SELECT minute, queue, partition FROM queen.metrics_minute
+           WHERE minute < date_trunc('minute', now()) - make_interval(days => %(days)s)
+           ORDER BY minute LIMIT %(limit)s) old
+    WHERE m.minute = old.minute AND m.queue = old.queue AND m.partition = old.partition
+    RETURNING 1
+)
+SELECT count(*) FROM gone

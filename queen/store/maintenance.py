@@ -1,0 +1,211 @@
+"""The maintenance process's one database session: the leader lock and the time-driven work.
+
+Leadership and work share one dedicated connection (outside any pool). The leader lock
+is a session advisory lock, so it lives exactly as long as that connection: a leader
+that loses the connection has lost the lock too, and cannot act on a lock it no longer
+holds, because every statement it runs goes through the same, now broken, connection.
+The session also LISTENs on the notification channel, to learn of pushes into delayed
+or windowed queues while it sleeps.
+
+Every statement is bounded (a row or lease limit) and skips rows others hold
+(SKIP LOCKED), so two sessions running the same work at once — a leader that has not
+yet noticed it lost its connection and its successor — never do it twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from queen.errors import Unavailable
+from queen.store.db import QUERIES, translate_errors
+
+log = logging.getLogger(__name__)
+
+LEADER_LOCK = 0x5155_4545_4E01  # pg_advisory_lock key of the maintenance leader
+CHANNEL = "queen"  # the channel the triggers notify (queen.notify_partitions)
+CONNECT_TIMEOUT = 5  # seconds
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseExpiry:
+    leases: int
+    messages: int
+    next_expiry_in: float | None  # seconds until the next lease expires; None: no lease
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DueScan:
+    woken: int
+    next_due_in: float | None  # seconds until the next partition becomes due; None: none
+    scanned_at: dt.datetime  # pass back as `since` to the next scan
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimedQueue:
+    name: str
+    delay_s: int  # delayedProcessing
+    window_s: int  # windowBuffer
+
+    @property
+    def soonest_s(self) -> int:
+        """Return the earliest a message pushed now can become due, in seconds."""
+        return min(s for s in (self.delay_s, self.window_s) if s > 0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reconciled:
+    looked_at: int
+    drifted: int  # partitions whose counts were corrected
+    last: uuid.UUID | None  # cursor for the next call; None: wrapped around
+
+
+class MaintenanceSession:
+    """One dedicated connection running the maintenance statements; not thread-safe."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        application_name: str = "queen-maintenance",
+        statement_timeout_ms: int = 60000,
+        lock_timeout_ms: int = 1000,
+    ) -> None:
+        self.dsn = dsn
+        self.application_name = application_name
+        self._statement_timeout_ms = statement_timeout_ms
+        self._lock_timeout_ms = lock_timeout_ms
+        self._conn: psycopg.Connection[Any] | None = None
+
+    # -- connection ----------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Tell whether the session is open and has not broken."""
+        return self._conn is not None and not self._conn.closed and not self._conn.broken
+
+    def connect(self) -> None:
+        """Open the session (closing any previous one); raise Unavailable on failure."""
+        self.close()
+        with translate_errors():
+            conn = psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                application_name=self.application_name,
+                connect_timeout=CONNECT_TIMEOUT,
+                keepalives=1,
+                keepalives_idle=10,
+                keepalives_interval=3,
+                keepalives_count=3,
+            )
+            try:
+                conn.execute(
+                    QUERIES["maintenance_setup"],
+                    {
+                        "statement_ms": str(self._statement_timeout_ms),
+                        "lock_ms": str(self._lock_timeout_ms),
+                    },
+                )
+            except BaseException:
+                conn.close()
+                raise
+        self._conn = conn
+
+    def close(self) -> None:
+        """Close the session; a lock it held is released by the server."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            try:
+                conn.close()
+            except psycopg.Error as exc:
+                log.debug("closing the maintenance session: %s", exc)
+
+    def _rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        if self._conn is None:
+            raise Unavailable("maintenance session is not connected")
+        with translate_errors():
+            try:
+                cur = self._conn.execute(QUERIES[name], params)
+                return cur.fetchall() if cur.description else []
+            except psycopg.errors.TransactionRollback as exc:
+                raise Unavailable(f"{name}: {type(exc).__name__}, retry") from exc
+
+    def _value(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        (row,) = self._rows(name, params)
+        return row[0]
+
+    # -- leadership ----------------------------------------------------------------
+
+    def try_lead(self) -> bool:
+        """Take the leader lock if nobody holds it; True when this session is the leader."""
+        return bool(self._value("maintenance_try_lead", {"key": LEADER_LOCK}))
+
+    def leader(self) -> str | None:
+        """Return the application_name of the session that leads now, if any."""
+        rows = self._rows("maintenance_leader", {"key": LEADER_LOCK})
+        return str(rows[0][0]) if rows else None
+
+    def listen(self) -> None:
+        """Receive the push notifications (payload 'queue/partition/namespace/task')."""
+        if self._conn is None:
+            raise Unavailable("maintenance session is not connected")
+        with translate_errors():
+            self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+
+    def wait(self, timeout_s: float) -> list[str]:
+        """Sleep up to timeout_s, returning as soon as notifications arrive (their payloads)."""
+        if self._conn is None:
+            raise Unavailable("maintenance session is not connected")
+        with translate_errors():
+            return [
+                n.payload for n in self._conn.notifies(timeout=max(0.0, timeout_s), stop_after=1)
+            ]
+
+    # -- work ------------------------------------------------------------------------
+
+    def expire_leases(self, limit: int) -> LeaseExpiry:
+        (row,) = self._rows("maintenance_expire_leases", {"limit": limit})
+        return LeaseExpiry(*row)
+
+    def wake_due(self, since: dt.datetime | None) -> DueScan:
+        since = since or dt.datetime.min.replace(tzinfo=dt.UTC)
+        (row,) = self._rows("maintenance_wake_due", {"since": since})
+        return DueScan(*row)
+
+    def timed_queues(self) -> dict[str, TimedQueue]:
+        return {r[0]: TimedQueue(*r) for r in self._rows("maintenance_timed_queues")}
+
+    def expire_ttl(self, limit: int) -> int:
+        return int(self._value("maintenance_expire_ttl", {"limit": limit}))
+
+    def delete_retained_pending(self, limit: int) -> int:
+        return int(self._value("maintenance_retention_pending", {"limit": limit}))
+
+    def delete_retained_completed(self, limit: int) -> int:
+        return int(self._value("maintenance_retention_completed", {"limit": limit}))
+
+    def cleanup_partitions(self, idle_s: int, limit: int) -> int:
+        return int(
+            self._value("maintenance_cleanup_partitions", {"idle_s": idle_s, "limit": limit})
+        )
+
+    def fold_deltas(self, limit: int) -> int:
+        return int(self._value("maintenance_fold_deltas", {"limit": limit}))
+
+    def reconcile_counts(self, after: uuid.UUID | None, limit: int, max_rows: int) -> Reconciled:
+        rows = self._rows(
+            "maintenance_reconcile_counts", {"after": after, "limit": limit, "max_rows": max_rows}
+        )
+        drifted = sum(1 for _, drift in rows if drift)
+        last = rows[-1][0] if len(rows) == limit else None
+        return Reconciled(len(rows), drifted, last)
+
+    def prune_metrics(self, days: int, limit: int) -> int:
+        return int(self._value("maintenance_prune_metrics", {"days": days, "limit": limit}))
