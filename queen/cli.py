@@ -93,7 +93,7 @@ def _supervise(children: list[subprocess.Popen[bytes]]) -> int:
 def cmd_maintenance(args: argparse.Namespace) -> int:
     from workers.maintenance import main as maintenance_main
 
-    return maintenance_main()
+    return maintenance_main(args.extra)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="do not start the maintenance process")
     serve.set_defaults(func=cmd_serve)
     sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
-    sub.add_parser("maintenance", help="run the maintenance process").set_defaults(
-        func=cmd_maintenance)
+    sub.add_parser(  # its flags (and --help) are parsed by workers.maintenance
+        "maintenance", help="run the maintenance process", add_help=False
+    ).set_defaults(func=cmd_maintenance)
     sub.add_parser("env", help="list the environment variables").set_defaults(func=cmd_env)
     return parser
 
@@ -121,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "info").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, args.extra = parser.parse_known_args(argv)
+    if args.extra and args.func is not cmd_maintenance:
+        parser.error(f"unrecognized arguments: {' '.join(args.extra)}")
     return int(args.func(args))
 
 

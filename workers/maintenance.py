@@ -1,0 +1,356 @@
+"""The maintenance process: time-driven work, done by one leader among any number of these.
+
+Run it as `queen maintenance` or `python -m workers.maintenance` (flags: `--help`).
+Every process connects and tries the leader lock (a PostgreSQL session advisory lock);
+the one that gets it works, the others retry every QUEEN_LEADER_POLL seconds. When the
+leader dies its session ends, the lock is free and a standby takes over; a leader whose
+connection breaks steps down and becomes a standby (see queen.store.maintenance).
+
+The leader runs a small scheduler over one connection. Each task runs when due and says
+when it wants to run next:
+
+- leases: release expired partition leases; next run when the next lease expires;
+- due: wake long polls the moment delayed/windowed messages become poppable; next run
+  when the next one becomes due, or sooner when a push into such a queue arrives
+  (the session LISTENs to the push notifications while it sleeps);
+- ttl: pending messages past their queue's ttl go to the dead letter queue;
+- fold: fold status deltas into partition counts and per-minute metrics;
+- retention: delete old pending/completed messages of queues with retention enabled;
+- cleanup: remove partitions that stayed empty and idle for QUEEN_PARTITION_CLEANUP;
+- reconcile: recount a few partitions and correct drift in the folded counts;
+- prune: drop per-minute metrics older than METRICS_RETENTION_DAYS.
+
+Statements are bounded (QUEEN_MAINTENANCE_BATCH rows or leases); a task with more work
+than one batch continues within a short time budget and is then rescheduled at once,
+after the other due tasks, so the timing-sensitive ones (leases, due) stay punctual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from queen.config import Settings
+from queen.errors import Unavailable
+from queen.store.maintenance import DueScan, MaintenanceSession, TimedQueue
+
+log = logging.getLogger("queen.maintenance")
+
+LEASE_BATCH = 100  # leases released per statement (their acks wait while it runs)
+FOLD_BATCH = 20000  # status deltas folded per statement
+RECONCILE_PARTITIONS = 50  # partitions recounted per reconcile run
+RECONCILE_MAX_ROWS = 50_000  # larger partitions: only pending/processing are recounted
+PRUNE_EVERY = 300.0  # seconds between metric pruning runs
+STEP_BUDGET = 0.2  # seconds a task may keep going before it yields to the others
+MIN_DELAY = 0.05  # seconds: the soonest a task reschedules itself when it cannot finish
+DUE_MARGIN = 0.002  # seconds past a due time before the scan that wakes it
+MAX_SLEEP = 0.5  # seconds: the loop looks at the stop flag at least this often
+SUMMARY_EVERY = 60.0  # seconds between summary log lines
+MAX_BACKOFF = 5.0  # seconds between reconnect attempts
+
+FLAGS = (  # Settings fields the command line can override
+    "maintenance_interval_s",
+    "retention_interval_s",
+    "metrics_interval_s",
+    "leader_poll_s",
+    "partition_cleanup_s",
+    "metrics_retention_days",
+    "maintenance_batch",
+)
+
+
+@dataclasses.dataclass
+class Task:
+    """One kind of work: run() does a bounded step and returns the seconds until it wants
+    to run again (None: after `every`)."""
+
+    name: str
+    run: Callable[[], float | None]
+    every: float
+    punctual: bool = False  # runs before the others when due
+    next_at: float = 0.0
+    failures: int = 0
+
+
+class Maintenance:
+    """Stand by or lead; when leading, run the tasks until stopped or the connection breaks."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        session: MaintenanceSession | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.name = f"queen-maintenance-{socket.gethostname()}-{os.getpid()}"
+        self.session = session or MaintenanceSession(settings.dsn, application_name=self.name)
+        self.clock = clock
+        self.leading = False
+        self.stopping = False
+        self.totals: dict[str, int] = {}
+        self._since_scan: Any = None  # DueScan.scanned_at of the last due scan
+        self._timed: dict[str, TimedQueue] = {}
+        self._reconcile_after: uuid.UUID | None = None
+        self.tasks = self._make_tasks()
+
+    def _make_tasks(self) -> list[Task]:
+        s = self.settings
+        cycle = s.maintenance_interval_s
+        return [
+            Task("leases", self._expire_leases, cycle, punctual=True),
+            Task("due", self._wake_due, cycle, punctual=True),
+            Task("ttl", self._expire_ttl, cycle),
+            Task("fold", self._fold, cycle),
+            Task("retention", self._retention, s.retention_interval_s),
+            Task("cleanup", self._cleanup, s.retention_interval_s),
+            Task("reconcile", self._reconcile, s.metrics_interval_s),
+            Task("prune", self._prune_metrics, max(PRUNE_EVERY, cycle)),
+        ]
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def stop(self, *_: object) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        """Run until stop() (SIGTERM, SIGINT); return the exit code."""
+        backoff = 0.1
+        while not self.stopping:
+            try:
+                self.session.connect()
+                backoff = 0.1
+                self._stand_by_or_lead()
+            except Unavailable as exc:
+                if self.leading:
+                    log.warning("%s: lost the database (%s); stepping down", self.name, exc)
+                else:
+                    log.warning("%s: database unavailable (%s)", self.name, exc)
+                self.leading = False
+                self.session.close()
+                self._sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+        self.session.close()
+        log.info("%s: stopped", self.name)
+        return 0
+
+    def _stand_by_or_lead(self) -> None:
+        announced = False
+        while not self.stopping:
+            if self.session.try_lead():
+                self._lead()
+                return
+            if not announced:
+                log.info("%s: standing by (leader: %s)", self.name, self.session.leader())
+                announced = True
+            deadline = self.clock() + self.settings.leader_poll_s
+            while not self.stopping and self.clock() < deadline:
+                self.session.wait(min(MAX_SLEEP, deadline - self.clock()))
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = self.clock() + seconds
+        while not self.stopping and self.clock() < deadline:
+            time.sleep(min(MAX_SLEEP, max(0.0, deadline - self.clock())))
+
+    # -- leading ---------------------------------------------------------------------
+
+    def _lead(self) -> None:
+        self.leading = True
+        log.info("%s: leading", self.name)
+        self.session.listen()
+        self._since_scan = None  # the first scan wakes everything due now
+        now = self.clock()
+        for each in self.tasks:
+            each.next_at = now
+        summary_at = now + SUMMARY_EVERY
+        while not self.stopping:
+            task = self._next_task(self.clock())
+            if task is not None:
+                self._run_task(task)
+                continue
+            if self.clock() >= summary_at:
+                self._log_summary()
+                summary_at = self.clock() + SUMMARY_EVERY
+            wake_at = min(t.next_at for t in self.tasks)
+            payloads = self.session.wait(min(MAX_SLEEP, max(0.0, wake_at - self.clock())))
+            self._on_pushes(payloads)
+
+    def _next_task(self, now: float) -> Task | None:
+        """Return the due task to run now: punctual ones first, then the longest waiting."""
+        due = [t for t in self.tasks if t.next_at <= now]
+        if not due:
+            return None
+        return min(due, key=lambda t: (not t.punctual, t.next_at))
+
+    def _run_task(self, task: Task) -> None:
+        try:
+            delay = task.run()
+            task.failures = 0
+        except Unavailable as exc:
+            if not self.session.connected:
+                raise
+            task.failures += 1
+            log.warning("%s failed (%s); retrying", task.name, exc)
+            delay = min(task.every * 2**task.failures, 60.0)
+        except Exception:
+            if not self.session.connected:
+                raise Unavailable("maintenance session broke") from None
+            task.failures += 1
+            log.exception("%s failed; retrying", task.name)
+            delay = min(task.every * 2**task.failures, 60.0)
+        wait = task.every if delay is None else min(max(delay, 0.0), task.every)
+        task.next_at = self.clock() + wait
+
+    def _on_pushes(self, payloads: list[str]) -> None:
+        """Schedule a due scan for when messages just pushed into timed queues can be due."""
+        if not payloads or not self._timed:
+            return
+        due = next(t for t in self.tasks if t.name == "due")
+        for payload in payloads:
+            timed = self._timed.get(payload.split("/", 1)[0])
+            if timed is not None:
+                due.next_at = min(due.next_at, self.clock() + timed.soonest_s + DUE_MARGIN)
+
+    def _count(self, name: str, n: int) -> None:
+        if n:
+            self.totals[name] = self.totals.get(name, 0) + n
+            log.debug("%s: %d", name, n)
+
+    def _log_summary(self) -> None:
+        if self.totals:
+            log.info(
+                "%s: last %.0fs: %s",
+                self.name,
+                SUMMARY_EVERY,
+                ", ".join(f"{k} {v}" for k, v in sorted(self.totals.items())),
+            )
+            self.totals = {}
+
+    def _batches(self, step: Callable[[], int], name: str, limit: int) -> float | None:
+        """Repeat a bounded step while it fills its batch, within STEP_BUDGET; 0 if unfinished."""
+        started = self.clock()
+        while True:
+            n = step()
+            self._count(name, n)
+            if n < limit:
+                return None
+            if self.clock() - started >= STEP_BUDGET:
+                return 0.0
+
+    # -- tasks -----------------------------------------------------------------------
+
+    def _expire_leases(self) -> float | None:
+        started = self.clock()
+        while True:
+            result = self.session.expire_leases(LEASE_BATCH)
+            self._count("leases expired", result.leases)
+            self._count("messages released", result.messages)
+            if result.leases < LEASE_BATCH:
+                break
+            if self.clock() - started >= STEP_BUDGET:
+                return 0.0
+        if result.next_expiry_in is None:
+            return None
+        return max(result.next_expiry_in + DUE_MARGIN, MIN_DELAY)
+
+    def _wake_due(self) -> float | None:
+        scan: DueScan = self.session.wake_due(self._since_scan)
+        self._since_scan = scan.scanned_at
+        self._count("partitions woken", scan.woken)
+        if scan.next_due_in is None:
+            return None
+        return max(scan.next_due_in + DUE_MARGIN, 0.0)
+
+    def _expire_ttl(self) -> float | None:
+        self._timed = self.session.timed_queues()  # cheap; keeps _on_pushes current
+        limit = self.settings.maintenance_batch
+        return self._batches(lambda: self.session.expire_ttl(limit), "ttl expired", limit)
+
+    def _fold(self) -> float | None:
+        return self._batches(
+            lambda: self.session.fold_deltas(FOLD_BATCH), "deltas folded", FOLD_BATCH
+        )
+
+    def _retention(self) -> float | None:
+        limit = self.settings.maintenance_batch
+        pending = self._batches(
+            lambda: self.session.delete_retained_pending(limit), "pending deleted", limit
+        )
+        completed = self._batches(
+            lambda: self.session.delete_retained_completed(limit), "completed deleted", limit
+        )
+        return 0.0 if 0.0 in (pending, completed) else None
+
+    def _cleanup(self) -> float | None:
+        limit = self.settings.maintenance_batch
+        idle_s = self.settings.partition_cleanup_s
+        return self._batches(
+            lambda: self.session.cleanup_partitions(idle_s, limit), "partitions removed", limit
+        )
+
+    def _reconcile(self) -> float | None:
+        result = self.session.reconcile_counts(
+            self._reconcile_after, RECONCILE_PARTITIONS, RECONCILE_MAX_ROWS
+        )
+        self._reconcile_after = result.last
+        if result.drifted:
+            log.warning("corrected count drift in %d partition(s)", result.drifted)
+        self._count("partitions recounted", result.looked_at)
+        return None
+
+    def _prune_metrics(self) -> float | None:
+        limit = self.settings.maintenance_batch
+        days = self.settings.metrics_retention_days
+        return self._batches(
+            lambda: self.session.prune_metrics(days, limit), "metric rows pruned", limit
+        )
+
+
+# -- command line --------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags for the maintenance settings; each defaults from its environment variable."""
+    parser = argparse.ArgumentParser(
+        prog="queen maintenance",
+        description="Run the maintenance process (one leader among any number).",
+    )
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    for name in FLAGS:
+        field = fields[name]
+        flag = "--" + name.removesuffix("_s").replace("_", "-")
+        parser.add_argument(
+            flag,
+            dest=name,
+            type=type(field.default),
+            metavar=field.metadata["env"],
+            help=f"{field.metadata['doc']} (env {field.metadata['env']}, default {field.default})",
+        )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags (none: environment only), then run until SIGTERM/SIGINT."""
+    args = build_parser().parse_args([] if argv is None else argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=os.environ.get("LOG_LEVEL", "info").upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+    settings = Settings.from_env(**vars(args))
+    maintenance = Maintenance(settings)
+    signal.signal(signal.SIGTERM, maintenance.stop)
+    signal.signal(signal.SIGINT, maintenance.stop)
+    return maintenance.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
