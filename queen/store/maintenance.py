@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from queen.errors import Unavailable
-from queen.store.db import QUERIES, translate_errors
+from queen.store.db import QUERIES, RETRYABLE, translate_errors
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class MaintenanceSession:
             try:
                 cur = self._conn.execute(QUERIES[name], params)
                 return cur.fetchall() if cur.description else []
-            except psycopg.errors.TransactionRollback as exc:
+            except RETRYABLE as exc:
                 raise Unavailable(f"{name}: {type(exc).__name__}, retry") from exc
 
     def _value(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
