@@ -1,0 +1,423 @@
+"""`python -m bench [--smoke | --quick]`: Queen against a raw-SQL ceiling and peer queues.
+
+Every system runs in this one invocation on the same PostgreSQL server (one fresh
+database each), with the same workload shapes, so the ratios are comparable. Queen is
+started here (gunicorn -c gunicorn.conf.py, QUEEN_WORKERS=2, migrations first). Results
+go to bench/results/ (or --out): RESULTS-<mode>.md, results-<mode>.json and PNG plots.
+See docs/PERFORMANCE.md for what the numbers mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import adapters, profiles, report
+from bench.backlog import seed_queen
+from bench.procstat import pids_named
+from bench.progress import Progress
+from bench.runner import Case, run_case
+from bench.systems import (
+    BENCH_DIR,
+    ROOT,
+    QueenServer,
+    drop_database,
+    dsn_url,
+    fresh_database,
+    server_facts,
+)
+
+DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+@dataclass
+class Context:
+    profile: profiles.Profile
+    server_dsn: str
+    amqp: str
+    db_prefix: str
+    systems: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    dsns: dict[str, str] = field(default_factory=dict)
+    queen: QueenServer | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--smoke",
+        action="store_const",
+        dest="mode",
+        const="smoke",
+        help="a few seconds: Queen and the raw ceiling, tiny sizes (tests)",
+    )
+    mode.add_argument(
+        "--quick",
+        action="store_const",
+        dest="mode",
+        const="quick",
+        help="<= 3 minutes: every system, fewer points, short windows (CI)",
+    )
+    parser.set_defaults(mode="full")
+    parser.add_argument("--systems", help="comma list, subset of " + ",".join(profiles.ALL_SYSTEMS))
+    parser.add_argument("--only", help="comma list of phases: push,e2e,latency,backlog,memory")
+    parser.add_argument(
+        "--dsn", default=DEFAULT_SERVER, help="PostgreSQL server to create the bench databases on"
+    )
+    parser.add_argument("--amqp", default=DEFAULT_AMQP, help="RabbitMQ URL (skipped if silent)")
+    parser.add_argument("--db-prefix", default="queen_bench", help="bench database name prefix")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="results folder")
+    parser.add_argument("--duration", type=float, help="seconds per case (overrides the mode)")
+    parser.add_argument("--keep", action="store_true", help="keep the bench databases")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def check_systems(ctx: Context, wanted: list[str]) -> None:
+    """Keep the systems that can run here; note why the others are skipped."""
+    for system in wanted:
+        reason = _unavailable(system, ctx)
+        if reason:
+            ctx.skipped[system] = reason
+        else:
+            ctx.systems.append(system)
+
+
+def _unavailable(system: str, ctx: Context) -> str:
+    if system in ("pgmq", "pgqueuer"):
+        try:
+            __import__(system)
+        except ImportError:
+            return f"python package {system} not installed (pip install -e .[bench])"
+    if system == "pgboss":
+        if not shutil.which("node"):
+            return "node not found"
+        if not (BENCH_DIR / "node_modules" / "pg-boss").exists():
+            return "pg-boss not installed (cd bench && npm install)"
+    if system == "rabbitmq":
+        try:
+            import pika  # noqa: F401
+        except ImportError:
+            return "python package pika not installed"
+        if not adapters.rabbit_answers(ctx.amqp):
+            return f"RabbitMQ does not answer at {ctx.amqp}"
+    return ""
+
+
+def setup_databases(ctx: Context) -> None:
+    for system in ctx.systems:
+        if system == "rabbitmq":
+            continue
+        ctx.dsns[system] = fresh_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
+    if "pgmq" in ctx.systems:
+        ctx.versions["pgmq (SQL)"] = adapters.install_pgmq(ctx.dsns["pgmq"])
+    for package in ("pgmq", "pgqueuer", "pika", "psycopg", "gevent", "gunicorn", "falcon"):
+        try:
+            from importlib.metadata import version
+
+            ctx.versions[package] = version(package)
+        except Exception:  # noqa: BLE001 - not installed
+            continue
+    if "pgboss" in ctx.systems:
+        pkg = json.loads((BENCH_DIR / "node_modules" / "pg-boss" / "package.json").read_text())
+        ctx.versions["pg-boss"] = pkg["version"]
+        ctx.versions["node"] = subprocess.run(
+            ["node", "--version"], capture_output=True, text=True
+        ).stdout.strip()
+
+
+def target(ctx: Context, system: str) -> dict[str, Any]:
+    if system == "queen":
+        assert ctx.queen is not None
+        return {"url": ctx.queen.url, "dsn": ctx.dsns["queen"]}
+    if system == "rabbitmq":
+        return {"amqp": ctx.amqp}
+    if system == "pgboss":
+        return {"dsn": ctx.dsns[system], "url": dsn_url(ctx.dsns[system])}
+    return {"dsn": ctx.dsns[system]}
+
+
+def server_pids(ctx: Context, system: str) -> list[int]:
+    if system == "queen" and ctx.queen is not None:
+        return ctx.queen.pids()
+    if system == "rabbitmq":
+        return pids_named("beam.smp")
+    return []
+
+
+def prepare(ctx: Context, system: str, batch: int) -> None:
+    """Bring a system to an empty queue before a case."""
+    tgt = target(ctx, system)
+    spec = json.dumps({"install": True, "batch": batch, "target": tgt})
+    if system == "pgqueuer":
+        subprocess.run(
+            [sys.executable, "-m", "bench.pgqueuer_driver", spec],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    elif system == "pgboss":
+        subprocess.run(
+            ["node", str(BENCH_DIR / "pgboss_driver.mjs"), spec],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+    else:
+        adapters.prepare(system, tgt)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def plan(ctx: Context, phases: set[str]) -> list[Case]:
+    """Return the throughput and latency cases of this run, in order."""
+    p = ctx.profile
+    cases: list[Case] = []
+    common = {"warmup": p.warmup, "duration": p.duration}
+    for system in ctx.systems:
+        procs = 1 if system in ("pgqueuer", "pgboss") else p.processes
+        if "push" in phases:
+            batches = p.push_batches if system in ("queen", "raw") else p.peer_push_batches
+            cases += [
+                Case(system, "push", batch=b, producers=p.push_producers, processes=procs, **common)
+                for b in batches
+            ]
+        if "e2e" in phases:
+            batches = p.e2e_batches if system in ("queen", "raw") else p.peer_e2e_batches
+            parts = p.partitions if system == "queen" else (1,)
+            cases += [
+                Case(
+                    system,
+                    "e2e",
+                    batch=b,
+                    partitions=n,
+                    producers=p.e2e_producers,
+                    consumers=p.e2e_consumers,
+                    processes=procs,
+                    **common,
+                    extra={
+                        "backlog_cap": max(2000, 4 * b * p.e2e_consumers),
+                        "pop_wait_ms": p.pop_wait_ms,
+                    },
+                )
+                for b in batches
+                for n in parts
+            ]
+        if "latency" in phases and system in p.latency_systems:
+            pops = (p.warmup + p.latency_duration) * 200
+            cases.append(
+                Case(
+                    system,
+                    "latency",
+                    producers=1,
+                    consumers=1,
+                    warmup=p.warmup,
+                    duration=p.latency_duration,
+                    extra={
+                        "prefill_batches": int(pops / 100) + 1,
+                        "prefill_batch": 100,
+                        "probe_pause": 0.005,
+                    },
+                )
+            )
+    return cases
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def run_cases(ctx: Context, cases: list[Case], bar: Progress) -> None:
+    for case in cases:
+        bar.describe(case.label)
+        try:
+            prepare(ctx, case.system, case.batch)
+            result = run_case(case, target(ctx, case.system), server_pids(ctx, case.system))
+            if case.system == "queen" and ctx.queen is not None:
+                result["server_rss"] = ctx.queen.rss()
+        except Exception as exc:  # noqa: BLE001 - one failed case must not end the run
+            result = {
+                "case": case.label,
+                "system": case.system,
+                "workload": case.workload,
+                "batch": case.batch,
+                "partitions": case.partitions,
+                "failed": f"{type(exc).__name__}: {exc}"[:500],
+            }
+        ctx.results.append(result)
+        bar.advance()
+
+
+def run_backlog(ctx: Context, bar: Progress) -> None:
+    """Pop latency (one consumer, batch 1) over a small and a large seeded backlog."""
+    p = ctx.profile
+    for size in p.backlog_sizes:
+        bar.describe(f"queen/backlog/{size:,} (seeding)")
+        prepare(ctx, "queen", 1)
+        started = time.monotonic()
+        seed_queen(ctx.dsns["queen"], adapters.QUEUE, size, p.backlog_partitions)
+        seed_s = time.monotonic() - started
+        bar.describe(f"queen/backlog/{size:,}")
+        case = Case(
+            "queen",
+            "latency",
+            producers=1,
+            consumers=1,
+            warmup=p.warmup,
+            duration=p.latency_duration,
+            extra={"prefill_batches": 0},
+        )
+        result = run_case(case, target(ctx, "queen"), server_pids(ctx, "queen"))
+        result.update(
+            workload="backlog",
+            backlog=size,
+            seed_seconds=round(seed_s, 1),
+            case=f"queen/backlog/{size}",
+        )
+        ctx.results.append(result)
+        bar.advance()
+
+
+def run_memory(ctx: Context, bar: Progress) -> None:
+    """Server RSS with memory_backlog queued, after an end-to-end run over that backlog."""
+    p = ctx.profile
+    assert ctx.queen is not None
+    bar.describe(f"queen/memory/{p.memory_backlog:,} (seeding)")
+    prepare(ctx, "queen", 100)
+    seed_queen(ctx.dsns["queen"], adapters.QUEUE, p.memory_backlog, 16)
+    before = ctx.queen.rss()
+    bar.describe(f"queen/memory/{p.memory_backlog:,}")
+    case = Case(
+        "queen",
+        "e2e",
+        batch=100,
+        partitions=16,
+        producers=p.e2e_producers,
+        consumers=p.e2e_consumers,
+        processes=p.processes,
+        warmup=p.warmup,
+        duration=p.duration,
+        extra={"backlog_cap": 10**9, "pop_wait_ms": p.pop_wait_ms},
+    )
+    result = run_case(case, target(ctx, "queen"), server_pids(ctx, "queen"))
+    result.update(
+        workload="memory",
+        backlog=p.memory_backlog,
+        rss_before=before,
+        server_rss=ctx.queen.rss(),
+        case=f"queen/memory/{p.memory_backlog}",
+    )
+    ctx.results.append(result)
+    bar.advance()
+
+
+def guarded(ctx: Context, label: str, phase: Any, bar: Progress) -> None:
+    """Run a phase; record its failure as a failed case instead of ending the run."""
+    try:
+        phase(ctx, bar)
+    except Exception as exc:  # noqa: BLE001
+        ctx.results.append(
+            {
+                "case": label,
+                "system": "queen",
+                "workload": label.split("/")[1],
+                "batch": 0,
+                "partitions": 0,
+                "failed": f"{type(exc).__name__}: {exc}"[:500],
+            }
+        )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def conditions(ctx: Context, started: float) -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    cpu_model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "mode": ctx.profile.name,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+        "elapsed_s": round(time.time() - started, 1),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "dirty_files": len(git("status", "--porcelain", "--untracked-files=no").splitlines()),
+        "cpu": f"{cpu_model} x{__import__('os').cpu_count()}",
+        "load_avg_at_end": load,
+        "python": platform.python_version(),
+        "postgres": server_facts(ctx.server_dsn),
+        "versions": ctx.versions,
+        "skipped": ctx.skipped,
+        "queen_workers": 2,
+        "queen_maintenance": bool(ctx.queen and ctx.queen.maintenance),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    profile = profiles.PROFILES[args.mode]
+    if args.duration:
+        profile = profiles.Profile(**{**profile.__dict__, "duration": args.duration})
+    ctx = Context(profile, args.dsn, args.amqp, args.db_prefix)
+    wanted = args.systems.split(",") if args.systems else list(profile.systems)
+    phases = (
+        set(args.only.split(",")) if args.only else {"push", "e2e", "latency", "backlog", "memory"}
+    )
+    started = time.time()
+    check_systems(ctx, wanted)
+    if "queen" not in ctx.systems:
+        print("queen is not among the systems: nothing to compare against", file=sys.stderr)
+        return 2
+    setup_databases(ctx)
+    ctx.queen = QueenServer(ctx.dsns["queen"], workers=2).start()
+    try:
+        cases = plan(ctx, phases)
+        total = (
+            len(cases) + len(profile.backlog_sizes) * ("backlog" in phases) + ("memory" in phases)
+        )
+        with Progress(total, enabled=not args.no_progress) as bar:
+            run_cases(ctx, cases, bar)
+            if "backlog" in phases:
+                guarded(ctx, "queen/backlog", run_backlog, bar)
+            if "memory" in phases:
+                guarded(ctx, "queen/memory", run_memory, bar)
+    finally:
+        ctx.queen.stop()
+        if not args.keep:
+            for system in list(ctx.dsns):
+                drop_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
+    facts = conditions(ctx, started)
+    paths = report.write(args.out, profile.name, ctx.results, facts)
+    failed = [r for r in ctx.results if "failed" in r]
+    for r in failed:
+        print(f"FAILED {r['case']}: {r['failed']}", file=sys.stderr)
+    print(f"wrote {', '.join(str(p) for p in paths)} in {facts['elapsed_s']} s")
+    return 1 if failed or not ctx.results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

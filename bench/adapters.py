@@ -1,0 +1,323 @@
+"""Clients of each system under test, with one shape: push(n), pop(n) -> handles, ack(handles).
+
+One client instance belongs to one greenlet of a driver process (bench/driver.py) and
+holds its own connection. `prepare(system, target)` runs once in the harness process
+before a workload and brings the system's storage to an empty, ready state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+PAYLOAD = {"kind": "bench", "body": "x" * 96}  # ~120 bytes of JSON per message
+PAYLOAD_JSON = orjson.dumps(PAYLOAD)
+QUEUE = "bench"
+
+
+class EmptyPop(Exception):
+    """Nothing to pop right now."""
+
+
+# --------------------------------------------------------------------------- Queen (HTTP)
+
+
+class QueenClient:
+    """Queen over HTTP/1.1 keep-alive (http.client: the lightest stdlib client)."""
+
+    def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
+        url = urlsplit(target["url"])
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
+        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        self.partitions = max(1, int(spec.get("partitions", 1)))
+        self.wait_ms = int(spec.get("pop_wait_ms", 0))
+        self.queue = spec.get("queue", QUEUE)
+        self._next_partition = int(spec.get("client_index", 0))
+
+    def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        for attempt in range(2):
+            try:
+                self.conn.request(method, path, body=body, headers=headers)
+                resp = self.conn.getresponse()
+                return resp.status, resp.read()
+            except (http.client.HTTPException, ConnectionError):
+                self.conn.close()
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def push(self, n: int) -> int:
+        partition = f"p{self._next_partition % self.partitions}"
+        self._next_partition += 1
+        items = b",".join(
+            b'{"queue":"%s","partition":"%s","payload":%s}'
+            % (self.queue.encode(), partition.encode(), PAYLOAD_JSON)
+            for _ in range(n)
+        )
+        status, body = self._request("POST", "/api/v1/push", b'{"items":[' + items + b"]}")
+        if status != 201:
+            raise RuntimeError(f"push answered {status}: {body[:200]!r}")
+        return n
+
+    def pop(self, n: int) -> list[str]:
+        path = f"/api/v1/pop/queue/{self.queue}?batch={n}"
+        if self.wait_ms:
+            path += f"&wait=true&timeout={self.wait_ms}"
+        status, body = self._request("GET", path)
+        if status == 204:
+            raise EmptyPop
+        if status != 200:
+            raise RuntimeError(f"pop answered {status}: {body[:200]!r}")
+        return [m["transactionId"] for m in orjson.loads(body)["messages"]]
+
+    def ack(self, handles: list[str]) -> None:
+        if len(handles) == 1:
+            doc: dict[str, Any] = {"transactionId": handles[0], "status": "completed"}
+            path = "/api/v1/ack"
+        else:
+            doc = {
+                "acknowledgments": [{"transactionId": h, "status": "completed"} for h in handles]
+            }
+            path = "/api/v1/ack/batch"
+        status, body = self._request("POST", path, orjson.dumps(doc))
+        if status != 200:
+            raise RuntimeError(f"ack answered {status}: {body[:200]!r}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# --------------------------------------------------------------------------- raw SQL ceiling
+
+RAW_DDL = """
+DROP SCHEMA IF EXISTS bench_raw CASCADE;
+CREATE SCHEMA bench_raw;
+CREATE TABLE bench_raw.messages (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    partition    integer NOT NULL DEFAULT 0,
+    payload      jsonb NOT NULL,
+    status       text NOT NULL DEFAULT 'pending',
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    locked_at    timestamptz,
+    completed_at timestamptz
+) WITH (fillfactor = 80);
+CREATE INDEX messages_pending ON bench_raw.messages (id) WHERE status = 'pending';
+"""
+RAW_PUSH = (
+    "INSERT INTO bench_raw.messages (partition, payload)"
+    " SELECT %s, value FROM jsonb_array_elements(%s::jsonb)"
+)
+RAW_POP = (
+    "UPDATE bench_raw.messages SET status = 'processing', locked_at = now()"
+    " WHERE id = ANY(ARRAY(SELECT id FROM bench_raw.messages WHERE status = 'pending'"
+    " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)) RETURNING id, payload"
+)
+RAW_ACK = (
+    "UPDATE bench_raw.messages SET status = 'completed', completed_at = now() WHERE id = ANY(%s)"
+)
+
+
+class RawClient:
+    """The same lifecycle straight over psycopg: the ceiling for any SQL-backed queue."""
+
+    def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(target["dsn"], autocommit=True)
+        self.partitions = max(1, int(spec.get("partitions", 1)))
+        self._next_partition = int(spec.get("client_index", 0))
+
+    def push(self, n: int) -> int:
+        body = b"[" + b",".join([PAYLOAD_JSON] * n) + b"]"
+        self.conn.execute(RAW_PUSH, (self._next_partition % self.partitions, body.decode()))
+        self._next_partition += 1
+        return n
+
+    def pop(self, n: int) -> list[int]:
+        rows = self.conn.execute(RAW_POP, (n,)).fetchall()
+        if not rows:
+            raise EmptyPop
+        return [r[0] for r in rows]
+
+    def ack(self, handles: list[int]) -> None:
+        self.conn.execute(RAW_ACK, (handles,))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# --------------------------------------------------------------------------- pgmq
+
+
+class PgmqClient:
+    """pgmq through its own Python client (sync, psycopg); ack = delete_batch."""
+
+    def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
+        from pgmq import PGMQueue
+        from psycopg_pool import ConnectionPool
+
+        self.pool = ConnectionPool(
+            target["dsn"], min_size=1, max_size=1, open=True, kwargs={"autocommit": True}
+        )
+        self.q = PGMQueue(conn_string=target["dsn"], pool=self.pool, init_extension=False)
+        self.ack_mode = spec.get("pgmq_ack", "delete")
+
+    def push(self, n: int) -> int:
+        self.q.send_batch(QUEUE, [PAYLOAD] * n)
+        return n
+
+    def pop(self, n: int) -> list[int]:
+        messages = self.q.read(QUEUE, vt=300, qty=n)
+        if n == 1:
+            messages = [messages] if messages else []
+        if not messages:
+            raise EmptyPop
+        return [m.msg_id for m in messages]
+
+    def ack(self, handles: list[int]) -> None:
+        if self.ack_mode == "archive":
+            self.q.archive_batch(QUEUE, handles)
+        else:
+            self.q.delete_batch(QUEUE, handles)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+# --------------------------------------------------------------------------- RabbitMQ
+
+
+class RabbitClient:
+    """RabbitMQ with pika: durable queue, persistent messages; a push batch is one AMQP
+    transaction (tx.commit waits until the broker has the batch), a pop takes up to n
+    deliveries of a consumer with prefetch n, an ack batch is one multiple-ack."""
+
+    def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
+        import pika
+
+        self.conn = pika.BlockingConnection(pika.URLParameters(target["amqp"]))
+        self.ch = self.conn.channel()
+        self.props = pika.BasicProperties(delivery_mode=2, content_type="application/json")
+        self._tx = False
+        self._deliveries: Any = None
+        self.batch = int(spec.get("batch", 1))
+
+    def push(self, n: int) -> int:
+        if not self._tx:
+            self.ch.tx_select()
+            self._tx = True
+        for _ in range(n):
+            self.ch.basic_publish("", QUEUE, PAYLOAD_JSON, self.props)
+        self.ch.tx_commit()
+        return n
+
+    def pop(self, n: int) -> list[int]:
+        if self._deliveries is None:
+            self.ch.basic_qos(prefetch_count=max(n, self.batch))
+            self._deliveries = self.ch.consume(QUEUE, inactivity_timeout=0.002)
+        tags: list[int] = []
+        for method, _props, _body in self._deliveries:
+            if method is None:
+                break
+            tags.append(method.delivery_tag)
+            if len(tags) >= n:
+                break
+        if not tags:
+            raise EmptyPop
+        return tags
+
+    def ack(self, handles: list[int]) -> None:
+        self.ch.basic_ack(max(handles), multiple=True)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a broken connection
+            self.conn.close()
+
+
+CLIENTS = {"queen": QueenClient, "raw": RawClient, "pgmq": PgmqClient, "rabbitmq": RabbitClient}
+
+
+# --------------------------------------------------------------------------- preparation
+
+
+def prepare(system: str, target: dict[str, Any]) -> None:
+    """Empty the system's storage before a workload (harness process, not a driver)."""
+    if system == "queen":
+        _sql(target["dsn"], QUEEN_RESET)
+    elif system == "raw":
+        _sql(target["dsn"], RAW_DDL)
+    elif system == "pgmq":
+        _sql(
+            target["dsn"],
+            f"SELECT pgmq.drop_queue('{QUEUE}') FROM pgmq.meta WHERE queue_name = '{QUEUE}'",
+        )
+        _sql(target["dsn"], f"SELECT pgmq.create('{QUEUE}')")
+    elif system == "rabbitmq":
+        import pika
+
+        conn = pika.BlockingConnection(pika.URLParameters(target["amqp"]))
+        ch = conn.channel()
+        ch.queue_delete(QUEUE)
+        ch.queue_declare(QUEUE, durable=True)
+        conn.close()
+
+
+# Empty every table of schema queen but the migration history (whatever the schema holds now).
+QUEEN_RESET = """
+DO $$
+DECLARE
+    tables text;
+BEGIN
+    SELECT string_agg(format('%I.%I', schemaname, tablename), ', ') INTO tables
+    FROM pg_tables WHERE schemaname = 'queen' AND tablename <> 'schema_migrations';
+    IF tables IS NOT NULL THEN
+        EXECUTE 'TRUNCATE ' || tables || ' CASCADE';
+    END IF;
+END
+$$
+"""
+
+
+def _sql(dsn: str, statement: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement)  # type: ignore[arg-type]
+
+
+def install_pgmq(dsn: str) -> str:
+    """Load pgmq's SQL-only install file (shipped in the pgmq wheel); return its version."""
+    from importlib.resources import files
+
+    import psycopg
+
+    sql_text = files("pgmq").joinpath("sql", "pgmq.sql").read_text(encoding="utf-8")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if not conn.execute("SELECT to_regclass('pgmq.meta')").fetchone()[0]:  # type: ignore[index]
+            with conn.transaction():
+                conn.execute(sql_text)  # type: ignore[arg-type]
+    try:
+        return files("pgmq").joinpath("sql", "VERSION").read_text().strip().splitlines()[-1]
+    except OSError:
+        return "?"
+
+
+def rabbit_answers(amqp: str) -> bool:
+    try:
+        import pika
+
+        pika.BlockingConnection(pika.URLParameters(amqp)).close()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not available"
+        return False
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0", "false", "no")

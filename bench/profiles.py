@@ -1,0 +1,70 @@
+"""How big each mode is: smoke (seconds, for the test suite), quick (CI, <= 3 min), full."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALL_SYSTEMS = ("queen", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq")
+PEERS = ("pgmq", "pgqueuer", "pgboss", "rabbitmq")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    warmup: float  # seconds before the window opens
+    duration: float  # seconds of measurement per case
+    push_batches: tuple[int, ...] = (1, 10, 100, 1000)
+    e2e_batches: tuple[int, ...] = (1, 10, 100)
+    partitions: tuple[int, ...] = (1, 16, 1000)
+    peer_push_batches: tuple[int, ...] = (1, 10, 100, 1000)
+    peer_e2e_batches: tuple[int, ...] = (1, 10, 100)
+    push_producers: int = 8
+    e2e_producers: int = 4
+    e2e_consumers: int = 8
+    processes: int = 2  # driver processes per case (Python systems)
+    latency_duration: float = 5.0
+    backlog_sizes: tuple[int, ...] = (10_000, 10_000_000)
+    backlog_partitions: int = 100
+    memory_backlog: int = 1_000_000
+    systems: tuple[str, ...] = ALL_SYSTEMS
+    latency_systems: tuple[str, ...] = ("queen", "raw", "pgmq", "rabbitmq")
+    pop_wait_ms: int = 1000  # long-poll timeout of Queen consumers
+    notes: list[str] = field(default_factory=list)
+
+
+FULL = Profile(name="full", warmup=2.0, duration=10.0, latency_duration=10.0)
+
+QUICK = Profile(
+    name="quick",
+    warmup=0.5,
+    duration=2.0,
+    peer_push_batches=(100,),
+    peer_e2e_batches=(100,),
+    latency_duration=2.0,
+    backlog_sizes=(10_000, 300_000),
+    memory_backlog=100_000,
+)
+
+SMOKE = Profile(
+    name="smoke",
+    warmup=0.2,
+    duration=0.6,
+    push_batches=(100,),
+    e2e_batches=(10,),
+    partitions=(4,),
+    peer_push_batches=(100,),
+    peer_e2e_batches=(10,),
+    push_producers=2,
+    e2e_producers=2,
+    e2e_consumers=2,
+    processes=1,
+    latency_duration=0.6,
+    backlog_sizes=(1_000, 10_000),
+    backlog_partitions=4,
+    memory_backlog=10_000,
+    systems=("queen", "raw"),
+    latency_systems=("queen",),
+    pop_wait_ms=200,
+)
+
+PROFILES = {p.name: p for p in (SMOKE, QUICK, FULL)}

@@ -1,0 +1,379 @@
+"""Turn results into RESULTS-<mode>.md, results-<mode>.json and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+HEADLINE_PARTITIONS = 16  # Queen's e2e point compared with the baselines
+GOALS_DOC = "docs/PERFORMANCE.md"
+
+
+def _ok(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in results if "failed" not in r]
+
+
+def find(results: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for r in _ok(results):
+        if all(r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+def rate(results: list[dict[str, Any]], **match: Any) -> float:
+    r = find(results, **match)
+    return float(r["msgs_per_s"]) if r else math.nan
+
+
+def pop_latency(r: dict[str, Any] | None, q: str) -> float:
+    if not r:
+        return math.nan
+    return float(r.get("latency_ms", {}).get("pop", {}).get(q, math.nan))
+
+
+def fmt(x: float, digits: int = 0) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+# --------------------------------------------------------------------------- goals
+
+
+def goals(results: list[dict[str, Any]]) -> list[tuple[str, float, str, bool | None]]:
+    """Return (goal, measured, target, met) for each goal of docs/PERFORMANCE.md."""
+    hp = HEADLINE_PARTITIONS
+    q100 = rate(results, system="queen", workload="e2e", batch=100, partitions=hp)
+    q1 = rate(results, system="queen", workload="e2e", batch=1, partitions=hp)
+    lat = find(results, system="queen", workload="latency")
+    backlogs = sorted(
+        (r for r in _ok(results) if r["workload"] == "backlog"), key=lambda r: r["backlog"]
+    )
+    mem = find(results, workload="memory")
+    rows: list[tuple[str, float, str, bool | None]] = []
+
+    def add(name: str, value: float, target: str, met: bool) -> None:
+        rows.append((name, value, target, None if math.isnan(value) else met))
+
+    v = ratio(q100, rate(results, system="raw", workload="e2e", batch=100))
+    add(f"e2e batch 100 (p{hp}) / raw ceiling", v, ">= 0.6", v >= 0.6)
+    v = ratio(q100, rate(results, system="pgmq", workload="e2e", batch=100))
+    add(f"e2e batch 100 (p{hp}) / pgmq", v, ">= 1.2", v >= 1.2)
+    v = ratio(q100, rate(results, system="pgqueuer", workload="e2e", batch=100))
+    add(f"e2e batch 100 (p{hp}) / PgQueuer", v, ">= 3", v >= 3)
+    v = ratio(
+        rate(results, system="queen", workload="push", batch=1000),
+        rate(results, system="raw", workload="push", batch=1000),
+    )
+    add("push batch 1000 / raw insert ceiling", v, ">= 0.7", v >= 0.7)
+    v = ratio(q1, rate(results, system="raw", workload="e2e", batch=1))
+    add(f"e2e batch 1 (p{hp}) / raw ceiling", v, ">= 0.4", v >= 0.4)
+    v = pop_latency(lat, "p50")
+    add("pop p50 at low load (ms)", v, "<= 2", v <= 2)
+    v = pop_latency(lat, "p99")
+    add("pop p99 at low load (ms)", v, "<= 10", v <= 10)
+    if len(backlogs) >= 2:
+        small, big = backlogs[0], backlogs[-1]
+        v = ratio(pop_latency(big, "p50"), pop_latency(small, "p50"))
+        add(
+            f"pop p50 at {big['backlog']:,} / at {small['backlog']:,} pending",
+            v,
+            "<= 1.5",
+            v <= 1.5,
+        )
+    if mem:
+        workers = sum(v for k, v in mem["server_rss"].items() if k.startswith("worker"))
+        v = workers / 2**20
+        add(f"worker RSS, sum of 2, {mem['backlog']:,} queued (MB)", v, "< 512", v < 512)
+    return rows
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def markdown(mode: str, results: list[dict[str, Any]], facts: dict[str, Any]) -> str:
+    out = [f"# Queen benchmark ({mode} mode)", ""]
+    out += _conditions(facts)
+    out += ["", "## Goals", "", "| goal | measured | target | met |", "|---|---:|---|---|"]
+    for name, value, target, met in goals(results):
+        mark = "–" if met is None else ("yes" if met else "**no**")
+        out.append(f"| {name} | {fmt(value, 2)} | {target} | {mark} |")
+    out += [
+        "",
+        *_push_table(results),
+        "",
+        *_e2e_table(results),
+        "",
+        *_latency_table(results),
+        "",
+        *_backlog_table(results),
+        "",
+        *_cpu_table(results),
+    ]
+    failed = [r for r in results if "failed" in r]
+    if failed:
+        out += ["", "## Failed cases", ""] + [f"- `{r['case']}`: {r['failed']}" for r in failed]
+    return "\n".join(out) + "\n"
+
+
+def _conditions(facts: dict[str, Any]) -> list[str]:
+    pg = facts.get("postgres", {})
+    versions = ", ".join(f"{k} {v}" for k, v in facts.get("versions", {}).items())
+    lines = [
+        f"- started {facts.get('started')}, took {facts.get('elapsed_s')} s; commit "
+        f"`{facts.get('commit')}` ({facts.get('dirty_files')} tracked files modified)",
+        f"- machine: {facts.get('cpu')}; load average at the end {facts.get('load_avg_at_end')}",
+        f"- PostgreSQL {pg.get('server_version')}: shared_buffers {pg.get('shared_buffers')}, "
+        f"synchronous_commit {pg.get('synchronous_commit')}, fsync {pg.get('fsync')}",
+        f"- Queen: gunicorn, 2 gevent workers, maintenance process "
+        f"{'on' if facts.get('queen_maintenance') else 'absent'}; Python {facts.get('python')}",
+        f"- versions: {versions}",
+    ]
+    for system, why in facts.get("skipped", {}).items():
+        lines.append(f"- skipped {system}: {why}")
+    return lines
+
+
+def _systems(results: list[dict[str, Any]], workload: str) -> list[str]:
+    order = ["queen", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq"]
+    present = {r["system"] for r in _ok(results) if r["workload"] == workload}
+    return [s for s in order if s in present]
+
+
+def _push_table(results: list[dict[str, Any]]) -> list[str]:
+    systems = _systems(results, "push")
+    batches = sorted({r["batch"] for r in _ok(results) if r["workload"] == "push"})
+    if not batches:
+        return []
+    out = [
+        "## Push only (messages/s)",
+        "",
+        "| batch | " + " | ".join(systems) + " | queen / raw |",
+        "|---:|" + "---:|" * (len(systems) + 1),
+    ]
+    for b in batches:
+        cells = [fmt(rate(results, system=s, workload="push", batch=b)) for s in systems]
+        r = ratio(
+            rate(results, system="queen", workload="push", batch=b),
+            rate(results, system="raw", workload="push", batch=b),
+        )
+        out.append(f"| {b} | " + " | ".join(cells) + f" | {fmt(r, 2)} |")
+    return out
+
+
+def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
+    e2e = [r for r in _ok(results) if r["workload"] == "e2e"]
+    if not e2e:
+        return []
+    parts = sorted({r["partitions"] for r in e2e if r["system"] == "queen"})
+    peers = [s for s in _systems(results, "e2e") if s != "queen"]
+    cols = [f"queen p{n}" for n in parts] + peers
+    out = [
+        "## End to end: push batch B, pop batch B, ack batch (messages/s acknowledged)",
+        "",
+        "Queen pops by queue (any free partition, long poll 1 s); pN = partitions the "
+        "producers spread over. Baselines have no partitions.",
+        "",
+        "| batch | " + " | ".join(cols) + f" | queen p{HEADLINE_PARTITIONS} / raw |",
+        "|---:|" + "---:|" * (len(cols) + 1),
+    ]
+    for b in sorted({r["batch"] for r in e2e}):
+        cells = [
+            fmt(rate(results, system="queen", workload="e2e", batch=b, partitions=n)) for n in parts
+        ]
+        cells += [fmt(rate(results, system=s, workload="e2e", batch=b)) for s in peers]
+        r = ratio(
+            rate(results, system="queen", workload="e2e", batch=b, partitions=HEADLINE_PARTITIONS),
+            rate(results, system="raw", workload="e2e", batch=b),
+        )
+        out.append(f"| {b} | " + " | ".join(cells) + f" | {fmt(r, 2)} |")
+    out += [
+        "",
+        "Per-operation latency under that load (ms, p50 / p99):",
+        "",
+        "| case | push | pop | ack |",
+        "|---|---|---|---|",
+    ]
+    for r in e2e:
+        lat = r.get("latency_ms", {})
+        cells = [
+            f"{fmt(lat[op]['p50'], 1)} / {fmt(lat[op]['p99'], 1)}" if op in lat else "–"
+            for op in ("push", "pop", "ack")
+        ]
+        out.append(f"| {r['case']} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _latency_table(results: list[dict[str, Any]]) -> list[str]:
+    rows = [r for r in _ok(results) if r["workload"] == "latency"]
+    if not rows:
+        return []
+    out = [
+        "## Pop latency at low load (one consumer: pop 1, ack, 5 ms pause; ms)",
+        "",
+        "| system | pop p50 | pop p90 | pop p99 | ack p50 | ack p99 | pops |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        pop, ack = r["latency_ms"].get("pop", {}), r["latency_ms"].get("ack", {})
+        out.append(
+            f"| {r['system']} | {fmt(pop.get('p50', math.nan), 2)} | "
+            f"{fmt(pop.get('p90', math.nan), 2)} | {fmt(pop.get('p99', math.nan), 2)} | "
+            f"{fmt(ack.get('p50', math.nan), 2)} | {fmt(ack.get('p99', math.nan), 2)} | "
+            f"{pop.get('n', 0)} |"
+        )
+    return out
+
+
+def _backlog_table(results: list[dict[str, Any]]) -> list[str]:
+    rows = sorted(
+        (r for r in _ok(results) if r["workload"] == "backlog"), key=lambda r: r["backlog"]
+    )
+    mem = [r for r in _ok(results) if r["workload"] == "memory"]
+    out: list[str] = []
+    if rows:
+        out += [
+            "## Backlog scale (Queen, pop by queue, batch 1, one consumer; ms)",
+            "",
+            "| pending | pop p50 | pop p99 | ack p50 | seeding (s) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            pop, ack = r["latency_ms"].get("pop", {}), r["latency_ms"].get("ack", {})
+            out.append(
+                f"| {r['backlog']:,} | {fmt(pop.get('p50', math.nan), 2)} | "
+                f"{fmt(pop.get('p99', math.nan), 2)} | {fmt(ack.get('p50', math.nan), 2)}"
+                f" | {r.get('seed_seconds')} |"
+            )
+    for r in mem:
+        mb = {k: v / 2**20 for k, v in r["server_rss"].items()}
+        before = {k: v / 2**20 for k, v in r["rss_before"].items()}
+        out += [
+            "",
+            f"## Server memory with {r['backlog']:,} queued",
+            "",
+            "| process | RSS before (MB) | RSS after e2e over the backlog (MB) |",
+            "|---|---:|---:|",
+        ]
+        out += [f"| {k} | {fmt(before.get(k, math.nan), 1)} | {fmt(v, 1)} |" for k, v in mb.items()]
+        out.append(f"\nThroughput during that run: {fmt(r['msgs_per_s'])} msg/s.")
+    return out
+
+
+def _cpu_table(results: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "## Where the CPU went (share of the whole machine, 100% = both cores)",
+        "",
+        "client = load generator; server = gunicorn workers (or RabbitMQ); postgres = "
+        "backends of the bench database; pg bg = WAL writer, checkpointer, autovacuum; "
+        "other = everything else on the machine (other users).",
+        "",
+        "| case | msg/s | client | server | postgres | pg bg | other | idle | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in _ok(results):
+        c = r.get("cpu", {})
+        cells = [
+            f"{100 * c.get(k, 0):.0f}%"
+            for k in ("client", "server", "postgres", "pg_background", "other", "idle")
+        ]
+        out.append(
+            f"| {r['case']} | {fmt(r['msgs_per_s'])} | "
+            + " | ".join(cells)
+            + f" | {r['counts'].get('errors', 0)} |"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plots(out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, workload, title in (
+        (axes[0], "push", "Push only"),
+        (axes[1], "e2e", "End to end (push, pop, ack)"),
+    ):
+        series: dict[str, list[tuple[int, float]]] = {}
+        for r in _ok(results):
+            if r["workload"] != workload:
+                continue
+            name = r["system"]
+            if workload == "e2e" and name == "queen":
+                name = f"queen p{r['partitions']}"
+            series.setdefault(name, []).append((r["batch"], r["msgs_per_s"]))
+        for name, points in sorted(series.items()):
+            points.sort()
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="o",
+                label=name,
+                linewidth=2.5 if name.startswith("queen") else 1.2,
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("messages / s")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Throughput by batch size ({mode}, 2 cores, one PostgreSQL)")
+    fig.tight_layout()
+    path = out_dir / f"throughput-{mode}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+
+    rows = [r for r in _ok(results) if r["workload"] in ("latency", "backlog")]
+    if rows:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        labels = [
+            r["system"] if r["workload"] == "latency" else f"queen {r['backlog']:,} pending"
+            for r in rows
+        ]
+        width = 0.27
+        for i, q in enumerate(("p50", "p90", "p99")):
+            ax.bar(
+                [x + (i - 1) * width for x in range(len(rows))],
+                [pop_latency(r, q) for r in rows],
+                width,
+                label=f"pop {q}",
+            )
+        ax.set_xticks(range(len(rows)), labels, rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("ms")
+        ax.set_title(f"Pop latency at low load ({mode})")
+        ax.axhline(2, color="grey", linestyle=":", linewidth=1)
+        ax.axhline(10, color="grey", linestyle="--", linewidth=1)
+        ax.legend()
+        fig.tight_layout()
+        path = out_dir / f"latency-{mode}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write(
+    out_dir: Path, mode: str, results: list[dict[str, Any]], facts: dict[str, Any]
+) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / f"RESULTS-{mode}.md"
+    md.write_text(markdown(mode, results, facts))
+    raw = out_dir / f"results-{mode}.json"
+    raw.write_text(json.dumps({"conditions": facts, "results": results}, indent=1, default=str))
+    return [md, raw, *plots(out_dir, mode, results)]

@@ -1,0 +1,171 @@
+"""Run one workload case: start driver processes, open the window together, meter CPU, merge."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench import procstat
+from bench.systems import BENCH_DIR, ROOT, backend_pids, background_pids
+
+NODE_SYSTEMS = {"pgboss"}
+ASYNC_SYSTEMS = {"pgqueuer"}
+
+
+@dataclass
+class Case:
+    """One measured point: a system, a workload and its shape."""
+
+    system: str
+    workload: str  # push | e2e | latency | backlog
+    batch: int = 1
+    partitions: int = 1
+    producers: int = 0
+    consumers: int = 0
+    processes: int = 1
+    warmup: float = 1.0
+    duration: float = 5.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        parts = [self.system, self.workload, f"b{self.batch}"]
+        if self.workload == "e2e":
+            parts.append(f"p{self.partitions}")
+        return "/".join(parts)
+
+
+def _split(total: int, parts: int, index: int) -> int:
+    return total // parts + (1 if index < total % parts else 0)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Return the q-th percentile (0-100) by nearest rank; NaN when there is nothing."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def _command(system: str, spec: dict[str, Any]) -> list[str]:
+    if system in NODE_SYSTEMS:
+        return ["node", str(BENCH_DIR / "pgboss_driver.mjs"), json.dumps(spec)]
+    module = "bench.pgqueuer_driver" if system in ASYNC_SYSTEMS else "bench.driver"
+    return [sys.executable, "-m", module, json.dumps(spec)]
+
+
+def _read_ready(proc: subprocess.Popen[str], deadline: float) -> None:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise RuntimeError(f"driver exited before READY: {err[-1500:]}")
+        if line.strip() == "READY":
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("driver did not become ready in time")
+
+
+def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict[str, Any]:
+    """Run case against target; return throughput, latency percentiles and CPU shares."""
+    procs = []
+    for i in range(case.processes):
+        spec = {
+            "system": case.system,
+            "workload": case.workload,
+            "batch": case.batch,
+            "partitions": case.partitions,
+            "index": i,
+            "target": target,
+            "producers": _split(case.producers, case.processes, i),
+            "consumers": _split(case.consumers, case.processes, i),
+            "warmup": case.warmup,
+            "duration": case.duration,
+            **case.extra,
+        }
+        procs.append(
+            subprocess.Popen(
+                _command(case.system, spec),
+                cwd=ROOT,
+                text=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
+    try:
+        deadline = time.monotonic() + 60
+        for proc in procs:
+            _read_ready(proc, deadline)
+        start = time.time() + 0.2
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"GO {start}\n")
+            proc.stdin.flush()
+        meter = procstat.CpuMeter()
+        time.sleep(max(0.0, start + case.warmup - time.time()))
+        db_pids = backend_pids(target["dsn"]) if "dsn" in target else []
+        bg_pids = background_pids(target["dsn"]) if "dsn" in target else []
+        groups = {
+            "client": [p.pid for p in procs],
+            "server": server_pids,
+            "postgres": db_pids,
+            "pg_background": bg_pids,
+        }
+        meter.start(groups)
+        time.sleep(max(0.0, start + case.warmup + case.duration - time.time()))
+        cpu = meter.stop()
+        outputs = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=60)
+            lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+            if proc.returncode != 0 or not lines:
+                raise RuntimeError(f"driver failed ({proc.returncode}): {err[-1500:]}")
+            outputs.append(json.loads(lines[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return _merge(case, outputs, cpu)
+
+
+def _merge(case: Case, outputs: list[dict[str, Any]], cpu: dict[str, float]) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    samples: dict[str, list[float]] = {}
+    errors: list[str] = []
+    for out in outputs:
+        for key, value in out["counts"].items():
+            counts[key] = counts.get(key, 0) + value
+        for op, values in out["samples"].items():
+            samples.setdefault(op, []).extend(values)
+        errors.extend(out.get("errors", []))
+    done = counts.get("pushed", 0) if case.workload == "push" else counts.get("acked", 0)
+    latency = {
+        op: {f"p{q}": percentile(values, q) for q in (50, 90, 99)} | {"n": len(values)}
+        for op, values in samples.items()
+        if values
+    }
+    return {
+        "case": case.label,
+        "system": case.system,
+        "workload": case.workload,
+        "batch": case.batch,
+        "partitions": case.partitions,
+        "producers": case.producers,
+        "consumers": case.consumers,
+        "processes": case.processes,
+        "duration_s": case.duration,
+        "msgs_per_s": done / case.duration,
+        "counts": counts,
+        "latency_ms": latency,
+        "cpu": cpu,
+        "errors": errors[:5],
+    }
