@@ -445,9 +445,17 @@ BEGIN
         JOIN queen.queues q ON q.name = it.i ->> 'queue'
         JOIN queen.partitions p ON p.queue_id = q.id AND p.name = coalesce(it.i ->> 'partition', 'Default')
         WHERE it.idx <> ALL (rejected)
+    ), numbered AS (
+        -- FIFO position (seq) in item order, drawn before the insert below reorders rows.
+        SELECT r.*, nextval('queen.messages_seq_seq'::regclass) AS seq
+        FROM (SELECT * FROM resolved ORDER BY idx) r
     ), inserted AS (
-        INSERT INTO queen.messages (transaction_id, id, partition_id, payload, encrypted)
-        SELECT r.txid, r.id, r.partition_id, r.payload, r.encrypted FROM resolved r ORDER BY r.idx
+        -- Insert in transactionId order: concurrent pushes sharing ids take them in the
+        -- same order and wait for each other instead of deadlocking.
+        INSERT INTO queen.messages (transaction_id, id, seq, partition_id, payload, encrypted)
+        OVERRIDING SYSTEM VALUE
+        SELECT n.txid, n.id, n.seq, n.partition_id, n.payload, n.encrypted
+        FROM numbered n ORDER BY n.txid COLLATE "C", n.idx
         ON CONFLICT DO NOTHING
     )
     SELECT array_agg(ROW(r.idx, r.id, r.txid)::queen.push_item) INTO accepted FROM resolved r;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -91,7 +92,12 @@ def test_fifo_per_pusher_with_concurrent_pushers_and_a_consumer(big_store: Store
 
 
 def test_fifo_within_one_large_batch(store: Store) -> None:
-    items = [{"queue": "q", "payload": n} for n in range(1000)]
+    # Generated ids for half, client ids sorting in reverse for the other half:
+    # delivery follows item order either way.
+    items = [
+        {"queue": "q", "payload": n, **({"transactionId": f"id-{999 - n:04d}"} if n % 2 else {})}
+        for n in range(1000)
+    ]
     push(store, items)
     seen: list[int] = []
     while batch := pop(store, "q", "Default", batch=333):
@@ -196,8 +202,12 @@ def test_no_partition_held_by_two_consumers_while_acking(big_store: Store) -> No
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["same-order", "shuffled"])
-def test_concurrent_duplicate_pushes_store_each_id_once(big_store: Store, shuffle: bool) -> None:
-    ids = [f"tx-{n:03d}" for n in range(60)]
+def test_concurrent_duplicate_pushes_store_each_id_once(
+    big_store: Store, shuffle: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Large enough that the inserts overlap: overlapping ids taken in different
+    # orders must not deadlock (retries would not save 8 pushers from each other).
+    ids = [f"tx-{n:03d}" for n in range(400)]
     # Queue and partitions exist beforehand, so the pushes race on the messages alone.
     push(big_store, [{"queue": "idem", "partition": f"p{p}", "payload": 0} for p in range(3)])
 
@@ -214,7 +224,9 @@ def test_concurrent_duplicate_pushes_store_each_id_once(big_store: Store, shuffl
         assert [r.transaction_id for r in results] == order
         return [(r.transaction_id, r.status, r.id) for r in results]
 
-    outcomes = [row for rows in run_together(THREADS, pusher) for row in rows]
+    with caplog.at_level(logging.WARNING, logger="queen.store.db"):
+        outcomes = [row for per_thread in run_together(THREADS, pusher) for row in per_thread]
+    assert [r.message for r in caplog.records] == [], "pushes deadlocked and were retried"
     dsn = big_store.db.dsn
     stored = dict(rows(dsn, "SELECT transaction_id, id FROM queen.messages"))
     assert sorted(t for t in stored if t.startswith("tx-")) == ids
