@@ -39,6 +39,9 @@ class DashboardPageResource:
         resp.cache_control = ["no-cache"]
         resp.data = self.page
 
+    def on_head(self, req: falcon.Request, resp: falcon.Response) -> None:
+        self.on_get(req, resp)
+
 
 class ThroughputResource:
     """GET /api/v1/dashboard/throughput?minutes=60&queue=q: per-minute activity for the chart.

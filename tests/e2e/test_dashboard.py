@@ -225,6 +225,7 @@ def test_dashboard_page_and_assets_are_served(server, http):
         assert page.status_code == 200
         assert page.headers["Content-Type"].startswith("text/html")
         assert "/dashboard/static/app.js" in page.text
+    assert http.head(f"{server.url}/").status_code == 200
     script = http.get(f"{server.url}/dashboard/static/app.js")
     assert script.status_code == 200
     assert "javascript" in script.headers["Content-Type"]

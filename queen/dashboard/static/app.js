@@ -1,0 +1,436 @@
+// Queen dashboard: one WebSocket for live events, one JSON endpoint for the chart.
+// Plain browser JavaScript, no build step, no dependencies.
+(() => {
+  "use strict";
+
+  const WS_URL = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/dashboard`;
+  const THROUGHPUT_URL = "/api/v1/dashboard/throughput";
+  const PING_EVERY_MS = 30000;
+  const CHART_REFRESH_MS = 15000;
+  const CHART_MINUTES = 60;
+  const HISTORY = 60; // depth samples kept per queue for the sparkline
+  const STALE_QUEUE_MS = 30000; // a queue missing from snapshots this long is removed
+  const MAX_LOG = 200;
+  const LOG_FLUSH_MS = 250;
+
+  const $ = (id) => document.getElementById(id);
+  const fmt = new Intl.NumberFormat();
+  const num = (n) => (n == null ? "–" : fmt.format(n));
+
+  const state = {
+    queues: new Map(), // name -> {data, history: number[], seen: ms}
+    expanded: new Set(),
+    chartQueue: null,
+    paused: false,
+    pendingLog: [],
+    eventTimes: [],
+    renderQueued: false,
+  };
+
+  // ---------------------------------------------------------------- WebSocket
+
+  let socket = null;
+  let retryMs = 500;
+  let pingTimer = null;
+
+  function connect() {
+    setStatus("connecting", "connecting…");
+    socket = new WebSocket(WS_URL);
+    socket.onopen = () => {
+      retryMs = 500;
+      setStatus("open", "live");
+      sendSubscription();
+      pingTimer = setInterval(() => socket.readyState === 1 && socket.send("ping"), PING_EVERY_MS);
+    };
+    socket.onmessage = (msg) => {
+      if (msg.data === "pong") return;
+      let event;
+      try {
+        event = JSON.parse(msg.data);
+      } catch (e) {
+        return;
+      }
+      handle(event);
+    };
+    socket.onclose = () => {
+      clearInterval(pingTimer);
+      setStatus("closed", `reconnecting in ${Math.round(retryMs / 1000)}s`);
+      setTimeout(connect, retryMs);
+      retryMs = Math.min(retryMs * 2, 10000);
+    };
+  }
+
+  function setStatus(stateName, text) {
+    $("status").dataset.state = stateName;
+    $("status-text").textContent = text;
+  }
+
+  function sendSubscription() {
+    if (!socket || socket.readyState !== 1) return;
+    const queues = $("subscribe").value.split(/[\s,]+/).filter(Boolean);
+    socket.send(JSON.stringify({ type: "subscribe", queues }));
+    state.queues.clear(); // the next snapshot (a few seconds) shows only what was asked for
+    scheduleRender();
+  }
+
+  function handle(event) {
+    const { event: name, data, timestamp } = event;
+    switch (name) {
+      case "queue.depth":
+        onDepth(data);
+        break;
+      case "system.stats":
+        onStats(data);
+        break;
+      case "connected":
+        log({ name: "connected", timestamp, where: "", detail: `connection ${data.connectionId}` });
+        break;
+      case "message.pushed":
+      case "message.processing":
+      case "message.completed":
+      case "message.failed":
+      case "queue.created":
+        onMessageEvent(name, data, timestamp);
+        break;
+      default:
+        break; // partition.depth, client.*: the queue table already shows them
+    }
+  }
+
+  // ---------------------------------------------------------------- stats and queues
+
+  function onStats(s) {
+    $("stat-pending").textContent = num(s.pending);
+    $("stat-processing").textContent = num(s.processing);
+    $("stat-created").textContent = num(s.recentCreated);
+    $("stat-completed").textContent = num(s.recentCompleted);
+    $("stat-connections").textContent = num(s.connections);
+    if (s.queues != null) $("stat-queues").textContent = num(s.queues);
+  }
+
+  function onDepth(d) {
+    let q = state.queues.get(d.queue);
+    if (!q) {
+      q = { data: d, history: [], seen: 0 };
+      state.queues.set(d.queue, q);
+    }
+    q.data = d;
+    q.seen = Date.now();
+    q.history.push(d.totalDepth);
+    if (q.history.length > HISTORY) q.history.shift();
+    scheduleRender();
+  }
+
+  function scheduleRender() {
+    if (state.renderQueued) return;
+    state.renderQueued = true;
+    requestAnimationFrame(() => {
+      state.renderQueued = false;
+      renderQueues();
+    });
+  }
+
+  function cell(text, cls) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (cls) td.className = cls;
+    return td;
+  }
+
+  function numCell(value, alert) {
+    return cell(num(value), `num${value === 0 ? " zero" : value > 0 && alert ? ` ${alert}` : ""}`);
+  }
+
+  function renderQueues() {
+    const now = Date.now();
+    for (const [name, q] of state.queues) {
+      if (now - q.seen > STALE_QUEUE_MS) state.queues.delete(name);
+    }
+    const filter = $("queue-filter").value.trim().toLowerCase();
+    const names = [...state.queues.keys()].filter((n) => n.toLowerCase().includes(filter)).sort();
+    const body = $("queue-rows");
+    const rows = [];
+    for (const name of names) {
+      const { data: d, history } = state.queues.get(name);
+      const open = state.expanded.has(name);
+      const tr = document.createElement("tr");
+      tr.className = `queue${open ? " open" : ""}${state.chartQueue === name ? " selected" : ""}`;
+      const first = document.createElement("td");
+      first.className = "name";
+      const caret = document.createElement("span");
+      caret.className = "caret";
+      caret.textContent = "▸";
+      first.append(caret, document.createTextNode(name));
+      const parts = Object.keys(d.partitions || {}).length;
+      for (const label of [d.namespace, d.task, `${parts} partition${parts === 1 ? "" : "s"}`]) {
+        if (!label) continue;
+        const tag = document.createElement("span");
+        tag.className = "tag";
+        tag.textContent = label;
+        first.append(tag);
+      }
+      tr.append(
+        first,
+        numCell(d.totalDepth),
+        numCell(d.totalProcessing, "busy"),
+        numCell(d.totalCompleted),
+        numCell(d.totalFailed, "warn"),
+        numCell(d.totalDeadLetter, "warn"),
+      );
+      const trend = document.createElement("td");
+      trend.className = "trend";
+      const canvas = document.createElement("canvas");
+      trend.append(canvas);
+      tr.append(trend);
+      tr.addEventListener("click", () => toggle(name));
+      tr.title = "Click: show partitions and chart this queue";
+      rows.push([tr, canvas, history]);
+      if (open) {
+        const partitions = Object.entries(d.partitions || {}).sort(([a], [b]) => a.localeCompare(b));
+        for (const [pname, p] of partitions) {
+          const pr = document.createElement("tr");
+          pr.className = "partition";
+          pr.append(
+            cell(pname, "name"),
+            numCell(p.depth),
+            numCell(p.processing, "busy"),
+            numCell(p.completed),
+            numCell(p.failed, "warn"),
+            numCell(p.deadLetter, "warn"),
+            cell("", "trend"),
+          );
+          rows.push([pr, null, null]);
+        }
+      }
+    }
+    body.replaceChildren(...rows.map(([tr]) => tr));
+    if (!rows.length) {
+      const tr = document.createElement("tr");
+      tr.className = "empty";
+      tr.append(cell(state.queues.size ? "No queue matches the filter." : "No queues yet.", ""));
+      tr.firstChild.colSpan = 7;
+      body.append(tr);
+    }
+    for (const [, canvas, history] of rows) if (canvas) sparkline(canvas, history);
+    $("stat-queues").textContent = num(state.queues.size);
+  }
+
+  function toggle(name) {
+    if (state.expanded.has(name)) state.expanded.delete(name);
+    else state.expanded.add(name);
+    state.chartQueue = name;
+    $("chart-scope").textContent = `queue ${name}`;
+    $("chart-reset").hidden = false;
+    loadThroughput();
+    renderQueues();
+  }
+
+  // ---------------------------------------------------------------- canvases
+
+  function fitCanvas(canvas) {
+    const ratio = window.devicePixelRatio || 1;
+    const { width, height } = canvas.getBoundingClientRect();
+    canvas.width = Math.max(1, Math.round(width * ratio));
+    canvas.height = Math.max(1, Math.round(height * ratio));
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    return { ctx, width, height };
+  }
+
+  const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+
+  function sparkline(canvas, values) {
+    const { ctx, width, height } = fitCanvas(canvas);
+    if (values.length < 2) return;
+    const max = Math.max(1, ...values);
+    const step = width / (HISTORY - 1);
+    const x0 = width - (values.length - 1) * step;
+    const y = (v) => height - 2 - (v / max) * (height - 4);
+    ctx.beginPath();
+    values.forEach((v, i) => (i ? ctx.lineTo(x0 + i * step, y(v)) : ctx.moveTo(x0, y(v))));
+    ctx.strokeStyle = css("--accent");
+    ctx.lineWidth = 1.5;
+    ctx.stroke();
+    ctx.lineTo(width, height);
+    ctx.lineTo(x0, height);
+    ctx.closePath();
+    ctx.globalAlpha = 0.12;
+    ctx.fillStyle = css("--accent");
+    ctx.fill();
+  }
+
+  let chartData = [];
+
+  function drawChart() {
+    const canvas = $("chart");
+    const { ctx, width, height } = fitCanvas(canvas);
+    const pad = { left: 44, right: 8, top: 10, bottom: 22 };
+    const w = width - pad.left - pad.right;
+    const h = height - pad.top - pad.bottom;
+    const series = [
+      ["incoming", css("--incoming")],
+      ["completed", css("--completed")],
+      ["failed", css("--failed")],
+    ];
+    const max = niceMax(Math.max(1, ...chartData.flatMap((p) => series.map(([k]) => p[k]))));
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.fillStyle = css("--muted");
+    ctx.strokeStyle = css("--line");
+    ctx.lineWidth = 1;
+    for (let i = 0; i <= 4; i++) {
+      const y = pad.top + h - (h * i) / 4;
+      ctx.beginPath();
+      ctx.moveTo(pad.left, Math.round(y) + 0.5);
+      ctx.lineTo(pad.left + w, Math.round(y) + 0.5);
+      ctx.stroke();
+      ctx.textAlign = "right";
+      ctx.fillText(compact((max * i) / 4), pad.left - 6, y + 4);
+    }
+    if (chartData.length < 2) return;
+    const x = (i) => pad.left + (w * i) / (chartData.length - 1);
+    const y = (v) => pad.top + h - (v / max) * h;
+    ctx.textAlign = "center";
+    for (let i = 0; i < chartData.length; i += 10) {
+      const t = new Date(chartData[i].timestamp);
+      ctx.fillText(t.toTimeString().slice(0, 5), x(i), height - 6);
+    }
+    const last = chartData.length - 1; // the current minute is still filling up: dashed
+    for (const [key, color] of series) {
+      ctx.strokeStyle = color;
+      ctx.lineWidth = key === "incoming" ? 2 : 1.6;
+      ctx.lineJoin = "round";
+      ctx.beginPath();
+      chartData.slice(0, last).forEach((p, i) => (i ? ctx.lineTo(x(i), y(p[key])) : ctx.moveTo(x(i), y(p[key]))));
+      ctx.stroke();
+      ctx.setLineDash([3, 3]);
+      ctx.beginPath();
+      ctx.moveTo(x(last - 1), y(chartData[last - 1][key]));
+      ctx.lineTo(x(last), y(chartData[last][key]));
+      ctx.stroke();
+      ctx.setLineDash([]);
+    }
+  }
+
+  function niceMax(v) {
+    const p = 10 ** Math.floor(Math.log10(v));
+    return [1, 2, 2.5, 5, 10].map((m) => m * p).find((c) => c >= v);
+  }
+
+  function compact(v) {
+    if (v >= 1e6) return `${+(v / 1e6).toFixed(1)}M`;
+    if (v >= 1e3) return `${+(v / 1e3).toFixed(1)}k`;
+    return `${Math.round(v)}`;
+  }
+
+  async function loadThroughput() {
+    const params = new URLSearchParams({ minutes: CHART_MINUTES });
+    if (state.chartQueue) params.set("queue", state.chartQueue);
+    try {
+      const resp = await fetch(`${THROUGHPUT_URL}?${params}`);
+      if (!resp.ok) return;
+      chartData = (await resp.json()).throughput || [];
+      drawChart();
+    } catch (e) {
+      // the server is restarting: the next refresh will catch up
+    }
+  }
+
+  // ---------------------------------------------------------------- event log
+
+  const BADGES = {
+    "message.pushed": ["pushed", "pushed"],
+    "message.processing": ["processing", "processing"],
+    "message.completed": ["completed", "completed"],
+    "message.failed": ["failed", "failed"],
+    "queue.created": ["queue created", "other"],
+  };
+
+  function onMessageEvent(name, data, timestamp) {
+    state.eventTimes.push(Date.now());
+    if (state.paused) return;
+    const where = data.queue ? `${data.queue}${data.partition ? ` / ${data.partition}` : ""}` : "";
+    const detail = [];
+    if (data.transactionId) detail.push(data.transactionId);
+    if (data.workerId) detail.push(`worker ${data.workerId}`);
+    if (data.status && data.status !== "failed") detail.push(data.status.replace("_", " "));
+    if (data.retryCount != null) detail.push(`retry ${data.retryCount}`);
+    log({ name, timestamp, where, detail: detail.join(" · "), error: data.error });
+  }
+
+  function log(entry) {
+    state.pendingLog.push(entry);
+    if (state.pendingLog.length > MAX_LOG) state.pendingLog.splice(0, state.pendingLog.length - MAX_LOG);
+  }
+
+  function flushLog() {
+    const list = $("events");
+    if (state.pendingLog.length) {
+      list.querySelector(".note")?.remove();
+      const items = state.pendingLog.reverse().map(renderEntry);
+      state.pendingLog = [];
+      list.prepend(...items);
+      while (list.children.length > MAX_LOG) list.lastChild.remove();
+    } else if (!list.children.length) {
+      const li = document.createElement("li");
+      li.className = "note";
+      li.textContent = "No events yet. Push a message to see it here.";
+      list.append(li);
+    }
+    const cutoff = Date.now() - 10000;
+    state.eventTimes = state.eventTimes.filter((t) => t >= cutoff);
+    const rate = state.eventTimes.length / 10;
+    $("event-rate").textContent = rate ? `${rate.toFixed(1)} events/s` : "";
+  }
+
+  function renderEntry(e) {
+    const li = document.createElement("li");
+    const time = document.createElement("span");
+    time.className = "time";
+    const t = new Date(e.timestamp);
+    time.textContent = `${t.toTimeString().slice(0, 8)}.${String(t.getMilliseconds()).padStart(3, "0")}`;
+    const [label, cls] = BADGES[e.name] || [e.name, "other"];
+    const badge = document.createElement("span");
+    badge.className = `badge ${cls}`;
+    badge.textContent = label;
+    const where = document.createElement("span");
+    where.className = "where";
+    where.textContent = e.where;
+    const detail = document.createElement("span");
+    detail.className = "detail";
+    detail.textContent = e.detail;
+    if (e.error) {
+      const err = document.createElement("span");
+      err.className = "error";
+      err.textContent = ` ${e.error}`;
+      detail.append(err);
+    }
+    li.append(time, badge, where, detail);
+    return li;
+  }
+
+  // ---------------------------------------------------------------- wiring
+
+  $("queue-filter").addEventListener("input", renderQueues);
+  $("subscribe").addEventListener("change", sendSubscription);
+  $("pause").addEventListener("click", (ev) => {
+    state.paused = !state.paused;
+    ev.target.textContent = state.paused ? "Resume" : "Pause";
+  });
+  $("clear").addEventListener("click", () => $("events").replaceChildren());
+  $("chart-reset").addEventListener("click", () => {
+    state.chartQueue = null;
+    $("chart-scope").textContent = "all queues";
+    $("chart-reset").hidden = true;
+    loadThroughput();
+    renderQueues();
+  });
+  window.addEventListener("resize", () => {
+    drawChart();
+    renderQueues();
+  });
+
+  setInterval(flushLog, LOG_FLUSH_MS);
+  setInterval(loadThroughput, CHART_REFRESH_MS);
+  loadThroughput();
+  connect();
+})();
