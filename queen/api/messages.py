@@ -40,6 +40,7 @@ class PushResource:
             messages.append(entry)
         if all(r.status == "rejected" for r in results):
             raise QueueFull("queue is full (maxSize): every item was rejected")
+        req.context.messages = ("pushed", sum(r.status == "queued" for r in results))
         send_json(resp, {"messages": messages}, 201)
 
 
@@ -105,6 +106,7 @@ class PopResource:
             resp.status = falcon.HTTP_204
             return
         self.hub.publish(formats.PROCESSING, messages)
+        req.context.messages = ("popped", len(messages))
         send_json(resp, {"messages": [message_json(m) for m in messages]})
 
 
@@ -126,6 +128,7 @@ class AckResource:
         if result.status == "not_found":
             raise NotFound(f"message {result.transaction_id!r} not found")
         self.hub.publish(formats.ACKED, [ack], [result])
+        req.context.messages = ("acked", 1)
         send_json(resp, {**ack_json(result), "acknowledgedAt": iso(result.acknowledged_at)})
 
 
@@ -143,6 +146,7 @@ class AckBatchResource:
         if all(r.status == "not_found" for r in results):
             raise NotFound("none of these messages exist")
         found = [r for r in results if r.status != "not_found"]
+        req.context.messages = ("acked", len(found))
         send_json(
             resp,
             {
