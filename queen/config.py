@@ -81,7 +81,7 @@ class Settings:
         "QUEEN_DASHBOARD_CLIENT_BUFFER", 1000, "events queued per dashboard before the oldest drop"
     )
     dashboard_max_events_per_s: int = _s(
-        "QUEEN_DASHBOARD_MAX_EVENTS", 5000, "per-message dashboard events per second per worker"
+        "QUEEN_DASHBOARD_MAX_EVENTS", 1000, "per-message dashboard events per second per worker"
     )
     log_level: str = _s("LOG_LEVEL", "info", "log level")
 

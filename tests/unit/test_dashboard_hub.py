@@ -166,10 +166,10 @@ def test_subscription_filter():
 
 def test_rate_budget_resets_every_second():
     now = [0.0]
-    budget = RateBudget(2, clock=lambda: now[0])
-    assert [budget.take() for _ in range(3)] == [True, True, False]
+    budget = RateBudget(5, clock=lambda: now[0])
+    assert [budget.take(2), budget.take(2), budget.take(2), budget.take(1)] == [2, 2, 1, 0]
     now[0] = 1.0
-    assert budget.take()
+    assert budget.take(9) == 5
 
 
 # -- hub ----------------------------------------------------------------------------
@@ -229,3 +229,18 @@ def test_ticker_reports_depths_changes_and_new_queues():
 
     store.fail = True
     assert ticker.depth_events() == [] and ticker.failing
+
+
+def test_events_over_the_budget_are_dropped_and_counted():
+    hub = Hub(None, "w1", max_events_per_s=2)
+    sock = FakeSocket()
+    thread = serve(hub, sock)
+    hub.publish(formats.PROCESSING, [popped(f"t{i}") for i in range(5)])
+    got = [sock.wait_for("message.processing")["data"]["transactionId"] for _ in range(2)]
+    assert got == ["t0", "t1"]
+    deadline = time.monotonic() + 2
+    while hub.dropped_events < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hub.dropped_events == 3
+    sock.incoming.put(None)
+    thread.join(2)
