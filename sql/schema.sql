@@ -110,14 +110,32 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended(p_partition::text, 7)
 $$;
 
--- Wake long polls waiting on these partitions: payload 'queue/partition/namespace/task',
--- one per partition and transaction (PostgreSQL folds identical payloads). Called by the triggers below
--- and by maintenance when delayed or windowed messages become due.
+-- What a long poll listens for: 'queue/partition/namespace/task' (names cannot contain
+-- '/'; at most ~520 bytes, far below NOTIFY's 8000-byte limit).
+CREATE FUNCTION queen.wake_payload(p_queue text, p_partition text, p_namespace text, p_task text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_queue || '/' || p_partition || '/' || coalesce(p_namespace, '') || '/' || coalesce(p_task, '')
+$$;
+
+-- Wake long polls that may now find work in these partitions: one notification per
+-- partition on channel 'queen' with queen.wake_payload. It is sent when the calling
+-- transaction commits (never on rollback), and PostgreSQL folds identical payloads of
+-- one transaction, so calling it again for a partition costs nothing more. Unknown ids
+-- are ignored. Callers: the triggers below (messages inserted or made pending again),
+-- ack and release_lease (a lease ended), unclaim, and maintenance for every change that
+-- makes work eligible without touching a message: delayed messages becoming due
+-- (delayedProcessing), a partition's window closing (windowBuffer), a lease found
+-- expired. Notifications are hints: a woken poll re-checks the database, so a spare
+-- call costs one query and a missing one costs latency (until the fallback re-check),
+-- never a message. Call it once per statement with every partition concerned, not per row.
 CREATE FUNCTION queen.notify_partitions(p_partitions uuid[]) RETURNS void
-LANGUAGE sql AS $$
-    SELECT pg_notify('queen', q.name || '/' || p.name || '/' || coalesce(q.namespace, '') || '/' || coalesce(q.task, ''))
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('queen', queen.wake_payload(q.name, p.name, q.namespace, q.task))
     FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-    WHERE p.id = ANY (p_partitions)
+    WHERE p.id = ANY (p_partitions);
+END
 $$;
 
 -- Record that these partitions hold pending work: make sure each has a head row
@@ -160,21 +178,27 @@ FOR EACH STATEMENT EXECUTE FUNCTION queen.messages_inserted();
 CREATE FUNCTION queen.message_back_to_pending() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM queen.mark_pending(ARRAY[NEW.partition_id]);
+    PERFORM queen.mark_pending(array_agg(DISTINCT n.partition_id))
+    FROM new_rows n JOIN old_rows o ON o.transaction_id = n.transaction_id
+    WHERE n.status = 'pending' AND o.status <> 'pending'
+    HAVING count(*) > 0;
     RETURN NULL;
 END
 $$;
 
 -- Every path that makes a message pending again (failed ack, expired lease, manual
--- retry) goes through this; the WHEN clause makes it free for all other updates.
-CREATE TRIGGER message_back_to_pending AFTER UPDATE OF status ON queen.messages
-FOR EACH ROW WHEN (NEW.status = 'pending' AND OLD.status <> 'pending')
-EXECUTE FUNCTION queen.message_back_to_pending();
+-- retry, unclaim) goes through this: once per statement for all the partitions it
+-- touched, so a batch makes one notification per partition, not one per message.
+CREATE TRIGGER message_back_to_pending AFTER UPDATE ON queen.messages
+REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+FOR EACH STATEMENT EXECUTE FUNCTION queen.message_back_to_pending();
 
 -- Return the un-acked messages of an expired lease to pending with retry_count + 1,
--- or to dead_letter / failed past the queue's retry limit; free the partition.
--- The caller holds the partition row lock.
-CREATE FUNCTION queen.release_lease(p_partition uuid, p_lease uuid) RETURNS integer
+-- or to dead_letter / failed past the queue's retry limit; free the partition and,
+-- when it still has pending work, wake a waiter (p_notify => false when the caller
+-- claims the partition itself). The caller holds the partition row lock.
+CREATE FUNCTION queen.release_lease(p_partition uuid, p_lease uuid, p_notify boolean DEFAULT true)
+RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     released integer;
@@ -201,8 +225,78 @@ BEGIN
     UPDATE queen.partitions
     SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL
     WHERE id = p_partition AND lease_id = p_lease;
+    IF FOUND AND p_notify
+       AND EXISTS (SELECT 1 FROM queen.partition_heads h WHERE h.partition_id = p_partition) THEN
+        PERFORM queen.notify_partitions(ARRAY[p_partition]);
+    END IF;
     RETURN released;
 END
+$$;
+
+-- Give back a claim whose response never reached the client: its messages return to
+-- pending WITHOUT counting a retry (the consumer never saw them), back at the head of
+-- their partition, and the lease ends, waking a waiter. Messages of the claim that are
+-- no longer under p_lease (acked, or re-leased after expiry) are left alone.
+CREATE FUNCTION queen.unclaim(p_lease uuid, p_transaction_ids text[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    part     uuid;
+    released integer;
+BEGIN
+    SELECT m.partition_id INTO part FROM queen.messages m
+    WHERE m.transaction_id = ANY (p_transaction_ids) AND m.lease_id = p_lease
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM queen.partitions p WHERE p.id = part FOR NO KEY UPDATE;
+
+    UPDATE queen.messages m SET
+        status = 'pending', lease_id = NULL, lease_expires_at = NULL, worker_id = NULL,
+        locked_at = NULL
+    WHERE m.transaction_id = ANY (p_transaction_ids) AND m.lease_id = p_lease
+      AND m.status = 'processing';
+    GET DIAGNOSTICS released = ROW_COUNT;
+
+    UPDATE queen.partition_heads h SET head_seq = coalesce(
+        (SELECT m.seq FROM queen.messages m
+         WHERE m.partition_id = part AND m.status = 'pending'
+         ORDER BY m.seq LIMIT 1), h.head_seq)
+    WHERE h.partition_id = part;
+
+    UPDATE queen.partitions p
+    SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL
+    WHERE p.id = part AND p.lease_id = p_lease
+      AND NOT EXISTS (SELECT 1 FROM queen.messages m
+                      WHERE m.partition_id = part AND m.status = 'processing'
+                        AND m.lease_id = p_lease);
+    PERFORM queen.notify_partitions(ARRAY[part]);
+    RETURN released;
+END
+$$;
+
+-- The long-poll fallback: wake payloads of free partitions (no live lease) with pending
+-- work, among the queues, queue/partition pairs and namespace/task filters (NULL
+-- matches anything) that parked polls wait for, oldest head first. One query per
+-- process per fallback period, whatever the number of waiters. A hint like a
+-- notification: the work may still be delayed or windowed.
+CREATE FUNCTION queen.ready_partitions(
+    p_queues text[], p_partition_queues text[], p_partitions text[],
+    p_namespaces text[], p_tasks text[], p_limit integer)
+RETURNS SETOF text
+LANGUAGE sql STABLE AS $$
+    SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task)
+    FROM queen.partition_heads h
+    JOIN queen.partitions p ON p.id = h.partition_id
+    JOIN queen.queues q ON q.id = h.queue_id
+    WHERE (p.lease_id IS NULL OR p.lease_expires_at <= now())
+      AND (q.name = ANY (p_queues)
+           OR (q.name, p.name) IN (SELECT * FROM unnest(p_partition_queues, p_partitions))
+           OR EXISTS (SELECT 1 FROM unnest(p_namespaces, p_tasks) f(ns, tk)
+                      WHERE (f.ns IS NULL OR f.ns = q.namespace)
+                        AND (f.tk IS NULL OR f.tk = q.task)))
+    ORDER BY h.head_seq
+    LIMIT p_limit
 $$;
 
 -- What a pop returns for each message.
@@ -228,7 +322,7 @@ BEGIN
     SELECT * INTO qu FROM queen.queues q WHERE q.id = part.queue_id;
 
     IF part.lease_id IS NOT NULL THEN
-        PERFORM queen.release_lease(part.id, part.lease_id);
+        PERFORM queen.release_lease(part.id, part.lease_id, p_notify => false);
     END IF;
 
     IF qu.ttl > 0 THEN

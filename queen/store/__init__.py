@@ -6,6 +6,7 @@ from queen.config import Settings
 from queen.store.dashboard import Dashboard
 from queen.store.db import Database
 from queen.store.messages import Messages
+from queen.store.polling import Polling
 from queen.store.queues import Queues
 
 
@@ -16,6 +17,7 @@ class Store:
         self.db = db
         self.queues = Queues(db)
         self.messages = Messages(db, self.queues, encryption_key)
+        self.polling = Polling(db)
         self.dashboard = Dashboard(db)
 
     @classmethod

@@ -12,6 +12,14 @@ SELECT * FROM queen.pop_queue(%(queue)s, %(batch)s, %(worker)s)
 -- pop_filtered: claim up to batch messages across queues by namespace/task and priority --
 SELECT * FROM queen.pop_filtered(%(namespace)s, %(task)s, %(batch)s, %(worker)s)
 
+-- unclaim: give back a claim whose response never reached the client (no retry counted) --
+SELECT queen.unclaim(%(lease)s, %(transaction_ids)s::text[])
+
+-- ready_partitions: wake payloads of free partitions with pending work for the parked polls' routes --
+SELECT payload FROM queen.ready_partitions(
+    %(queues)s::text[], %(partition_queues)s::text[], %(partitions)s::text[],
+    %(namespaces)s::text[], %(tasks)s::text[], %(limit)s) AS payload
+
 -- ack: acknowledge a batch, one row per acknowledgment in request order --
 SELECT idx, transaction_id, status, retry_count, now() AS acknowledged_at
 FROM queen.ack(%(acks)s::jsonb)
