@@ -582,10 +582,12 @@ DECLARE
 BEGIN
     -- Lock the partitions first (the order pop uses): concurrent acks of one lease
     -- then run one after the other, and the last one sees that the lease is done.
+    -- (= ANY (ARRAY(...)) keeps this on the primary key; IN (...) hashed every partition.)
     PERFORM 1 FROM queen.partitions p
-    WHERE p.id IN (SELECT m.partition_id FROM queen.messages m
-                   WHERE m.transaction_id IN (SELECT a ->> 'transactionId'
-                                              FROM jsonb_array_elements(p_acks) a))
+    WHERE p.id = ANY (ARRAY(SELECT m.partition_id FROM queen.messages m
+                            WHERE m.transaction_id = ANY (ARRAY(
+                                SELECT a ->> 'transactionId'
+                                FROM jsonb_array_elements(p_acks) a))))
     ORDER BY p.id
     FOR NO KEY UPDATE;
 

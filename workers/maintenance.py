@@ -20,9 +20,10 @@ when it wants to run next:
 - reconcile: recount a few partitions and correct drift in the folded counts;
 - prune: drop per-minute metrics older than METRICS_RETENTION_DAYS.
 
-Statements are bounded (QUEEN_MAINTENANCE_BATCH rows or leases); a task with more work
-than one batch continues within a short time budget and is then rescheduled at once,
-after the other due tasks, so the timing-sensitive ones (leases, due) stay punctual.
+A run is one bounded statement (QUEEN_MAINTENANCE_BATCH rows, LEASE_BATCH leases); a
+task that filled its batch runs again MORE_DELAY later, after the other due tasks, so a
+backlog is worked off in short steps and the timing-sensitive tasks (leases, due) stay
+punctual.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ FOLD_BATCH = 20000  # status deltas folded per statement
 RECONCILE_PARTITIONS = 50  # partitions recounted per reconcile run
 RECONCILE_MAX_ROWS = 50_000  # larger partitions: only pending/processing are recounted
 PRUNE_EVERY = 300.0  # seconds between metric pruning runs
-STEP_BUDGET = 0.2  # seconds a task may keep going before it yields to the others
-MIN_DELAY = 0.05  # seconds: the soonest a task reschedules itself when it cannot finish
+MORE_DELAY = 0.02  # seconds before the next batch of a task that filled its batch
+MIN_DELAY = 0.05  # seconds: the soonest the lease task looks again at a lease it skipped
 DUE_MARGIN = 0.002  # seconds past a due time before the scan that wakes it
 MAX_SLEEP = 0.5  # seconds: the loop looks at the stop flag at least this often
 SUMMARY_EVERY = 60.0  # seconds between summary log lines
@@ -234,29 +235,20 @@ class Maintenance:
             )
             self.totals = {}
 
-    def _batches(self, step: Callable[[], int], name: str, limit: int) -> float | None:
-        """Repeat a bounded step while it fills its batch, within STEP_BUDGET; 0 if unfinished."""
-        started = self.clock()
-        while True:
-            n = step()
-            self._count(name, n)
-            if n < limit:
-                return None
-            if self.clock() - started >= STEP_BUDGET:
-                return 0.0
+    def _batch(self, step: Callable[[], int], name: str, limit: int) -> float | None:
+        """Run one bounded step; ask to run again soon when it filled its batch."""
+        n = step()
+        self._count(name, n)
+        return MORE_DELAY if n >= limit else None
 
     # -- tasks -----------------------------------------------------------------------
 
     def _expire_leases(self) -> float | None:
-        started = self.clock()
-        while True:
-            result = self.session.expire_leases(LEASE_BATCH)
-            self._count("leases expired", result.leases)
-            self._count("messages released", result.messages)
-            if result.leases < LEASE_BATCH:
-                break
-            if self.clock() - started >= STEP_BUDGET:
-                return 0.0
+        result = self.session.expire_leases(LEASE_BATCH)
+        self._count("leases expired", result.leases)
+        self._count("messages released", result.messages)
+        if result.leases >= LEASE_BATCH:
+            return MORE_DELAY
         if result.next_expiry_in is None:
             return None
         return max(result.next_expiry_in + DUE_MARGIN, MIN_DELAY)
@@ -272,27 +264,27 @@ class Maintenance:
     def _expire_ttl(self) -> float | None:
         self._timed = self.session.timed_queues()  # cheap; keeps _on_pushes current
         limit = self.settings.maintenance_batch
-        return self._batches(lambda: self.session.expire_ttl(limit), "ttl expired", limit)
+        return self._batch(lambda: self.session.expire_ttl(limit), "ttl expired", limit)
 
     def _fold(self) -> float | None:
-        return self._batches(
+        return self._batch(
             lambda: self.session.fold_deltas(FOLD_BATCH), "deltas folded", FOLD_BATCH
         )
 
     def _retention(self) -> float | None:
         limit = self.settings.maintenance_batch
-        pending = self._batches(
+        pending = self._batch(
             lambda: self.session.delete_retained_pending(limit), "pending deleted", limit
         )
-        completed = self._batches(
+        completed = self._batch(
             lambda: self.session.delete_retained_completed(limit), "completed deleted", limit
         )
-        return 0.0 if 0.0 in (pending, completed) else None
+        return MORE_DELAY if MORE_DELAY in (pending, completed) else None
 
     def _cleanup(self) -> float | None:
         limit = self.settings.maintenance_batch
         idle_s = self.settings.partition_cleanup_s
-        return self._batches(
+        return self._batch(
             lambda: self.session.cleanup_partitions(idle_s, limit), "partitions removed", limit
         )
 
@@ -309,7 +301,7 @@ class Maintenance:
     def _prune_metrics(self) -> float | None:
         limit = self.settings.maintenance_batch
         days = self.settings.metrics_retention_days
-        return self._batches(
+        return self._batch(
             lambda: self.session.prune_metrics(days, limit), "metric rows pruned", limit
         )
 
