@@ -450,7 +450,9 @@ BEGIN
         SELECT q.id FROM queen.queues q
         WHERE (p_namespace IS NULL OR q.namespace = p_namespace)
           AND (p_task IS NULL OR q.task = p_task)
-          AND EXISTS (SELECT 1 FROM queen.partition_heads h WHERE h.queue_id = q.id)
+          -- A probe of partition_heads_queue per matching queue (as EXISTS this became
+          -- a hash of every partition_heads row).
+          AND (SELECT true FROM queen.partition_heads h WHERE h.queue_id = q.id LIMIT 1)
         ORDER BY q.priority DESC, q.created_at
     LOOP
         RETURN QUERY SELECT * FROM queen.pop_queue_id(candidate, p_batch, p_worker);
