@@ -9,15 +9,16 @@ from typing import Any
 
 import falcon
 
-from queen.api import send_json
+from queen.api import admin, analytics, resources, send_json
 from queen.api.dashboard import (
     DashboardPageResource,
     DashboardSocketResource,
     ThroughputResource,
 )
 from queen.api.messages import AckBatchResource, AckResource, PopResource, PushResource
+from queen.api.metrics import MetricsMiddleware, PrometheusResource
 from queen.api.queues import ConfigureResource
-from queen.api.system import HealthResource
+from queen.api.system import HealthResource, MetricsResource, OpenAPIResource
 from queen.config import Settings
 from queen.dashboard import STATIC_DIR
 from queen.dashboard.hub import Hub
@@ -101,7 +102,9 @@ def create_app(
     store = store or Store.from_settings(settings)
     hub = hub or Hub.from_settings(settings, store.dashboard)
     poller = LongPoller(store, events, settings.effective_worker_id, clock)
-    app = falcon.App(middleware=[CORSMiddleware()])
+    measure = MetricsMiddleware(store)
+    middleware: list[Any] = [measure, CORSMiddleware()]
+    app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(falcon.HTTPError, _http_error)
@@ -118,6 +121,7 @@ def create_app(
     app.add_route(f"{API}/configure", ConfigureResource(store))
     app.add_route("/health", HealthResource(store, events, clock))
     _add_dashboard_routes(app, store, hub)
+    _add_read_routes(app, store, measure)
     return app
 
 
@@ -128,3 +132,35 @@ def _add_dashboard_routes(app: falcon.App, store: Store, hub: Hub) -> None:
     app.add_static_route("/dashboard/static", str(STATIC_DIR))
     app.add_route("/ws/dashboard", DashboardSocketResource(hub))
     app.add_route(f"{API}/dashboard/throughput", ThroughputResource(store))
+
+
+def _add_read_routes(app: falcon.App, store: Store, measure: MetricsMiddleware) -> None:
+    """Analytics, resources, message management, metrics and the API description."""
+    a = f"{API}/analytics"
+    app.add_route(a, analytics.FilteredAnalyticsResource(store))
+    app.add_route(f"{a}/queue/{{queue}}", analytics.QueueAnalyticsResource(store))
+    app.add_route(f"{a}/queues", analytics.QueuesAnalyticsResource(store, by_queue=False))
+    app.add_route(f"{a}/queue-stats", analytics.QueuesAnalyticsResource(store, by_queue=True))
+    app.add_route(f"{a}/queue-depths", analytics.QueueDepthsResource(store))
+    app.add_route(f"{a}/throughput", analytics.ThroughputAnalyticsResource(store))
+    app.add_route(f"{a}/queue-lag", analytics.QueueLagResource(store))
+
+    m = f"{API}/messages"
+    app.add_route(m, admin.MessagesResource(store))
+    app.add_route(f"{m}/{{txid}}", admin.MessageResource(store))
+    app.add_route(f"{m}/{{txid}}/retry", admin.MessageRetryResource(store))
+    app.add_route(f"{m}/{{txid}}/dlq", admin.MessageDeadLetterResource(store))
+    app.add_route(f"{m}/{{txid}}/related", admin.RelatedMessagesResource(store))
+    app.add_route(f"{API}/queues/{{queue}}/clear", admin.ClearQueueResource(store))
+
+    r = f"{API}/resources"
+    app.add_route(f"{r}/queues", resources.QueuesResource(store))
+    app.add_route(f"{r}/queues/{{queue}}", resources.QueueResource(store))
+    app.add_route(f"{r}/partitions", resources.PartitionsResource(store))
+    app.add_route(f"{r}/namespaces", resources.LabelsResource(store, "namespace"))
+    app.add_route(f"{r}/tasks", resources.LabelsResource(store, "task"))
+    app.add_route(f"{r}/overview", resources.OverviewResource(store))
+
+    app.add_route("/metrics", MetricsResource(store))
+    app.add_route("/metrics/prometheus", PrometheusResource(store, measure))
+    app.add_route(f"{API}/openapi.json", OpenAPIResource())

@@ -1,15 +1,27 @@
-"""Health (API.md section 7)."""
+"""Health, metrics and the API description (API.md section 7).
+
+Request and message totals count every worker of this host; pool, memory and CPU
+figures are those of the worker that answers.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from importlib import resources
+from typing import Any
 
 import falcon
 
-from queen.api import send_json
+from queen.api import metrics, send_json
 from queen.errors import Unavailable
 from queen.events import Events
 from queen.store import Store
+
+
+def _pool_json(store: Store) -> dict[str, int]:
+    pool = store.db.stats()
+    return {"total": pool["size"], "idle": pool["idle"], "waiting": pool["waiting"]}
 
 
 class HealthResource:
@@ -17,16 +29,19 @@ class HealthResource:
         self.store = store
         self.events = events
         self.clock = clock
-        self.started = clock()
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        uptime = int(self.clock() - self.started)
-        pool = self.store.db.stats()
-        doc = {
-            "uptime": f"{uptime}s",
-            "connections": pool["size"],
+        counted = metrics.rates()
+        pool = _pool_json(self.store)
+        doc: dict[str, Any] = {
+            "uptime": f"{int(counted['uptime'])}s",
+            "connections": pool["total"],
             "stats": {
-                "pool": {"total": pool["size"], "idle": pool["idle"], "waiting": pool["waiting"]}
+                "requests": counted["requests"],
+                "messages": counted["messages"],
+                "requestsPerSecond": f"{counted['requestsPerSecond']:.2f}",
+                "messagesPerSecond": f"{counted['messagesPerSecond']:.2f}",
+                "pool": pool,
             },
         }
         try:
@@ -35,3 +50,56 @@ class HealthResource:
             send_json(resp, {"status": "unhealthy", "reason": exc.message, **doc}, 503)
             return
         send_json(resp, {"status": "healthy", **doc})
+
+
+class MetricsResource:
+    """GET /metrics: the JSON view of API.md 7.2."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        counted = metrics.rates()
+        pool = self.store.db.stats()
+        send_json(
+            resp,
+            {
+                "uptime": round(counted["uptime"], 3),
+                "requests": {
+                    "total": counted["requests"],
+                    "rate": round(counted["requestsPerSecond"], 2),
+                },
+                "messages": {
+                    "total": counted["messages"],
+                    "rate": round(counted["messagesPerSecond"], 2),
+                    "pushed": counted["pushed"],
+                    "popped": counted["popped"],
+                    "acked": counted["acked"],
+                },
+                "database": {
+                    "poolSize": pool["size"],
+                    "maxPoolSize": pool["max"],
+                    "idleConnections": pool["idle"],
+                    "waitingRequests": pool["waiting"],
+                },
+                "memory": metrics.memory(),
+                "cpu": metrics.cpu(),
+                "process": {"pid": os.getpid()},
+            },
+        )
+
+
+def openapi_document() -> bytes:
+    """Return the OpenAPI description shipped with the package (queen/api/openapi.json)."""
+    return resources.files("queen.api").joinpath("openapi.json").read_bytes()
+
+
+class OpenAPIResource:
+    """GET /api/v1/openapi.json"""
+
+    def __init__(self) -> None:
+        self.document = openapi_document()
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = self.document

@@ -153,7 +153,7 @@ def _single(params: Mapping[str, Any], key: str) -> str | None:
     return raw
 
 
-def int_param(params: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
+def int_param(params: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
     """Read an integer query parameter within [low, high]."""
     raw = _single(params, key)
     if raw is None or raw == "":
@@ -166,7 +166,7 @@ def int_param(params: Mapping[str, str], key: str, default: int, low: int, high:
     return value
 
 
-def bool_param(params: Mapping[str, str], key: str, default: bool = False) -> bool:
+def bool_param(params: Mapping[str, Any], key: str, default: bool = False) -> bool:
     """Read a boolean query parameter (true/false/1/0/yes/no)."""
     raw = _single(params, key)
     if raw is None or raw == "":

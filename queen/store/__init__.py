@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from queen.config import Settings
+from queen.store.admin import Admin
+from queen.store.analytics import Analytics
 from queen.store.dashboard import Dashboard
 from queen.store.db import Database
 from queen.store.messages import Messages
 from queen.store.polling import Polling
 from queen.store.queues import Queues
+from queen.store.reads import Reads
 
 
 class Store:
@@ -19,6 +22,9 @@ class Store:
         self.messages = Messages(db, self.queues, encryption_key)
         self.polling = Polling(db)
         self.dashboard = Dashboard(db)
+        self.reads = Reads(db)
+        self.analytics = Analytics(self.reads)
+        self.admin = Admin(db, self.reads, encryption_key)
 
     @classmethod
     def from_settings(cls, settings: Settings, application_name: str = "queen") -> Store:

@@ -220,3 +220,160 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone
+
+-- read_statement_timeout: keep an analytics or browsing read short (its transaction only) --
+SELECT set_config('statement_timeout', %(ms)s, true)
+
+-- read_partitions: every partition of the queues matching the filters (NULL: any) with its queue, options and exact counts; queues without partitions too --
+SELECT q.id AS queue_id, q.name AS queue, q.namespace, q.task, q.created_at AS queue_created_at,
+       q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
+       q.delayed_processing, q.window_buffer, q.retention_seconds,
+       q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
+       q.max_wait_time_seconds,
+       p.id AS partition_id, p.name AS partition, p.created_at AS partition_created_at,
+       coalesce(s.pending, 0) AS pending, coalesce(s.processing, 0) AS processing,
+       coalesce(s.completed, 0) AS completed, coalesce(s.failed, 0) AS failed,
+       coalesce(s.dead_letter, 0) AS dead_letter
+FROM queen.queues q
+LEFT JOIN queen.partitions p ON p.queue_id = q.id
+LEFT JOIN queen.partition_stats s ON s.partition_id = p.id
+WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+  AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+  AND (%(task)s::text IS NULL OR q.task = %(task)s)
+ORDER BY q.name, p.name
+
+-- read_message_span: created_at of the oldest and newest message of each partition of a queue --
+SELECT p.id AS partition_id,
+       (SELECT m.created_at FROM queen.messages m WHERE m.partition_id = p.id
+        ORDER BY m.created_at LIMIT 1) AS oldest,
+       (SELECT m.created_at FROM queen.messages m WHERE m.partition_id = p.id
+        ORDER BY m.created_at DESC LIMIT 1) AS newest
+FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+WHERE q.name = %(queue)s
+
+-- read_labels: queues, partitions and message counts per namespace or per task (label: 'namespace' | 'task'); unlabelled queues are left out --
+SELECT CASE WHEN %(label)s = 'namespace' THEN q.namespace ELSE q.task END AS label,
+       count(DISTINCT q.id) AS queues, count(p.id) AS partitions,
+       coalesce(sum(s.pending), 0) AS pending, coalesce(sum(s.processing), 0) AS processing,
+       coalesce(sum(s.completed), 0) AS completed, coalesce(sum(s.failed), 0) AS failed,
+       coalesce(sum(s.dead_letter), 0) AS dead_letter
+FROM queen.queues q
+LEFT JOIN queen.partitions p ON p.queue_id = q.id
+LEFT JOIN queen.partition_stats s ON s.partition_id = p.id
+WHERE CASE WHEN %(label)s = 'namespace' THEN q.namespace ELSE q.task END IS NOT NULL
+GROUP BY 1
+ORDER BY 1
+
+-- read_overview: numbers of queues, partitions, namespaces, tasks and messages per status --
+SELECT (SELECT count(*) FROM queen.queues) AS queues,
+       (SELECT count(*) FROM queen.partitions) AS partitions,
+       (SELECT count(DISTINCT namespace) FROM queen.queues) AS namespaces,
+       (SELECT count(DISTINCT task) FROM queen.queues) AS tasks,
+       coalesce(sum(s.pending), 0) AS pending, coalesce(sum(s.processing), 0) AS processing,
+       coalesce(sum(s.completed), 0) AS completed, coalesce(sum(s.failed), 0) AS failed,
+       coalesce(sum(s.dead_letter), 0) AS dead_letter,
+       now() AS at
+FROM queen.partition_stats s
+
+-- read_throughput: activity per minute over the last hour (60 rows, newest first, zero-filled) for the queues matching the filters, folded or not --
+WITH minutes AS (
+    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
+                           date_trunc('minute', now()), interval '1 minute') AS minute
+), picked AS (
+    SELECT q.name FROM queen.queues q
+    WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+      AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+      AND (%(task)s::text IS NULL OR q.task = %(task)s)
+), activity AS (
+    SELECT a.minute, a.incoming, a.popped, a.completed, a.failed, a.dead_letter, a.lag_ms
+    FROM queen.metrics_minute a
+    WHERE a.minute >= date_trunc('minute', now()) - interval '59 minutes'
+      AND (%(any)s OR a.queue IN (SELECT name FROM picked))
+    UNION ALL
+    SELECT u.minute, u.incoming, u.popped, u.completed, u.failed, u.dead_letter, u.lag_ms
+    FROM queen.metrics_minute_unfolded u
+    WHERE u.minute >= date_trunc('minute', now()) - interval '59 minutes'
+      AND (%(any)s OR u.queue IN (SELECT name FROM picked))
+)
+SELECT m.minute, coalesce(sum(a.incoming), 0)::bigint AS incoming,
+       coalesce(sum(a.popped), 0)::bigint AS popped,
+       coalesce(sum(a.completed), 0)::bigint AS completed,
+       coalesce(sum(a.failed), 0)::bigint AS failed,
+       coalesce(sum(a.dead_letter), 0)::bigint AS dead_letter,
+       coalesce(sum(a.lag_ms), 0)::bigint AS lag_ms
+FROM minutes m LEFT JOIN activity a ON a.minute = m.minute
+GROUP BY m.minute
+ORDER BY m.minute DESC
+
+-- read_lag: backlog and processing times of the last 24 h per partition of the queues matching the filters --
+SELECT queue, namespace, task, partition, pending, processing, completed, lag_ms, lag_hist
+FROM queen.partition_lag(%(queue)s, %(namespace)s, %(task)s)
+
+-- read_partition_ids: ids of the partitions matching the message-list filters (NULL: any) --
+SELECT coalesce(array_agg(p.id), '{}') AS ids
+FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
+  AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+  AND (%(task)s::text IS NULL OR q.task = %(task)s)
+
+-- read_messages: one page of messages, newest first, of some partitions (any: all of them) and optionally one status --
+SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
+       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
+       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
+FROM queen.messages m
+JOIN queen.partitions p ON p.id = m.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+WHERE (%(any)s OR m.partition_id = ANY (%(partitions)s::uuid[]))
+  AND (%(status)s::text IS NULL OR m.status = %(status)s)
+ORDER BY m.created_at DESC, m.seq DESC
+LIMIT %(limit)s OFFSET %(offset)s
+
+-- read_message: one message with its queue's options --
+SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
+       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
+       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at,
+       q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
+       q.delayed_processing, q.window_buffer, q.retention_seconds,
+       q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
+       q.max_wait_time_seconds
+FROM queen.messages m
+JOIN queen.partitions p ON p.id = m.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+WHERE m.transaction_id = %(transaction_id)s
+
+-- read_related: the messages of the same partition nearest in time (within 1 h either side) to one message; a first row with NULL related fields when it has none; no row when it does not exist --
+WITH anchor AS (
+    SELECT m.transaction_id, m.partition_id, m.created_at, m.seq
+    FROM queen.messages m WHERE m.transaction_id = %(transaction_id)s
+), near AS (
+    SELECT r.* FROM anchor a CROSS JOIN LATERAL (
+        SELECT x.transaction_id, x.id, x.status, x.created_at, x.seq, x.payload, x.encrypted
+        FROM queen.messages x
+        WHERE x.partition_id = a.partition_id AND x.transaction_id <> a.transaction_id
+          AND x.created_at >= a.created_at - interval '1 hour' AND x.created_at <= a.created_at
+        ORDER BY x.created_at DESC, x.seq DESC LIMIT %(limit)s) r
+    UNION ALL
+    SELECT r.* FROM anchor a CROSS JOIN LATERAL (
+        SELECT x.transaction_id, x.id, x.status, x.created_at, x.seq, x.payload, x.encrypted
+        FROM queen.messages x
+        WHERE x.partition_id = a.partition_id AND x.transaction_id <> a.transaction_id
+          AND x.created_at > a.created_at AND x.created_at <= a.created_at + interval '1 hour'
+        ORDER BY x.created_at, x.seq LIMIT %(limit)s) r
+), nearest AS (
+    SELECT n.* FROM near n, anchor a
+    ORDER BY abs(extract(epoch FROM n.created_at - a.created_at)), n.seq
+    LIMIT %(limit)s
+)
+SELECT n.transaction_id, n.id, n.status, n.created_at, n.payload, n.encrypted
+FROM anchor a LEFT JOIN nearest n ON true
+ORDER BY n.created_at, n.seq
+
+-- delete_message: delete one message; its former status, or NULL when there is no such message --
+SELECT queen.delete_message(%(transaction_id)s) AS status
+
+-- set_message_status: move one message from one of the statuses given to another; the status it had (NULL: no such message) --
+SELECT queen.set_message_status(%(transaction_id)s, %(from)s::text[], %(to)s) AS status
+
+-- clear_messages: delete the messages of a queue or of one of its partitions; NULL when it does not exist --
+SELECT queen.clear_messages(%(queue)s, %(partition)s) AS cleared

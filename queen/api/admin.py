@@ -1,0 +1,168 @@
+"""Message management (API.md section 6): list, get, delete, retry, DLQ, related, clear."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import falcon
+import orjson
+
+from queen.analytics import STATUSES
+from queen.api import send_json, validation
+from queen.errors import InvalidInput
+from queen.models import iso
+from queen.store import Store
+from queen.store.admin import MessageFilter, RelatedMessage, StoredMessage
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+
+
+def transaction_id(value: str) -> str:
+    """Check a transactionId taken from the path."""
+    if not value or len(value) > validation.MAX_TRANSACTION_ID or "\x00" in value:
+        raise InvalidInput("invalid transactionId")
+    return value
+
+
+def status_param(params: Mapping[str, Any]) -> str | None:
+    raw = params.get("status")
+    if raw is None or raw == "":
+        return None
+    if raw not in STATUSES:
+        raise InvalidInput(f"status must be one of {', '.join(STATUSES)}")
+    return str(raw)
+
+
+def message_json(m: StoredMessage) -> dict[str, Any]:
+    """Shape a stored message as API.md 6.1 (plus its queue options for a single get)."""
+    doc: dict[str, Any] = {
+        "id": m.id,
+        "transactionId": m.transaction_id,
+        "queuePath": f"{m.queue}/{m.partition}",
+        "queue": m.queue,
+        "partition": m.partition,
+        "namespace": m.namespace,
+        "task": m.task,
+        "payload": orjson.Fragment(m.payload),
+        "status": m.status,
+        "workerId": m.worker_id,
+        "createdAt": iso(m.created_at),
+        "lockedAt": iso(m.locked_at),
+        "completedAt": iso(m.completed_at),
+        "failedAt": iso(m.failed_at),
+        "errorMessage": m.error_message,
+        "retryCount": m.retry_count,
+        "leaseExpiresAt": iso(m.lease_expires_at),
+    }
+    if m.options is not None:
+        doc["options"] = m.options
+    return doc
+
+
+def related_json(m: RelatedMessage) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "transactionId": m.transaction_id,
+        "status": m.status,
+        "createdAt": iso(m.created_at),
+        "payload": orjson.Fragment(m.payload),
+    }
+
+
+class MessagesResource:
+    """GET /messages: one page, newest first."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        params = req.params
+        where = MessageFilter(
+            queue=validation.name(params.get("queue"), "queue", required=False),
+            partition=validation.name(params.get("partition"), "partition", required=False),
+            namespace=validation.name(params.get("namespace"), "namespace", required=False),
+            task=validation.name(params.get("task"), "task", required=False),
+            status=status_param(params),
+        )
+        limit = validation.int_param(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        offset = validation.int_param(params, "offset", 0, 0, validation.MAX_INT)
+        page = self.store.admin.page(where, limit + 1, offset)
+        send_json(
+            resp,
+            {
+                "messages": [message_json(m) for m in page[:limit]],
+                "limit": limit,
+                "offset": offset,
+                "hasMore": len(page) > limit,
+            },
+        )
+
+
+class MessageResource:
+    """GET and DELETE /messages/{transaction_id}"""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
+        send_json(resp, message_json(self.store.admin.get(transaction_id(txid))))
+
+    def on_delete(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
+        txid = transaction_id(txid)
+        self.store.admin.delete(txid)
+        send_json(resp, {"deleted": True, "transactionId": txid})
+
+
+class MessageRetryResource:
+    """POST /messages/{transaction_id}/retry: failed or dead_letter -> pending (409 otherwise)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
+        txid = transaction_id(txid)
+        self.store.admin.retry(txid)
+        send_json(resp, {"retried": True, "transactionId": txid})
+
+
+class MessageDeadLetterResource:
+    """POST /messages/{transaction_id}/dlq: pending or failed -> dead_letter (409 otherwise)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
+        txid = transaction_id(txid)
+        self.store.admin.dead_letter(txid)
+        send_json(resp, {"movedToDLQ": True, "transactionId": txid})
+
+
+class RelatedMessagesResource:
+    """GET /messages/{transaction_id}/related: same partition, within 1 h, nearest first."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
+        limit = validation.int_param(req.params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        related = self.store.admin.related(transaction_id(txid), limit)
+        send_json(resp, {"messages": [related_json(m) for m in related]})
+
+
+class ClearQueueResource:
+    """DELETE /queues/{queue}/clear?partition="""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_delete(self, req: falcon.Request, resp: falcon.Response, queue: str) -> None:
+        name = validation.name(queue, "queue")
+        assert name is not None
+        partition = validation.name(req.params.get("partition"), "partition", required=False)
+        count = self.store.admin.clear(name, partition)
+        send_json(
+            resp,
+            {"cleared": True, "count": count, "queue": name, "partition": partition or "all"},
+        )

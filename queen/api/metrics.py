@@ -1,0 +1,239 @@
+"""Request and message metrics: Prometheus text for every worker of a host, and JSON views.
+
+Under gunicorn, gunicorn.conf.py points PROMETHEUS_MULTIPROC_DIR at a fresh directory
+before any worker starts (prometheus_client reads it at import). Each worker then
+writes its samples to memory-mapped files there, and whichever worker answers a scrape
+sums every worker's files (prometheus_client's multiprocess mode). Without that
+variable (tests, a bare WSGI server) the samples live in this process only.
+
+Queue depths are not kept as samples: the worker answering a scrape reads them from
+PostgreSQL at that moment (exact counts from queen.partition_stats).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import falcon
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from queen.analytics import STATUSES, group_by_queue
+from queen.errors import Unavailable
+from queen.store import Store
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+STARTED_AT_ENV = "QUEEN_STARTED_AT"  # set by gunicorn.conf.py in the master (epoch seconds)
+POOL_REFRESH_S = 1.0  # seconds between updates of this worker's pool gauges
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)  # seconds; long polls wait up to 60 s
+
+REQUESTS = Counter("queen_http_requests", "HTTP requests answered", ["method", "route", "status"])
+LATENCY = Histogram(
+    "queen_http_request_duration_seconds",
+    "Time to answer an HTTP request (long polls include their wait)",
+    ["method", "route"],
+    buckets=LATENCY_BUCKETS,
+)
+MESSAGES = Counter(
+    "queen_messages", "Messages handled: pushed (queued), popped, acked", ["operation"]
+)
+POOL = Gauge(
+    "queen_db_pool_connections",
+    "Database pool of the workers: size, idle connections, requests waiting",
+    ["state"],
+    multiprocess_mode="livesum",
+)
+
+_process_started = time.time()
+
+
+def multiprocess_mode() -> bool:
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+def uptime_s() -> float:
+    """Seconds since the server (the gunicorn master, if any) started."""
+    started = float(os.environ.get(STARTED_AT_ENV) or _process_started)
+    return max(0.0, time.time() - started)
+
+
+def _samples_registry() -> CollectorRegistry:
+    if not multiprocess_mode():
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return registry
+
+
+def totals() -> dict[str, int]:
+    """Requests and messages so far, summed over every worker of this host."""
+    found = {"requests": 0, "pushed": 0, "popped": 0, "acked": 0}
+    for metric in _samples_registry().collect():
+        for sample in metric.samples:
+            if sample.name == "queen_http_requests_total":
+                found["requests"] += int(sample.value)
+            elif sample.name == "queen_messages_total":
+                operation = sample.labels.get("operation", "")
+                if operation in found:
+                    found[operation] += int(sample.value)
+    return found
+
+
+def rates() -> dict[str, Any]:
+    """Totals and per-second rates since start (messages: pushed)."""
+    counted = totals()
+    uptime = uptime_s()
+    return {
+        "uptime": uptime,
+        "requests": counted["requests"],
+        "messages": counted["pushed"],
+        "requestsPerSecond": counted["requests"] / uptime if uptime else 0.0,
+        "messagesPerSecond": counted["pushed"] / uptime if uptime else 0.0,
+        **{k: counted[k] for k in ("pushed", "popped", "acked")},
+    }
+
+
+def memory() -> dict[str, int]:
+    """This process's memory in bytes (from /proc; maxRss from getrusage)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    doc = {"maxRss": usage.ru_maxrss * 1024}
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            size, rss, shared, _text, _lib, data = (int(x) for x in f.read().split()[:6])
+    except (OSError, ValueError):
+        return doc
+    return {
+        "rss": rss * PAGE_BYTES,
+        "vms": size * PAGE_BYTES,
+        "shared": shared * PAGE_BYTES,
+        "data": data * PAGE_BYTES,
+        **doc,
+    }
+
+
+def cpu() -> dict[str, int]:
+    """This process's CPU time in microseconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user": int(usage.ru_utime * 1e6), "system": int(usage.ru_stime * 1e6)}
+
+
+class MetricsMiddleware:
+    """Count and time every request; count messages the resources report handling."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._pool_at = float("-inf")
+
+    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.started = time.perf_counter()
+
+    def process_response(
+        self, req: falcon.Request, resp: falcon.Response, resource: Any, ok: bool
+    ) -> None:
+        started = req.context.get("started")
+        route = req.uri_template or "unmatched"
+        REQUESTS.labels(req.method, route, str(resp.status_code)).inc()
+        if started is not None:
+            LATENCY.labels(req.method, route).observe(time.perf_counter() - started)
+        handled = req.context.get("messages")
+        if handled and handled[1]:
+            MESSAGES.labels(handled[0]).inc(handled[1])
+        if time.monotonic() - self._pool_at > POOL_REFRESH_S:
+            self.refresh_pool()
+
+    def refresh_pool(self) -> None:
+        self._pool_at = time.monotonic()
+        stats = self.store.db.stats()
+        for state in ("size", "idle", "waiting"):
+            POOL.labels(state).set(stats[state])
+
+
+class _Forward:
+    """Expose another registry's samples through a scrape registry."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.source.collect()
+
+
+class QueueDepthCollector:
+    """Messages per queue and status, read from PostgreSQL when scraped."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("queen_database_up", "1 when PostgreSQL answered this scrape")
+        try:
+            rows = self.store.analytics.partitions()
+        except Unavailable:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        messages = GaugeMetricFamily(
+            "queen_queue_messages", "Messages per queue and status", labels=["queue", "status"]
+        )
+        partitions = GaugeMetricFamily(
+            "queen_queue_partitions", "Partitions per queue", labels=["queue"]
+        )
+        for queue in group_by_queue(rows):
+            name = queue.first.queue
+            totals = queue.totals
+            for status in STATUSES:
+                messages.add_metric([name, status], getattr(totals, status))
+            partitions.add_metric([name], len(queue.partitions))
+        yield messages
+        yield partitions
+
+
+class PrometheusResource:
+    """GET /metrics/prometheus: the Prometheus text format."""
+
+    def __init__(self, store: Store, middleware: MetricsMiddleware) -> None:
+        self.store = store
+        self.middleware = middleware
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        self.middleware.refresh_pool()
+        registry = CollectorRegistry(auto_describe=False)
+        if multiprocess_mode():
+            multiprocess.MultiProcessCollector(registry)
+        else:
+            registry.register(_Forward(REGISTRY))
+        registry.register(QueueDepthCollector(self.store))
+        resp.content_type = CONTENT_TYPE_LATEST
+        resp.data = generate_latest(registry)

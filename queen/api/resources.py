@@ -1,0 +1,191 @@
+"""Resources (API.md section 8): queues, partitions, namespaces, tasks and an overview."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+
+from queen.analytics import Counts, PartitionRow, QueueRows, group_by_queue
+from queen.api import send_json, validation
+from queen.api.analytics import filters_from
+from queen.errors import NotFound
+from queen.models import iso
+from queen.store import Store
+from queen.store.analytics import Filters, LabelRow
+
+MAX_INT = validation.MAX_INT
+
+
+def queue_summary_json(q: QueueRows) -> dict[str, Any]:
+    totals = q.totals
+    return {
+        "id": q.first.queue_id,
+        "name": q.first.queue,
+        "namespace": q.first.namespace,
+        "task": q.first.task,
+        "priority": q.first.options["priority"],
+        "createdAt": iso(q.first.queue_created_at),
+        "partitions": len(q.partitions),
+        "messages": {
+            "total": totals.total,
+            "pending": totals.pending,
+            "processing": totals.processing,
+            "completed": totals.completed,
+            "failed": totals.failed,
+            "deadLetter": totals.dead_letter,
+        },
+    }
+
+
+class QueuesResource:
+    """GET /resources/queues"""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        rows = self.store.analytics.partitions(filters_from(req, queue=False))
+        send_json(resp, {"queues": [queue_summary_json(q) for q in group_by_queue(rows)]})
+
+
+class QueueResource:
+    """GET /resources/queues/{queue}: the queue, its options and every partition."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, queue: str) -> None:
+        name = validation.name(queue, "queue")
+        assert name is not None
+        queues = group_by_queue(self.store.analytics.partitions(Filters(queue=name)))
+        if not queues:
+            raise NotFound(f"queue {name!r} not found")
+        (q,) = queues
+        spans = self.store.analytics.message_span(name)
+        partitions = []
+        for p in q.partitions:
+            assert p.partition_id is not None
+            span = spans.get(p.partition_id)
+            partitions.append(
+                {
+                    "id": p.partition_id,
+                    "name": p.partition,
+                    "priority": p.options["priority"],
+                    "options": p.options,
+                    "createdAt": iso(p.partition_created_at),
+                    "stats": counts_json(p.counts),
+                    "oldestMessage": iso(span.oldest) if span else None,
+                    "newestMessage": iso(span.newest) if span else None,
+                }
+            )
+        send_json(
+            resp,
+            {
+                "id": q.first.queue_id,
+                "name": q.first.queue,
+                "namespace": q.first.namespace,
+                "task": q.first.task,
+                "createdAt": iso(q.first.queue_created_at),
+                "options": q.first.options,
+                "partitions": partitions,
+                "totals": counts_json(q.totals),
+            },
+        )
+
+
+def counts_json(counts: Counts) -> dict[str, int]:
+    """Counts in the order of API.md 8.2 (total first)."""
+    doc = counts.as_json()
+    return {"total": doc.pop("total"), **doc}
+
+
+def partition_json(p: PartitionRow) -> dict[str, Any]:
+    return {
+        "id": p.partition_id,
+        "name": p.partition,
+        "queue": p.queue,
+        "namespace": p.namespace,
+        "task": p.task,
+        "priority": p.options["priority"],
+        "options": p.options,
+        "createdAt": iso(p.partition_created_at),
+        "depth": p.counts.pending,
+        "processing": p.counts.processing,
+        "completed": p.counts.completed,
+        "failed": p.counts.failed,
+        "deadLetter": p.counts.dead_letter,
+        "total": p.counts.total,
+    }
+
+
+class PartitionsResource:
+    """GET /resources/partitions?queue=&namespace=&task=&minDepth="""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        filters = filters_from(req)
+        min_depth = validation.int_param(req.params, "minDepth", 0, 0, MAX_INT)
+        rows = self.store.analytics.partitions(filters)
+        send_json(
+            resp,
+            {
+                "partitions": [
+                    partition_json(p)
+                    for p in rows
+                    if p.partition is not None and p.counts.pending >= min_depth
+                ]
+            },
+        )
+
+
+def label_json(key: str, row: LabelRow) -> dict[str, Any]:
+    return {
+        key: row.label,
+        "queues": row.queues,
+        "partitions": row.partitions,
+        "messages": {
+            "total": row.counts.total,
+            "pending": row.counts.pending,
+            "processing": row.counts.processing,
+            "completed": row.counts.completed,
+            "failed": row.counts.failed,
+            "deadLetter": row.counts.dead_letter,
+        },
+    }
+
+
+class LabelsResource:
+    """GET /resources/namespaces and /resources/tasks"""
+
+    def __init__(self, store: Store, label: str) -> None:
+        self.store = store
+        self.label = label  # namespace | task
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        rows = self.store.analytics.labels(self.label)
+        key = "namespaces" if self.label == "namespace" else "tasks"
+        send_json(resp, {key: [label_json(self.label, row) for row in rows]})
+
+
+class OverviewResource:
+    """GET /resources/overview"""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        o = self.store.analytics.overview()
+        send_json(
+            resp,
+            {
+                "queues": o.queues,
+                "partitions": o.partitions,
+                "namespaces": o.namespaces,
+                "tasks": o.tasks,
+                "messages": counts_json(o.counts),
+                "timestamp": iso(o.at),
+            },
+        )

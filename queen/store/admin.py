@@ -1,0 +1,193 @@
+"""Message management: browse, inspect, delete, retry, dead-letter, clear."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import orjson
+
+from queen import crypto
+from queen.errors import Conflict, NotFound
+from queen.models import options_from_row
+from queen.store.db import Database
+from queen.store.reads import Reads
+
+RETRYABLE = ("failed", "dead_letter")
+DEAD_LETTERABLE = ("pending", "failed")
+
+
+class MessageFilter(NamedTuple):
+    """Which messages a listing covers (None: any)."""
+
+    queue: str | None = None
+    partition: str | None = None
+    namespace: str | None = None
+    task: str | None = None
+    status: str | None = None
+
+    @property
+    def any_partition(self) -> bool:
+        return all(v is None for v in (self.queue, self.partition, self.namespace, self.task))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message as stored, payload decrypted (JSON text); options only for a single get."""
+
+    id: uuid.UUID
+    transaction_id: str
+    queue: str
+    partition: str
+    namespace: str | None
+    task: str | None
+    payload: str
+    status: str
+    worker_id: str | None
+    created_at: dt.datetime
+    locked_at: dt.datetime | None
+    completed_at: dt.datetime | None
+    failed_at: dt.datetime | None
+    error_message: str | None
+    retry_count: int
+    lease_expires_at: dt.datetime | None
+    options: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RelatedMessage:
+    transaction_id: str
+    id: uuid.UUID
+    status: str
+    created_at: dt.datetime
+    payload: str
+
+
+class Admin:
+    """Operator actions on single messages and whole queues."""
+
+    def __init__(self, db: Database, reads: Reads, encryption_key: str = "") -> None:
+        self.db = db
+        self.reads = reads
+        self._key = crypto.load_key(encryption_key) if encryption_key else None
+
+    def _payload(self, row: Mapping[str, Any]) -> str:
+        """Return the payload as JSON text, decrypted when the key is known.
+
+        Without the key an encrypted payload is shown as its envelope: browsing must not
+        fail because of one message.
+        """
+        if not row["encrypted"] or self._key is None:
+            return str(row["payload"])
+        return crypto.decrypt(self._key, orjson.loads(row["payload"])).decode()
+
+    def _message(self, row: dict[str, Any], with_options: bool = False) -> StoredMessage:
+        return StoredMessage(
+            id=row["id"],
+            transaction_id=row["transaction_id"],
+            queue=row["queue"],
+            partition=row["partition"],
+            namespace=row["namespace"],
+            task=row["task"],
+            payload=self._payload(row),
+            status=row["status"],
+            worker_id=row["worker_id"],
+            created_at=row["created_at"],
+            locked_at=row["locked_at"],
+            completed_at=row["completed_at"],
+            failed_at=row["failed_at"],
+            error_message=row["error_message"],
+            retry_count=row["retry_count"],
+            lease_expires_at=row["lease_expires_at"],
+            options=options_from_row(row) if with_options else None,
+        )
+
+    def page(self, where: MessageFilter, limit: int, offset: int) -> list[StoredMessage]:
+        """Return one page of matching messages, newest first (created_at, then seq)."""
+        with self.reads.session() as session:
+            partitions: list[uuid.UUID] = []
+            if not where.any_partition:
+                (found,) = session.rows(
+                    "read_partition_ids",
+                    {
+                        "queue": where.queue,
+                        "partition": where.partition,
+                        "namespace": where.namespace,
+                        "task": where.task,
+                    },
+                )
+                partitions = found["ids"]
+                if not partitions:
+                    return []
+            params = {
+                "any": where.any_partition,
+                "partitions": partitions,
+                "status": where.status,
+                "limit": limit,
+                "offset": offset,
+            }
+            rows = session.rows("read_messages", params, raw_json=True)
+        return [self._message(row) for row in rows]
+
+    def get(self, transaction_id: str) -> StoredMessage:
+        rows = self.reads.rows("read_message", {"transaction_id": transaction_id}, raw_json=True)
+        if not rows:
+            raise NotFound(f"message {transaction_id!r} not found")
+        return self._message(rows[0], with_options=True)
+
+    def related(self, transaction_id: str, limit: int) -> list[RelatedMessage]:
+        """Return up to limit messages of the same partition nearest in time (within 1 h)."""
+        params = {"transaction_id": transaction_id, "limit": limit}
+        rows = self.reads.rows("read_related", params, raw_json=True)
+        if not rows:
+            raise NotFound(f"message {transaction_id!r} not found")
+        return [
+            RelatedMessage(
+                row["transaction_id"],
+                row["id"],
+                row["status"],
+                row["created_at"],
+                self._payload(row),
+            )
+            for row in rows
+            if row["transaction_id"] is not None
+        ]
+
+    def delete(self, transaction_id: str) -> str:
+        """Delete a message; return the status it had."""
+        ((status,),) = self.db.fetch("delete_message", {"transaction_id": transaction_id})
+        if status is None:
+            raise NotFound(f"message {transaction_id!r} not found")
+        return str(status)
+
+    def _move(self, transaction_id: str, allowed: tuple[str, ...], to: str, action: str) -> None:
+        params = {"transaction_id": transaction_id, "from": list(allowed), "to": to}
+        ((status,),) = self.db.fetch("set_message_status", params)
+        if status is None:
+            raise NotFound(f"message {transaction_id!r} not found")
+        if status not in allowed:
+            raise Conflict(
+                f"message {transaction_id!r} is {status}: only {' or '.join(allowed)}"
+                f" messages can be {action}"
+            )
+
+    def retry(self, transaction_id: str) -> None:
+        """Make a failed or dead-lettered message pending again, with retryCount 0."""
+        self._move(transaction_id, RETRYABLE, "pending", "retried")
+
+    def dead_letter(self, transaction_id: str) -> None:
+        """Move a pending or failed message to the dead letter queue."""
+        self._move(transaction_id, DEAD_LETTERABLE, "dead_letter", "moved to the DLQ")
+
+    def clear(self, queue: str, partition: str | None) -> int:
+        """Delete every message of a queue (or of one partition); return how many."""
+        ((cleared,),) = self.db.fetch("clear_messages", {"queue": queue, "partition": partition})
+        if cleared is None:
+            what = (
+                f"partition {partition!r} of queue {queue!r}" if partition else f"queue {queue!r}"
+            )
+            raise NotFound(f"{what} not found")
+        return int(cleared)

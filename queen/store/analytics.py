@@ -1,0 +1,155 @@
+"""What the analytics and resources endpoints read: counts, time series, lag, structure.
+
+Counts come from queen.partition_stats (folded counters plus the deltas not folded
+yet: exact, never a count over messages); time series from queen.metrics_minute plus
+the unfolded deltas; processing times from the rolling 24 h window kept in
+queen.lag_window.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from queen.analytics import Counts, LagRow, Minute, PartitionRow
+from queen.models import options_from_row
+from queen.store.reads import Reads
+
+
+class Filters(NamedTuple):
+    """Which queues a read covers (None: any)."""
+
+    queue: str | None = None
+    namespace: str | None = None
+    task: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"queue": self.queue, "namespace": self.namespace, "task": self.task}
+
+    @property
+    def any(self) -> bool:
+        return self.queue is None and self.namespace is None and self.task is None
+
+
+EVERYTHING = Filters()
+
+
+class LabelRow(NamedTuple):
+    """Aggregates of the queues sharing a namespace or a task."""
+
+    label: str
+    queues: int
+    partitions: int
+    counts: Counts
+
+
+class Overview(NamedTuple):
+    queues: int
+    partitions: int
+    namespaces: int
+    tasks: int
+    counts: Counts
+    at: dt.datetime
+
+
+class Span(NamedTuple):
+    oldest: dt.datetime | None
+    newest: dt.datetime | None
+
+
+def _counts(row: Mapping[str, Any]) -> Counts:
+    return Counts(
+        int(row["pending"]),
+        int(row["processing"]),
+        int(row["completed"]),
+        int(row["failed"]),
+        int(row["dead_letter"]),
+    )
+
+
+def _partition_row(row: dict[str, Any]) -> PartitionRow:
+    return PartitionRow(
+        queue_id=row["queue_id"],
+        queue=row["queue"],
+        namespace=row["namespace"],
+        task=row["task"],
+        queue_created_at=row["queue_created_at"],
+        options=options_from_row(row),
+        partition_id=row["partition_id"],
+        partition=row["partition"],
+        partition_created_at=row["partition_created_at"],
+        counts=_counts(row),
+    )
+
+
+class Analytics:
+    """Read-only queries behind /analytics and /resources."""
+
+    def __init__(self, reads: Reads) -> None:
+        self.reads = reads
+
+    def partitions(self, filters: Filters = EVERYTHING) -> list[PartitionRow]:
+        """Return every partition of the matching queues, ordered by queue then name."""
+        rows = self.reads.rows("read_partitions", filters.params())
+        return [_partition_row(row) for row in rows]
+
+    def message_span(self, queue: str) -> dict[uuid.UUID, Span]:
+        """Return when the oldest and newest message of each partition of a queue arrived."""
+        rows = self.reads.rows("read_message_span", {"queue": queue})
+        return {row["partition_id"]: Span(row["oldest"], row["newest"]) for row in rows}
+
+    def labels(self, label: str) -> list[LabelRow]:
+        """Return aggregates per namespace (label 'namespace') or per task ('task')."""
+        assert label in ("namespace", "task")
+        rows = self.reads.rows("read_labels", {"label": label})
+        return [
+            LabelRow(row["label"], int(row["queues"]), int(row["partitions"]), _counts(row))
+            for row in rows
+        ]
+
+    def overview(self) -> Overview:
+        (row,) = self.reads.rows("read_overview")
+        return Overview(
+            int(row["queues"]),
+            int(row["partitions"]),
+            int(row["namespaces"]),
+            int(row["tasks"]),
+            _counts(row),
+            row["at"],
+        )
+
+    def throughput(self, filters: Filters = EVERYTHING) -> list[Minute]:
+        """Return the last 60 minutes of activity, newest first, zero-filled."""
+        rows = self.reads.rows("read_throughput", {**filters.params(), "any": filters.any})
+        return [
+            Minute(
+                row["minute"],
+                row["incoming"],
+                row["popped"],
+                row["completed"],
+                row["failed"],
+                row["dead_letter"],
+                row["lag_ms"],
+            )
+            for row in rows
+        ]
+
+    def lag(self, filters: Filters = EVERYTHING) -> list[LagRow]:
+        """Return backlog and 24 h processing times per partition of the matching queues."""
+        rows = self.reads.rows("read_lag", filters.params())
+        return [
+            LagRow(
+                row["queue"],
+                row["namespace"],
+                row["task"],
+                row["partition"],
+                int(row["pending"]),
+                int(row["processing"]),
+                int(row["completed"]),
+                int(row["lag_ms"]),
+                tuple(row["lag_hist"]) if row["lag_hist"] is not None else None,
+            )
+            for row in rows
+        ]
