@@ -5,8 +5,6 @@ Nothing here imports psycopg: the gevent worker patches the standard library aft
 fork, and each worker then builds its own pool and LISTEN connection (no preload).
 """
 
-import signal
-
 from queen.config import Settings
 
 _settings = Settings.from_env()
@@ -14,31 +12,18 @@ _settings = Settings.from_env()
 wsgi_app = "queen.wsgi:get_app()"
 bind = [f"{_settings.host}:{_settings.port}"]
 workers = _settings.workers
-worker_class = "geventwebsocket.gunicorn.workers.GeventWebSocketWorker"
+worker_class = "queen.worker.Worker"  # geventwebsocket's gevent worker; see queen/worker.py
 worker_connections = _settings.worker_connections
 preload_app = False
 control_socket_disable = True
 timeout = 60  # seconds without a heartbeat before a worker is replaced
 graceful_timeout = 10  # seconds for in-flight requests on shutdown; parked polls end at once
+# (the worker's SIGTERM handler releases them: queen/worker.py)
 keepalive = 75  # seconds, longer than common load balancer idle timeouts
 backlog = 2048
 accesslog = None
 errorlog = "-"
 loglevel = _settings.log_level
-
-
-def post_worker_init(worker):
-    """Make SIGTERM also release parked long polls, so shutdown is prompt."""
-    import gevent
-
-    from queen import wsgi
-
-    def on_term(sig, frame):
-        worker.alive = False
-        gevent.spawn(wsgi.shutdown)
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.siginterrupt(signal.SIGTERM, False)
 
 
 def worker_int(worker):

@@ -1,12 +1,22 @@
 """Per-process LISTEN connection and the registry of parked long polls.
 
-PostgreSQL triggers send `pg_notify('queen', 'queue/partition/namespace/task')` when a
-partition gets work. The listener (one dedicated autocommit connection per process,
-outside the pool) wakes one parked poll whose route matches each notification: a
+PostgreSQL sends `pg_notify('queen', 'queue/partition/namespace/task')` when a partition
+may have work for a consumer (see queen.notify_partitions in sql/schema.sql). The
+listener (one dedicated autocommit connection per process, outside the pool) hands each
+notification to the registry, which wakes ONE parked poll whose route matches: a
 partition is leased to one consumer at a time, so one waiter per notification is what
-there is work for. Notifications are hints: woken polls re-check the database, a slow
-fallback wakes one waiter per route now and then, and after a reconnect every waiter
-is woken once, so a lost notification costs latency, never a message.
+there is work for. The oldest armed waiter goes first.
+
+A waiter is armed from the moment it subscribes, before its first database check, and
+again before every re-check, so a notification that arrives while it queries is never
+lost: it simply re-checks once more. A woken waiter that leaves without re-checking
+(deadline, client gone, or it was woken while its own query already found messages)
+passes its wake-up on to the next matching waiter.
+
+Notifications are hints. A slow fallback asks the database which free partitions have
+pending work for the routes parked here (one query per period, whatever the number of
+waiters) and dispatches the answers like notifications; after the listener reconnects,
+every waiter is woken once. A lost notification therefore costs latency, never a message.
 """
 
 from __future__ import annotations
@@ -14,21 +24,31 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
+from psycopg import sql
 
 from queen.models import PopRoute
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "queen"
+APPLICATION_NAME = "queen-listener"
 KEEPALIVE = 5.0  # seconds between keepalive queries on an idle listener
+CONNECT_TIMEOUT = 5  # seconds
+MIN_BACKOFF = 0.1  # seconds before the first reconnect attempt
 MAX_BACKOFF = 5.0  # seconds, between reconnect attempts
+FALLBACK_LIMIT = 10_000  # most partitions one fallback re-check asks about
 
 RouteKey = tuple[str, str | None, str | None]
+# (queues, (queue, partition) pairs, (namespace, task) filters, limit) -> wake payloads
+ReadyCheck = Callable[
+    [list[str], list[tuple[str, str]], list[tuple[str | None, str | None]], int], list[str]
+]
 
 
 def route_key(route: PopRoute) -> RouteKey:
@@ -40,57 +60,66 @@ def route_key(route: PopRoute) -> RouteKey:
     return ("f", route.namespace, route.task)
 
 
-def keys_for(payload: str) -> list[RouteKey]:
+def keys_for(payload: str) -> tuple[RouteKey, ...]:
     """Return the route keys a notification 'queue/partition/namespace/task' can serve."""
     queue, partition, namespace, task = (payload.split("/") + ["", "", "", ""])[:4]
     ns, tk = namespace or None, task or None
-    return [
+    return (
         ("p", queue, partition),
         ("q", queue, None),
         ("f", None, None),
         ("f", ns, None),
         ("f", None, tk),
         ("f", ns, tk),
-    ]
+    )
 
 
 class Waiter:
-    """One parked poll: an event plus the order it arrived in (oldest is woken first)."""
+    """One parked poll's place in the registry."""
 
-    __slots__ = ("event", "key", "order", "woken")
+    __slots__ = ("_events", "armed_at", "event", "key", "wake_keys", "woken")
 
-    def __init__(self, key: RouteKey, order: int) -> None:
-        self.event = threading.Event()
+    def __init__(self, events: Events, key: RouteKey) -> None:
+        self._events = events
         self.key = key
-        self.order = order
-        self.woken = False
-
-    def wake(self) -> None:
-        self.woken = True
-        self.event.set()
+        self.event = threading.Event()
+        self.armed_at = 0  # registry sequence number of the last arming (oldest goes first)
+        self.woken = False  # woken and not yet back to checking the database
+        self.wake_keys: tuple[RouteKey, ...] = (key,)  # what the last wake-up was for
 
     def wait(self, timeout_s: float) -> bool:
-        """Sleep until woken or timeout; consume the wake-up."""
-        woken = self.event.wait(timeout_s)
-        self.event.clear()
-        self.woken = False
-        return woken
+        """Sleep until woken or timeout_s passed; True when woken (the waiter is re-armed)."""
+        self.event.wait(timeout_s)
+        return self._events._rearm(self)
+
+    def forward(self) -> None:
+        """Leave without using the last wake-up: hand it to another waiter."""
+        self._events._forward(self)
 
 
 class Events:
-    """Waiter registry plus the listener that feeds it."""
+    """Waiter registry plus the listener and fallback that feed it."""
 
-    def __init__(self, dsn: str | None = None, fallback_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        dsn: str | None = None,
+        fallback_s: float = 2.0,
+        ready: ReadyCheck | None = None,
+    ) -> None:
         self.dsn = dsn
         self.fallback_s = fallback_s
-        self._waiters: dict[RouteKey, dict[int, Waiter]] = {}
+        self._ready = ready
+        self._armed: dict[RouteKey, dict[Waiter, None]] = {}  # per route, oldest first
+        self._registered = 0
         self._lock = threading.Lock()
-        self._order = itertools.count()
+        self._seq = itertools.count()
         self._running = False
         self._shutting_down = False
         self._conn: psycopg.Connection[object] | None = None
         self.connected = threading.Event()
         self.reconnects = 0
+        self.notifications = 0  # received from PostgreSQL
+        self.wakeups = 0  # waiters woken, for any reason
 
     # -- waiters -----------------------------------------------------------------
 
@@ -100,114 +129,181 @@ class Events:
 
     @property
     def waiting(self) -> int:
-        with self._lock:
-            return sum(len(group) for group in self._waiters.values())
+        """Return the number of polls subscribed in this process."""
+        return self._registered
 
     @contextlib.contextmanager
     def subscribe(self, route: PopRoute) -> Iterator[Waiter]:
-        """Register a waiter for route; on exit, pass on a wake-up it did not use."""
-        waiter = Waiter(route_key(route), next(self._order))
+        """Register an armed waiter for route; on exit, pass on a wake-up it did not use."""
+        waiter = Waiter(self, route_key(route))
         with self._lock:
-            self._waiters.setdefault(waiter.key, {})[waiter.order] = waiter
+            self._arm(waiter)
+            self._registered += 1
         try:
             yield waiter
         finally:
             with self._lock:
-                group = self._waiters.get(waiter.key)
-                if group is not None:
-                    group.pop(waiter.order, None)
-                    if not group:
-                        del self._waiters[waiter.key]
-            if waiter.woken and not self._shutting_down:
-                self._wake_one([waiter.key])
+                self._disarm(waiter)
+                self._registered -= 1
+                unused, waiter.woken = waiter.woken, False
+            if unused and not self._shutting_down:
+                self._wake_one(waiter.wake_keys)
 
-    def notify(self, payload: str) -> None:
-        """Dispatch one notification payload (called by the listener)."""
-        self._wake_one(keys_for(payload))
+    def _arm(self, waiter: Waiter) -> None:
+        waiter.armed_at = next(self._seq)
+        self._armed.setdefault(waiter.key, {})[waiter] = None
 
-    def _wake_one(self, keys: list[RouteKey]) -> None:
+    def _disarm(self, waiter: Waiter) -> None:
+        group = self._armed.get(waiter.key)
+        if group is not None:
+            group.pop(waiter, None)
+            if not group:
+                del self._armed[waiter.key]
+
+    def _rearm(self, waiter: Waiter) -> bool:
         with self._lock:
-            candidates = [
-                w for key in keys for w in self._waiters.get(key, {}).values() if not w.woken
-            ]
-            if candidates:
-                min(candidates, key=lambda w: w.order).wake()
+            if not waiter.woken:
+                return False
+            waiter.woken = False
+            waiter.event.clear()
+            if not self._shutting_down:
+                self._arm(waiter)
+            return True
 
-    def wake_all(self) -> None:
+    def _forward(self, waiter: Waiter) -> None:
         with self._lock:
-            for group in self._waiters.values():
-                for waiter in group.values():
-                    waiter.wake()
+            self._disarm(waiter)
+            waiter.woken = False
+        if not self._shutting_down:
+            self._wake_one(waiter.wake_keys)
 
-    def wake_one_per_route(self) -> None:
-        """The fallback: let one waiter of every route re-check the database."""
+    def _wake(self, waiter: Waiter, keys: tuple[RouteKey, ...]) -> None:
+        """Wake an armed waiter (the caller holds the lock)."""
+        self._disarm(waiter)
+        waiter.woken = True
+        waiter.wake_keys = keys
+        waiter.event.set()
+        self.wakeups += 1
+
+    def notify(self, payload: str) -> bool:
+        """Dispatch one notification payload; True when it woke a waiter."""
+        return self._wake_one(keys_for(payload))
+
+    def _wake_one(self, keys: tuple[RouteKey, ...]) -> bool:
         with self._lock:
-            for group in self._waiters.values():
+            oldest: Waiter | None = None
+            for key in keys:
+                group = self._armed.get(key)
                 if group:
-                    min(group.values(), key=lambda w: w.order).wake()
+                    first = next(iter(group))
+                    if oldest is None or first.armed_at < oldest.armed_at:
+                        oldest = first
+            if oldest is None:
+                return False
+            self._wake(oldest, keys)
+            return True
+
+    def wake_all(self) -> int:
+        """Wake every armed waiter once (after a reconnect, or to shut down)."""
+        with self._lock:
+            waiters = [w for group in self._armed.values() for w in group]
+            for waiter in waiters:
+                self._wake(waiter, (waiter.key,))
+            return len(waiters)
+
+    def wake_one_per_route(self) -> int:
+        """Let the oldest waiter of every route re-check (the fallback without a ready check)."""
+        with self._lock:
+            oldest = [next(iter(group)) for group in self._armed.values() if group]
+            for waiter in oldest:
+                self._wake(waiter, (waiter.key,))
+            return len(oldest)
+
+    def recheck(self) -> int:
+        """The fallback: wake waiters for the work the database says is ready for them."""
+        with self._lock:
+            keys = list(self._armed)
+            armed = sum(len(group) for group in self._armed.values())
+        if not keys:
+            return 0
+        if self._ready is None:
+            return self.wake_one_per_route()
+        queues = [k[1] for k in keys if k[0] == "q" and k[1] is not None]
+        partitions = [(k[1], k[2]) for k in keys if k[0] == "p" and k[1] and k[2]]
+        filters = [(k[1], k[2]) for k in keys if k[0] == "f"]
+        try:
+            payloads = self._ready(queues, partitions, filters, min(armed, FALLBACK_LIMIT))
+        except Exception as exc:  # noqa: BLE001 - the next period tries again
+            log.warning("long-poll fallback re-check failed: %s", exc)
+            return 0
+        return sum(self.notify(payload) for payload in payloads)
 
     def shutdown(self) -> None:
-        """Stop listening and release every parked poll (they answer 204)."""
+        """Stop listening and release every parked poll (they answer 204 at once)."""
         self._shutting_down = True
         self._running = False
         self.wake_all()
-        conn = self._conn
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.cancel_safe(timeout=1.0)
 
     # -- listener ----------------------------------------------------------------
 
     def start(self) -> threading.Thread:
-        """Run the listener (and the fallback timer) in a daemon thread or greenlet."""
+        """Run the listener and the fallback in daemon threads (greenlets under gevent)."""
         self._running = True
-        thread = threading.Thread(target=self._run, name="queen-listener", daemon=True)
-        thread.start()
+        listener = threading.Thread(target=self._run, name=APPLICATION_NAME, daemon=True)
+        listener.start()
         fallback = threading.Thread(target=self._fallback, name="queen-fallback", daemon=True)
         fallback.start()
-        return thread
+        return listener
 
     def _fallback(self) -> None:
         while self._running:
-            time.sleep(self.fallback_s)
-            self.wake_one_per_route()
+            time.sleep(self.fallback_s * random.uniform(0.8, 1.2))  # workers drift apart
+            if self._running:
+                self.recheck()
 
     def _run(self) -> None:
-        backoff = 0.1
+        backoff = MIN_BACKOFF
         first = True
         while self._running:
             try:
-                with psycopg.connect(
-                    self.dsn or "",
-                    autocommit=True,
-                    application_name="queen-listener",
-                    keepalives=1,
-                    keepalives_idle=10,
-                    keepalives_interval=5,
-                    keepalives_count=3,
-                ) as conn:
+                with self._connect() as conn:
                     self._conn = conn
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
                     self.connected.set()
                     if not first:
                         self.reconnects += 1
-                        self.wake_all()  # notifications may have been missed meanwhile
+                        woken = self.wake_all()  # notifications may have been missed meanwhile
+                        log.info("listener reconnected; woke %d parked polls", woken)
                     first = False
-                    backoff = 0.1
+                    backoff = MIN_BACKOFF
                     self._listen(conn)
             except Exception as exc:  # noqa: BLE001 - any failure means: reconnect
                 self.connected.clear()
                 if not self._running:
                     break
                 log.warning("listener lost its connection (%s); retrying in %.1fs", exc, backoff)
-                time.sleep(backoff)
+                time.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, MAX_BACKOFF)
             finally:
                 self._conn = None
+        self.connected.clear()
+
+    def _connect(self) -> psycopg.Connection[object]:
+        return psycopg.connect(
+            self.dsn or "",
+            autocommit=True,
+            application_name=APPLICATION_NAME,
+            connect_timeout=CONNECT_TIMEOUT,
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+        )
 
     def _listen(self, conn: psycopg.Connection[object]) -> None:
         while self._running:
             for note in conn.notifies(timeout=KEEPALIVE):
+                self.notifications += 1
                 self.notify(note.payload)
             if self._running:
-                conn.execute("SELECT 1")  # keepalive: notices a dead server
+                conn.execute("SELECT 1")  # keepalive: notices a dead server or a killed backend

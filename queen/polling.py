@@ -1,17 +1,40 @@
-"""Pop with optional long polling: claim now, or park until a notification or the timeout."""
+"""Pop with optional long polling: claim now, or park until a notification or the timeout.
+
+A parked poll holds no database connection: it sleeps on the events registry and
+claims only when woken. Nothing is claimed for a request that can no longer be
+answered: not while the server shuts down, not when the client has already closed
+its connection, and a claim whose response could not be handed to the server is given
+back (without counting a retry) by `ClaimedBody`.
+"""
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
+from queen.errors import QueenError, Unavailable
 from queen.events import Events
 from queen.models import Popped, PopRoute
 from queen.store import Store
 
+log = logging.getLogger(__name__)
+
+# Read one byte without consuming it and without waiting (Linux, BSD, macOS).
+_PEEK_FLAGS = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+# Where the WSGI server puts the client connection (queen.worker; gunicorn's own handler).
+SOCKET_KEYS = ("gunicorn.socket", "gunicorn.sock")
+
+
+def _still_there() -> bool:
+    return False
+
 
 class LongPoller:
-    """Serve pops for the API: immediate, or parked on the events registry without a connection."""
+    """Serve pops for the API: immediate, or parked on the events registry."""
 
     def __init__(
         self,
@@ -25,20 +48,54 @@ class LongPoller:
         self.worker_id = worker_id
         self.clock = clock
 
-    def pop(self, route: PopRoute, batch: int, *, wait: bool, timeout_s: float) -> list[Popped]:
-        """Return claimed messages, or [] when nothing came within timeout_s (wait=True)."""
+    @property
+    def shutting_down(self) -> bool:
+        return self.events is not None and self.events.shutting_down
+
+    def pop(
+        self,
+        route: PopRoute,
+        batch: int,
+        *,
+        wait: bool,
+        timeout_s: float,
+        client_gone: Callable[[], bool] = _still_there,
+    ) -> list[Popped]:
+        """Return claimed messages, or [] when none came within timeout_s (wait=True).
+
+        Also [] without claiming when the client has gone or the server is shutting down.
+        """
+        if client_gone():
+            return []
         if not wait or self.events is None or timeout_s <= 0:
-            return self.store.messages.pop(route, batch, self.worker_id)
-        timeout_s = self._cap(route, timeout_s)
-        deadline = self.clock() + timeout_s
+            return self._claim(route, batch)
+        if self.events.shutting_down:
+            return []
+        deadline = self.clock() + self._cap(route, timeout_s)
         with self.events.subscribe(route) as waiter:
-            while not self.events.shutting_down:
-                messages = self.store.messages.pop(route, batch, self.worker_id)
+            messages = self._claim(route, batch)
+            while not messages:
                 remaining = deadline - self.clock()
-                if messages or remaining <= 0:
-                    return messages
-                waiter.wait(remaining)
-        return []
+                if remaining <= 0 or not waiter.wait(remaining):
+                    return []
+                if self.events.shutting_down:
+                    return []
+                if client_gone():
+                    waiter.forward()
+                    return []
+                messages = self._recheck(route, batch)
+            return messages
+
+    def _claim(self, route: PopRoute, batch: int) -> list[Popped]:
+        return self.store.messages.pop(route, batch, self.worker_id)
+
+    def _recheck(self, route: PopRoute, batch: int) -> list[Popped]:
+        """Claim after a wake-up; a database hiccup keeps the poll parked instead of failing it."""
+        try:
+            return self._claim(route, batch)
+        except Unavailable as exc:
+            log.warning("long-poll re-check failed, staying parked: %s", exc.message)
+            return []
 
     def _cap(self, route: PopRoute, timeout_s: float) -> float:
         """Apply the queue's maxWaitTimeSeconds to a long poll on that queue."""
@@ -48,3 +105,78 @@ class LongPoller:
         if flags is not None and flags.max_wait_s > 0:
             return min(timeout_s, float(flags.max_wait_s))
         return timeout_s
+
+    def release(self, messages: Sequence[Popped]) -> None:
+        """Give back messages claimed for a response that never reached the client."""
+        leases: dict[uuid.UUID, list[str]] = {}
+        for message in messages:
+            leases.setdefault(message.lease_id, []).append(message.transaction_id)
+        for lease_id, transaction_ids in leases.items():
+            try:
+                released = self.store.polling.unclaim(lease_id, transaction_ids)
+            except QueenError as exc:
+                log.warning(
+                    "could not give back %d undelivered messages (%s); they return when"
+                    " lease %s expires",
+                    len(transaction_ids),
+                    exc.message,
+                    lease_id,
+                )
+            else:
+                log.info("gave back %d messages whose response was not delivered", released)
+
+
+class ClaimedBody:
+    """A WSGI body that gives its claimed messages back unless the server took all of it.
+
+    The server writes each chunk it gets and asks for the next: being asked again after
+    the only chunk proves its write returned (the bytes are with the kernel). If the
+    write failed, or the server never iterated, close() (always called, PEP 3333) runs
+    on_undelivered.
+    """
+
+    __slots__ = ("_body", "_delivered", "_on_undelivered")
+
+    def __init__(self, body: bytes, on_undelivered: Callable[[], None]) -> None:
+        self._body: bytes | None = body
+        self._delivered = False
+        self._on_undelivered = on_undelivered
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        body = self._body
+        if body is None:
+            self._delivered = True
+            raise StopIteration
+        self._body = None
+        return body
+
+    def close(self) -> None:
+        if not self._delivered:
+            self._delivered = True  # give back once
+            self._on_undelivered()
+
+
+def peer_closed(sock: Any) -> bool:
+    """Tell whether the client closed its connection: a non-blocking MSG_PEEK reads EOF."""
+    if not _PEEK_FLAGS & getattr(socket, "MSG_DONTWAIT", 0):
+        return False  # no way to peek without blocking here
+    raw = getattr(sock, "_sock", sock)  # gevent wraps the OS-level socket
+    try:
+        return bool(raw.recv(1, _PEEK_FLAGS) == b"")
+    except (BlockingIOError, InterruptedError):
+        return False  # nothing to read: the client is waiting
+    except ConnectionError:
+        return True
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False  # not a plain TCP socket (TLS, a test double): assume connected
+
+
+def client_gone_check(environ: Mapping[str, Any]) -> Callable[[], bool]:
+    """Return a check of whether this request's client has gone (always False if unknown)."""
+    sock = next((environ[k] for k in SOCKET_KEYS if environ.get(k) is not None), None)
+    if sock is None:
+        return _still_there
+    return lambda: peer_closed(sock)

@@ -40,7 +40,7 @@ def get_app() -> Any:
     logging.basicConfig(level=settings.log_level.upper())
     store = Store.from_settings(settings)
     store.open()
-    events = Events(settings.dsn, settings.poll_fallback_s)
+    events = Events(settings.dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)
     events.start()
     hub = Hub.from_settings(settings, store.dashboard)
     runtime.update(store=store, events=events, settings=settings, hub=hub)

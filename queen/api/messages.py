@@ -12,7 +12,7 @@ from queen.dashboard import formats
 from queen.dashboard.hub import SILENT, Publisher
 from queen.errors import NotFound, QueueFull
 from queen.models import AckResult, Popped, PopRoute, iso
-from queen.polling import LongPoller
+from queen.polling import ClaimedBody, LongPoller, client_gone_check
 from queen.store import Store
 
 
@@ -101,13 +101,29 @@ class PopResource:
         wait = validation.bool_param(params, "wait")
         timeout_ms = validation.int_param(params, "timeout", self.default_timeout_ms, 0, 2**31 - 1)
         timeout_ms = min(timeout_ms, self.max_timeout_ms)
-        messages = self.poller.pop(route, batch, wait=wait, timeout_s=timeout_ms / 1000)
+        messages = self.poller.pop(
+            route,
+            batch,
+            wait=wait,
+            timeout_s=timeout_ms / 1000,
+            client_gone=client_gone_check(req.env),
+        )
         if not messages:
             resp.status = falcon.HTTP_204
+            if self.poller.shutting_down:
+                resp.set_header("Connection", "close")  # lets the worker exit promptly
             return
+        try:
+            body = orjson.dumps({"messages": [message_json(m) for m in messages]})
+        except Exception:
+            self.poller.release(messages)
+            raise
         self.hub.publish(formats.PROCESSING, messages)
         req.context.messages = ("popped", len(messages))
-        send_json(resp, {"messages": [message_json(m) for m in messages]})
+        resp.status = falcon.HTTP_200
+        resp.content_type = falcon.MEDIA_JSON
+        # Messages whose response does not reach the server's socket go back to pending.
+        resp.set_stream(ClaimedBody(body, lambda: self.poller.release(messages)), len(body))
 
 
 def ack_json(r: AckResult) -> dict[str, Any]:

@@ -1,0 +1,43 @@
+"""The gunicorn worker: geventwebsocket's gevent worker, plus what long polling needs.
+
+- Each request's environ carries its client socket as `gunicorn.socket`, so a long
+  poll can tell that its client has gone before it claims anything.
+- SIGTERM releases parked long polls (and dashboard sockets) at once instead of
+  letting them run into graceful_timeout.
+
+Imported by the gunicorn master (to find the worker class): nothing here may import
+psycopg, which must first be imported after the worker has monkey-patched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gevent  # type: ignore[import-untyped]
+from geventwebsocket.gunicorn.workers import GeventWebSocketWorker  # type: ignore[import-untyped]
+from geventwebsocket.handler import WebSocketHandler  # type: ignore[import-untyped]
+
+
+class Handler(WebSocketHandler):  # type: ignore[misc]
+    """geventwebsocket's handler, exposing the connection to the application."""
+
+    def get_environ(self) -> dict[str, Any]:
+        env: dict[str, Any] = super().get_environ()
+        env["gunicorn.socket"] = self.socket
+        return env
+
+
+class Worker(GeventWebSocketWorker):  # type: ignore[misc]
+    """The gevent worker Queen runs in (worker_class in gunicorn.conf.py)."""
+
+    wsgi_handler = Handler
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)  # stop accepting, then wait for in-flight requests
+        gevent.spawn(_drain)  # a signal handler must not block: do it in a greenlet
+
+
+def _drain() -> None:
+    from queen import wsgi
+
+    wsgi.shutdown()
