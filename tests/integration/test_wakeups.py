@@ -1,0 +1,203 @@
+"""What PostgreSQL notifies long polls about, and giving back undelivered claims."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import falcon.testing
+import psycopg
+import pytest
+
+from queen.app import create_app
+from queen.config import Settings
+from queen.events import Events
+from queen.models import PopRoute
+from queen.polling import ClaimedBody, LongPoller
+from queen.store import Store
+from tests.integration.helpers import ack, pop, push, rows, scalar
+
+
+@pytest.fixture
+def listener(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("LISTEN queen")
+        yield conn
+
+
+def received(conn: psycopg.Connection[Any], wait_s: float = 0.3) -> list[str]:
+    return [note.payload for note in conn.notifies(timeout=wait_s)]
+
+
+def items(queue: str, partition: str, n: int) -> list[dict[str, Any]]:
+    return [{"queue": queue, "partition": partition, "payload": {"i": i}} for i in range(n)]
+
+
+def partition_id(dsn: str, name: str) -> Any:
+    return scalar(dsn, "SELECT id FROM queen.partitions WHERE name = %s", (name,))
+
+
+def test_a_push_notifies_once_per_partition_not_per_message(store, listener):
+    push(store, items("q", "a", 100) + items("q", "b", 50) + items("q", "c", 1))
+    assert sorted(received(listener)) == ["q/a//", "q/b//", "q/c//"]
+
+
+def test_the_payload_carries_namespace_and_task(store, listener):
+    store.queues.configure("billing", "prod", "invoices", {})
+    push(store, items("billing", "Default", 1))
+    assert received(listener) == ["billing/Default/prod/invoices"]
+
+
+def test_a_batch_of_failed_acks_notifies_once_per_partition(store, listener):
+    push(store, items("q", "a", 10))
+    received(listener)
+    claimed = pop(store, "q", "a", batch=10)
+    acks = [{"transactionId": m.transaction_id, "status": "failed", "error": "x"} for m in claimed]
+    results = store.messages.ack(acks)
+    assert {r.status for r in results} == {"retry_scheduled"}
+    assert received(listener) == ["q/a//"]
+
+
+def test_ending_a_lease_with_work_left_notifies(store, listener):
+    push(store, items("q", "a", 2))
+    received(listener)
+    (first,) = pop(store, "q", "a")
+    assert ack(store, first.transaction_id).status == "completed"
+    assert received(listener) == ["q/a//"]  # the partition is free again and holds one more
+
+
+def test_an_expired_lease_released_notifies_even_when_nothing_is_retried(store, db_dsn, listener):
+    store.queues.configure("q", None, None, {"retry_limit": 0})  # straight to dead_letter
+    push(store, items("q", "a", 1))
+    (leased,) = pop(store, "q", "a")
+    push(store, items("q", "a", 1))  # pending work behind the lease
+    received(listener)
+    released = scalar(
+        db_dsn, "SELECT queen.release_lease(%s, %s)", (partition_id(db_dsn, "a"), leased.lease_id)
+    )
+    assert released == 1
+    assert received(listener) == ["q/a//"]
+
+
+def test_notify_partitions_sends_one_per_known_partition(store, db_dsn, listener):
+    push(store, items("q", "a", 1) + items("q", "b", 1))
+    received(listener)
+    a, b = partition_id(db_dsn, "a"), partition_id(db_dsn, "b")
+    unknown = uuid.UUID(int=0)
+    with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SELECT queen.notify_partitions(%s::uuid[])", ([a, b, a, unknown],))
+        conn.execute("SELECT queen.notify_partitions(%s::uuid[])", ([a],))  # folded
+        assert received(listener, 0.1) == []  # nothing before commit
+    assert sorted(received(listener)) == ["q/a//", "q/b//"]
+
+
+def test_unclaim_returns_messages_to_pending_without_a_retry(store, db_dsn, listener):
+    push(store, items("q", "a", 5))
+    claimed = pop(store, "q", "a", batch=3)
+    received(listener)
+    back = store.polling.unclaim(claimed[0].lease_id, [m.transaction_id for m in claimed])
+    assert back == 3
+    assert received(listener) == ["q/a//"]
+    lease = scalar(db_dsn, "SELECT lease_id FROM queen.partitions WHERE name = 'a'")
+    assert lease is None
+    again = pop(store, "q", "a", batch=5)
+    assert [m.transaction_id for m in again[:3]] == [m.transaction_id for m in claimed]
+    assert [m.retry_count for m in again] == [0] * 5
+
+
+def test_unclaim_leaves_a_lease_it_does_not_hold_alone(store):
+    push(store, items("q", "a", 1))
+    (claimed,) = pop(store, "q", "a")
+    assert ack(store, claimed.transaction_id).status == "completed"
+    assert store.polling.unclaim(claimed.lease_id, [claimed.transaction_id]) == 0
+    assert store.polling.unclaim(claimed.lease_id, ["no-such-message"]) == 0
+
+
+def test_ready_partitions_lists_free_partitions_with_work_for_the_routes_asked(store):
+    store.queues.configure("billing", "prod", "invoices", {})
+    push(store, items("q", "a", 1) + items("q", "b", 1) + items("r", "c", 1))
+    push(store, items("billing", "Default", 1))
+    pop(store, "q", "b")  # leased: not ready
+    ready = store.polling.ready_partitions
+
+    assert ready(["q"], [], [], 100) == ["q/a//"]
+    assert ready([], [("r", "c"), ("q", "b")], [], 100) == ["r/c//"]
+    assert ready([], [], [("prod", None)], 100) == ["billing/Default/prod/invoices"]
+    assert ready([], [], [(None, "invoices")], 100) == ["billing/Default/prod/invoices"]
+    assert ready([], [], [("dev", None)], 100) == []
+    assert len(ready([], [], [(None, None)], 100)) == 3
+    assert len(ready([], [], [(None, None)], 2)) == 2
+    assert ready([], [], [], 100) == []
+
+
+def test_a_claimed_body_gives_back_only_what_was_not_handed_over():
+    given_back: list[str] = []
+    body = ClaimedBody(b"{}", lambda: given_back.append("released"))
+    assert list(body) == [b"{}"]
+    body.close()
+    assert given_back == []
+
+    body = ClaimedBody(b"{}", lambda: given_back.append("released"))
+    assert next(body) == b"{}"  # handed to the server, whose write then failed
+    body.close()
+    body.close()
+    assert given_back == ["released"]
+
+
+def _wsgi(app: Any, path: str, query: str = "") -> tuple[str, Any]:
+    status: list[str] = []
+    env = falcon.testing.create_environ(path=path, query_string=query)
+    result = app(env, lambda s, headers, exc_info=None: status.append(s))
+    return status[0], result
+
+
+def test_a_pop_response_the_server_could_not_send_gives_its_messages_back(store, db_dsn):
+    settings = Settings.from_env({}, database_url=db_dsn)
+    app = create_app(settings, store=store)
+    push(store, items("q", "a", 2))
+
+    status, result = _wsgi(app, "/api/v1/pop/queue/q", "batch=2")
+    assert status.startswith("200")
+    result.close()  # the server gave up before writing the body (client gone)
+    counts = dict(rows(db_dsn, "SELECT status, count(*) FROM queen.messages GROUP BY 1"))
+    assert counts == {"pending": 2}
+
+    status, result = _wsgi(app, "/api/v1/pop/queue/q", "batch=2")
+    assert b"".join(result)
+    result.close()
+    counts = dict(rows(db_dsn, "SELECT status, count(*) FROM queen.messages GROUP BY 1"))
+    assert counts == {"processing": 2}
+    assert scalar(db_dsn, "SELECT max(retry_count) FROM queen.messages") == 0
+
+
+def test_a_long_poll_claims_when_woken_and_holds_no_connection_while_parked(store: Store):
+    events = Events()
+    poller = LongPoller(store, events, "test")
+    got: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: got.extend(poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=5))
+    )
+    thread.start()
+    deadline = time.monotonic() + 5
+    while events.waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    stats = store.db.stats()
+    assert stats["size"] == stats["idle"]  # parked without holding a connection
+    push(store, items("q", "a", 1))
+    events.notify("q/a//")
+    thread.join(5)
+    assert len(got) == 1
+
+
+def test_a_long_poll_does_not_claim_for_a_client_that_has_gone(store: Store, db_dsn):
+    events = Events()
+    poller = LongPoller(store, events, "test")
+    push(store, items("q", "a", 1))
+    assert (
+        poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=1, client_gone=lambda: True) == []
+    )
+    assert scalar(db_dsn, "SELECT status FROM queen.messages") == "pending"
