@@ -1,0 +1,130 @@
+"""Two hosts behind a real nginx, configured exactly as docs/DEPLOY.md says."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import ROOT, Server, free_port
+from tests.e2e.polls import Poll, gather
+from tests.e2e.test_long_poll import NO_FALLBACK, PARK, PROMPT, item, push, servers, sql
+
+NGINX = Path("/usr/sbin/nginx")
+pytestmark = pytest.mark.skipif(not NGINX.exists(), reason="nginx is not installed")
+
+DOCUMENTED_HOSTS = ("10.0.0.11:6632", "10.0.0.12:6632")
+
+
+def documented_config() -> str:
+    """The first ```nginx block of docs/DEPLOY.md."""
+    text = (ROOT / "docs" / "DEPLOY.md").read_text()
+    match = re.search(r"```nginx\n(.*?)```", text, re.DOTALL)
+    assert match, "docs/DEPLOY.md has no nginx block"
+    return match.group(1)
+
+
+def nginx_conf(workdir: Path, port: int, hosts: tuple[Server, ...]) -> str:
+    """Wrap the documented http-context snippet in a main context of our own."""
+    snippet = documented_config()
+    for documented, srv in zip(DOCUMENTED_HOSTS, hosts, strict=True):
+        assert documented in snippet
+        snippet = snippet.replace(documented, f"127.0.0.1:{srv.port}")
+    assert "listen 80;" in snippet
+    snippet = snippet.replace("listen 80;", f"listen 127.0.0.1:{port};")
+    user = "user root;\n" if os.geteuid() == 0 else ""  # temp dirs are private to us
+    temp = " ".join(
+        f"{kind}_temp_path {workdir / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    return (
+        f"{user}worker_processes 1;\npid {workdir / 'nginx.pid'};\n"
+        f"error_log {workdir / 'error.log'} warn;\n"
+        "events { worker_connections 1024; }\n"
+        f"http {{\naccess_log off;\n{temp}\n{snippet}\n}}\n"
+    )
+
+
+@pytest.fixture
+def balanced(db_dsn: str, tmp_path: Path) -> Iterator[tuple[str, int, tuple[Server, ...]]]:
+    """Two hosts (one worker each) and nginx before them; yields (url, port, hosts)."""
+    with servers(Server(db_dsn, **NO_FALLBACK), Server(db_dsn, **NO_FALLBACK)) as hosts:
+        port = free_port()
+        conf = tmp_path / "nginx.conf"
+        conf.write_text(nginx_conf(tmp_path, port, hosts))
+        command = [
+            str(NGINX),
+            "-p",
+            str(tmp_path),
+            "-c",
+            str(conf),
+            "-e",
+            str(tmp_path / "error.log"),
+        ]
+        subprocess.run([*command, "-t", "-q"], check=True, capture_output=True)
+        proc = subprocess.Popen([*command, "-g", "daemon off;"])
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                assert time.monotonic() < deadline, "nginx did not come up"
+                time.sleep(0.1)
+            yield url, port, hosts
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+def test_long_polls_through_nginx_are_woken_by_pushes_through_nginx(balanced, db_dsn):
+    url, port, _ = balanced
+    polls = []
+    for i in range(n := 10):  # nginx alternates between the hosts
+        polls.append(Poll(port, f"/api/v1/pop/queue/q/partition/p{i}?wait=true&timeout=20000"))
+    time.sleep(PARK + 0.5)
+    pushed_at = push(url, [item("q", f"p{i}") for i in range(n)])
+    assert gather(polls, 15) == []
+    assert [p.status for p in polls] == [200] * n
+    assert max(p.done_at for p in polls) - pushed_at < PROMPT * 3  # type: ignore[type-var]
+    assert len(sql(db_dsn, "SELECT DISTINCT worker_id FROM queen.messages")) == 2
+
+
+def test_an_empty_long_poll_through_nginx_answers_204_at_its_timeout(balanced):
+    url, _, _ = balanced
+    started = time.monotonic()
+    response = requests.get(f"{url}/api/v1/pop/queue/q?wait=true&timeout=1500", timeout=10)
+    assert response.status_code == 204
+    assert 1.4 <= time.monotonic() - started < 3.0
+
+
+def test_a_client_leaving_a_poll_through_nginx_leaves_nothing_stuck(balanced, db_dsn):
+    url, port, _ = balanced
+    gone = [Poll(port, "/api/v1/pop/queue/q?wait=true&timeout=20000") for _ in range(2)]
+    time.sleep(PARK)
+    for poll in gone:
+        poll.abandon()
+    time.sleep(0.3)  # nginx closes its connections to the hosts
+    push(url, [item()])
+    time.sleep(0.5)
+    assert sql(db_dsn, "SELECT status, retry_count FROM queen.messages") == [("pending", 0)]
+
+
+def test_the_dashboard_websocket_upgrades_through_nginx(balanced):
+    import websocket
+
+    _, port, _ = balanced
+    ws = websocket.create_connection(f"ws://127.0.0.1:{port}/ws/dashboard", timeout=5)
+    try:
+        assert ws.connected
+    finally:
+        ws.close()
