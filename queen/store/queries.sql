@@ -208,7 +208,7 @@ SELECT queen.cleanup_partitions(%(idle_s)s, %(limit)s)
 SELECT queen.fold_deltas(%(limit)s)
 
 -- maintenance_reconcile_counts: recount a few partitions after a cursor and correct count drift --
-SELECT partition_id, drift FROM queen.reconcile_counts(%(after)s, %(limit)s, %(max_rows)s)
+SELECT partition_id, drift FROM queen.reconcile_counts(%(after)s, %(limit)s, %(budget)s)
 
 -- maintenance_prune_metrics: delete per-minute metrics older than the retention, at most limit rows --
 WITH gone AS (
@@ -221,8 +221,8 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone
 
--- read_statement_timeout: keep an analytics or browsing read short (its transaction only) --
-SELECT set_config('statement_timeout', %(ms)s, true)
+-- read_session: settings of an analytics or browsing read, for its transaction only: a short statement timeout, and no JIT (compiling costs more than these queries take) --
+SELECT set_config('statement_timeout', %(ms)s, true), set_config('jit', 'off', true)
 
 -- read_partitions: every partition of the queues matching the filters (NULL: any) with its queue, options and exact counts; queues without partitions too --
 SELECT q.id AS queue_id, q.name AS queue, q.namespace, q.task, q.created_at AS queue_created_at,
@@ -294,28 +294,46 @@ WITH minutes AS (
     FROM queen.metrics_minute_unfolded u
     WHERE u.minute >= date_trunc('minute', now()) - interval '59 minutes'
       AND (%(any)s OR u.queue IN (SELECT name FROM picked))
+), per_minute AS (
+    SELECT a.minute, sum(a.incoming) AS incoming, sum(a.popped) AS popped,
+           sum(a.completed) AS completed, sum(a.failed) AS failed,
+           sum(a.dead_letter) AS dead_letter, sum(a.lag_ms) AS lag_ms
+    FROM activity a GROUP BY a.minute
 )
-SELECT m.minute, coalesce(sum(a.incoming), 0)::bigint AS incoming,
-       coalesce(sum(a.popped), 0)::bigint AS popped,
-       coalesce(sum(a.completed), 0)::bigint AS completed,
-       coalesce(sum(a.failed), 0)::bigint AS failed,
-       coalesce(sum(a.dead_letter), 0)::bigint AS dead_letter,
-       coalesce(sum(a.lag_ms), 0)::bigint AS lag_ms
-FROM minutes m LEFT JOIN activity a ON a.minute = m.minute
-GROUP BY m.minute
+SELECT m.minute, coalesce(a.incoming, 0)::bigint AS incoming,
+       coalesce(a.popped, 0)::bigint AS popped,
+       coalesce(a.completed, 0)::bigint AS completed,
+       coalesce(a.failed, 0)::bigint AS failed,
+       coalesce(a.dead_letter, 0)::bigint AS dead_letter,
+       coalesce(a.lag_ms, 0)::bigint AS lag_ms
+FROM minutes m LEFT JOIN per_minute a ON a.minute = m.minute
 ORDER BY m.minute DESC
 
 -- read_lag: backlog and processing times of the last 24 h per partition of the queues matching the filters --
 SELECT queue, namespace, task, partition, pending, processing, completed, lag_ms, lag_hist
 FROM queen.partition_lag(%(queue)s, %(namespace)s, %(task)s)
 
--- read_partition_ids: ids of the partitions matching the message-list filters (NULL: any) --
-SELECT coalesce(array_agg(p.id), '{}') AS ids
-FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
-  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
-  AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
-  AND (%(task)s::text IS NULL OR q.task = %(task)s)
+-- read_partition_ids: the partitions matching the message-list filters (NULL: any), how many messages they hold in the status asked for (NULL: any), and how many the index a newest-first walk would read holds overall --
+WITH counted AS (
+    SELECT s.partition_id,
+           (%(queue)s::text IS NULL OR q.name = %(queue)s)
+           AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
+           AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+           AND (%(task)s::text IS NULL OR q.task = %(task)s) AS picked,
+           CASE %(status)s::text WHEN 'pending' THEN s.pending WHEN 'processing' THEN s.processing
+                WHEN 'completed' THEN s.completed WHEN 'failed' THEN s.failed
+                WHEN 'dead_letter' THEN s.dead_letter
+                ELSE s.pending + s.processing + s.completed + s.failed + s.dead_letter END AS n,
+           CASE WHEN %(status)s::text IN ('failed', 'dead_letter') THEN s.failed + s.dead_letter
+                ELSE s.pending + s.processing + s.completed + s.failed + s.dead_letter END AS walked
+    FROM queen.partition_stats s
+    JOIN queen.partitions p ON p.id = s.partition_id
+    JOIN queen.queues q ON q.id = p.queue_id
+)
+SELECT coalesce(array_agg(c.partition_id) FILTER (WHERE c.picked), '{}') AS ids,
+       coalesce(sum(c.n) FILTER (WHERE c.picked), 0)::bigint AS matching,
+       coalesce(sum(c.walked), 0)::bigint AS walked
+FROM counted c
 
 -- read_messages: one page of messages, newest first, of some partitions (any: all of them) and optionally one status --
 SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
@@ -325,6 +343,33 @@ FROM queen.messages m
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
 WHERE (%(any)s OR m.partition_id = ANY (%(partitions)s::uuid[]))
+  AND (%(status)s::text IS NULL OR m.status = %(status)s)
+ORDER BY m.created_at DESC, m.seq DESC
+LIMIT %(limit)s OFFSET %(offset)s
+
+-- read_messages_gathered: the same page as read_messages, by collecting every matching message of the partitions first (for filters that keep few messages: a newest-first walk would read far more) --
+WITH hits AS MATERIALIZED (
+    SELECT m.* FROM queen.messages m
+    WHERE m.partition_id = ANY (%(partitions)s::uuid[])
+      AND (%(status)s::text IS NULL OR m.status = %(status)s)
+)
+SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
+       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
+       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
+FROM hits m
+JOIN queen.partitions p ON p.id = m.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+ORDER BY m.created_at DESC, m.seq DESC
+LIMIT %(limit)s OFFSET %(offset)s
+
+-- read_messages_of_partition: one page of messages of one partition, newest first, optionally one status (walks that partition's index) --
+SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
+       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
+       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
+FROM queen.messages m
+JOIN queen.partitions p ON p.id = m.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+WHERE m.partition_id = %(partition)s
   AND (%(status)s::text IS NULL OR m.status = %(status)s)
 ORDER BY m.created_at DESC, m.seq DESC
 LIMIT %(limit)s OFFSET %(offset)s

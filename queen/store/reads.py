@@ -72,7 +72,7 @@ class Reads:
             raise Unavailable("too many analytics queries in flight, retry")
         try:
             with self.db.connection() as conn, conn.transaction():
-                conn.execute(self.db.queries["read_statement_timeout"], {"ms": self._timeout})
+                conn.execute(self.db.queries["read_session"], {"ms": self._timeout})
                 yield ReadSession(conn, self.db.queries)
         finally:
             self._slots.release()
