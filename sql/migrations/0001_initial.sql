@@ -225,7 +225,8 @@ BEGIN
     SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL
     WHERE id = p_partition AND lease_id = p_lease;
     IF FOUND AND p_notify
-       AND EXISTS (SELECT 1 FROM queen.partition_heads h WHERE h.partition_id = p_partition) THEN
+       AND EXISTS (SELECT 1 FROM queen.messages m
+                   WHERE m.partition_id = p_partition AND m.status = 'pending') THEN
         PERFORM queen.notify_partitions(ARRAY[p_partition]);
     END IF;
     RETURN released;
@@ -650,8 +651,12 @@ BEGIN
                             AND m.lease_id = acked.lease_id)
         RETURNING p.id
     )
+    -- A freed partition with pending work wakes a waiter (a push this snapshot cannot
+    -- see yet notifies by itself when it commits).
     SELECT array_agg(d.id) INTO freed
-    FROM done d JOIN queen.partition_heads h ON h.partition_id = d.id;
+    FROM done d
+    WHERE EXISTS (SELECT 1 FROM queen.messages m
+                  WHERE m.partition_id = d.id AND m.status = 'pending');
     IF freed IS NOT NULL THEN
         PERFORM queen.notify_partitions(freed);
     END IF;
