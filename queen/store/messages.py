@@ -17,6 +17,12 @@ from queen.store.queues import Queues
 POP_QUERIES = {"partition": "pop_partition", "queue": "pop_queue", "filter": "pop_filtered"}
 
 
+def _claims_encrypted(body: bytes | str, items: list[dict[str, Any]]) -> bool:
+    """Tell whether a client sent the store's own `encrypted` marker (it must not count)."""
+    marker = b'"encrypted"' if isinstance(body, bytes) else '"encrypted"'
+    return marker in body and any("encrypted" in item for item in items)  # type: ignore[operator]
+
+
 class Messages:
     """The message lifecycle: push, pop (claim under a lease) and ack."""
 
@@ -27,27 +33,29 @@ class Messages:
 
     def push(self, body: bytes | str, items: list[dict[str, Any]]) -> list[PushResult]:
         """Store validated items; body is the raw request ({"items": [...]}) they came from."""
-        if self.queues.any_encrypted():
-            body = self._encrypt_items(body, items)
+        secret = self._secret_items(items) if self.queues.any_encrypted() else None
+        if secret is not None or _claims_encrypted(body, items):
+            body = self._seal(items, secret)
         rows = self.db.fetch("push", {"body": body if isinstance(body, str) else body.decode()})
         return [PushResult(*row) for row in rows]
 
-    def _encrypt_items(self, body: bytes | str, items: list[dict[str, Any]]) -> bytes | str:
+    def _secret_items(self, items: list[dict[str, Any]]) -> list[bool] | None:
+        """Tell which items go to encrypted queues (None when none does)."""
         secret = [bool((f := self.queues.flags(i["queue"])) and f.encrypted) for i in items]
-        if not any(secret):
-            return body
-        if self._key is None:
+        return secret if any(secret) else None
+
+    def _seal(self, items: list[dict[str, Any]], secret: list[bool] | None) -> bytes:
+        """Rebuild the body: encrypt what goes to encrypted queues; only this sets `encrypted`."""
+        if secret is not None and self._key is None:
             raise InvalidInput("queue is encrypted but QUEEN_ENCRYPTION_KEY is not set")
-        sealed = [
-            {
-                **item,
-                "payload": crypto.encrypt(self._key, orjson.dumps(item["payload"])),
-                "encrypted": True,
-            }
-            if is_secret
-            else item
-            for item, is_secret in zip(items, secret, strict=True)
-        ]
+        sealed = []
+        for item, is_secret in zip(items, secret or [False] * len(items), strict=True):
+            clean = {k: v for k, v in item.items() if k != "encrypted"}
+            if is_secret:
+                assert self._key is not None
+                clean["payload"] = crypto.encrypt(self._key, orjson.dumps(item["payload"]))
+                clean["encrypted"] = True
+            sealed.append(clean)
         return orjson.dumps({"items": sealed})
 
     def pop(self, route: PopRoute, batch: int, worker: str) -> list[Popped]:
