@@ -5,9 +5,11 @@ Nothing here imports psycopg: the gevent worker patches the standard library aft
 fork, and each worker then builds its own pool and LISTEN connection (no preload).
 """
 
+from queen import multiproc
 from queen.config import Settings
 
 _settings = Settings.from_env()
+_metrics_dir = multiproc.prepare()  # before any worker imports prometheus_client
 
 wsgi_app = "queen.wsgi:get_app()"
 bind = [f"{_settings.host}:{_settings.port}"]
@@ -37,3 +39,11 @@ def worker_exit(server, worker):
 
     wsgi.shutdown()
     wsgi.close()
+
+
+def child_exit(server, worker):
+    multiproc.forget_worker(worker.pid)
+
+
+def on_exit(server):
+    multiproc.remove(_metrics_dir)

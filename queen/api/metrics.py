@@ -31,12 +31,13 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from queen import multiproc
 from queen.analytics import STATUSES, group_by_queue
 from queen.errors import Unavailable
 from queen.store import Store
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-STARTED_AT_ENV = "QUEEN_STARTED_AT"  # set by gunicorn.conf.py in the master (epoch seconds)
+MULTIPROC_ENV = multiproc.MULTIPROC_ENV
+STARTED_AT_ENV = multiproc.STARTED_AT_ENV
 POOL_REFRESH_S = 1.0  # seconds between updates of this worker's pool gauges
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 LATENCY_BUCKETS = (

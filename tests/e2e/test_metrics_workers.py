@@ -1,0 +1,97 @@
+"""Metrics are per host, not per worker: every gunicorn worker reports the same totals."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from typing import Any
+
+import requests
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from tests.conftest import Server, _admin
+
+
+def fresh(url: str) -> requests.Response:
+    """GET on a new connection, so the kernel may hand it to any worker."""
+    return requests.get(url, headers={"Connection": "close"}, timeout=10)
+
+
+def sample(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.MULTILINE)
+    assert match, f"{name} not in scrape"
+    return float(match.group(1))
+
+
+def metrics_by_pid(url: str, wanted: int = 2, tries: int = 200) -> dict[int, dict[str, Any]]:
+    seen: dict[int, dict[str, Any]] = {}
+    for _ in range(tries):
+        doc = fresh(url + "/metrics").json()
+        seen[doc["process"]["pid"]] = doc
+        if len(seen) >= wanted:
+            break
+    return seen
+
+
+def test_totals_and_prometheus_agree_across_workers(db_dsn):
+    srv = Server(db_dsn, workers=2).start()
+    try:
+        for i in range(7):
+            pushed = requests.post(srv.url + "/api/v1/push", json={"items": [
+                {"queue": "counted", "partition": f"p{i % 2}", "payload": {"i": i, "j": j}}
+                for j in range(3)]}, timeout=10)
+            assert pushed.status_code == 201
+
+        seen = metrics_by_pid(srv.url)
+        assert len(seen) == 2, "both workers should have answered"
+        for doc in seen.values():
+            assert doc["messages"]["pushed"] == 21
+            assert doc["requests"]["total"] >= 7
+
+        for _ in range(6):
+            text = fresh(srv.url + "/metrics/prometheus").text
+            assert sample(text, 'queen_messages_total{operation="pushed"}') == 21
+            assert sample(text, 'queen_queue_messages{queue="counted",status="pending"}') == 21
+            assert sample(text, 'queen_queue_partitions{queue="counted"}') == 2
+            assert sample(text, 'queen_http_requests_total{method="POST",route="/api/v1/push",'
+                                'status="201"}') == 7
+            assert sample(text, 'queen_http_request_duration_seconds_count{method="POST",'
+                                'route="/api/v1/push"}') == 7
+            assert sample(text, 'queen_db_pool_connections{state="size"}') >= 1
+            assert sample(text, "queen_database_up") == 1
+
+        # A worker that dies takes its live gauges along, never the counts.
+        victim = next(iter(seen))
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            pids = set(metrics_by_pid(srv.url, tries=20))
+            if victim not in pids and len(pids) == 2:
+                break
+            time.sleep(0.2)
+        for doc in metrics_by_pid(srv.url).values():
+            assert doc["messages"]["pushed"] == 21
+        health = fresh(srv.url + "/health").json()
+        assert health["stats"]["messages"] == 21
+    finally:
+        srv.stop()
+
+
+def test_health_answers_503_with_a_reason_when_the_database_is_gone(db_dsn, server_dsn):
+    srv = Server(db_dsn, DB_TIMEOUT="1000").start()  # ms to wait for a connection
+    try:
+        assert fresh(srv.url + "/health").json()["status"] == "healthy"
+        name = conninfo_to_dict(db_dsn)["dbname"]
+        _admin(server_dsn, sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+        resp = fresh(srv.url + "/health")
+        assert resp.status_code == 503
+        doc = resp.json()
+        assert doc["status"] == "unhealthy" and doc["reason"]
+        assert "stats" in doc
+        listing = fresh(srv.url + "/api/v1/analytics/queues")
+        assert listing.status_code == 503 and listing.json()["error"]
+    finally:
+        srv.stop()
