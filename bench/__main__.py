@@ -37,6 +37,7 @@ from bench.systems import (
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
+OWN = ("queen", "raw")  # measured at every batch size even in quick mode
 
 
 @dataclass
@@ -121,9 +122,11 @@ def _unavailable(system: str, ctx: Context) -> str:
 
 def setup_databases(ctx: Context) -> None:
     for system in ctx.systems:
-        if system == "rabbitmq":
+        if system in ("rabbitmq", "queen_sql"):
             continue
         ctx.dsns[system] = fresh_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
+    if "queen_sql" in ctx.systems:
+        ctx.dsns["queen_sql"] = ctx.dsns["queen"]  # Queen's own database, without HTTP
     if "pgmq" in ctx.systems:
         ctx.versions["pgmq (SQL)"] = adapters.install_pgmq(ctx.dsns["pgmq"])
     for package in ("pgmq", "pgqueuer", "pika", "psycopg", "gevent", "gunicorn", "falcon"):
@@ -153,7 +156,7 @@ def target(ctx: Context, system: str) -> dict[str, Any]:
 
 
 def server_pids(ctx: Context, system: str) -> list[int]:
-    if system == "queen" and ctx.queen is not None:
+    if system in ("queen", "queen_sql") and ctx.queen is not None:
         return ctx.queen.pids()
     if system == "rabbitmq":
         return pids_named("beam.smp")
@@ -193,14 +196,15 @@ def plan(ctx: Context, phases: set[str]) -> list[Case]:
     for system in ctx.systems:
         procs = 1 if system in ("pgqueuer", "pgboss") else p.processes
         if "push" in phases:
-            batches = p.push_batches if system in ("queen", "raw") else p.peer_push_batches
+            batches = p.push_batches if system in OWN else p.peer_push_batches
             cases += [
                 Case(system, "push", batch=b, producers=p.push_producers, processes=procs, **common)
                 for b in batches
             ]
         if "e2e" in phases:
-            batches = p.e2e_batches if system in ("queen", "raw") else p.peer_e2e_batches
-            parts = p.partitions if system == "queen" else (1,)
+            batches = p.e2e_batches if system in OWN else p.peer_e2e_batches
+            parts = {"queen": p.partitions, "queen_sql": p.partitions[-2:-1] or p.partitions}
+            parts_of = parts.get(system, (1,))
             cases += [
                 Case(
                     system,
@@ -217,7 +221,7 @@ def plan(ctx: Context, phases: set[str]) -> list[Case]:
                     },
                 )
                 for b in batches
-                for n in parts
+                for n in parts_of
             ]
         if "latency" in phases and system in p.latency_systems:
             pops = (p.warmup + p.latency_duration) * 200
@@ -408,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ctx.queen.stop()
         if not args.keep:
-            for system in list(ctx.dsns):
+            for system in [s for s in ctx.dsns if s != "queen_sql"]:
                 drop_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
     facts = conditions(ctx, started)
     paths = report.write(args.out, profile.name, ctx.results, facts)

@@ -94,6 +94,56 @@ class QueenClient:
         self.conn.close()
 
 
+# --------------------------------------------------------------------------- Queen's SQL, no HTTP
+
+
+class QueenSqlClient:
+    """Queen's own named queries (queen/store/queries.sql) straight over psycopg: what the
+    SQL costs without HTTP, Falcon and the gunicorn worker (a diagnostic, not a product)."""
+
+    def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
+        import psycopg
+
+        from queen.store.sqlfile import load_queries
+
+        self.queries = load_queries()
+        self.conn = psycopg.connect(target["dsn"], autocommit=True)
+        self.partitions = max(1, int(spec.get("partitions", 1)))
+        self.queue = spec.get("queue", QUEUE)
+        self.worker = f"bench-{os.getpid()}-{spec.get('client_index', 0)}"
+        self._next_partition = int(spec.get("client_index", 0))
+
+    def push(self, n: int) -> int:
+        partition = f"p{self._next_partition % self.partitions}"
+        self._next_partition += 1
+        item = b'{"queue":"%s","partition":"%s","payload":%s}' % (
+            self.queue.encode(),
+            partition.encode(),
+            PAYLOAD_JSON,
+        )
+        body = b'{"items":[' + b",".join([item] * n) + b"]}"
+        self.conn.execute(self.queries["push"], {"body": body.decode()}).fetchall()
+        return n
+
+    def pop(self, n: int) -> list[str]:
+        cur = self.conn.execute(
+            self.queries["pop_queue"], {"queue": self.queue, "batch": n, "worker": self.worker}
+        )
+        names = [c.name for c in cur.description or []]
+        rows = cur.fetchall()
+        if not rows:
+            raise EmptyPop
+        col = names.index("transaction_id")
+        return [r[col] for r in rows]
+
+    def ack(self, handles: list[str]) -> None:
+        acks = [{"transactionId": h, "status": "completed"} for h in handles]
+        self.conn.execute(self.queries["ack"], {"acks": orjson.dumps(acks).decode()}).fetchall()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 # --------------------------------------------------------------------------- raw SQL ceiling
 
 RAW_DDL = """
@@ -241,7 +291,13 @@ class RabbitClient:
             self.conn.close()
 
 
-CLIENTS = {"queen": QueenClient, "raw": RawClient, "pgmq": PgmqClient, "rabbitmq": RabbitClient}
+CLIENTS = {
+    "queen": QueenClient,
+    "queen_sql": QueenSqlClient,
+    "raw": RawClient,
+    "pgmq": PgmqClient,
+    "rabbitmq": RabbitClient,
+}
 
 
 # --------------------------------------------------------------------------- preparation
@@ -249,7 +305,7 @@ CLIENTS = {"queen": QueenClient, "raw": RawClient, "pgmq": PgmqClient, "rabbitmq
 
 def prepare(system: str, target: dict[str, Any]) -> None:
     """Empty the system's storage before a workload (harness process, not a driver)."""
-    if system == "queen":
+    if system in ("queen", "queen_sql"):
         _sql(target["dsn"], QUEEN_RESET)
     elif system == "raw":
         _sql(target["dsn"], RAW_DDL)

@@ -35,7 +35,14 @@ class Window:
         self.open_at = start + warmup
         self.close_at = self.open_at + duration
         self.end_at = self.close_at
-        self.counts = {"pushed": 0, "popped": 0, "acked": 0, "empty_pops": 0, "errors": 0}
+        self.counts = {
+            "pushed": 0,
+            "popped": 0,
+            "acked": 0,
+            "pop_calls": 0,
+            "empty_pops": 0,
+            "errors": 0,
+        }
         self.samples: dict[str, list[float]] = {"push": [], "pop": [], "ack": []}
         self._seen = {"push": 0, "pop": 0, "ack": 0}
         self.error_text: list[str] = []
@@ -105,6 +112,8 @@ def consumer(
             window.error(exc)
             continue
         window.record("pop", started, "popped", len(handles))
+        if window.open_at <= time.time() <= window.close_at:
+            window.counts["pop_calls"] += 1
         started = time.time()
         try:
             client.ack(handles)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ALL_SYSTEMS = ("queen", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq")
+ALL_SYSTEMS = ("queen", "queen_sql", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq")
 PEERS = ("pgmq", "pgqueuer", "pgboss", "rabbitmq")
 
 
@@ -27,7 +27,7 @@ class Profile:
     backlog_partitions: int = 100
     memory_backlog: int = 1_000_000
     systems: tuple[str, ...] = ALL_SYSTEMS
-    latency_systems: tuple[str, ...] = ("queen", "raw", "pgmq", "rabbitmq")
+    latency_systems: tuple[str, ...] = ("queen", "queen_sql", "raw", "pgmq", "rabbitmq")
     pop_wait_ms: int = 1000  # long-poll timeout of Queen consumers
     notes: list[str] = field(default_factory=list)
 

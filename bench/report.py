@@ -141,7 +141,7 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
 
 
 def _systems(results: list[dict[str, Any]], workload: str) -> list[str]:
-    order = ["queen", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq"]
+    order = ["queen", "queen_sql", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq"]
     present = {r["system"] for r in _ok(results) if r["workload"] == workload}
     return [s for s in order if s in present]
 
@@ -171,9 +171,13 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
     e2e = [r for r in _ok(results) if r["workload"] == "e2e"]
     if not e2e:
         return []
-    parts = sorted({r["partitions"] for r in e2e if r["system"] == "queen"})
-    peers = [s for s in _systems(results, "e2e") if s != "queen"]
-    cols = [f"queen p{n}" for n in parts] + peers
+    queens = [
+        (s, n)
+        for s in ("queen", "queen_sql")
+        for n in sorted({r["partitions"] for r in e2e if r["system"] == s})
+    ]
+    peers = [s for s in _systems(results, "e2e") if s not in ("queen", "queen_sql")]
+    cols = [f"{s} p{n}" for s, n in queens] + peers
     out = [
         "## End to end: push batch B, pop batch B, ack batch (messages/s acknowledged)",
         "",
@@ -185,7 +189,7 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
     ]
     for b in sorted({r["batch"] for r in e2e}):
         cells = [
-            fmt(rate(results, system="queen", workload="e2e", batch=b, partitions=n)) for n in parts
+            fmt(rate(results, system=s, workload="e2e", batch=b, partitions=n)) for s, n in queens
         ]
         cells += [fmt(rate(results, system=s, workload="e2e", batch=b)) for s in peers]
         r = ratio(
@@ -197,8 +201,8 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
         "",
         "Per-operation latency under that load (ms, p50 / p99):",
         "",
-        "| case | push | pop | ack |",
-        "|---|---|---|---|",
+        "| case | push | pop | ack | messages per pop | empty pops |",
+        "|---|---|---|---|---:|---:|",
     ]
     for r in e2e:
         lat = r.get("latency_ms", {})
@@ -206,6 +210,10 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
             f"{fmt(lat[op]['p50'], 1)} / {fmt(lat[op]['p99'], 1)}" if op in lat else "–"
             for op in ("push", "pop", "ack")
         ]
+        counts = r.get("counts", {})
+        calls = counts.get("pop_calls", 0)
+        per_pop = fmt(counts.get("popped", 0) / calls, 1) if calls else "–"
+        cells += [per_pop, fmt(float(counts.get("empty_pops", 0)))]
         out.append(f"| {r['case']} | " + " | ".join(cells) + " |")
     return out
 

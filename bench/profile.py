@@ -1,0 +1,334 @@
+"""`python -m bench.profile`: where Queen's time goes under load (Python, SQL, HTTP).
+
+Starts Queen on a fresh database, drives an end-to-end load, and meanwhile:
+- samples the gunicorn workers with py-spy (collapsed stacks, summarised by frame);
+- reads pg_stat_user_functions (track_functions = 'pl') before and after: calls,
+  total and self time of every queen.* SQL function;
+- runs push, pop and ack once more in a session with auto_explain loaded (plans of
+  the statements nested in the functions, with actual times) and keeps those plans.
+Writes bench/results/profiles/<case>/{pyspy-*.txt, functions.md, explain.txt, summary.md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+from bench import adapters
+from bench.runner import Case, run_case
+from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
+
+FUNCTIONS = """
+SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions
+WHERE schemaname = 'queen' ORDER BY funcname
+"""
+
+
+def function_stats(dsn: str) -> dict[str, tuple[int, float, float]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return {r[0]: (r[1], r[2], r[3]) for r in conn.execute(FUNCTIONS).fetchall()}
+
+
+def function_table(before: dict[str, Any], after: dict[str, Any], seconds: float) -> str:
+    rows = []
+    for name, (calls, total, self_ms) in after.items():
+        c0, t0, s0 = before.get(name, (0, 0.0, 0.0))
+        if calls - c0:
+            rows.append((name, calls - c0, total - t0, self_ms - s0))
+    rows.sort(key=lambda r: -r[3])
+    out = [
+        "| function | calls | total ms | self ms | total ms/call | self share of wall |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, calls, total, self_ms in rows:
+        out.append(
+            f"| {name} | {calls:,} | {total:,.0f} | {self_ms:,.0f} | {total / calls:.3f} |"
+            f" {self_ms / 1000 / seconds:.0%} |"
+        )
+    return "\n".join(out)
+
+
+WAITS = """
+SELECT CASE WHEN state = 'idle' THEN 'idle: waiting for the client'
+            ELSE state || ': ' || coalesce(wait_event_type || ':' || wait_event, 'on CPU') END
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+UNION ALL
+SELECT '  (blocked on ' || l.locktype || ' ' || coalesce(l.classid::regclass::text, '')
+       || ' ' || coalesce(l.objid::text, '') || ' ' || l.mode || ')'
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE NOT l.granted AND a.datname = current_database()
+"""
+
+
+class WaitSampler(threading.Thread):
+    """Sample what the bench database's backends are doing (pg_stat_activity, pg_locks)."""
+
+    def __init__(self, dsn: str, interval: float = 0.005) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.interval = dsn, interval
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.samples = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                for (what,) in conn.execute(WAITS).fetchall():
+                    self.counts[what] += 1
+                self.samples += 1
+                self.stop.wait(self.interval)
+
+    def table(self) -> str:
+        idle = self.counts.get("idle: waiting for the client", 0)
+        active = sum(
+            n for k, n in self.counts.items() if not k.startswith("  ") and not k.startswith("idle")
+        )
+        if not self.samples or not active:
+            return "(no samples)"
+        lines = [
+            f"On average {active / self.samples:.1f} backends were busy and "
+            f"{idle / self.samples:.1f} idle (pooled, waiting for a request).",
+            "",
+            "| busy backend: wait event (or lock it is blocked on) | share of busy samples |",
+            "|---|---:|",
+        ]
+        lines += [
+            f"| {k.strip()} | {n / active:.1%} |"
+            for k, n in self.counts.most_common(16)
+            if not k.startswith("idle")
+        ]
+        return "\n".join(lines)
+
+
+def pyspy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    exe = shutil.which("py-spy")
+    if not exe:
+        return None
+    return subprocess.Popen(
+        [
+            exe,
+            "record",
+            "-p",
+            str(pid),
+            "-d",
+            str(int(seconds)),
+            "-r",
+            "250",
+            "--format",
+            "raw",
+            "--nonblocking",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def summarise_stacks(paths: list[Path], top: int = 40) -> str:
+    """Return the frames with the most samples (inclusive and exclusive) over raw stack files."""
+    inclusive: collections.Counter[str] = collections.Counter()
+    exclusive: collections.Counter[str] = collections.Counter()
+    buckets: collections.Counter[str] = collections.Counter()
+    total = 0
+    for path in paths:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack:
+                continue
+            n = int(count)
+            total += n
+            frames = stack.split(";")
+            for frame in set(frames):
+                inclusive[frame] += n
+            exclusive[frames[-1]] += n
+            buckets[_bucket(frames)] += n
+    if not total:
+        return "(no samples: py-spy missing or not permitted)"
+    out = [f"{total} samples", "", "Buckets (by the deepest recognised layer):", ""]
+    out += [f"- {name}: {n / total:.0%}" for name, n in buckets.most_common()]
+    out += ["", "Inclusive:", ""]
+    out += [f"- {n / total:5.1%} {frame}" for frame, n in inclusive.most_common(top)]
+    out += ["", "Exclusive (self):", ""]
+    out += [f"- {n / total:5.1%} {frame}" for frame, n in exclusive.most_common(top)]
+    return "\n".join(out)
+
+
+LAYERS = [
+    ("psycopg (driver, waiting on PostgreSQL included)", ("psycopg/", "psycopg_pool/")),
+    ("orjson / JSON", ("orjson", "json/")),
+    ("queen.store", ("queen/store/",)),
+    ("queen.api / polling", ("queen/api/", "queen/polling.py", "queen/models.py")),
+    ("queen dashboard/events", ("queen/dashboard", "queen/events.py")),
+    ("falcon", ("falcon/",)),
+    (
+        "gunicorn / gevent pywsgi (HTTP parsing, socket I/O)",
+        ("gunicorn/", "gevent/pywsgi", "geventwebsocket/"),
+    ),
+    ("gevent hub / other", ("gevent/",)),
+]
+
+
+def _bucket(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for name, needles in LAYERS:
+            if any(n in frame for n in needles):
+                return name
+    return "other"
+
+
+def explain(dsn: str, out: Path) -> None:
+    """Run push, pop, ack once with auto_explain in this session; save the nested plans."""
+    notices: list[str] = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        for stmt in (
+            "LOAD 'auto_explain'",
+            "SET auto_explain.log_min_duration = 0",
+            "SET auto_explain.log_analyze = on",
+            "SET auto_explain.log_buffers = on",
+            "SET auto_explain.log_nested_statements = on",
+            "SET auto_explain.log_timing = on",
+            "SET client_min_messages = log",
+        ):
+            conn.execute(stmt)  # type: ignore[arg-type]
+        items = [
+            {"queue": adapters.QUEUE, "partition": f"p{i % 16}", "payload": adapters.PAYLOAD}
+            for i in range(100)
+        ]
+        body = orjson.dumps({"items": items}).decode()
+        sections = []
+        for title, sql, params in (
+            ("push 100", "SELECT * FROM queen.push(%s::jsonb -> 'items')", (body,)),
+            (
+                "pop_queue batch 100",
+                "SELECT * FROM queen.pop_queue(%s, 100, 'profile')",
+                (adapters.QUEUE,),
+            ),
+        ):
+            notices.clear()
+            rows = conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+            sections.append((title, list(notices)))
+            if title.startswith("pop"):
+                acks = [{"transactionId": r[1], "status": "completed"} for r in rows]
+        notices.clear()
+        conn.execute("SELECT * FROM queen.ack(%s::jsonb)", (orjson.dumps(acks).decode(),))
+        sections.append((f"ack {len(acks)}", list(notices)))
+    text = []
+    for title, logs in sections:
+        text.append(f"==================== {title} ====================")
+        text.extend(logs)
+    out.write_text("\n\n".join(text))
+
+
+def profile_case(
+    args: argparse.Namespace, workload: str, batch: int, partitions: int, out_dir: Path
+) -> str:
+    dbname = f"{args.db_prefix}_profile"
+    dsn = fresh_database(args.dsn, dbname)
+    server = QueenServer(dsn, workers=2).start()
+    try:
+        target = {"url": server.url, "dsn": dsn}
+        adapters.prepare("queen", target)
+        case = Case(
+            "queen",
+            workload,
+            batch=batch,
+            partitions=partitions,
+            producers=4 if workload == "e2e" else 8,
+            consumers=8 if workload == "e2e" else 0,
+            processes=2,
+            warmup=1.0,
+            duration=args.duration,
+            extra={"backlog_cap": max(2000, 32 * batch), "pop_wait_ms": 1000},
+        )
+        before: dict[str, Any] = {}
+        spies: list[subprocess.Popen[bytes] | None] = []
+        stack_files = [out_dir / f"pyspy-worker{i}.txt" for i in range(2)]
+
+        waits = WaitSampler(dsn)
+
+        def start_sampling() -> None:
+            before.update(function_stats(dsn))
+            waits.start()
+            for pid, path in zip(server.worker_pids(), stack_files, strict=False):
+                spies.append(pyspy(pid, args.duration, path))
+
+        timer = threading.Timer(1.2, start_sampling)
+        timer.start()
+        result = run_case(case, target, server.pids())
+        timer.join()
+        waits.stop.set()
+        waits.join()
+        after = function_stats(dsn)
+        for spy in spies:
+            if spy is not None:
+                spy.wait(30)
+        explain(dsn, out_dir / "explain.txt")
+    finally:
+        server.stop()
+        drop_database(args.dsn, dbname)
+    functions = function_table(before, after, args.duration)
+    stacks = summarise_stacks(stack_files)
+    lat = result["latency_ms"]
+    cpu = ", ".join(f"{k} {v:.0%}" for k, v in result["cpu"].items())
+    summary = "\n".join(
+        [
+            f"# Queen {workload} batch {batch}, {partitions} partitions, {args.duration:.0f} s",
+            "",
+            f"- throughput {result['msgs_per_s']:,.0f} msg/s; CPU: {cpu}",
+            "- client-side latency ms (p50/p99): "
+            + ", ".join(f"{op} {v['p50']:.1f}/{v['p99']:.1f}" for op, v in lat.items()),
+            "",
+            "## PostgreSQL backends: what they wait on (sampled every 5 ms)",
+            "",
+            waits.table(),
+            "",
+            "## SQL functions (pg_stat_user_functions, during the window)",
+            "",
+            functions,
+            "",
+            "## Python in the gunicorn workers (py-spy, both workers)",
+            "",
+            stacks,
+            "",
+        ]
+    )
+    (out_dir / "summary.md").write_text(summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile")
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--db-prefix", default="queen_bench")
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument(
+        "--cases", default="e2e:1,e2e:100,push:1,push:1000", help="comma list of workload:batch"
+    )
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "profiles")
+    args = parser.parse_args(argv)
+    for spec in args.cases.split(","):
+        workload, batch = spec.split(":")
+        partitions = args.partitions if workload == "e2e" else 1
+        out_dir = args.out / f"{workload}-b{batch}-p{partitions}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        print(profile_case(args, workload, int(batch), partitions, out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
