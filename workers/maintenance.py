@@ -48,8 +48,8 @@ log = logging.getLogger("queen.maintenance")
 
 LEASE_BATCH = 100  # leases released per statement (their acks wait while it runs)
 FOLD_BATCH = 20000  # status deltas folded per statement
-RECONCILE_PARTITIONS = 50  # partitions recounted per reconcile run
-RECONCILE_MAX_ROWS = 50_000  # larger partitions: only pending/processing are recounted
+RECONCILE_PARTITIONS = 100  # partitions recounted per reconcile run, at most
+RECONCILE_BUDGET = 50_000  # rows recounted per run (bigger partitions: pending/processing only)
 PRUNE_EVERY = 300.0  # seconds between metric pruning runs
 MORE_DELAY = 0.02  # seconds before the next batch of a task that filled its batch
 MIN_DELAY = 0.05  # seconds: the soonest the lease task looks again at a lease it skipped
@@ -290,7 +290,7 @@ class Maintenance:
 
     def _reconcile(self) -> float | None:
         result = self.session.reconcile_counts(
-            self._reconcile_after, RECONCILE_PARTITIONS, RECONCILE_MAX_ROWS
+            self._reconcile_after, RECONCILE_PARTITIONS, RECONCILE_BUDGET
         )
         self._reconcile_after = result.last
         if result.drifted:

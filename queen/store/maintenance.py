@@ -64,7 +64,7 @@ class TimedQueue:
 class Reconciled:
     looked_at: int
     drifted: int  # partitions whose counts were corrected
-    last: uuid.UUID | None  # cursor for the next call; None: wrapped around
+    last: uuid.UUID | None  # cursor for the next call; None: start again from the first
 
 
 class MaintenanceSession:
@@ -199,13 +199,12 @@ class MaintenanceSession:
     def fold_deltas(self, limit: int) -> int:
         return int(self._value("maintenance_fold_deltas", {"limit": limit}))
 
-    def reconcile_counts(self, after: uuid.UUID | None, limit: int, max_rows: int) -> Reconciled:
+    def reconcile_counts(self, after: uuid.UUID | None, limit: int, budget: int) -> Reconciled:
         rows = self._rows(
-            "maintenance_reconcile_counts", {"after": after, "limit": limit, "max_rows": max_rows}
+            "maintenance_reconcile_counts", {"after": after, "limit": limit, "budget": budget}
         )
         drifted = sum(1 for _, drift in rows if drift)
-        last = rows[-1][0] if len(rows) == limit else None
-        return Reconciled(len(rows), drifted, last)
+        return Reconciled(len(rows), drifted, rows[-1][0] if rows else None)
 
     def prune_metrics(self, days: int, limit: int) -> int:
         return int(self._value("maintenance_prune_metrics", {"days": days, "limit": limit}))

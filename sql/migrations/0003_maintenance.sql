@@ -5,6 +5,11 @@
 -- rest of the table. Partial: pending and in-flight rows never enter it.
 CREATE INDEX messages_completed ON queen.messages (partition_id, completed_at)
 WHERE status = 'completed';
+-- With messages_pending, messages_processing and messages_completed, every status of a
+-- partition can be counted from an index alone (reconcile_counts). Holds only the rare
+-- terminal failures, so it costs nothing on push, pop or a successful ack.
+CREATE INDEX messages_failed_partition ON queen.messages (partition_id, status)
+WHERE status IN ('failed', 'dead_letter');
 
 -- Churn settings. Every pop and ack rewrites a partition row (lease columns) and every
 -- fold rewrites count and metric rows: leave room on the page for the new version and
@@ -155,45 +160,55 @@ BEGIN
 END
 $$;
 
--- Recount up to p_limit partitions after p_after (in id order) and correct drift in
--- partition_counts. Counts and unfolded deltas are read in one snapshot, where they must
--- add up to the rows; the difference is added (not assigned), so a concurrent fold
--- stays right. Statuses are recounted from the partial indexes (pending, processing) and,
--- for partitions holding at most p_max_rows rows, from the rows (the terminal ones).
--- Returns one row per partition looked at, with the drift found (0: none).
-CREATE FUNCTION queen.reconcile_counts(p_after uuid, p_limit integer, p_max_rows bigint)
+-- Recount partitions after p_after (in id order) and correct drift in partition_counts:
+-- at most p_limit partitions and, past the first, no more than p_budget rows in all
+-- (by the believed counts), so a run costs about the same however big the table is.
+-- Counts and unfolded deltas are read in one snapshot, where they must add up to the
+-- rows; the difference is added (not assigned), so a concurrent fold stays right.
+-- Every status is counted from its partial index (index-only when the pages are all
+-- visible); the terminal ones only for partitions holding at most p_budget rows. Returns
+-- one row per partition looked at, with the drift found (0: none); no row when nothing
+-- follows p_after.
+CREATE FUNCTION queen.reconcile_counts(p_after uuid, p_limit integer, p_budget bigint)
 RETURNS TABLE (partition_id uuid, drift bigint)
 LANGUAGE sql AS $$
-    WITH picked AS (
-        SELECT p.id FROM queen.partitions p
-        WHERE p_after IS NULL OR p.id > p_after
-        ORDER BY p.id LIMIT p_limit
-    ), believed AS (
+    WITH candidates AS (
         SELECT s.*, s.pending + s.processing + s.completed + s.failed + s.dead_letter AS total
-        FROM queen.partition_stats s JOIN picked ON picked.id = s.partition_id
+        FROM queen.partition_stats s
+        WHERE p_after IS NULL OR s.partition_id > p_after
+        ORDER BY s.partition_id LIMIT p_limit
+    ), believed AS (
+        SELECT c.* FROM (
+            SELECT c.*, sum(c.total) OVER (ORDER BY c.partition_id) - c.total AS before
+            FROM candidates c) c
+        WHERE c.before < greatest(p_budget, 1)
     ), actual AS (
         SELECT b.partition_id,
-               live.pending - b.pending AS d_pending,
-               live.processing - b.processing AS d_processing,
-               CASE WHEN done.counted THEN done.completed - b.completed ELSE 0 END AS d_completed,
-               CASE WHEN done.counted THEN done.failed - b.failed ELSE 0 END AS d_failed,
-               CASE WHEN done.counted THEN done.dead_letter - b.dead_letter ELSE 0 END
-                   AS d_dead_letter
+               n.pending - b.pending AS d_pending,
+               n.processing - b.processing AS d_processing,
+               coalesce(n.completed - b.completed, 0) AS d_completed,
+               coalesce(n.failed - b.failed, 0) AS d_failed,
+               coalesce(n.dead_letter - b.dead_letter, 0) AS d_dead_letter
         FROM believed b
         CROSS JOIN LATERAL (
             SELECT (SELECT count(*) FROM queen.messages m
                     WHERE m.partition_id = b.partition_id AND m.status = 'pending') AS pending,
                    (SELECT count(*) FROM queen.messages m
                     WHERE m.partition_id = b.partition_id AND m.status = 'processing')
-                       AS processing) live
-        CROSS JOIN LATERAL (
-            SELECT b.total <= p_max_rows AS counted,
-                   count(*) FILTER (WHERE m.status = 'completed') AS completed,
-                   count(*) FILTER (WHERE m.status = 'failed') AS failed,
-                   count(*) FILTER (WHERE m.status = 'dead_letter') AS dead_letter
-            FROM queen.messages m
-            WHERE m.partition_id = b.partition_id AND b.total <= p_max_rows) done
-        WHERE b.pending + b.processing <= p_max_rows
+                       AS processing,
+                   CASE WHEN b.total <= p_budget THEN
+                       (SELECT count(*) FROM queen.messages m
+                        WHERE m.partition_id = b.partition_id AND m.status = 'completed')
+                   END AS completed,
+                   CASE WHEN b.total <= p_budget THEN
+                       (SELECT count(*) FROM queen.messages m
+                        WHERE m.partition_id = b.partition_id AND m.status = 'failed')
+                   END AS failed,
+                   CASE WHEN b.total <= p_budget THEN
+                       (SELECT count(*) FROM queen.messages m
+                        WHERE m.partition_id = b.partition_id AND m.status = 'dead_letter')
+                   END AS dead_letter) n
+        WHERE b.pending + b.processing <= p_budget
     ), fixed AS (
         INSERT INTO queen.partition_counts AS c
             (partition_id, pending, processing, completed, failed, dead_letter, updated_at)
@@ -212,9 +227,9 @@ LANGUAGE sql AS $$
             updated_at = now()
         RETURNING c.partition_id
     )
-    SELECT p.id,
+    SELECT b.partition_id,
            coalesce(abs(a.d_pending) + abs(a.d_processing) + abs(a.d_completed)
                     + abs(a.d_failed) + abs(a.d_dead_letter), 0)
-    FROM picked p LEFT JOIN actual a ON a.partition_id = p.id
-    ORDER BY p.id
+    FROM believed b LEFT JOIN actual a ON a.partition_id = b.partition_id
+    ORDER BY b.partition_id
 $$;
