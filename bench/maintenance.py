@@ -1,0 +1,547 @@
+"""`python -m bench.maintenance`: what the maintenance process costs, and how long a cycle takes.
+
+Two phases (both by default; --only throughput|cycle):
+
+throughput  End-to-end Queen throughput (push, pop, ack over HTTP; the harness's e2e
+            workload) with the maintenance process running and without, side by side,
+            in alternating rounds so drift in the machine's load hits both alike.
+cycle       One maintenance cycle (every task once) on a database seeded with 1M
+            completed and 100k pending messages, repeated, while clients push, pop and
+            ack over HTTP. Reports the cycle and per-task times, push/pop/ack latency
+            during the cycles against the same load without them, and the longest lock
+            wait any backend had (sampled from pg_locks.waitstart every few ms).
+
+Results: bench/results/maintenance.md and maintenance.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import requests
+
+from bench import adapters
+from bench.runner import Case, percentile, run_case
+from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database, server_facts
+from queen.config import Settings
+from queen.store.migrate import migrate
+from workers.maintenance import Maintenance
+
+DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+COMPLETED = 1_000_000
+PENDING = 100_000
+SEED_CHUNK = 250_000
+PARTITIONS = 100  # per seeded queue
+LOCK_SAMPLE = 0.005  # seconds between pg_locks samples
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def conditions(server_dsn: str) -> dict[str, Any]:
+    """What the machine was doing: the numbers mean little without this."""
+    load = os.getloadavg()
+    return {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "loadavg_1_5_15": [round(x, 2) for x in load],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "postgres": server_facts(server_dsn),
+    }
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def run_throughput(
+    server_dsn: str, batches: list[int], rounds: int, duration: float, partitions: int
+) -> list[dict[str, Any]]:
+    dsn = fresh_database(server_dsn, "queen_bench_maintenance_tp")
+    migrate(dsn)
+    results = []
+    try:
+        for batch in batches:
+            for r in range(rounds):
+                order = [False, True] if r % 2 == 0 else [True, False]
+                for with_maintenance in order:
+                    label = "with" if with_maintenance else "without"
+                    say(f"throughput batch {batch} round {r + 1}/{rounds}: {label} maintenance")
+                    results.append(_one_e2e(dsn, batch, partitions, duration, with_maintenance))
+                    results[-1].update(round=r, batch=batch)
+    finally:
+        drop_database(server_dsn, "queen_bench_maintenance_tp")
+    return results
+
+
+def _one_e2e(
+    dsn: str, batch: int, partitions: int, duration: float, with_maintenance: bool
+) -> dict[str, Any]:
+    queen = QueenServer(dsn, workers=2, maintenance=with_maintenance).start()
+    try:
+        target = {"url": queen.url, "dsn": dsn}
+        adapters.prepare("queen", target)
+        case = Case(
+            "queen",
+            "e2e",
+            batch=batch,
+            partitions=partitions,
+            producers=4,
+            consumers=8,
+            processes=2,
+            warmup=2.0,
+            duration=duration,
+            extra={"backlog_cap": max(2000, 32 * batch), "pop_wait_ms": 1000},
+        )
+        result = run_case(case, target, queen.pids())
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            (unfolded,) = conn.execute("SELECT count(*) FROM queen.status_deltas").fetchone()
+        result.update(maintenance=with_maintenance, unfolded_deltas_after=unfolded)
+        say(f"  {result['msgs_per_s']:,.0f} msg/s")
+        return result
+    finally:
+        queen.stop()
+
+
+# --------------------------------------------------------------------------- cycle
+
+SEED = [
+    """INSERT INTO queen.queues (name, retention_enabled, completed_retention_seconds)
+       VALUES ('archive', true, 3600)""",
+    "INSERT INTO queen.queues (name, ttl) VALUES ('work', 3000)",
+    "INSERT INTO queen.queues (name, delayed_processing) VALUES ('later', 60)",
+    "INSERT INTO queen.queues (name) VALUES ('idle'), ('hot')",
+    f"""INSERT INTO queen.partitions (queue_id, name)
+        SELECT q.id, 'p' || g FROM queen.queues q, generate_series(0, {PARTITIONS - 1}) g
+        WHERE q.name IN ('archive', 'work', 'later', 'hot')""",
+    """INSERT INTO queen.partitions (queue_id, name, created_at, last_activity_at)
+       SELECT q.id, 'e' || g, now() - interval '2 days', now() - interval '2 days'
+       FROM queen.queues q, generate_series(0, 499) g WHERE q.name = 'idle'""",
+    # Metrics older than the retention.
+    """INSERT INTO queen.metrics_minute (minute, queue, partition, incoming)
+       SELECT date_trunc('minute', now()) - interval '40 days' - make_interval(mins => g),
+              'archive', 'p0', 1
+       FROM generate_series(1, 20000) g""",
+]
+# Completed over the last two hours (half of them past the 1 h retention).
+SEED_COMPLETED = """
+WITH parts AS (SELECT array_agg(p.id ORDER BY p.name) AS ids FROM queen.partitions p
+               JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'archive')
+INSERT INTO queen.messages (transaction_id, id, partition_id, payload, status, created_at,
+                            locked_at, completed_at, worker_id)
+SELECT 'done-' || g, gen_random_uuid(), parts.ids[1 + g %% cardinality(parts.ids)],
+       '{"kind": "bench", "body": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::jsonb,
+       'completed', t, t + interval '100 ms', t + interval '1 s', 'seed'
+FROM parts, generate_series(%(first)s::bigint, %(last)s::bigint) g,
+     LATERAL (SELECT now() - make_interval(secs => 7200 * (1 - g::float8 / %(total)s))) x(t)
+"""
+# Pending over the last hour (a sixth past the 3000 s ttl), plus delayed ones.
+SEED_PENDING = """
+WITH parts AS (SELECT array_agg(p.id ORDER BY p.name) AS ids FROM queen.partitions p
+               JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %(queue)s)
+INSERT INTO queen.messages (transaction_id, id, partition_id, payload, created_at)
+SELECT %(queue)s || '-' || g, gen_random_uuid(), parts.ids[1 + g %% cardinality(parts.ids)],
+       '{"kind": "bench", "body": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::jsonb,
+       now() - make_interval(secs => %(span)s * (1 - g::float8 / %(total)s))
+FROM parts, generate_series(1, %(total)s::bigint) g
+"""
+# Twenty expired leases of ten messages each.
+SEED_LEASES = """
+DO $$
+DECLARE
+    part record;
+BEGIN
+    FOR part IN SELECT p.id, gen_random_uuid() AS lease FROM queen.partitions p
+                JOIN queen.queues q ON q.id = p.queue_id
+                WHERE q.name = 'work' ORDER BY p.name LIMIT 20
+    LOOP
+        UPDATE queen.partitions SET lease_id = part.lease, leased_by = 'seed',
+               lease_expires_at = now() - interval '1 s'
+        WHERE id = part.id;
+        UPDATE queen.messages SET status = 'processing', lease_id = part.lease,
+               lease_expires_at = now() - interval '1 s', locked_at = now() - interval '301 s',
+               worker_id = 'seed'
+        WHERE transaction_id IN (SELECT transaction_id FROM queen.messages
+                                 WHERE partition_id = part.id AND status = 'pending'
+                                 ORDER BY seq LIMIT 10);
+    END LOOP;
+END
+$$
+"""
+
+
+def seed(dsn: str) -> float:
+    started = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in SEED:
+            conn.execute(statement)
+        for first in range(1, COMPLETED + 1, SEED_CHUNK):
+            last = min(COMPLETED, first + SEED_CHUNK - 1)
+            conn.execute(SEED_COMPLETED, {"first": first, "last": last, "total": COMPLETED})
+            say(f"  seeded {last:,} completed")
+        conn.execute(SEED_PENDING, {"queue": "work", "span": 3600, "total": PENDING})
+        conn.execute(SEED_PENDING, {"queue": "later", "span": 30, "total": 1000})
+        say(f"  seeded {PENDING:,} pending (+1,000 delayed)")
+        conn.execute(SEED_LEASES)
+        while conn.execute("SELECT queen.fold_deltas(100000)").fetchone()[0]:  # type: ignore[index]
+            pass
+        conn.execute("VACUUM ANALYZE")
+    return time.monotonic() - started
+
+
+class Load:
+    """Clients pushing, popping and acking over HTTP, each request timed."""
+
+    def __init__(self, url: str, pushers: int = 2, consumers: int = 2, batch: int = 10) -> None:
+        self.url = url
+        self.batch = batch
+        self.stop = threading.Event()
+        self.ops: list[tuple[str, float, float]] = []  # (op, started, ended), monotonic
+        self.errors = 0
+        self.threads = [threading.Thread(target=self._push) for _ in range(pushers)]
+        self.threads += [threading.Thread(target=self._consume) for _ in range(consumers)]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+    def _timed(self, op: str, call: Callable[[], requests.Response]) -> Any:
+        started = time.monotonic()
+        try:
+            response = call()
+        except requests.RequestException:
+            self.errors += 1
+            return None
+        self.ops.append((op, started, time.monotonic()))
+        if response.status_code >= 500:
+            self.errors += 1
+        return response
+
+    def _push(self) -> None:
+        with requests.Session() as http:
+            while not self.stop.is_set():
+                part = f"p{random.randrange(PARTITIONS)}"
+                items = [
+                    {"queue": "hot", "partition": part, "payload": {"n": i}}
+                    for i in range(self.batch)
+                ]
+                body = {"items": items}
+                self._timed(
+                    "push", partial(http.post, f"{self.url}/api/v1/push", json=body, timeout=30)
+                )
+
+    def _consume(self) -> None:
+        with requests.Session() as http:
+            while not self.stop.is_set():
+                params = {"batch": self.batch, "wait": "true", "timeout": 1000}
+                r = self._timed(
+                    "pop",
+                    partial(
+                        http.get, f"{self.url}/api/v1/pop/queue/hot", params=params, timeout=30
+                    ),
+                )
+                if r is None or r.status_code != 200:
+                    continue
+                acks = [
+                    {"transactionId": m["transactionId"], "status": "completed"}
+                    for m in r.json()["messages"]
+                ]
+                body = {"acknowledgments": acks}
+                self._timed(
+                    "ack", partial(http.post, f"{self.url}/api/v1/ack/batch", json=body, timeout=30)
+                )
+
+    def latency(self, windows: list[tuple[float, float]], inside: bool) -> dict[str, Any]:
+        """Latency (ms) of requests overlapping (inside) or clear of (not inside) windows."""
+        out = {}
+        for op in ("push", "pop", "ack"):
+            values = [
+                (end - start) * 1000
+                for o, start, end in self.ops
+                if o == op and any(start < b and end > a for a, b in windows) == inside
+            ]
+            if op == "pop":  # long polls wait by design: only pops that returned at once
+                values = [v for v in values if v < 900]
+            out[op] = {
+                "n": len(values),
+                "p50": percentile(values, 50),
+                "p99": percentile(values, 99),
+                "max": max(values, default=float("nan")),
+            }
+        return out
+
+
+class LockSampler:
+    """Poll pg_locks for waiting backends; keep the longest wait seen and who blocked it."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.stop = threading.Event()
+        # (ms waited, pid, blocking pids, its query, the blockers' queries)
+        self.waits: list[tuple[float, int, list[int], str, str]] = []
+        self.thread = threading.Thread(target=self._run)
+
+    def __enter__(self) -> LockSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                rows = conn.execute(
+                    "SELECT extract(epoch FROM clock_timestamp() - l.waitstart) * 1000, l.pid,"
+                    " pg_blocking_pids(l.pid),"
+                    " l.locktype || ' ' || l.mode || coalesce(' ' || l.relation::regclass::text, '')"
+                    " || ': ' || left(a.query, 60),"
+                    " (SELECT string_agg(left(b.query, 60), ' | ') FROM pg_stat_activity b"
+                    "  WHERE b.pid = ANY (pg_blocking_pids(l.pid)))"
+                    " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE NOT l.granted AND l.waitstart IS NOT NULL"
+                    "   AND a.datname = current_database()"
+                ).fetchall()
+                self.waits += [(float(r[0]), r[1], r[2], r[3], r[4]) for r in rows]
+                time.sleep(LOCK_SAMPLE)
+
+    def longest(self, blockers: set[int] | None = None) -> dict[str, Any]:
+        chosen = [w for w in self.waits if blockers is None or set(w[2]) & blockers]
+        if not chosen:
+            return {"ms": 0.0}
+        ms, _, _, query, blockers_query = max(chosen)
+        top = sorted(chosen, reverse=True)[:5]
+        return {
+            "ms": round(ms, 1),
+            "waiter": query,
+            "blocked_by": blockers_query,
+            "top": [(round(w[0], 1), w[3], w[4]) for w in top],
+        }
+
+
+def run_cycle(server_dsn: str, cycles: int, gap: float) -> dict[str, Any]:
+    name = "queen_bench_maintenance_cycle"
+    dsn = fresh_database(server_dsn, name)
+    migrate(dsn)
+    say(f"cycle: seeding {COMPLETED:,} completed and {PENDING:,} pending messages")
+    seed_s = seed(dsn)
+    say(f"  seeded in {seed_s:.0f}s")
+    settings = Settings.from_env(database_url=dsn, partition_cleanup_s=3600)
+    maintenance = Maintenance(settings)
+    maintenance.session.connect()
+    assert maintenance.session.try_lead()
+    maintenance_pid = _backend_pid(dsn, maintenance.name)
+    queen = QueenServer(dsn, workers=2, maintenance=False).start()
+    timings: list[dict[str, float]] = []
+    windows: list[tuple[float, float]] = []
+    try:
+        with Load(queen.url) as load, LockSampler(dsn) as locks:
+            say("  load running; baseline")
+            time.sleep(3 * gap)
+            for n in range(cycles):
+                started = time.monotonic()
+                timing = {}
+                for task in maintenance.tasks:
+                    t0 = time.monotonic()
+                    task.run()
+                    timing[task.name] = round((time.monotonic() - t0) * 1000, 1)
+                ended = time.monotonic()
+                timing["cycle"] = round((ended - started) * 1000, 1)
+                windows.append((started, ended))
+                timings.append(timing)
+                say(f"  cycle {n + 1}/{cycles}: {timing['cycle']:.0f} ms  {timing}")
+                time.sleep(gap)
+            time.sleep(2 * gap)
+        totals = dict(maintenance.totals)
+    finally:
+        queen.stop()
+        maintenance.session.close()
+        drop_database(server_dsn, name)
+    return {
+        "seed_seconds": round(seed_s, 1),
+        "timings_ms": timings,
+        "cycle_ms": {
+            "median": statistics.median(t["cycle"] for t in timings),
+            "max": max(t["cycle"] for t in timings),
+        },
+        "work_done": totals,
+        "latency_during_cycles": load.latency(windows, inside=True),
+        "latency_outside_cycles": load.latency(windows, inside=False),
+        "requests": len(load.ops),
+        "request_errors": load.errors,
+        "longest_lock_wait": locks.longest(),
+        "longest_lock_wait_on_maintenance": locks.longest({maintenance_pid}),
+    }
+
+
+def _backend_pid(dsn: str, application_name: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# --------------------------------------------------------------------------- report
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = [
+        "# Maintenance benchmark",
+        "",
+        "Produced by `python -m bench.maintenance`. The machine is shared and noisy:",
+        "read the conditions first.",
+        "",
+        "## Conditions",
+        "",
+        "```",
+        json.dumps(doc["conditions"], indent=2),
+        "```",
+        "",
+    ]
+    if "throughput" in doc:
+        lines += _render_throughput(doc["throughput"])
+    if "cycle" in doc:
+        lines += _render_cycle(doc["cycle"])
+    return "\n".join(lines) + "\n"
+
+
+def _render_throughput(results: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "## End-to-end throughput with and without the maintenance process",
+        "",
+        "Push + pop + ack over HTTP (2 gunicorn workers; 4 producers, 8 consumers in",
+        "2 driver processes), rounds alternating which goes first. Maintenance at its",
+        "default settings (1 s cycle).",
+        "",
+        "| batch | round | without (msg/s) | with (msg/s) | ratio | p99 ack without / with (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    ratios: dict[int, list[float]] = {}
+    for batch in sorted({r["batch"] for r in results}):
+        for rnd in sorted({r["round"] for r in results if r["batch"] == batch}):
+            pair = {
+                r["maintenance"]: r for r in results if r["batch"] == batch and r["round"] == rnd
+            }
+            off, on = pair[False], pair[True]
+            ratio = on["msgs_per_s"] / off["msgs_per_s"] if off["msgs_per_s"] else float("nan")
+            ratios.setdefault(batch, []).append(ratio)
+            p99 = [x["latency_ms"].get("ack", {}).get("p99", float("nan")) for x in (off, on)]
+            lines.append(
+                f"| {batch} | {rnd + 1} | {off['msgs_per_s']:,.0f} | "
+                f"{on['msgs_per_s']:,.0f} | {ratio:.2f} | {p99[0]:.1f} / {p99[1]:.1f} |"
+            )
+    lines += [
+        "",
+        "Median ratio per batch: "
+        + ", ".join(f"batch {b}: {statistics.median(v):.2f}x" for b, v in ratios.items()),
+        "",
+    ]
+    return lines
+
+
+def _render_cycle(c: dict[str, Any]) -> list[str]:
+    lines = [
+        "## One maintenance cycle on 1M completed + 100k pending messages",
+        "",
+        f"Seeded in {c['seed_seconds']} s: queue `archive` 1M completed over the last 2 h",
+        "(retention 1 h: half of them due for deletion), `work` 100k pending over the last",
+        "hour (ttl 3000 s: a sixth expired) with 20 expired leases, `later` 1k delayed,",
+        "500 idle empty partitions, 20k per-minute metric rows past retention. A cycle",
+        "runs every task once (each one bounded statement). Meanwhile 2 pushers and 2",
+        "consumers (batch 10) work queue `hot` over HTTP.",
+        "",
+        f"Cycle time: median {c['cycle_ms']['median']:.0f} ms, max "
+        f"{c['cycle_ms']['max']:.0f} ms (goal < 1000 ms).",
+        "",
+        "| cycle | " + " | ".join(k for k in c["timings_ms"][0]) + " |",
+        "|---|" + "---|" * len(c["timings_ms"][0]),
+    ]
+    for i, t in enumerate(c["timings_ms"]):
+        lines.append(f"| {i + 1} | " + " | ".join(f"{v:.0f}" for v in t.values()) + " |")
+    lines += [
+        "",
+        "Per-task times in ms. Work done over all cycles: "
+        + ", ".join(f"{k} {v:,}" for k, v in sorted(c["work_done"].items())),
+        "",
+        "Request latency (ms) of requests overlapping a cycle vs the rest:",
+        "",
+        "| op | n during | p50 | p99 | max | n outside | p50 | p99 | max |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for op in ("push", "pop", "ack"):
+        a, b = c["latency_during_cycles"][op], c["latency_outside_cycles"][op]
+        lines.append(
+            f"| {op} | {a['n']} | {a['p50']:.1f} | {a['p99']:.1f} | {a['max']:.1f} | "
+            f"{b['n']} | {b['p50']:.1f} | {b['p99']:.1f} | {b['max']:.1f} |"
+        )
+    lw, lm = c["longest_lock_wait"], c["longest_lock_wait_on_maintenance"]
+    lines += [
+        "",
+        f"Longest lock wait seen by any backend: {lw['ms']} ms"
+        + (f" (`{lw.get('waiter')}` waiting on `{lw.get('blocked_by')}`)" if lw["ms"] else ""),
+        f"Longest lock wait on the maintenance session: {lm['ms']} ms (goal < 50 ms)"
+        + (f" (`{lm.get('waiter')}` waiting on `{lm.get('blocked_by')}`)." if lm["ms"] else "."),
+        f"Requests: {c['requests']:,}, errors: {c['request_errors']}.",
+        "",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.maintenance", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--dsn", default=DEFAULT_SERVER, help="PostgreSQL server")
+    parser.add_argument("--only", choices=("throughput", "cycle"))
+    parser.add_argument("--batches", default="10,100", help="e2e batch sizes")
+    parser.add_argument("--rounds", type=int, default=3, help="with/without pairs per batch")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per e2e run")
+    parser.add_argument("--partitions", type=int, default=16, help="e2e partitions")
+    parser.add_argument("--cycles", type=int, default=8, help="maintenance cycles measured")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results")
+    args = parser.parse_args(argv)
+
+    doc: dict[str, Any] = {"conditions": conditions(args.dsn)}
+    if args.only in (None, "throughput"):
+        batches = [int(b) for b in args.batches.split(",")]
+        doc["throughput"] = run_throughput(
+            args.dsn, batches, args.rounds, args.duration, args.partitions
+        )
+    if args.only in (None, "cycle"):
+        doc["cycle"] = run_cycle(args.dsn, args.cycles, gap=1.0)
+    doc["conditions"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = f"-{args.only}" if args.only else ""
+    (args.out / f"maintenance{suffix}.json").write_text(json.dumps(doc, indent=2, default=str))
+    (args.out / f"maintenance{suffix}.md").write_text(render(doc))
+    say(f"wrote {args.out / f'maintenance{suffix}.md'}")
+    print(render(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
