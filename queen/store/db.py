@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 
 QUERIES = load_queries()
 RETRIES_ON_DEADLOCK = 3
+# The pool doubles the pause between connection attempts for this long, then gives up
+# until the next request asks again (and starts over at 1 s). Without a bound the pause
+# grows with the outage: after 10 minutes down, the next attempt could be 8 minutes away.
+RECONNECT_WINDOW_S = 5.0
 # Class 40: the statement was rolled back and may simply be run again. psycopg derives
 # these from OperationalError, not from TransactionRollback, so they are listed.
 RETRYABLE = (
@@ -71,7 +75,7 @@ class Database:
             name=application_name,
             kwargs={"autocommit": True, "application_name": application_name},
             configure=self._configure,
-            reconnect_timeout=float("inf"),
+            reconnect_timeout=RECONNECT_WINDOW_S,
         )
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
