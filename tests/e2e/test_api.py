@@ -137,6 +137,21 @@ def test_push_limit_of_1000_items(url: str, api_db: str) -> None:
     assert db_state(api_db) == before
 
 
+def test_push_with_a_chunked_body(url: str) -> None:
+    name = q()
+    body = b'{"items": [{"queue": "%s", "payload": {"chunked": true}}]}' % name.encode()
+
+    def chunks() -> Iterator[bytes]:
+        yield body[:10]
+        yield body[10:]
+
+    r = requests.post(f"{url}/push", data=chunks(),
+                      headers={"Content-Type": "application/json"}, timeout=10)
+    assert r.request.headers.get("Transfer-Encoding") == "chunked"
+    assert r.status_code == 201, r.text
+    assert _pop_one(url, name)["data"] == {"chunked": True}
+
+
 # -- 2. pop ------------------------------------------------------------------------
 
 
