@@ -46,9 +46,10 @@ ALTER TABLE queen.metrics_minute SET (
     autovacuum_vacuum_threshold = 1000
 );
 
--- Release up to p_limit expired partition leases (skipping partitions someone holds) and
--- wake polls for the freed partitions that still hold pending work. Returns the leases
--- released, the messages they covered, and the seconds until the next lease expires.
+-- Release up to p_limit expired partition leases, skipping partitions someone holds
+-- (release_lease wakes a poll for each freed partition that still holds pending work).
+-- Returns the leases released, the messages they covered, and the seconds until the next
+-- lease expires.
 CREATE FUNCTION queen.expire_leases(p_limit integer)
 RETURNS TABLE (leases integer, messages integer, next_expiry_in double precision)
 LANGUAGE plpgsql AS $$
@@ -67,14 +68,6 @@ BEGIN
         total := total + queen.release_lease(part.id, part.lease_id);
         freed := freed || part.id;
     END LOOP;
-
-    -- Messages back to pending have notified (trigger); this covers partitions whose
-    -- expired messages all went to the dead letter queue but which hold more work.
-    IF cardinality(freed) > 0 THEN
-        PERFORM queen.notify_partitions(ARRAY(
-            SELECT h.partition_id FROM queen.partition_heads h
-            WHERE h.partition_id = ANY (freed)));
-    END IF;
 
     RETURN QUERY
     SELECT cardinality(freed), total,
