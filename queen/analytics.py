@@ -5,8 +5,10 @@ No SQL and no HTTP: the store builds these records from rows, the API shapes the
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import datetime as dt
+import itertools
 import math
 import uuid
 from collections.abc import Iterable, Sequence
@@ -32,7 +34,13 @@ class Counts:
         return self.pending + self.processing + self.completed + self.failed + self.dead_letter
 
     def __add__(self, other: Counts) -> Counts:
-        return Counts(*(getattr(self, s) + getattr(other, s) for s in STATUSES))
+        return Counts(
+            self.pending + other.pending,
+            self.processing + other.processing,
+            self.completed + other.completed,
+            self.failed + other.failed,
+            self.dead_letter + other.dead_letter,
+        )
 
     def as_json(self) -> dict[str, int]:
         return {
@@ -50,44 +58,38 @@ def total_counts(counts: Iterable[Counts]) -> Counts:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class PartitionRow:
-    """A partition with its queue and current counts; partition fields are None for a
-    queue that has no partition yet."""
+class QueueInfo:
+    """A queue: its identity, labels and options (API names)."""
 
-    queue_id: uuid.UUID
-    queue: str
+    id: uuid.UUID
+    name: str
     namespace: str | None
     task: str | None
-    queue_created_at: dt.datetime
+    created_at: dt.datetime
     options: dict[str, Any]
-    partition_id: uuid.UUID | None
-    partition: str | None
-    partition_created_at: dt.datetime | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PartitionRow:
+    """A partition with its queue and current counts."""
+
+    queue: QueueInfo
+    id: uuid.UUID
+    name: str
+    created_at: dt.datetime
     counts: Counts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class QueueRows:
-    """One queue and the rows of its partitions, in name order."""
+    """One queue and its partitions, in name order (none for a queue not pushed to yet)."""
 
-    first: PartitionRow
+    queue: QueueInfo
     partitions: tuple[PartitionRow, ...]
 
     @property
     def totals(self) -> Counts:
         return total_counts(p.counts for p in self.partitions)
-
-
-def group_by_queue(rows: Iterable[PartitionRow]) -> list[QueueRows]:
-    """Group rows ordered by queue name into queues (partition-less queues keep no rows)."""
-    grouped: dict[str, list[PartitionRow]] = {}
-    firsts: dict[str, PartitionRow] = {}
-    for row in rows:
-        firsts.setdefault(row.queue, row)
-        bucket = grouped.setdefault(row.queue, [])
-        if row.partition is not None:
-            bucket.append(row)
-    return [QueueRows(firsts[name], tuple(parts)) for name, parts in grouped.items()]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,35 +121,36 @@ class LagRow:
 
 
 def add_histograms(histograms: Iterable[Sequence[int] | None]) -> list[int]:
-    total = [0] * LAG_BUCKETS
-    for hist in histograms:
-        for i, n in enumerate(hist or ()):
-            total[i] += n
-    return total
+    present = [h for h in histograms if h]
+    if not present:
+        return [0] * LAG_BUCKETS
+    return [sum(column) for column in zip(*present, strict=False)]
 
 
-def histogram_quantile(hist: Sequence[int] | None, q: float) -> float:
-    """Return the q-quantile (0..1) of a lag histogram in seconds (0 when it is empty).
+def histogram_quantiles(hist: Sequence[int] | None, *qs: float) -> list[float]:
+    """Return the qs-quantiles (0..1) of a lag histogram in seconds (0 when it is empty).
 
-    Interpolates geometrically inside the bucket that holds the quantile, so the error
+    Interpolates geometrically inside the bucket that holds each quantile, so the error
     stays well under the bucket width (a factor of sqrt(2)).
     """
     if not hist:
-        return 0.0
-    count = sum(hist)
+        return [0.0] * len(qs)
+    cumulative = list(itertools.accumulate(hist))
+    count = cumulative[-1]
     if count <= 0:
-        return 0.0
-    rank = q * count
-    seen = 0
-    for bucket, n in enumerate(hist):
-        if n <= 0:
-            continue
-        if seen + n >= rank:
-            low, high = 2 ** (bucket / 2), 2 ** ((bucket + 1) / 2)
-            fraction = min(1.0, max(0.0, (rank - seen) / n))
-            return low * (high / low) ** fraction / 1000
-        seen += n
-    return 2 ** (LAG_BUCKETS / 2) / 1000
+        return [0.0] * len(qs)
+    found = []
+    for q in qs:
+        rank = max(q * count, 1e-9)
+        bucket = min(bisect.bisect_left(cumulative, rank), len(cumulative) - 1)
+        before = cumulative[bucket - 1] if bucket else 0
+        fraction = min(1.0, max(0.0, (rank - before) / (hist[bucket] or 1)))
+        found.append(2 ** ((bucket + fraction) / 2) / 1000)
+    return found
+
+
+def histogram_quantile(hist: Sequence[int] | None, q: float) -> float:
+    return histogram_quantiles(hist, q)[0]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -163,12 +166,8 @@ class ProcessingTimes:
     def of(cls, completed: int, lag_ms: int, hist: Sequence[int] | None) -> ProcessingTimes:
         if completed <= 0:
             return cls(0, 0.0, 0.0, 0.0)
-        return cls(
-            completed,
-            lag_ms / completed / 1000,
-            histogram_quantile(hist, 0.5),
-            histogram_quantile(hist, 0.95),
-        )
+        median, p95 = histogram_quantiles(hist, 0.5, 0.95)
+        return cls(completed, lag_ms / completed / 1000, median, p95)
 
 
 def lag_json(pending: int, processing: int, times: ProcessingTimes) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from queen.analytics import (
     ProcessingTimes,
     QueueRows,
     add_histograms,
-    group_by_queue,
     lag_json,
     per_second,
 )
@@ -41,15 +40,15 @@ def filters_from(req: falcon.Request, *, queue: bool = True) -> Filters:
 
 
 def partitions_json(queue: QueueRows) -> list[dict[str, Any]]:
-    return [{"name": p.partition, "stats": p.counts.as_json()} for p in queue.partitions]
+    return [{"name": p.name, "stats": p.counts.as_json()} for p in queue.partitions]
 
 
 def queue_json(queue: QueueRows) -> dict[str, Any]:
     """Shape one queue as API.md 5.2."""
     return {
-        "queue": queue.first.queue,
-        "namespace": queue.first.namespace,
-        "task": queue.first.task,
+        "queue": queue.queue.name,
+        "namespace": queue.queue.namespace,
+        "task": queue.queue.task,
         "partitions": partitions_json(queue),
         "totals": queue.totals.as_json(),
     }
@@ -63,16 +62,16 @@ class QueueAnalyticsResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, queue: str) -> None:
         name = validation.name(queue, "queue")
-        queues = group_by_queue(self.store.analytics.partitions(Filters(queue=name)))
+        queues = self.store.analytics.queues(Filters(queue=name))
         if not queues:
             raise NotFound(f"queue {name!r} not found")
         (found,) = queues
         send_json(
             resp,
             {
-                "queue": found.first.queue,
-                "namespace": found.first.namespace,
-                "task": found.first.task,
+                "queue": found.queue.name,
+                "namespace": found.queue.namespace,
+                "task": found.queue.task,
                 "totals": found.totals.as_json(),
                 "partitions": partitions_json(found),
             },
@@ -87,8 +86,8 @@ class QueuesAnalyticsResource:
         self.by_queue = by_queue
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        rows = self.store.analytics.partitions(filters_from(req, queue=self.by_queue))
-        send_json(resp, {"queues": [queue_json(q) for q in group_by_queue(rows)]})
+        queues = self.store.analytics.queues(filters_from(req, queue=self.by_queue))
+        send_json(resp, {"queues": [queue_json(q) for q in queues]})
 
 
 class FilteredAnalyticsResource:
@@ -99,7 +98,7 @@ class FilteredAnalyticsResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         filters = filters_from(req, queue=False)
-        queues = group_by_queue(self.store.analytics.partitions(filters))
+        queues = self.store.analytics.queues(filters)
         totals = sum((q.totals for q in queues), Counts())
         send_json(
             resp,
@@ -119,20 +118,20 @@ class QueueDepthsResource:
         self.store = store
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        queues = group_by_queue(self.store.analytics.partitions(filters_from(req)))
+        queues = self.store.analytics.queues(filters_from(req))
         depths = []
         for q in queues:
             totals = q.totals
             depths.append(
                 {
-                    "queue": q.first.queue,
-                    "namespace": q.first.namespace,
-                    "task": q.first.task,
+                    "queue": q.queue.name,
+                    "namespace": q.queue.namespace,
+                    "task": q.queue.task,
                     "depth": totals.pending,
                     "processing": totals.processing,
                     "partitions": [
                         {
-                            "name": p.partition,
+                            "name": p.name,
                             "depth": p.counts.pending,
                             "processing": p.counts.processing,
                         }

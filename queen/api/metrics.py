@@ -32,7 +32,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from queen import multiproc
-from queen.analytics import STATUSES, group_by_queue
+from queen.analytics import STATUSES
 from queen.errors import Unavailable
 from queen.store import Store
 
@@ -198,7 +198,7 @@ class QueueDepthCollector:
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("queen_database_up", "1 when PostgreSQL answered this scrape")
         try:
-            rows = self.store.analytics.partitions()
+            queues = self.store.analytics.queue_totals()
         except Unavailable:
             up.add_metric([], 0)
             yield up
@@ -211,12 +211,10 @@ class QueueDepthCollector:
         partitions = GaugeMetricFamily(
             "queen_queue_partitions", "Partitions per queue", labels=["queue"]
         )
-        for queue in group_by_queue(rows):
-            name = queue.first.queue
-            totals = queue.totals
+        for queue in queues:
             for status in STATUSES:
-                messages.add_metric([name, status], getattr(totals, status))
-            partitions.add_metric([name], len(queue.partitions))
+                messages.add_metric([queue.name, status], getattr(queue.counts, status))
+            partitions.add_metric([queue.name], queue.partitions)
         yield messages
         yield partitions
 

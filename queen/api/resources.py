@@ -6,7 +6,7 @@ from typing import Any
 
 import falcon
 
-from queen.analytics import Counts, PartitionRow, QueueRows, group_by_queue
+from queen.analytics import Counts, PartitionRow, QueueRows
 from queen.api import send_json, validation
 from queen.api.analytics import filters_from
 from queen.errors import NotFound
@@ -20,12 +20,12 @@ MAX_INT = validation.MAX_INT
 def queue_summary_json(q: QueueRows) -> dict[str, Any]:
     totals = q.totals
     return {
-        "id": q.first.queue_id,
-        "name": q.first.queue,
-        "namespace": q.first.namespace,
-        "task": q.first.task,
-        "priority": q.first.options["priority"],
-        "createdAt": iso(q.first.queue_created_at),
+        "id": q.queue.id,
+        "name": q.queue.name,
+        "namespace": q.queue.namespace,
+        "task": q.queue.task,
+        "priority": q.queue.options["priority"],
+        "createdAt": iso(q.queue.created_at),
         "partitions": len(q.partitions),
         "messages": {
             "total": totals.total,
@@ -45,8 +45,8 @@ class QueuesResource:
         self.store = store
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        rows = self.store.analytics.partitions(filters_from(req, queue=False))
-        send_json(resp, {"queues": [queue_summary_json(q) for q in group_by_queue(rows)]})
+        queues = self.store.analytics.queues(filters_from(req, queue=False))
+        send_json(resp, {"queues": [queue_summary_json(q) for q in queues]})
 
 
 class QueueResource:
@@ -58,22 +58,21 @@ class QueueResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response, queue: str) -> None:
         name = validation.name(queue, "queue")
         assert name is not None
-        queues = group_by_queue(self.store.analytics.partitions(Filters(queue=name)))
+        queues = self.store.analytics.queues(Filters(queue=name))
         if not queues:
             raise NotFound(f"queue {name!r} not found")
         (q,) = queues
         spans = self.store.analytics.message_span(name)
         partitions = []
         for p in q.partitions:
-            assert p.partition_id is not None
-            span = spans.get(p.partition_id)
+            span = spans.get(p.id)
             partitions.append(
                 {
-                    "id": p.partition_id,
-                    "name": p.partition,
-                    "priority": p.options["priority"],
-                    "options": p.options,
-                    "createdAt": iso(p.partition_created_at),
+                    "id": p.id,
+                    "name": p.name,
+                    "priority": q.queue.options["priority"],
+                    "options": q.queue.options,
+                    "createdAt": iso(p.created_at),
                     "stats": counts_json(p.counts),
                     "oldestMessage": iso(span.oldest) if span else None,
                     "newestMessage": iso(span.newest) if span else None,
@@ -82,12 +81,12 @@ class QueueResource:
         send_json(
             resp,
             {
-                "id": q.first.queue_id,
-                "name": q.first.queue,
-                "namespace": q.first.namespace,
-                "task": q.first.task,
-                "createdAt": iso(q.first.queue_created_at),
-                "options": q.first.options,
+                "id": q.queue.id,
+                "name": q.queue.name,
+                "namespace": q.queue.namespace,
+                "task": q.queue.task,
+                "createdAt": iso(q.queue.created_at),
+                "options": q.queue.options,
                 "partitions": partitions,
                 "totals": counts_json(q.totals),
             },
@@ -102,14 +101,14 @@ def counts_json(counts: Counts) -> dict[str, int]:
 
 def partition_json(p: PartitionRow) -> dict[str, Any]:
     return {
-        "id": p.partition_id,
-        "name": p.partition,
-        "queue": p.queue,
-        "namespace": p.namespace,
-        "task": p.task,
-        "priority": p.options["priority"],
-        "options": p.options,
-        "createdAt": iso(p.partition_created_at),
+        "id": p.id,
+        "name": p.name,
+        "queue": p.queue.name,
+        "namespace": p.queue.namespace,
+        "task": p.queue.task,
+        "priority": p.queue.options["priority"],
+        "options": p.queue.options,
+        "createdAt": iso(p.created_at),
         "depth": p.counts.pending,
         "processing": p.counts.processing,
         "completed": p.counts.completed,
@@ -128,14 +127,15 @@ class PartitionsResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         filters = filters_from(req)
         min_depth = validation.int_param(req.params, "minDepth", 0, 0, MAX_INT)
-        rows = self.store.analytics.partitions(filters)
+        queues = self.store.analytics.queues(filters)
         send_json(
             resp,
             {
                 "partitions": [
                     partition_json(p)
-                    for p in rows
-                    if p.partition is not None and p.counts.pending >= min_depth
+                    for q in queues
+                    for p in q.partitions
+                    if p.counts.pending >= min_depth
                 ]
             },
         )

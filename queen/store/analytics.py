@@ -13,7 +13,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from queen.analytics import Counts, LagRow, Minute, PartitionRow
+from psycopg.rows import tuple_row
+
+from queen.analytics import Counts, LagRow, Minute, PartitionRow, QueueInfo, QueueRows
 from queen.models import options_from_row
 from queen.store.reads import Reads
 
@@ -69,19 +71,21 @@ def _counts(row: Mapping[str, Any]) -> Counts:
     )
 
 
-def _partition_row(row: dict[str, Any]) -> PartitionRow:
-    return PartitionRow(
-        queue_id=row["queue_id"],
-        queue=row["queue"],
-        namespace=row["namespace"],
-        task=row["task"],
-        queue_created_at=row["queue_created_at"],
-        options=options_from_row(row),
-        partition_id=row["partition_id"],
-        partition=row["partition"],
-        partition_created_at=row["partition_created_at"],
-        counts=_counts(row),
+def _queue(row: dict[str, Any]) -> QueueInfo:
+    return QueueInfo(
+        row["id"],
+        row["name"],
+        row["namespace"],
+        row["task"],
+        row["created_at"],
+        options_from_row(row),
     )
+
+
+class QueueTotals(NamedTuple):
+    name: str
+    partitions: int
+    counts: Counts
 
 
 class Analytics:
@@ -90,10 +94,24 @@ class Analytics:
     def __init__(self, reads: Reads) -> None:
         self.reads = reads
 
-    def partitions(self, filters: Filters = EVERYTHING) -> list[PartitionRow]:
-        """Return every partition of the matching queues, ordered by queue then name."""
-        rows = self.reads.rows("read_partitions", filters.params())
-        return [_partition_row(row) for row in rows]
+    def queues(self, filters: Filters = EVERYTHING) -> list[QueueRows]:
+        """Return the matching queues by name, each with its partitions by name."""
+        with self.reads.session() as session:
+            queue_rows = session.rows("read_queues", filters.params())
+            partition_rows = session.rows("read_partitions", filters.params(), tuple_row)
+        queues = {row["id"]: _queue(row) for row in queue_rows}
+        partitions: dict[uuid.UUID, list[PartitionRow]] = {queue_id: [] for queue_id in queues}
+        for queue_id, pid, name, created_at, *counts in partition_rows:
+            if queue_id in queues:  # a queue created after the first query: next time
+                partitions[queue_id].append(
+                    PartitionRow(queues[queue_id], pid, name, created_at, Counts(*counts))
+                )
+        return [QueueRows(queue, tuple(partitions[qid])) for qid, queue in queues.items()]
+
+    def queue_totals(self) -> list[QueueTotals]:
+        """Return messages per status and the number of partitions of every queue."""
+        rows = self.reads.rows("read_queue_totals")
+        return [QueueTotals(row["name"], int(row["partitions"]), _counts(row)) for row in rows]
 
     def message_span(self, queue: str) -> dict[uuid.UUID, Span]:
         """Return when the oldest and newest message of each partition of a queue arrived."""

@@ -224,23 +224,41 @@ SELECT count(*) FROM gone
 -- read_session: settings of an analytics or browsing read, for its transaction only: a short statement timeout, and no JIT (compiling costs more than these queries take) --
 SELECT set_config('statement_timeout', %(ms)s, true), set_config('jit', 'off', true)
 
--- read_partitions: every partition of the queues matching the filters (NULL: any) with its queue, options and exact counts; queues without partitions too --
-SELECT q.id AS queue_id, q.name AS queue, q.namespace, q.task, q.created_at AS queue_created_at,
+-- read_queues: the queues matching the filters (NULL: any) with their options, by name --
+SELECT q.id, q.name, q.namespace, q.task, q.created_at,
        q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
        q.delayed_processing, q.window_buffer, q.retention_seconds,
        q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
-       q.max_wait_time_seconds,
-       p.id AS partition_id, p.name AS partition, p.created_at AS partition_created_at,
-       coalesce(s.pending, 0) AS pending, coalesce(s.processing, 0) AS processing,
-       coalesce(s.completed, 0) AS completed, coalesce(s.failed, 0) AS failed,
-       coalesce(s.dead_letter, 0) AS dead_letter
+       q.max_wait_time_seconds
 FROM queen.queues q
-LEFT JOIN queen.partitions p ON p.queue_id = q.id
-LEFT JOIN queen.partition_stats s ON s.partition_id = p.id
+WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+  AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+  AND (%(task)s::text IS NULL OR q.task = %(task)s)
+ORDER BY q.name
+
+-- read_partitions: every partition of the queues matching the filters with its exact counts, by queue then name --
+SELECT p.queue_id, p.id, p.name, p.created_at,
+       s.pending, s.processing, s.completed, s.failed, s.dead_letter
+FROM queen.queues q
+JOIN queen.partitions p ON p.queue_id = q.id
+JOIN queen.partition_stats s ON s.partition_id = p.id
 WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
   AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
   AND (%(task)s::text IS NULL OR q.task = %(task)s)
 ORDER BY q.name, p.name
+
+-- read_queue_totals: messages per status and partitions of every queue (partition-less ones too), by name --
+SELECT q.name, count(p.id) AS partitions,
+       coalesce(sum(s.pending), 0)::bigint AS pending,
+       coalesce(sum(s.processing), 0)::bigint AS processing,
+       coalesce(sum(s.completed), 0)::bigint AS completed,
+       coalesce(sum(s.failed), 0)::bigint AS failed,
+       coalesce(sum(s.dead_letter), 0)::bigint AS dead_letter
+FROM queen.queues q
+LEFT JOIN queen.partitions p ON p.queue_id = q.id
+LEFT JOIN queen.partition_stats s ON s.partition_id = p.id
+GROUP BY q.name
+ORDER BY q.name
 
 -- read_message_span: created_at of the oldest and newest message of each partition of a queue --
 SELECT p.id AS partition_id,

@@ -13,8 +13,9 @@ from queen.analytics import (
     Counts,
     PartitionRow,
     ProcessingTimes,
+    QueueInfo,
+    QueueRows,
     format_duration,
-    group_by_queue,
     histogram_quantile,
     lag_json,
     per_second,
@@ -90,17 +91,12 @@ def test_per_second():
     assert per_second(115) == 1.92
 
 
-def row(queue: str, partition: str | None, pending: int) -> PartitionRow:
+def test_queue_totals_sum_its_partitions():
     now = dt.datetime.now(dt.UTC)
-    return PartitionRow(
-        uuid.uuid4(), queue, None, None, now, {}, uuid.uuid4() if partition else None,
-        partition, now if partition else None, Counts(pending=pending),
+    queue = QueueInfo(uuid.uuid4(), "a", None, None, now, {})
+    parts = tuple(
+        PartitionRow(queue, uuid.uuid4(), name, now, Counts(pending=n, failed=1))
+        for name, n in (("p1", 1), ("p2", 2))
     )
-
-
-def test_group_by_queue_keeps_partitionless_queues_and_sums():
-    queues = group_by_queue([row("a", "p1", 1), row("a", "p2", 2), row("b", None, 0)])
-    assert [q.first.queue for q in queues] == ["a", "b"]
-    assert queues[0].totals.pending == 3
-    assert [p.partition for p in queues[0].partitions] == ["p1", "p2"]
-    assert queues[1].partitions == ()
+    assert QueueRows(queue, parts).totals == Counts(pending=3, failed=2)
+    assert QueueRows(queue, ()).totals == Counts()
