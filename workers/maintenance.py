@@ -57,6 +57,7 @@ DUE_MARGIN = 0.002  # seconds past a due time before the scan that wakes it
 MAX_SLEEP = 0.5  # seconds: the loop looks at the stop flag at least this often
 SUMMARY_EVERY = 60.0  # seconds between summary log lines
 MAX_BACKOFF = 5.0  # seconds between reconnect attempts
+MAX_BACKOFF_TASK = 60.0  # seconds, the longest a failing task waits before trying again
 
 FLAGS = (  # Settings fields the command line can override
     "maintenance_interval_s",
@@ -192,23 +193,28 @@ class Maintenance:
         return min(due, key=lambda t: (not t.punctual, t.next_at))
 
     def _run_task(self, task: Task) -> None:
+        """Run one step of task and schedule its next; a failing task backs off."""
         try:
             delay = task.run()
-            task.failures = 0
         except Unavailable as exc:
             if not self.session.connected:
                 raise
-            task.failures += 1
             log.warning("%s failed (%s); retrying", task.name, exc)
-            delay = min(task.every * 2**task.failures, 60.0)
+            self._back_off(task)
+            return
         except Exception:
             if not self.session.connected:
                 raise Unavailable("maintenance session broke") from None
-            task.failures += 1
             log.exception("%s failed; retrying", task.name)
-            delay = min(task.every * 2**task.failures, 60.0)
+            self._back_off(task)
+            return
+        task.failures = 0
         wait = task.every if delay is None else min(max(delay, 0.0), task.every)
         task.next_at = self.clock() + wait
+
+    def _back_off(self, task: Task) -> None:
+        task.failures += 1
+        task.next_at = self.clock() + min(task.every * 2**task.failures, MAX_BACKOFF_TASK)
 
     def _on_pushes(self, payloads: list[str]) -> None:
         """Schedule a due scan for when messages just pushed into timed queues can be due."""
