@@ -579,8 +579,9 @@ CREATE FUNCTION queen.ack(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer)
 LANGUAGE plpgsql AS $$
 DECLARE
-    results queen.ack_result[];
-    freed   uuid[];
+    results  queen.ack_result[];
+    released uuid[];
+    freed    uuid[];
 BEGIN
     -- Lock the partitions first (the order pop uses): concurrent acks of one lease
     -- then run one after the other, and the last one sees that the lease is done.
@@ -651,14 +652,29 @@ BEGIN
                             AND m.lease_id = acked.lease_id)
         RETURNING p.id
     )
+    SELECT array_agg(d.id) INTO released FROM done d;
     -- A freed partition with pending work wakes a waiter (a push this snapshot cannot
     -- see yet notifies by itself when it commits).
-    SELECT array_agg(d.id) INTO freed
-    FROM done d
+    SELECT array_agg(x) INTO freed
+    FROM unnest(released) x
     WHERE EXISTS (SELECT 1 FROM queen.messages m
-                  WHERE m.partition_id = d.id AND m.status = 'pending');
+                  WHERE m.partition_id = x AND m.status = 'pending');
     IF freed IS NOT NULL THEN
         PERFORM queen.notify_partitions(freed);
+    END IF;
+    -- A freed partition without pending work leaves partition_heads, as in claim (the
+    -- exclusive lock waits for pushes in flight; the delete re-checks on a fresh
+    -- snapshot). Left there, drained partitions would use up the attempts of pop by queue.
+    IF released IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(queen.partition_lock_key(x))
+        FROM unnest(released) x
+        WHERE freed IS NULL OR NOT x = ANY (freed)
+        ORDER BY x;
+        DELETE FROM queen.partition_heads h
+        WHERE h.partition_id = ANY (released)
+          AND (freed IS NULL OR NOT h.partition_id = ANY (freed))
+          AND NOT EXISTS (SELECT 1 FROM queen.messages m
+                          WHERE m.partition_id = h.partition_id AND m.status = 'pending');
     END IF;
 
     RETURN QUERY

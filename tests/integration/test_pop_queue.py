@@ -1,0 +1,53 @@
+"""Pop by queue: the oldest available partition first, whatever was drained before it."""
+
+from __future__ import annotations
+
+from queen.store import Store
+from tests.integration.helpers import ack, data, pop, push, scalar
+
+
+def _drain(store: Store, queue: str, partitions: list[str]) -> None:
+    for p in partitions:
+        for m in pop(store, queue, p, batch=10):
+            assert ack(store, m.transaction_id).status == "completed"
+
+
+def test_work_behind_many_drained_partitions_is_found_at_once(store: Store) -> None:
+    drained = [f"p{n:02d}" for n in range(40)]
+    push(store, [{"queue": "q", "partition": p, "payload": p} for p in drained])
+    _drain(store, "q", drained)
+    push(store, [{"queue": "q", "partition": "late", "payload": "late"}])
+    (m,) = pop(store, "q")
+    assert data(m) == "late"
+
+
+def test_work_behind_drained_partitions_popped_by_queue(store: Store) -> None:
+    names = [f"p{n:02d}" for n in range(40)]
+    push(store, [{"queue": "q", "partition": p, "payload": p} for p in names])
+    for _ in names:
+        (m,) = pop(store, "q")
+        ack(store, m.transaction_id)
+    push(store, [{"queue": "q", "partition": "late", "payload": "late"}])
+    (m,) = pop(store, "q")
+    assert data(m) == "late"
+    assert scalar(store.db.dsn, "SELECT count(*) FROM queen.partition_heads") == 1
+
+
+def test_oldest_partition_first_and_fifo_inside(store: Store) -> None:
+    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
+    push(store, [{"queue": "q", "partition": "a", "payload": "a1"},
+                 {"queue": "q", "partition": "b", "payload": "b2"}])
+    first = pop(store, "q", batch=5)
+    assert [data(m) for m in first] == ["b1", "b2"]
+    second = pop(store, "q", batch=5)
+    assert [data(m) for m in second] == ["a1"]
+
+
+def test_a_retried_message_keeps_its_partition_first_in_line(store: Store) -> None:
+    push(store, [{"queue": "q", "partition": "old", "payload": "old"}])
+    push(store, [{"queue": "q", "partition": "new", "payload": "new"}])
+    (m,) = pop(store, "q")
+    assert data(m) == "old"
+    ack(store, m.transaction_id, "failed")
+    (again,) = pop(store, "q")
+    assert (data(again), again.retry_count) == ("old", 1)
