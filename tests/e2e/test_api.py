@@ -152,6 +152,23 @@ def test_push_with_a_chunked_body(url: str) -> None:
     assert _pop_one(url, name)["data"] == {"chunked": True}
 
 
+def test_push_over_max_size_is_rejected_per_item_then_429(url: str, api_db: str) -> None:
+    name = q()
+    requests.post(f"{url}/configure", json={"queue": name, "options": {"maxSize": 2}},
+                  timeout=10)
+    r = push(url, [{"queue": name, "payload": n, "transactionId": f"{name}-{n}"}
+                   for n in range(3)])
+    assert r.status_code == 201
+    messages = r.json()["messages"]
+    assert [m["status"] for m in messages] == ["queued", "queued", "rejected"]
+    assert messages[2]["transactionId"] == f"{name}-2"
+    assert messages[2]["error"]
+    before = db_state(api_db)
+    full = push(url, [{"queue": name, "payload": "more"}])
+    assert "full" in assert_json_error(full, 429)
+    assert db_state(api_db) == before
+
+
 # -- 2. pop ------------------------------------------------------------------------
 
 

@@ -51,3 +51,17 @@ def test_a_retried_message_keeps_its_partition_first_in_line(store: Store) -> No
     ack(store, m.transaction_id, "failed")
     (again,) = pop(store, "q")
     assert (data(again), again.retry_count) == ("old", 1)
+
+
+def test_filtered_pop_serves_the_highest_priority_queue_first(store: Store) -> None:
+    store.queues.configure("low", "ns", "job", {"priority": 0})
+    store.queues.configure("high", "ns", "job", {"priority": 10})
+    store.queues.configure("elsewhere", "other", "job", {"priority": 99})
+    push(store, [{"queue": "low", "payload": "low"}])
+    push(store, [{"queue": "high", "payload": "high"}])
+    push(store, [{"queue": "elsewhere", "payload": "elsewhere"}])
+    order = [data(m) for _ in range(3) for m in pop(store, namespace="ns")]
+    assert order == ["high", "low"]
+    (m,) = pop(store, task="job")
+    assert data(m) == "elsewhere"
+    assert pop(store, namespace="ns", task="job") == []
