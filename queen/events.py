@@ -15,8 +15,9 @@ passes its wake-up on to the next matching waiter.
 
 Notifications are hints. A slow fallback asks the database which free partitions have
 pending work for the routes parked here (one query per period, whatever the number of
-waiters) and dispatches the answers like notifications; after the listener reconnects,
-every waiter is woken once. A lost notification therefore costs latency, never a message.
+waiters) and dispatches the oldest answers like notifications, a bounded number per
+period; after the listener reconnects, every waiter is woken once. A lost notification
+therefore costs latency, never a message.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ KEEPALIVE = 5.0  # seconds between keepalive queries on an idle listener
 CONNECT_TIMEOUT = 5  # seconds
 MIN_BACKOFF = 0.1  # seconds before the first reconnect attempt
 MAX_BACKOFF = 5.0  # seconds, between reconnect attempts
-FALLBACK_LIMIT = 10_000  # most partitions one fallback re-check asks about
+# Most waiters one fallback period wakes in this process: the fallback is a safety net
+# for lost notifications, not a delivery path, and must not add a herd of re-checks to a
+# burst that notifications are already serving (oldest ready partitions go first).
+FALLBACK_BUDGET = 100
 
 RouteKey = tuple[str, str | None, str | None]
 # (queues, (queue, partition) pairs, (namespace, task) filters, limit) -> wake payloads
@@ -77,7 +81,7 @@ def keys_for(payload: str) -> tuple[RouteKey, ...]:
 class Waiter:
     """One parked poll's place in the registry."""
 
-    __slots__ = ("_events", "armed_at", "event", "key", "wake_keys", "woken")
+    __slots__ = ("_events", "armed_at", "event", "hint", "key", "wake_keys", "woken")
 
     def __init__(self, events: Events, key: RouteKey) -> None:
         self._events = events
@@ -86,6 +90,7 @@ class Waiter:
         self.armed_at = 0  # registry sequence number of the last arming (oldest goes first)
         self.woken = False  # woken and not yet back to checking the database
         self.wake_keys: tuple[RouteKey, ...] = (key,)  # what the last wake-up was for
+        self.hint: str | None = None  # its notification payload (None: just re-check)
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep until woken or timeout_s passed; True when woken (the waiter is re-armed)."""
@@ -147,7 +152,7 @@ class Events:
                 self._registered -= 1
                 unused, waiter.woken = waiter.woken, False
             if unused and not self._shutting_down:
-                self._wake_one(waiter.wake_keys)
+                self._wake_one(waiter.wake_keys, waiter.hint)
 
     def _arm(self, waiter: Waiter) -> None:
         waiter.armed_at = next(self._seq)
@@ -175,21 +180,22 @@ class Events:
             self._disarm(waiter)
             waiter.woken = False
         if not self._shutting_down:
-            self._wake_one(waiter.wake_keys)
+            self._wake_one(waiter.wake_keys, waiter.hint)
 
-    def _wake(self, waiter: Waiter, keys: tuple[RouteKey, ...]) -> None:
+    def _wake(self, waiter: Waiter, keys: tuple[RouteKey, ...], hint: str | None) -> None:
         """Wake an armed waiter (the caller holds the lock)."""
         self._disarm(waiter)
         waiter.woken = True
         waiter.wake_keys = keys
+        waiter.hint = hint
         waiter.event.set()
         self.wakeups += 1
 
     def notify(self, payload: str) -> bool:
         """Dispatch one notification payload; True when it woke a waiter."""
-        return self._wake_one(keys_for(payload))
+        return self._wake_one(keys_for(payload), payload)
 
-    def _wake_one(self, keys: tuple[RouteKey, ...]) -> bool:
+    def _wake_one(self, keys: tuple[RouteKey, ...], hint: str | None) -> bool:
         with self._lock:
             oldest: Waiter | None = None
             for key in keys:
@@ -200,7 +206,7 @@ class Events:
                         oldest = first
             if oldest is None:
                 return False
-            self._wake(oldest, keys)
+            self._wake(oldest, keys, hint)
             return True
 
     def wake_all(self) -> int:
@@ -208,7 +214,7 @@ class Events:
         with self._lock:
             waiters = [w for group in self._armed.values() for w in group]
             for waiter in waiters:
-                self._wake(waiter, (waiter.key,))
+                self._wake(waiter, (waiter.key,), None)
             return len(waiters)
 
     def wake_one_per_route(self) -> int:
@@ -216,7 +222,7 @@ class Events:
         with self._lock:
             oldest = [next(iter(group)) for group in self._armed.values() if group]
             for waiter in oldest:
-                self._wake(waiter, (waiter.key,))
+                self._wake(waiter, (waiter.key,), None)
             return len(oldest)
 
     def recheck(self) -> int:
@@ -232,7 +238,7 @@ class Events:
         partitions = [(k[1], k[2]) for k in keys if k[0] == "p" and k[1] and k[2]]
         filters = [(k[1], k[2]) for k in keys if k[0] == "f"]
         try:
-            payloads = self._ready(queues, partitions, filters, min(armed, FALLBACK_LIMIT))
+            payloads = self._ready(queues, partitions, filters, min(armed, FALLBACK_BUDGET))
         except Exception as exc:  # noqa: BLE001 - the next period tries again
             log.warning("long-poll fallback re-check failed: %s", exc)
             return 0

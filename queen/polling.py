@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -47,6 +48,10 @@ class LongPoller:
         self.events = events
         self.worker_id = worker_id
         self.clock = clock
+        # Woken polls re-check through at most half the pool at a time: a burst of
+        # wake-ups queues here (until each poll's deadline) instead of timing out in the
+        # pool, and leaves connections for pushes and acks.
+        self._rechecks = threading.BoundedSemaphore(max(1, store.db.pool.max_size // 2))
 
     @property
     def shutting_down(self) -> bool:
@@ -83,19 +88,36 @@ class LongPoller:
                 if client_gone():
                     waiter.forward()
                     return []
-                messages = self._recheck(route, batch)
+                messages = self._recheck(route, batch, deadline, waiter.hint)
             return messages
 
     def _claim(self, route: PopRoute, batch: int) -> list[Popped]:
         return self.store.messages.pop(route, batch, self.worker_id)
 
-    def _recheck(self, route: PopRoute, batch: int) -> list[Popped]:
-        """Claim after a wake-up; a database hiccup keeps the poll parked instead of failing it."""
+    def _recheck(
+        self, route: PopRoute, batch: int, deadline: float, hint: str | None
+    ) -> list[Popped]:
+        """Claim after a wake-up; a database hiccup keeps the poll parked instead of failing it.
+
+        A poll by queue woken for one partition tries that partition first (an index
+        probe, where the whole queue means walking its partitions in order), then the
+        queue: every process wakes a waiter per notification, so most of these tries
+        find the partition taken, and should cost little.
+        """
+        if not self._rechecks.acquire(timeout=max(0.0, deadline - self.clock())):
+            return []
         try:
+            hinted = _hinted_partition(route, hint)
+            if hinted is not None:
+                messages = self._claim(hinted, batch)
+                if messages:
+                    return messages
             return self._claim(route, batch)
         except Unavailable as exc:
             log.warning("long-poll re-check failed, staying parked: %s", exc.message)
             return []
+        finally:
+            self._rechecks.release()
 
     def _cap(self, route: PopRoute, timeout_s: float) -> float:
         """Apply the queue's maxWaitTimeSeconds to a long poll on that queue."""
@@ -124,6 +146,17 @@ class LongPoller:
                 )
             else:
                 log.info("gave back %d messages whose response was not delivered", released)
+
+
+def _hinted_partition(route: PopRoute, hint: str | None) -> PopRoute | None:
+    """Return the partition a notification named, for a poll by queue on its queue."""
+    if hint is None or route.kind != "queue":
+        return None
+    queue, _, rest = hint.partition("/")
+    partition = rest.split("/", 1)[0]
+    if queue != route.queue or not partition:
+        return None
+    return PopRoute(queue=queue, partition=partition)
 
 
 class ClaimedBody:

@@ -201,3 +201,22 @@ def test_a_long_poll_does_not_claim_for_a_client_that_has_gone(store: Store, db_
         poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=1, client_gone=lambda: True) == []
     )
     assert scalar(db_dsn, "SELECT status FROM queen.messages") == "pending"
+
+
+def test_ending_a_lease_on_an_emptied_partition_notifies_nobody(store, listener):
+    push(store, items("q", "a", 1))
+    (only,) = pop(store, "q", "a")
+    received(listener)
+    assert ack(store, only.transaction_id).status == "completed"
+    assert received(listener) == []
+
+
+def test_a_poll_by_queue_woken_for_a_partition_claims_that_partition_first(store: Store):
+    events = Events()
+    poller = LongPoller(store, events, "test")
+    push(store, items("q", "older", 1))
+    push(store, items("q", "newer", 1))
+    messages = poller._recheck(PopRoute(queue="q"), 1, time.monotonic() + 5, "q/newer//")
+    assert [m.partition for m in messages] == ["newer"]
+    messages = poller._recheck(PopRoute(queue="q"), 1, time.monotonic() + 5, "q/newer//")
+    assert [m.partition for m in messages] == ["older"]  # hint taken: the queue decides

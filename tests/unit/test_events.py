@@ -177,3 +177,12 @@ def test_threads_parked_on_one_route_are_each_woken_exactly_once_per_notificatio
     for t in threads:
         t.join(5)
     assert len(set(woken)) == len(woken)
+
+
+def test_a_wake_up_carries_the_notification_that_caused_it():
+    events = Events()
+    with events.subscribe(BY_QUEUE) as a, events.subscribe(BY_QUEUE) as b:
+        events.notify(payload(partition="p7"))
+        assert a.hint == "q/p7//"
+        events.wake_all()
+        assert b.hint is None  # woken to re-check, not for a partition
