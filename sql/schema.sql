@@ -414,13 +414,22 @@ LANGUAGE plpgsql AS $$
 DECLARE
     target uuid;
     tried  uuid[] := '{}';
+    window_s integer;
 BEGIN
+    SELECT q.window_buffer INTO window_s FROM queen.queues q WHERE q.id = p_queue;
     FOR attempt IN 1..16 LOOP
         SELECT p.id INTO target
         FROM queen.partition_heads h JOIN queen.partitions p ON p.id = h.partition_id
         WHERE h.queue_id = p_queue
           AND (p.lease_id IS NULL OR p.lease_expires_at <= now())
           AND NOT (h.partition_id = ANY (tried))
+          -- Pass over partitions whose window (windowBuffer) is still open, so they do
+          -- not use up the attempts (one backward probe of messages_pending each).
+          AND (window_s = 0 OR p.lease_id IS NOT NULL
+               OR coalesce((SELECT m.created_at FROM queen.messages m
+                            WHERE m.partition_id = p.id AND m.status = 'pending'
+                            ORDER BY m.seq DESC LIMIT 1), '-infinity')
+                  <= now() - make_interval(secs => window_s))
         ORDER BY h.head_seq
         LIMIT 1
         FOR NO KEY UPDATE OF p SKIP LOCKED;

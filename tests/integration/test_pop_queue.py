@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from queen.store import Store
-from tests.integration.helpers import ack, data, pop, push, scalar
+from tests.integration.helpers import ack, data, pop, push, rows, scalar
 
 
 def _drain(store: Store, queue: str, partitions: list[str]) -> None:
@@ -65,3 +65,35 @@ def test_filtered_pop_serves_the_highest_priority_queue_first(store: Store) -> N
     (m,) = pop(store, task="job")
     assert data(m) == "elsewhere"
     assert pop(store, namespace="ns", task="job") == []
+
+
+def _age(store: Store, partition: str, seconds: int) -> None:
+    rows(store.db.dsn, "UPDATE queen.messages m SET created_at = now() - make_interval(secs => %s)"
+         " FROM queen.partitions p WHERE p.id = m.partition_id AND p.name = %s RETURNING 1",
+         (seconds, partition))
+
+
+def test_open_windows_do_not_hide_a_partition_whose_window_closed(store: Store) -> None:
+    # windowBuffer 60 s: a partition is served once its newest message is a minute old.
+    store.queues.configure("w", None, None, {"window_buffer": 60})
+    busy = [f"busy{n:02d}" for n in range(20)]
+    push(store, [{"queue": "w", "partition": p, "payload": "old"} for p in busy])
+    push(store, [{"queue": "w", "partition": "ready", "payload": "ready"}])
+    for p in busy:  # old heads, but a new message keeps each window open
+        _age(store, p, 120)
+    _age(store, "ready", 120)
+    push(store, [{"queue": "w", "partition": p, "payload": "new"} for p in busy])
+    (m,) = pop(store, "w")
+    assert data(m) == "ready"
+    assert pop(store, "w") == []
+
+
+def test_expired_lease_is_taken_over_in_a_windowed_queue(store: Store) -> None:
+    store.queues.configure("w", None, None, {"window_buffer": 60, "lease_time": 1})
+    push(store, [{"queue": "w", "payload": "x"}])
+    _age(store, "Default", 120)
+    (m,) = pop(store, "w")
+    rows(store.db.dsn, "UPDATE queen.partitions SET lease_expires_at = now() - interval '1 s'"
+         " RETURNING 1")
+    (again,) = pop(store, "w")
+    assert (again.transaction_id, again.retry_count) == (m.transaction_id, 1)
