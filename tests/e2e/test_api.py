@@ -46,12 +46,16 @@ DEFAULT_OPTIONS = {
 def api_db(server_dsn: str, template_db: str) -> Iterator[str]:
     name = f"queen_api_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template_db)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_db)
+            )
+        )
     yield dsn_for(server_dsn, name)
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +110,14 @@ def push(url: str, items: list[dict[str, Any]]) -> requests.Response:
 
 def test_push_answers_201_with_one_result_per_item(url: str) -> None:
     name = q()
-    r = push(url, [
-        {"queue": name, "payload": {"a": 1}},
-        {"queue": name, "partition": "urgent", "payload": "text", "transactionId": "tx-push-1"},
-        {"queue": name, "payload": [1, 2], "transactionId": "tx-push-1"},
-    ])
+    r = push(
+        url,
+        [
+            {"queue": name, "payload": {"a": 1}},
+            {"queue": name, "partition": "urgent", "payload": "text", "transactionId": "tx-push-1"},
+            {"queue": name, "payload": [1, 2], "transactionId": "tx-push-1"},
+        ],
+    )
     assert r.status_code == 201
     assert_cors(r)
     messages = r.json()["messages"]
@@ -145,8 +152,9 @@ def test_push_with_a_chunked_body(url: str) -> None:
         yield body[:10]
         yield body[10:]
 
-    r = requests.post(f"{url}/push", data=chunks(),
-                      headers={"Content-Type": "application/json"}, timeout=10)
+    r = requests.post(
+        f"{url}/push", data=chunks(), headers={"Content-Type": "application/json"}, timeout=10
+    )
     assert r.request.headers.get("Transfer-Encoding") == "chunked"
     assert r.status_code == 201, r.text
     assert _pop_one(url, name)["data"] == {"chunked": True}
@@ -154,10 +162,8 @@ def test_push_with_a_chunked_body(url: str) -> None:
 
 def test_push_over_max_size_is_rejected_per_item_then_429(url: str, api_db: str) -> None:
     name = q()
-    requests.post(f"{url}/configure", json={"queue": name, "options": {"maxSize": 2}},
-                  timeout=10)
-    r = push(url, [{"queue": name, "payload": n, "transactionId": f"{name}-{n}"}
-                   for n in range(3)])
+    requests.post(f"{url}/configure", json={"queue": name, "options": {"maxSize": 2}}, timeout=10)
+    r = push(url, [{"queue": name, "payload": n, "transactionId": f"{name}-{n}"} for n in range(3)])
     assert r.status_code == 201
     messages = r.json()["messages"]
     assert [m["status"] for m in messages] == ["queued", "queued", "rejected"]
@@ -173,8 +179,18 @@ def test_push_over_max_size_is_rejected_per_item_then_429(url: str, api_db: str)
 
 
 def _popped_shape(m: dict[str, Any], queue: str, partition: str) -> None:
-    assert set(m) >= {"id", "transactionId", "queue", "partition", "data", "retryCount",
-                      "priority", "createdAt", "lockedAt", "options"}
+    assert set(m) >= {
+        "id",
+        "transactionId",
+        "queue",
+        "partition",
+        "data",
+        "retryCount",
+        "priority",
+        "createdAt",
+        "lockedAt",
+        "options",
+    }
     assert (m["queue"], m["partition"]) == (queue, partition)
     uuid.UUID(m["id"])
     assert ISO.match(m["createdAt"]) and ISO.match(m["lockedAt"])
@@ -207,10 +223,16 @@ def test_pop_from_any_partition_of_a_queue(url: str) -> None:
 def test_pop_with_namespace_and_task_filters(url: str) -> None:
     a, b = q("ns"), q("task")
     ns, task = q("namespace"), q("taskname")
-    assert requests.post(f"{url}/configure", json={"queue": a, "namespace": ns},
-                         timeout=10).status_code == 200
-    assert requests.post(f"{url}/configure", json={"queue": b, "task": task},
-                         timeout=10).status_code == 200
+    assert (
+        requests.post(
+            f"{url}/configure", json={"queue": a, "namespace": ns}, timeout=10
+        ).status_code
+        == 200
+    )
+    assert (
+        requests.post(f"{url}/configure", json={"queue": b, "task": task}, timeout=10).status_code
+        == 200
+    )
     push(url, [{"queue": a, "payload": "by-namespace"}, {"queue": b, "payload": "by-task"}])
     r = requests.get(f"{url}/pop", params={"namespace": ns, "batch": 5}, timeout=10)
     assert r.status_code == 200
@@ -224,8 +246,13 @@ def test_pop_with_namespace_and_task_filters(url: str) -> None:
 
 @pytest.mark.parametrize(
     "path",
-    ["/pop/queue/{q}", "/pop/queue/{q}/partition/Default", "/pop/queue/{q}/partition/other",
-     "/pop?namespace={q}", "/pop?task={q}"],
+    [
+        "/pop/queue/{q}",
+        "/pop/queue/{q}/partition/Default",
+        "/pop/queue/{q}/partition/other",
+        "/pop?namespace={q}",
+        "/pop?task={q}",
+    ],
 )
 def test_empty_pop_is_204_without_body(url: str, path: str) -> None:
     name = q()
@@ -236,8 +263,7 @@ def test_empty_pop_is_204_without_body(url: str, path: str) -> None:
 
 
 def test_pop_with_short_wait_times_out_with_204(url: str) -> None:
-    r = requests.get(f"{url}/pop/queue/{q()}", params={"wait": "true", "timeout": 200},
-                     timeout=10)
+    r = requests.get(f"{url}/pop/queue/{q()}", params={"wait": "true", "timeout": 200}, timeout=10)
     assert r.status_code == 204
     assert r.elapsed.total_seconds() >= 0.15
 
@@ -265,8 +291,9 @@ def test_ack_completed(url: str) -> None:
     name = q()
     push(url, [{"queue": name, "payload": 1, "transactionId": f"{name}-a"}])
     m = _pop_one(url, name)
-    r = requests.post(f"{url}/ack", json={"transactionId": m["transactionId"],
-                                           "status": "completed"}, timeout=10)
+    r = requests.post(
+        f"{url}/ack", json={"transactionId": m["transactionId"], "status": "completed"}, timeout=10
+    )
     assert r.status_code == 200
     assert_cors(r)
     doc = r.json()
@@ -278,19 +305,24 @@ def test_ack_completed(url: str) -> None:
 
 def test_ack_failed_retries_then_dead_letter(url: str) -> None:
     name = q()
-    requests.post(f"{url}/configure", json={"queue": name, "options": {"retryLimit": 1}},
-                  timeout=10)
+    requests.post(
+        f"{url}/configure", json={"queue": name, "options": {"retryLimit": 1}}, timeout=10
+    )
     push(url, [{"queue": name, "payload": 1, "transactionId": f"{name}-f"}])
     m = _pop_one(url, name)
     assert m["retryCount"] == 0
-    r = requests.post(f"{url}/ack", json={"transactionId": m["transactionId"],
-                                           "status": "failed", "error": "boom"}, timeout=10)
+    r = requests.post(
+        f"{url}/ack",
+        json={"transactionId": m["transactionId"], "status": "failed", "error": "boom"},
+        timeout=10,
+    )
     assert r.status_code == 200
     assert (r.json()["status"], r.json()["retryCount"]) == ("retry_scheduled", 1)
     m = _pop_one(url, name)
     assert m["retryCount"] == 1
-    r = requests.post(f"{url}/ack", json={"transactionId": m["transactionId"],
-                                           "status": "failed"}, timeout=10)
+    r = requests.post(
+        f"{url}/ack", json={"transactionId": m["transactionId"], "status": "failed"}, timeout=10
+    )
     assert r.json()["status"] == "dead_letter"
     assert "retryCount" not in r.json()
     assert requests.get(f"{url}/pop/queue/{name}", timeout=10).status_code == 204
@@ -298,38 +330,60 @@ def test_ack_failed_retries_then_dead_letter(url: str) -> None:
 
 def test_ack_failed_without_dlq_ends_failed(url: str) -> None:
     name = q()
-    requests.post(f"{url}/configure", json={
-        "queue": name, "options": {"retryLimit": 0, "dlqAfterMaxRetries": False}}, timeout=10)
+    requests.post(
+        f"{url}/configure",
+        json={"queue": name, "options": {"retryLimit": 0, "dlqAfterMaxRetries": False}},
+        timeout=10,
+    )
     push(url, [{"queue": name, "payload": 1}])
     m = _pop_one(url, name)
-    r = requests.post(f"{url}/ack", json={"transactionId": m["transactionId"],
-                                           "status": "failed"}, timeout=10)
+    r = requests.post(
+        f"{url}/ack", json={"transactionId": m["transactionId"], "status": "failed"}, timeout=10
+    )
     assert r.json()["status"] == "failed"
 
 
 def test_ack_unknown_transaction_is_404(url: str) -> None:
-    r = requests.post(f"{url}/ack", json={"transactionId": f"nope-{uuid.uuid4()}",
-                                           "status": "completed"}, timeout=10)
+    r = requests.post(
+        f"{url}/ack",
+        json={"transactionId": f"nope-{uuid.uuid4()}", "status": "completed"},
+        timeout=10,
+    )
     assert "not found" in assert_json_error(r, 404)
-    r = requests.post(f"{url}/ack/batch", json={"acknowledgments": [
-        {"transactionId": "nope-1", "status": "completed"}]}, timeout=10)
+    r = requests.post(
+        f"{url}/ack/batch",
+        json={"acknowledgments": [{"transactionId": "nope-1", "status": "completed"}]},
+        timeout=10,
+    )
     assert_json_error(r, 404)
 
 
 def test_ack_batch(url: str) -> None:
     name = q()
-    requests.post(f"{url}/configure", json={"queue": name, "options": {"retryLimit": 0}},
-                  timeout=10)
-    push(url, [{"queue": name, "partition": f"p{n}", "payload": n,
-                "transactionId": f"{name}-{n}"} for n in range(3)])
+    requests.post(
+        f"{url}/configure", json={"queue": name, "options": {"retryLimit": 0}}, timeout=10
+    )
+    push(
+        url,
+        [
+            {"queue": name, "partition": f"p{n}", "payload": n, "transactionId": f"{name}-{n}"}
+            for n in range(3)
+        ],
+    )
     for _ in range(3):
         _pop_one(url, name)
-    r = requests.post(f"{url}/ack/batch", json={"acknowledgments": [
-        {"transactionId": f"{name}-0", "status": "completed"},
-        {"transactionId": f"{name}-1", "status": "failed", "error": "bad"},
-        {"transactionId": "unknown-" + name, "status": "completed"},
-        {"transactionId": f"{name}-2", "status": "completed"},
-    ]}, timeout=10)
+    r = requests.post(
+        f"{url}/ack/batch",
+        json={
+            "acknowledgments": [
+                {"transactionId": f"{name}-0", "status": "completed"},
+                {"transactionId": f"{name}-1", "status": "failed", "error": "bad"},
+                {"transactionId": "unknown-" + name, "status": "completed"},
+                {"transactionId": f"{name}-2", "status": "completed"},
+            ]
+        },
+        timeout=10,
+    )
     assert r.status_code == 200
     assert_cors(r)
     doc = r.json()
@@ -346,10 +400,14 @@ def test_ack_batch_reports_retry_scheduled(url: str) -> None:
     name = q()
     push(url, [{"queue": name, "payload": 1, "transactionId": f"{name}-r"}])
     _pop_one(url, name)
-    r = requests.post(f"{url}/ack/batch", json={"acknowledgments": [
-        {"transactionId": f"{name}-r", "status": "failed"}]}, timeout=10)
+    r = requests.post(
+        f"{url}/ack/batch",
+        json={"acknowledgments": [{"transactionId": f"{name}-r", "status": "failed"}]},
+        timeout=10,
+    )
     assert r.json()["results"] == [
-        {"transactionId": f"{name}-r", "status": "retry_scheduled", "retryCount": 1}]
+        {"transactionId": f"{name}-r", "status": "retry_scheduled", "retryCount": 1}
+    ]
 
 
 # -- 4. configure ------------------------------------------------------------------
@@ -368,26 +426,44 @@ def test_configure_returns_every_option_with_defaults(url: str) -> None:
 
 def test_configure_sets_options_and_labels_and_keeps_them(url: str) -> None:
     name = q()
-    r = requests.post(f"{url}/configure", json={
-        "queue": name,
-        "partition": "critical",  # deprecated, accepted and ignored
-        "namespace": "billing",
-        "task": "invoices",
-        "options": {"leaseTime": 600, "retryLimit": 5, "priority": 10,
-                    "dlqAfterMaxRetries": False},
-    }, timeout=10)
+    r = requests.post(
+        f"{url}/configure",
+        json={
+            "queue": name,
+            "partition": "critical",  # deprecated, accepted and ignored
+            "namespace": "billing",
+            "task": "invoices",
+            "options": {
+                "leaseTime": 600,
+                "retryLimit": 5,
+                "priority": 10,
+                "dlqAfterMaxRetries": False,
+            },
+        },
+        timeout=10,
+    )
     assert r.status_code == 200
     doc = r.json()
     assert (doc["namespace"], doc["task"]) == ("billing", "invoices")
-    assert doc["options"] == {**DEFAULT_OPTIONS, "leaseTime": 600, "retryLimit": 5,
-                              "priority": 10, "dlqAfterMaxRetries": False}
+    assert doc["options"] == {
+        **DEFAULT_OPTIONS,
+        "leaseTime": 600,
+        "retryLimit": 5,
+        "priority": 10,
+        "dlqAfterMaxRetries": False,
+    }
     # A later configure changes only what it names.
-    r = requests.post(f"{url}/configure", json={"queue": name, "options": {"ttl": 60}},
-                      timeout=10)
+    r = requests.post(f"{url}/configure", json={"queue": name, "options": {"ttl": 60}}, timeout=10)
     doc = r.json()
     assert (doc["namespace"], doc["task"]) == ("billing", "invoices")
-    assert doc["options"] == {**DEFAULT_OPTIONS, "leaseTime": 600, "retryLimit": 5,
-                              "priority": 10, "dlqAfterMaxRetries": False, "ttl": 60}
+    assert doc["options"] == {
+        **DEFAULT_OPTIONS,
+        "leaseTime": 600,
+        "retryLimit": 5,
+        "priority": 10,
+        "dlqAfterMaxRetries": False,
+        "ttl": 60,
+    }
     push(url, [{"queue": name, "payload": 1}])
     m = _pop_one(url, name)
     assert m["options"] == {"leaseTime": 600, "retryLimit": 5}
@@ -408,21 +484,33 @@ def test_health(api: Server) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/api/v1/push", "/api/v1/pop/queue/x", "/api/v1/ack", "/api/v1/configure",
-             "/health", "/api/v1/does-not-exist"],
+    "path",
+    [
+        "/api/v1/push",
+        "/api/v1/pop/queue/x",
+        "/api/v1/ack",
+        "/api/v1/configure",
+        "/health",
+        "/api/v1/does-not-exist",
+    ],
 )
 def test_options_preflight(api: Server, path: str) -> None:
-    r = requests.options(api.url + path, headers={
-        "Origin": "http://example.com",
-        "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "Content-Type",
-    }, timeout=10)
+    r = requests.options(
+        api.url + path,
+        headers={
+            "Origin": "http://example.com",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "Content-Type",
+        },
+        timeout=10,
+    )
     assert r.status_code in (200, 204)
     assert_cors(r)
 
 
 @pytest.mark.parametrize(
-    "path", ["/api/v1/nothing", "/api/v2/push", "/api/v1/pop/queue/a/partition/b/c", "/x"],
+    "path",
+    ["/api/v1/nothing", "/api/v2/push", "/api/v1/pop/queue/a/partition/b/c", "/x"],
 )
 def test_unknown_route_is_json_404(api: Server, path: str) -> None:
     assert_json_error(requests.get(api.url + path, timeout=10), 404)
@@ -431,9 +519,16 @@ def test_unknown_route_is_json_404(api: Server, path: str) -> None:
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/api/v1/push"), ("PUT", "/api/v1/push"), ("DELETE", "/api/v1/ack"),
-     ("GET", "/api/v1/ack/batch"), ("POST", "/api/v1/pop/queue/x"),
-     ("DELETE", "/api/v1/pop"), ("GET", "/api/v1/configure"), ("POST", "/health")],
+    [
+        ("GET", "/api/v1/push"),
+        ("PUT", "/api/v1/push"),
+        ("DELETE", "/api/v1/ack"),
+        ("GET", "/api/v1/ack/batch"),
+        ("POST", "/api/v1/pop/queue/x"),
+        ("DELETE", "/api/v1/pop"),
+        ("GET", "/api/v1/configure"),
+        ("POST", "/health"),
+    ],
 )
 def test_wrong_method_is_json_405(api: Server, method: str, path: str) -> None:
     r = requests.request(method, api.url + path, json={}, timeout=10)
@@ -461,8 +556,11 @@ BAD_PUSH_BODIES: list[tuple[str, bytes | str | Any, int]] = [
     ("queue is a number", {"items": [{"queue": 7, "payload": 1}]}, 400),
     ("queue is null", {"items": [{"queue": None, "payload": 1}]}, 400),
     ("partition is a list", {"items": [{"queue": "q-ok", "partition": ["a"], "payload": 1}]}, 400),
-    ("transactionId is a number",
-     {"items": [{"queue": "q-ok", "payload": 1, "transactionId": 12}]}, 400),
+    (
+        "transactionId is a number",
+        {"items": [{"queue": "q-ok", "payload": 1, "transactionId": 12}]},
+        400,
+    ),
     ("transactionId empty", {"items": [{"queue": "q-ok", "payload": 1, "transactionId": ""}]}, 400),
     ("queue with slash", {"items": [{"queue": "a/b", "payload": 1}]}, 400),
     ("queue with space", {"items": [{"queue": "a b", "payload": 1}]}, 400),
@@ -473,8 +571,11 @@ BAD_PUSH_BODIES: list[tuple[str, bytes | str | Any, int]] = [
     ("partition with slash", {"items": [{"queue": "q-ok", "partition": "a/b", "payload": 1}]}, 400),
     ("NUL in payload", {"items": [{"queue": "q-ok", "payload": {"a": "x\u0000y"}}]}, 400),
     ("NUL in payload key", {"items": [{"queue": "q-ok", "payload": {"a\u0000": 1}}]}, 400),
-    ("NUL in transactionId",
-     {"items": [{"queue": "q-ok", "payload": 1, "transactionId": "t\u0000"}]}, 400),
+    (
+        "NUL in transactionId",
+        {"items": [{"queue": "q-ok", "payload": 1, "transactionId": "t\u0000"}]},
+        400,
+    ),
     ("NUL in another field", {"items": [{"queue": "q-ok", "payload": 1, "meta": "\u0000"}]}, 400),
     ("lone surrogate", b'{"items": [{"queue": "q-ok", "payload": "\\ud800"}]}', 400),
     ("second item bad", {"items": [{"queue": "q-ok", "payload": 1}, {"queue": "a b"}]}, 400),
@@ -482,15 +583,19 @@ BAD_PUSH_BODIES: list[tuple[str, bytes | str | Any, int]] = [
 ]
 
 
-@pytest.mark.parametrize(("body", "status"), [(b, s) for _, b, s in BAD_PUSH_BODIES],
-                         ids=[n for n, _, _ in BAD_PUSH_BODIES])
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [(b, s) for _, b, s in BAD_PUSH_BODIES],
+    ids=[n for n, _, _ in BAD_PUSH_BODIES],
+)
 def test_bad_push_is_refused_and_stores_nothing(
     url: str, api_db: str, body: Any, status: int
 ) -> None:
     before = db_state(api_db)
     if isinstance(body, bytes):
-        r = requests.post(f"{url}/push", data=body,
-                          headers={"Content-Type": "application/json"}, timeout=10)
+        r = requests.post(
+            f"{url}/push", data=body, headers={"Content-Type": "application/json"}, timeout=10
+        )
     else:
         r = requests.post(f"{url}/push", json=body, timeout=10)
     assert_json_error(r, status)
@@ -541,10 +646,23 @@ BAD_ACKS: list[tuple[str, str, Any, int]] = [
     ("ack", "error not a string", {"transactionId": "{tx}", "status": "failed", "error": 1}, 400),
     ("ack/batch", "no list", {"acknowledgments": "x"}, 400),
     ("ack/batch", "empty list", {"acknowledgments": []}, 400),
-    ("ack/batch", "bad entry", {"acknowledgments": [{"transactionId": "{tx}", "status": "completed"},
-                                                    {"transactionId": "{tx}"}]}, 400),
-    ("ack/batch", "1001 entries",
-     {"acknowledgments": [{"transactionId": "{tx}", "status": "completed"}] * 1001}, 413),
+    (
+        "ack/batch",
+        "bad entry",
+        {
+            "acknowledgments": [
+                {"transactionId": "{tx}", "status": "completed"},
+                {"transactionId": "{tx}"},
+            ]
+        },
+        400,
+    ),
+    (
+        "ack/batch",
+        "1001 entries",
+        {"acknowledgments": [{"transactionId": "{tx}", "status": "completed"}] * 1001},
+        413,
+    ),
 ]
 
 
@@ -559,8 +677,11 @@ def _fill(value: Any, placeholder: str, text: str) -> Any:
     return value
 
 
-@pytest.mark.parametrize(("path", "body", "status"), [(p, b, s) for p, _, b, s in BAD_ACKS],
-                         ids=[f"{p}-{n}" for p, n, _, _ in BAD_ACKS])
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [(p, b, s) for p, _, b, s in BAD_ACKS],
+    ids=[f"{p}-{n}" for p, n, _, _ in BAD_ACKS],
+)
 def test_bad_ack_is_refused_and_changes_nothing(
     url: str, api_db: str, path: str, body: Any, status: int
 ) -> None:
@@ -573,8 +694,9 @@ def test_bad_ack_is_refused_and_changes_nothing(
         r = requests.post(f"{url}/{path}", json=_fill(body, "{tx}", f"{name}-tx"), timeout=10)
     assert_json_error(r, status)
     with psycopg.connect(api_db) as conn:
-        row = conn.execute("SELECT status FROM queen.messages WHERE transaction_id = %s",
-                           (f"{name}-tx",)).fetchone()
+        row = conn.execute(
+            "SELECT status FROM queen.messages WHERE transaction_id = %s", (f"{name}-tx",)
+        ).fetchone()
     assert row == ("processing",)
 
 
@@ -613,10 +735,14 @@ def test_bad_configure_is_refused_and_creates_nothing(url: str, api_db: str, bod
 
 def test_bad_configure_of_an_existing_queue_changes_nothing(url: str) -> None:
     name = q()
-    requests.post(f"{url}/configure", json={"queue": name, "options": {"leaseTime": 42}},
-                  timeout=10)
-    r = requests.post(f"{url}/configure", json={
-        "queue": name, "options": {"retryLimit": 9, "leaseTime": 0}}, timeout=10)
+    requests.post(
+        f"{url}/configure", json={"queue": name, "options": {"leaseTime": 42}}, timeout=10
+    )
+    r = requests.post(
+        f"{url}/configure",
+        json={"queue": name, "options": {"retryLimit": 9, "leaseTime": 0}},
+        timeout=10,
+    )
     assert_json_error(r, 400)
     r = requests.post(f"{url}/configure", json={"queue": name}, timeout=10)
     assert r.json()["options"]["leaseTime"] == 42

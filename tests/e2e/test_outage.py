@@ -25,16 +25,21 @@ def _dbname(dsn: str) -> str:
 def block(server_dsn: str, dbname: str) -> None:
     """Refuse new connections to dbname and end the existing ones."""
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(
-            sql.Identifier(dbname)))
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                     " WHERE datname = %s AND pid <> pg_backend_pid()", (dbname,))
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(sql.Identifier(dbname))
+        )
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
+            (dbname,),
+        )
 
 
 def unblock(server_dsn: str, dbname: str) -> None:
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(
-            sql.Identifier(dbname)))
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(sql.Identifier(dbname))
+        )
 
 
 @pytest.fixture
@@ -59,22 +64,32 @@ def test_503_while_the_database_is_away_then_recovery(
     outage_server: Server, db_dsn: str, server_dsn: str
 ) -> None:
     api = f"{outage_server.url}/api/v1"
-    assert requests.post(f"{api}/push", json={"items": [
-        {"queue": "o", "payload": "before", "transactionId": "before"}]}, timeout=10
-    ).status_code == 201
+    assert (
+        requests.post(
+            f"{api}/push",
+            json={"items": [{"queue": "o", "payload": "before", "transactionId": "before"}]},
+            timeout=10,
+        ).status_code
+        == 201
+    )
 
     block(server_dsn, _dbname(db_dsn))
     started = time.monotonic()
     calls = [
-        lambda: requests.post(f"{api}/push", json={"items": [{"queue": "o", "payload": 1}]},
-                              timeout=15),
+        lambda: requests.post(
+            f"{api}/push", json={"items": [{"queue": "o", "payload": 1}]}, timeout=15
+        ),
         lambda: requests.get(f"{api}/pop/queue/o", timeout=15),
         lambda: requests.get(f"{api}/pop/queue/o/partition/Default", timeout=15),
         lambda: requests.get(f"{api}/pop", params={"namespace": "n"}, timeout=15),
-        lambda: requests.post(f"{api}/ack", json={"transactionId": "before",
-                                                  "status": "completed"}, timeout=15),
-        lambda: requests.post(f"{api}/ack/batch", json={"acknowledgments": [
-            {"transactionId": "before", "status": "completed"}]}, timeout=15),
+        lambda: requests.post(
+            f"{api}/ack", json={"transactionId": "before", "status": "completed"}, timeout=15
+        ),
+        lambda: requests.post(
+            f"{api}/ack/batch",
+            json={"acknowledgments": [{"transactionId": "before", "status": "completed"}]},
+            timeout=15,
+        ),
         lambda: requests.post(f"{api}/configure", json={"queue": "o2"}, timeout=15),
     ]
     for call in calls:
@@ -95,8 +110,11 @@ def test_503_while_the_database_is_away_then_recovery(
     unblock(server_dsn, _dbname(db_dsn))
     back = time.monotonic()
     while True:
-        r = requests.post(f"{api}/push", json={"items": [
-            {"queue": "o", "payload": "after", "transactionId": "after"}]}, timeout=15)
+        r = requests.post(
+            f"{api}/push",
+            json={"items": [{"queue": "o", "payload": "after", "transactionId": "after"}]},
+            timeout=15,
+        )
         if r.status_code == 201:
             break
         _assert_503(r)

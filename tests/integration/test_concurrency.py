@@ -103,7 +103,10 @@ def test_fifo_within_one_large_batch(store: Store) -> None:
     while batch := pop(store, "q", "Default", batch=333):
         seen.extend(data(m) for m in batch)
         store.messages.ack(
-            [{"transactionId": m.transaction_id, "status": "completed", "error": None} for m in batch]
+            [
+                {"transactionId": m.transaction_id, "status": "completed", "error": None}
+                for m in batch
+            ]
         )
     assert seen == list(range(1000))
 
@@ -179,8 +182,10 @@ def test_no_partition_held_by_two_consumers_while_acking(big_store: Store) -> No
             with lock:
                 del holder[part]
             results = big_store.messages.ack(
-                [{"transactionId": m.transaction_id, "status": "completed", "error": None}
-                 for m in msgs]
+                [
+                    {"transactionId": m.transaction_id, "status": "completed", "error": None}
+                    for m in msgs
+                ]
             )
             assert {r.status for r in results} == {"completed"}
 
@@ -192,10 +197,14 @@ def test_no_partition_held_by_two_consumers_while_acking(big_store: Store) -> No
     for p, n in delivered:
         order[p].append(n)
     assert all(seq == list(range(per_partition)) for seq in order.values())
-    assert scalar(big_store.db.dsn, "SELECT count(*) FROM queen.messages"
-                  " WHERE status <> 'completed'") == 0
-    assert scalar(big_store.db.dsn, "SELECT count(*) FROM queen.partitions"
-                  " WHERE lease_id IS NOT NULL") == 0
+    assert (
+        scalar(big_store.db.dsn, "SELECT count(*) FROM queen.messages WHERE status <> 'completed'")
+        == 0
+    )
+    assert (
+        scalar(big_store.db.dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL")
+        == 0
+    )
 
 
 # -- idempotency ------------------------------------------------------------------
@@ -216,8 +225,12 @@ def test_concurrent_duplicate_pushes_store_each_id_once(
         if shuffle:
             random.Random(i).shuffle(order)
         items = [
-            {"queue": "idem", "partition": f"p{int(t[3:]) % 3}", "payload": {"by": i},
-             "transactionId": t}
+            {
+                "queue": "idem",
+                "partition": f"p{int(t[3:]) % 3}",
+                "payload": {"by": i},
+                "transactionId": t,
+            }
             for t in order
         ]
         results = push(big_store, items)
@@ -239,20 +252,25 @@ def test_concurrent_duplicate_pushes_store_each_id_once(
 
 
 def test_duplicates_within_one_batch_and_across_batches(store: Store) -> None:
-    first = push(store, [
-        {"queue": "q", "payload": 1, "transactionId": "a"},
-        {"queue": "q", "payload": 2, "transactionId": "a"},
-        {"queue": "q", "payload": 3, "transactionId": "b"},
-    ])
+    first = push(
+        store,
+        [
+            {"queue": "q", "payload": 1, "transactionId": "a"},
+            {"queue": "q", "payload": 2, "transactionId": "a"},
+            {"queue": "q", "payload": 3, "transactionId": "b"},
+        ],
+    )
     assert [r.status for r in first] == ["queued", "duplicate", "queued"]
     assert first[0].id == first[1].id
-    again = push(store, [
-        {"queue": "other", "payload": 4, "transactionId": "b"},
-        {"queue": "q", "payload": 5, "transactionId": "c"},
-    ])
+    again = push(
+        store,
+        [
+            {"queue": "other", "payload": 4, "transactionId": "b"},
+            {"queue": "q", "payload": 5, "transactionId": "c"},
+        ],
+    )
     assert [r.status for r in again] == ["duplicate", "queued"]
     assert again[0].id == first[2].id
     assert scalar(store.db.dsn, "SELECT count(*) FROM queen.messages") == 3
     msgs = pop(store, "q", "Default", batch=10)
     assert [data(m) for m in msgs] == [1, 3, 5]
-

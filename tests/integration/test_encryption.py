@@ -25,14 +25,18 @@ def sealed_store(db_dsn: str) -> Iterator[Store]:
 
 def test_encrypted_queue_round_trip(sealed_store: Store) -> None:
     sealed_store.queues.configure("secret", None, None, {"encryption_enabled": True})
-    push(sealed_store, [
-        {"queue": "secret", "payload": {"card": "4111"}, "transactionId": "s1"},
-        {"queue": "plain", "payload": {"card": "visible"}, "transactionId": "p1"},
-    ])
+    push(
+        sealed_store,
+        [
+            {"queue": "secret", "payload": {"card": "4111"}, "transactionId": "s1"},
+            {"queue": "plain", "payload": {"card": "visible"}, "transactionId": "p1"},
+        ],
+    )
     stored = dict(
-        (t, (e, p)) for t, e, p in rows(
-            sealed_store.db.dsn,
-            "SELECT transaction_id, encrypted, payload FROM queen.messages")
+        (t, (e, p))
+        for t, e, p in rows(
+            sealed_store.db.dsn, "SELECT transaction_id, encrypted, payload FROM queen.messages"
+        )
     )
     assert stored["s1"][0] is True
     assert set(stored["s1"][1]) == {"iv", "tag", "data"}

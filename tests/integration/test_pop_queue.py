@@ -35,8 +35,13 @@ def test_work_behind_drained_partitions_popped_by_queue(store: Store) -> None:
 
 def test_oldest_partition_first_and_fifo_inside(store: Store) -> None:
     push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
-    push(store, [{"queue": "q", "partition": "a", "payload": "a1"},
-                 {"queue": "q", "partition": "b", "payload": "b2"}])
+    push(
+        store,
+        [
+            {"queue": "q", "partition": "a", "payload": "a1"},
+            {"queue": "q", "partition": "b", "payload": "b2"},
+        ],
+    )
     first = pop(store, "q", batch=5)
     assert [data(m) for m in first] == ["b1", "b2"]
     second = pop(store, "q", batch=5)
@@ -68,9 +73,12 @@ def test_filtered_pop_serves_the_highest_priority_queue_first(store: Store) -> N
 
 
 def _age(store: Store, partition: str, seconds: int) -> None:
-    rows(store.db.dsn, "UPDATE queen.messages m SET created_at = now() - make_interval(secs => %s)"
-         " FROM queen.partitions p WHERE p.id = m.partition_id AND p.name = %s RETURNING 1",
-         (seconds, partition))
+    rows(
+        store.db.dsn,
+        "UPDATE queen.messages m SET created_at = now() - make_interval(secs => %s)"
+        " FROM queen.partitions p WHERE p.id = m.partition_id AND p.name = %s RETURNING 1",
+        (seconds, partition),
+    )
 
 
 def test_open_windows_do_not_hide_a_partition_whose_window_closed(store: Store) -> None:
@@ -93,7 +101,9 @@ def test_expired_lease_is_taken_over_in_a_windowed_queue(store: Store) -> None:
     push(store, [{"queue": "w", "payload": "x"}])
     _age(store, "Default", 120)
     (m,) = pop(store, "w")
-    rows(store.db.dsn, "UPDATE queen.partitions SET lease_expires_at = now() - interval '1 s'"
-         " RETURNING 1")
+    rows(
+        store.db.dsn,
+        "UPDATE queen.partitions SET lease_expires_at = now() - interval '1 s' RETURNING 1",
+    )
     (again,) = pop(store, "w")
     assert (again.transaction_id, again.retry_count) == (m.transaction_id, 1)

@@ -84,7 +84,7 @@ def _parse_notice(text: str) -> Plan | None:
     match = re.search(r"plan:\s*\nQuery Text: (.*?)\n(?=\S+.*\(cost=)", text, re.S)
     if not match:
         return None
-    return Plan(query=match.group(1).strip(), plan=text[match.end():].strip())
+    return Plan(query=match.group(1).strip(), plan=text[match.end() :].strip())
 
 
 @pytest.fixture(scope="module")
@@ -96,19 +96,29 @@ def seeded(server_dsn: str, template_db: str) -> Iterator[str]:
 
     name = f"queen_plans_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template_db)))
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_db)
+            )
+        )
     dsn = dsn_for(server_dsn, name)
-    params = {"others": OTHER_QUEUES, "parts": PARTITIONS, "completed": COMPLETED_PER_BUSY,
-              "leased": LEASED, "free": FREE, "pending": PENDING_PER_BUSY}
+    params = {
+        "others": OTHER_QUEUES,
+        "parts": PARTITIONS,
+        "completed": COMPLETED_PER_BUSY,
+        "leased": LEASED,
+        "free": FREE,
+        "pending": PENDING_PER_BUSY,
+    }
     with psycopg.connect(dsn, autocommit=True) as conn:
         with conn.transaction(), psycopg.ClientCursor(conn) as cur:
             cur.execute(SEED, params)  # type: ignore[arg-type]
         conn.execute("VACUUM ANALYZE")
     yield dsn
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 class Explained:
@@ -145,7 +155,9 @@ def explained(seeded: str) -> Iterator[Explained]:
 RECORDED: dict[str, list[Plan]] = {}
 
 
-def check(name: str, plans: list[Plan], tables: tuple[str, ...] = ("messages", "partitions")) -> None:
+def check(
+    name: str, plans: list[Plan], tables: tuple[str, ...] = ("messages", "partitions")
+) -> None:
     """Assert no plan node on these tables is a Seq Scan or touches more than MAX_ROWS rows.
 
     With the default tables every node of every plan must stay under MAX_ROWS.
@@ -153,10 +165,11 @@ def check(name: str, plans: list[Plan], tables: tuple[str, ...] = ("messages", "
     RECORDED[name] = plans
     assert plans, "auto_explain captured nothing"
     everything = tables == ("messages", "partitions")
-    on_table = re.compile(r"\b(?:on|using) (?:%s)(?:_\w+)?\b" % "|".join(tables))
+    names = "|".join(tables)
+    on_table = re.compile(rf"\b(?:on|using) (?:{names})(?:_\w+)?\b")
     for p in plans:
         where = f"{name}: {p.query[:80]!r}\n{p.plan}"
-        assert not re.search(r"Seq Scan on (%s)\b" % "|".join(tables), p.plan), where
+        assert not re.search(rf"Seq Scan on ({names})\b", p.plan), where
         node_is_ours = True
         for line in p.plan.splitlines():
             if "(cost=" in line:
@@ -170,16 +183,23 @@ def check(name: str, plans: list[Plan], tables: tuple[str, ...] = ("messages", "
 
 
 def _pop_params(**kw: Any) -> dict[str, Any]:
-    params = {"queue": None, "partition": None, "namespace": None, "task": None,
-              "batch": 10, "worker": "plans"}
+    params = {
+        "queue": None,
+        "partition": None,
+        "namespace": None,
+        "task": None,
+        "batch": 10,
+        "worker": "plans",
+    }
     params.update(kw)
     return params
 
 
 def test_seed_is_what_the_plans_are_measured_against(seeded: str) -> None:
     with psycopg.connect(seeded) as conn:
-        counts = dict(conn.execute(
-            "SELECT status, count(*) FROM queen.messages GROUP BY 1").fetchall())
+        counts = dict(
+            conn.execute("SELECT status, count(*) FROM queen.messages GROUP BY 1").fetchall()
+        )
         partitions = conn.execute("SELECT count(*) FROM queen.partitions").fetchone()
         heads = conn.execute("SELECT count(*) FROM queen.partition_heads").fetchone()
     assert counts["completed"] == LEASED * COMPLETED_PER_BUSY
@@ -222,8 +242,9 @@ def test_ack_of_a_popped_batch(explained: Explained) -> None:
 
 
 def test_push_into_existing_partitions(explained: Explained) -> None:
-    items = [{"queue": "big", "partition": f"p{n % 5 + 90:04d}", "payload": {"n": n}}
-             for n in range(10)]
+    items = [
+        {"queue": "big", "partition": f"p{n % 5 + 90:04d}", "payload": {"n": n}} for n in range(10)
+    ]
     rows, plans = explained.run("push", {"body": orjson.dumps({"items": items}).decode()})
     assert [r[3] for r in rows] == ["queued"] * 10
     # Only the backlog is checked here: push still resolves queue and partition names

@@ -81,10 +81,12 @@ def test_partial_failure_in_a_batch_frees_the_partition_when_all_are_acked(store
 def test_ack_of_unknown_and_mixed_batches(store: Store) -> None:
     push(store, [{"queue": "r", "payload": 1, "transactionId": "known"}])
     pop(store, "r")
-    results = store.messages.ack([
-        {"transactionId": "nope", "status": "completed", "error": None},
-        {"transactionId": "known", "status": "completed", "error": None},
-    ])
+    results = store.messages.ack(
+        [
+            {"transactionId": "nope", "status": "completed", "error": None},
+            {"transactionId": "known", "status": "completed", "error": None},
+        ]
+    )
     assert [(r.transaction_id, r.status) for r in results] == [
         ("nope", "not_found"),
         ("known", "completed"),
@@ -96,8 +98,13 @@ def test_ack_of_unknown_and_mixed_batches(store: Store) -> None:
 
 def test_expired_lease_is_taken_over_with_retry_count_plus_one(store: Store) -> None:
     store.queues.configure("lease", None, None, {"lease_time": 1, "retry_limit": 1})
-    push(store, [{"queue": "lease", "partition": "p", "payload": n, "transactionId": f"m{n}"}
-                 for n in range(2)])
+    push(
+        store,
+        [
+            {"queue": "lease", "partition": "p", "payload": n, "transactionId": f"m{n}"}
+            for n in range(2)
+        ],
+    )
 
     first = pop(store, "lease", "p", batch=2, worker="a")
     assert [(data(m), m.retry_count) for m in first] == [(0, 0), (1, 0)]
@@ -116,8 +123,10 @@ def test_expired_lease_is_taken_over_with_retry_count_plus_one(store: Store) -> 
     assert pop(store, "lease", batch=2, worker="c") == []
     assert _status(store, "m0") == ("dead_letter", 1, "lease expired")
     assert _status(store, "m1") == ("dead_letter", 1, "lease expired")
-    assert scalar(store.db.dsn, "SELECT count(*) FROM queen.partitions"
-                  " WHERE lease_id IS NOT NULL") == 0
+    assert (
+        scalar(store.db.dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL")
+        == 0
+    )
 
 
 def test_expired_lease_is_taken_over_by_pop_queue(store: Store) -> None:

@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 from queen.errors import QueenError
-from queen.store.migrate import migration_files, migrate
+from queen.store.migrate import migrate, migration_files
 from tests.conftest import dsn_for
 
 # Each entry: a name and a query returning sorted rows that describe one kind of object
@@ -154,8 +154,9 @@ def test_migrate_is_idempotent(empty_dsn: str) -> None:
     assert migrate(empty_dsn) == []
     assert describe(empty_dsn) == before
     with psycopg.connect(empty_dsn) as conn:
-        names = [r[0] for r in conn.execute(
-            "SELECT name FROM queen.schema_migrations ORDER BY name")]
+        names = [
+            r[0] for r in conn.execute("SELECT name FROM queen.schema_migrations ORDER BY name")
+        ]
     assert names == first
 
 
@@ -190,8 +191,9 @@ def test_a_failing_migration_is_rolled_back_and_retried(empty_dsn: str, tmp_path
     with pytest.raises((psycopg.Error, QueenError)):
         migrate(empty_dsn, tmp_path)
     with psycopg.connect(empty_dsn) as conn:
-        tables = {r[0] for r in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'queen'")}
+        tables = {
+            r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'queen'")
+        }
         assert tables == {"schema_migrations", "t1"}
     (tmp_path / "0002_bad.sql").write_text("CREATE TABLE queen.t2 (a int);")
     assert migrate(empty_dsn, tmp_path) == ["0002_bad.sql"]
