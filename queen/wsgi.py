@@ -42,6 +42,7 @@ def get_app() -> Any:
     store.open()
     events = Events(settings.dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)
     events.start()
+    store.polling.push_wakeups.start()
     hub = Hub.from_settings(settings, store.dashboard)
     runtime.update(store=store, events=events, settings=settings, hub=hub)
     return create_app(settings, store=store, events=events, hub=hub)

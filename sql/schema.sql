@@ -140,8 +140,9 @@ $$;
 
 -- Record that these partitions hold pending work: make sure each has a head row
 -- (taken under the shared partition lock so a concurrent "partition is empty"
--- decision cannot miss it) and wake waiters.
-CREATE FUNCTION queen.mark_pending(p_partitions uuid[]) RETURNS void
+-- decision cannot miss it) and wake waiters (unless p_notify is false).
+CREATE FUNCTION queen.mark_pending(p_partitions uuid[], p_notify boolean DEFAULT true)
+RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(queen.partition_lock_key(x))
@@ -157,17 +158,42 @@ BEGIN
     ORDER BY p.id
     ON CONFLICT (partition_id) DO NOTHING;
 
-    PERFORM queen.notify_partitions(p_partitions);
+    IF p_notify THEN
+        PERFORM queen.notify_partitions(p_partitions);
+    END IF;
 END
 $$;
 
+-- New messages wake waiters inside the inserting transaction, unless the session has
+-- set queen.push_notify = 'after_commit': then it calls queen.notify_pushed itself once
+-- the insert committed (Queen's API does; see there why).
 CREATE FUNCTION queen.messages_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM queen.mark_pending(array_agg(DISTINCT partition_id))
+    PERFORM queen.mark_pending(array_agg(DISTINCT partition_id),
+                               current_setting('queen.push_notify', true)
+                               IS DISTINCT FROM 'after_commit')
     FROM new_rows WHERE status = 'pending'
     HAVING count(*) > 0;
     RETURN NULL;
+END
+$$;
+
+-- Wake-ups for pushes already committed, by queue and partition name: what a session
+-- with queen.push_notify = 'after_commit' sends after its inserts, in a transaction of
+-- its own, for one push or many. NOTIFY holds a cluster-wide lock from the start of
+-- commit until the commit is durable, so notifying inside the push would line up the
+-- WAL flushes of all concurrent pushes one behind another (bench/notify_cost.py). Here
+-- the commit is asynchronous: a notification needs no durability, and the lock is held
+-- for microseconds. Unknown names are ignored.
+CREATE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM pg_notify('queen', queen.wake_payload(q.name, p.name, q.namespace, q.task))
+    FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)
+    JOIN queen.queues q ON q.name = n.queue
+    JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition;
 END
 $$;
 

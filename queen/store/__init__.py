@@ -21,6 +21,7 @@ class Store:
         self.queues = Queues(db)
         self.messages = Messages(db, self.queues, encryption_key)
         self.polling = Polling(db)
+        self.messages.after_push = self.polling.push_wakeups.pushed
         self.dashboard = Dashboard(db)
         self.reads = Reads(db)
         self.analytics = Analytics(self.reads)

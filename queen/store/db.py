@@ -81,7 +81,9 @@ class Database:
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute(
             "SELECT set_config('statement_timeout', %s, false),"
-            " set_config('idle_in_transaction_session_timeout', '60s', false)",
+            " set_config('idle_in_transaction_session_timeout', '60s', false),"
+            # Pushes wake long polls after they commit (queen.store.polling.PushWakeups).
+            " set_config('queen.push_notify', 'after_commit', false)",
             (str(self._statement_timeout_ms),),
         )
 

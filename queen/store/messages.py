@@ -12,6 +12,7 @@ from queen import crypto
 from queen.errors import InvalidInput
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.store.db import Database
+from queen.store.polling import PushWakeups
 from queen.store.queues import Queues
 
 POP_QUERIES = {"partition": "pop_partition", "queue": "pop_queue", "filter": "pop_filtered"}
@@ -30,6 +31,8 @@ class Messages:
         self.db = db
         self.queues = queues
         self._key = crypto.load_key(encryption_key) if encryption_key else None
+        # Wakes long polls once a push committed (the session defers it: see db.py).
+        self.after_push = PushWakeups(db).pushed
 
     def push(self, body: bytes | str, items: list[dict[str, Any]]) -> list[PushResult]:
         """Store validated items; body is the raw request ({"items": [...]}) they came from."""
@@ -37,6 +40,7 @@ class Messages:
         if secret is not None or _claims_encrypted(body, items):
             body = self._seal(items, secret)
         rows = self.db.fetch("push", {"body": body if isinstance(body, str) else body.decode()})
+        self.after_push(items)
         return [PushResult(*row) for row in rows]
 
     def _secret_items(self, items: list[dict[str, Any]]) -> list[bool] | None:

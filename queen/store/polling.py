@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
+from queen.errors import QueenError
 from queen.store.db import Database
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PARTITION = "Default"
 
 
 class Polling:
@@ -13,6 +21,7 @@ class Polling:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.push_wakeups = PushWakeups(db)
 
     def ready_partitions(
         self,
@@ -42,3 +51,56 @@ class Polling:
         """Return claimed messages to pending without counting a retry; how many went back."""
         rows = self.db.fetch("unclaim", {"lease": lease_id, "transaction_ids": transaction_ids})
         return int(rows[0][0]) if rows else 0
+
+
+class PushWakeups:
+    """Wake long polls for what pushes stored, after they committed.
+
+    Queen's sessions defer the push notifications (`queen.push_notify = after_commit`,
+    see queen.notify_pushed for why). Started, one thread (a greenlet under gevent) per
+    process sends the partitions of every push that committed meanwhile in one small
+    transaction, so concurrent pushes share it; not started, each push sends its own.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._pending: dict[tuple[str, str], None] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._running = False
+
+    def pushed(self, items: Iterable[dict[str, Any]]) -> None:
+        """Note the partitions of items that were just stored (the push has committed)."""
+        pairs = {(i["queue"], i.get("partition") or DEFAULT_PARTITION): None for i in items}
+        if not self._running:
+            self._send(list(pairs))
+            return
+        with self._lock:
+            self._pending.update(pairs)
+        self._ready.set()
+
+    def start(self) -> None:
+        self._running = True
+        threading.Thread(target=self._run, name="queen-push-wakeups", daemon=True).start()
+
+    def stop(self) -> None:
+        self._running = False
+        self._ready.set()
+
+    def _run(self) -> None:
+        while self._running:
+            self._ready.wait()
+            self._ready.clear()
+            with self._lock:
+                pairs, self._pending = list(self._pending), {}
+            if pairs:
+                self._send(pairs)
+
+    def _send(self, pairs: list[tuple[str, str]]) -> None:
+        params = {"queues": [q for q, _ in pairs], "partitions": [p for _, p in pairs]}
+        try:
+            self.db.fetch("notify_pushed", params)
+        except QueenError as exc:  # a lost wake-up costs latency: the fallback finds the work
+            log.warning(
+                "could not wake polls for %d pushed partitions: %s", len(pairs), exc.message
+            )

@@ -12,6 +12,9 @@ SELECT * FROM queen.pop_queue(%(queue)s, %(batch)s, %(worker)s)
 -- pop_filtered: claim up to batch messages across queues by namespace/task and priority --
 SELECT * FROM queen.pop_filtered(%(namespace)s, %(task)s, %(batch)s, %(worker)s)
 
+-- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
+SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
+
 -- unclaim: give back a claim whose response never reached the client (no retry counted) --
 SELECT queen.unclaim(%(lease)s, %(transaction_ids)s::text[])
 

@@ -220,3 +220,27 @@ def test_a_poll_by_queue_woken_for_a_partition_claims_that_partition_first(store
     assert [m.partition for m in messages] == ["newer"]
     messages = poller._recheck(PopRoute(queue="q"), 1, time.monotonic() + 5, "q/newer//")
     assert [m.partition for m in messages] == ["older"]  # hint taken: the queue decides
+
+
+def test_a_plain_session_notifies_inside_the_push_and_a_deferring_one_after(db_dsn, listener):
+    body = '[{"queue": "q", "partition": "a", "payload": 1}]'
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)", (body,))
+        assert received(listener) == ["q/a//"]
+
+        conn.execute("SELECT set_config('queen.push_notify', 'after_commit', false)")
+        conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)", (body,))
+        assert received(listener) == []
+        conn.execute("SELECT queen.notify_pushed(%s, %s)", (["q", "q", "x"], ["a", "a", "y"]))
+        assert received(listener) == ["q/a//"]
+
+
+def test_started_push_wakeups_send_for_many_pushes_at_once(store: Store, listener):
+    wakeups = store.polling.push_wakeups
+    wakeups.start()
+    try:
+        for name in ("a", "b", "c"):
+            push(store, items("q", name, 2))
+        assert sorted(received(listener, 1.0)) == ["q/a//", "q/b//", "q/c//"]
+    finally:
+        wakeups.stop()
