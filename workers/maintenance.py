@@ -9,6 +9,7 @@ connection breaks steps down and becomes a standby (see queen.store.maintenance)
 The leader runs a small scheduler over one connection. Each task runs when due and says
 when it wants to run next:
 
+- timed: learn which queues are delayed or windowed (and listen to pushes while any are);
 - leases: release expired partition leases; next run when the next lease expires;
 - due: wake long polls the moment delayed/windowed messages become poppable; next run
   when the next one becomes due, or sooner when a push into such a queue arrives
@@ -101,6 +102,7 @@ class Maintenance:
         self.totals: dict[str, int] = {}
         self._since_scan: Any = None  # DueScan.scanned_at of the last due scan
         self._timed: dict[str, TimedQueue] = {}
+        self._listening = False
         self._reconcile_after: uuid.UUID | None = None
         self.tasks = self._make_tasks()
 
@@ -108,6 +110,7 @@ class Maintenance:
         s = self.settings
         cycle = s.maintenance_interval_s
         return [
+            Task("timed", self._watch_timed_queues, cycle, punctual=True),
             Task("leases", self._expire_leases, cycle, punctual=True),
             Task("due", self._wake_due, cycle, punctual=True),
             Task("ttl", self._expire_ttl, cycle),
@@ -167,7 +170,7 @@ class Maintenance:
     def _lead(self) -> None:
         self.leading = True
         log.info("%s: leading", self.name)
-        self.session.listen()
+        self._listening = False  # a new session listens to nothing yet
         self._since_scan = None  # the first scan wakes everything due now
         now = self.clock()
         for each in self.tasks:
@@ -267,8 +270,15 @@ class Maintenance:
             return None
         return max(scan.next_due_in + DUE_MARGIN, 0.0)
 
+    def _watch_timed_queues(self) -> float | None:
+        """Know the delayed/windowed queues; listen to pushes only while there are some."""
+        self._timed = self.session.timed_queues()
+        if bool(self._timed) != self._listening:
+            self.session.listen(bool(self._timed))
+            self._listening = bool(self._timed)
+        return None
+
     def _expire_ttl(self) -> float | None:
-        self._timed = self.session.timed_queues()  # cheap; keeps _on_pushes current
         limit = self.settings.maintenance_batch
         return self._batch(lambda: self.session.expire_ttl(limit), "ttl expired", limit)
 

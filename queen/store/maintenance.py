@@ -152,12 +152,13 @@ class MaintenanceSession:
         rows = self._rows("maintenance_leader", {"key": LEADER_LOCK})
         return str(rows[0][0]) if rows else None
 
-    def listen(self) -> None:
-        """Receive the push notifications (payload 'queue/partition/namespace/task')."""
+    def listen(self, on: bool = True) -> None:
+        """Receive the push notifications (payload 'queue/partition/namespace/task'), or stop."""
         if self._conn is None:
             raise Unavailable("maintenance session is not connected")
+        statement = sql.SQL("LISTEN {}" if on else "UNLISTEN {}")
         with translate_errors():
-            self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+            self._conn.execute(statement.format(sql.Identifier(CHANNEL)))
 
     def wait(self, timeout_s: float) -> list[str]:
         """Sleep up to timeout_s, returning as soon as notifications arrive (their payloads)."""

@@ -57,8 +57,8 @@ class FakeSession:
     def leader(self) -> str | None:
         return "other"
 
-    def listen(self) -> None:
-        self.calls.append("listen")
+    def listen(self, on: bool = True) -> None:
+        self.calls.append("listen" if on else "unlisten")
 
     def wait(self, timeout_s: float) -> list[str]:
         self.calls.append("wait")
@@ -208,6 +208,7 @@ def test_a_broken_session_ends_the_leadership(session, clock) -> None:
 
 def test_stands_by_then_leads_then_stops(clock) -> None:
     session = FakeSession(clock, lead_after=2)
+    session.results["timed_queues"] = {"d": TimedQueue("d", 1, 0)}
     m = Maintenance(Settings(leader_poll_s=0.5), session=session, clock=clock)  # type: ignore[arg-type]
     leading_waits = 0
 
@@ -232,6 +233,7 @@ def test_stands_by_then_leads_then_stops(clock) -> None:
 
 def test_a_lost_database_steps_down_and_reconnects(clock, monkeypatch) -> None:
     session = FakeSession(clock)
+    session.results["timed_queues"] = {"d": TimedQueue("d", 1, 0)}
     m = Maintenance(Settings(), session=session, clock=clock)  # type: ignore[arg-type]
     monkeypatch.setattr(worker.time, "sleep", lambda s: setattr(clock, "now", clock.now + s))
     connects = 0
@@ -249,3 +251,17 @@ def test_a_lost_database_steps_down_and_reconnects(clock, monkeypatch) -> None:
     assert session.calls.count("connect") == 2
     assert session.calls.count("listen") == 2  # led, stepped down, led again
     assert not m.leading or m.stopping
+
+
+def test_listens_to_pushes_only_while_timed_queues_exist(session, clock) -> None:
+    m = make(session, clock)
+    m._run_task(task(m, "timed"))
+    assert "listen" not in session.calls
+    session.results["timed_queues"] = {"d": TimedQueue("d", 1, 0)}
+    m._run_task(task(m, "timed"))
+    m._run_task(task(m, "timed"))
+    assert session.calls.count("listen") == 1
+    session.results["timed_queues"] = {}
+    m._run_task(task(m, "timed"))
+    assert session.calls[-1] == "unlisten"
+    assert m._timed == {}
