@@ -83,20 +83,24 @@ class LongPoller:
                 remaining = deadline - self.clock()
                 if remaining <= 0 or not waiter.wait(remaining):
                     return []
-                if self.events.shutting_down:
+                if not self._rechecks.acquire(timeout=max(0.0, deadline - self.clock())):
+                    waiter.forward()  # its time ran out before its turn came
                     return []
-                if client_gone():
-                    waiter.forward()
-                    return []
-                messages = self._recheck(route, batch, deadline, waiter.hint)
+                try:  # checked once it is this poll's turn, which may have taken a while
+                    if self.events.shutting_down:
+                        return []
+                    if client_gone():
+                        waiter.forward()
+                        return []
+                    messages = self._recheck(route, batch, waiter.hint)
+                finally:
+                    self._rechecks.release()
             return messages
 
     def _claim(self, route: PopRoute, batch: int) -> list[Popped]:
         return self.store.messages.pop(route, batch, self.worker_id)
 
-    def _recheck(
-        self, route: PopRoute, batch: int, deadline: float, hint: str | None
-    ) -> list[Popped]:
+    def _recheck(self, route: PopRoute, batch: int, hint: str | None) -> list[Popped]:
         """Claim after a wake-up; a database hiccup keeps the poll parked instead of failing it.
 
         A poll by queue woken for one partition tries that partition first (an index
@@ -104,8 +108,6 @@ class LongPoller:
         queue: every process wakes a waiter per notification, so most of these tries
         find the partition taken, and should cost little.
         """
-        if not self._rechecks.acquire(timeout=max(0.0, deadline - self.clock())):
-            return []
         try:
             hinted = _hinted_partition(route, hint)
             if hinted is not None:
@@ -116,8 +118,6 @@ class LongPoller:
         except Unavailable as exc:
             log.warning("long-poll re-check failed, staying parked: %s", exc.message)
             return []
-        finally:
-            self._rechecks.release()
 
     def _cap(self, route: PopRoute, timeout_s: float) -> float:
         """Apply the queue's maxWaitTimeSeconds to a long poll on that queue."""
