@@ -1,0 +1,263 @@
+"""What NOTIFY costs a push: throughput with the wake-up notifications and without them.
+
+    python -m bench.notify_cost [--clients 4] [--seconds 5] [--rounds 3] [--no-http]
+
+Side by side in one run, each on a fresh database at the current schema, rounds
+alternating the order so that background noise hits every variant alike:
+
+SQL level (--clients processes calling queen.push directly):
+  in-push       a plain session: the insert trigger NOTIFYs inside the push transaction.
+  after-commit  what Queen's sessions do: queen.push_notify = after_commit, then
+                queen.notify_pushed in a transaction of its own (one per push here).
+  none          the same schema with no notification at all (the baseline).
+HTTP level (--clients processes pushing through Queen, 2 gunicorn workers):
+  queen         Queen as shipped (after-commit wake-ups, shared by concurrent pushes).
+  queen-silent  the same with queen.notify_pushed made a no-op (the baseline).
+
+Batch 100 spreads over 10 partitions (10 notifications per push); batch 1 rotates over
+100 partitions. A listener drains the notifications, as Queen's workers would. Goal:
+with / without >= 0.9. Writes bench/results/notify-cost.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+import psycopg
+import requests
+
+from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
+
+SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+SILENT = """
+CREATE OR REPLACE FUNCTION queen.notify_partitions(p_partitions uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN END $$;
+CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[])
+RETURNS void LANGUAGE plpgsql AS $$ BEGIN END $$;
+"""
+DEFER = "SELECT set_config('queen.push_notify', 'after_commit', false)"
+SQL_VARIANTS = ("in-push", "after-commit", "none")
+HTTP_VARIANTS = ("queen", "queen-silent")
+
+
+def make_database(name: str, silent: bool) -> str:
+    """A fresh database at the current schema (through the migrations, as Queen expects)."""
+    from queen.store.migrate import migrate
+
+    dsn = fresh_database(SERVER_DSN, name)
+    migrate(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if silent:
+            conn.execute(SILENT)  # type: ignore[arg-type]
+    return dsn
+
+
+def batch_items(client: int, batch: int, i: int) -> list[dict[str, object]]:
+    spread = 10 if batch > 1 else 100
+    return [
+        {"queue": f"c{client}", "partition": f"p{(i + k) % spread}", "payload": {"k": k}}
+        for k in range(batch)
+    ]
+
+
+def sql_pusher(
+    dsn: str, variant: str, client: int, batch: int, seconds: float, out: multiprocessing.Queue
+) -> None:
+    """Call queen.push for `seconds` the way `variant` says; put the messages stored."""
+    stored = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if variant != "in-push":
+            conn.execute(DEFER)
+        deadline = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < deadline:
+            items = batch_items(client, batch, i)
+            i += 1
+            row = conn.execute(
+                "SELECT count(*) FROM queen.push(%s::jsonb)", (json.dumps(items),)
+            ).fetchone()
+            stored += row[0] if row else 0
+            if variant == "after-commit":
+                pairs = sorted({(str(it["queue"]), str(it["partition"])) for it in items})
+                conn.execute(
+                    "SELECT queen.notify_pushed(%s, %s)",
+                    ([q for q, _ in pairs], [p for _, p in pairs]),
+                )
+    out.put(stored)
+
+
+def http_pusher(
+    url: str, variant: str, client: int, batch: int, seconds: float, out: multiprocessing.Queue
+) -> None:
+    """POST /push for `seconds`; put the messages stored."""
+    stored = 0
+    with requests.Session() as session:
+        deadline = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < deadline:
+            response = session.post(
+                f"{url}/api/v1/push", json={"items": batch_items(client, batch, i)}, timeout=30
+            )
+            i += 1
+            assert response.status_code == 201, response.text
+            stored += batch
+    out.put(stored)
+
+
+def measure(
+    target: Callable[..., None], where: str, variant: str, clients: int, batch: int, seconds: float
+) -> float:
+    out: multiprocessing.Queue = multiprocessing.Queue()
+    procs = [
+        multiprocessing.Process(target=target, args=(where, variant, c, batch, seconds, out))
+        for c in range(clients)
+    ]
+    started = time.monotonic()
+    for p in procs:
+        p.start()
+    total = sum(out.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return total / (time.monotonic() - started)
+
+
+class Drain(threading.Thread):
+    """A LISTEN connection that reads every notification, as a Queen worker does."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.conn.execute("LISTEN queen")
+        self.received = 0
+        self.running = True
+
+    def run(self) -> None:
+        while self.running:
+            for _ in self.conn.notifies(timeout=0.5):
+                self.received += 1
+
+
+def run_rounds(
+    variants: tuple[str, ...],
+    run: Callable[[str, int], float],
+    rounds: int,
+    rates: dict[tuple[int, str], list[float]],
+) -> None:
+    for batch in (100, 1):
+        for rnd in range(rounds):
+            order = variants[rnd % len(variants) :] + variants[: rnd % len(variants)]
+            for variant in order:
+                rate = run(variant, batch)
+                rates.setdefault((batch, variant), []).append(rate)
+                print(
+                    f"batch {batch:>3} round {rnd + 1} {variant:>12}: {rate:,.0f} msg/s", flush=True
+                )
+
+
+def table(
+    rates: dict[tuple[int, str], list[float]], variants: tuple[str, ...], baseline: str
+) -> list[str]:
+    head = " | ".join(f"{v} (msg/s)" for v in variants)
+    ratios = " | ".join(f"{v} / {baseline}" for v in variants if v != baseline)
+    lines = [f"| batch | {head} | {ratios} | goal |", "|---" * (len(variants) * 2 + 1) + "|"]
+    for batch in (100, 1):
+        medians = {v: statistics.median(rates[(batch, v)]) for v in variants}
+        cells = " | ".join(f"{medians[v]:,.0f}" for v in variants)
+        quotients = " | ".join(
+            f"{medians[v] / medians[baseline]:.2f}" for v in variants if v != baseline
+        )
+        lines.append(f"| {batch} | {cells} | {quotients} | ≥ 0.9 |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-http", action="store_true", help="skip the HTTP-level part")
+    parser.add_argument("--out", default=str(BENCH_DIR / "results" / "notify-cost.md"))
+    args = parser.parse_args()
+
+    names = {v: f"queen_bench_notify_{v.replace('-', '_')}" for v in SQL_VARIANTS + HTTP_VARIANTS}
+    silent = {"none", "queen-silent"}
+    wanted = SQL_VARIANTS + (() if args.no_http else HTTP_VARIANTS)
+    dsns = {v: make_database(names[v], v in silent) for v in wanted}
+    drains = [Drain(dsn) for dsn in dsns.values()]
+    for drain in drains:
+        drain.start()
+    servers: dict[str, QueenServer] = {}
+    sql_rates: dict[tuple[int, str], list[float]] = {}
+    http_rates: dict[tuple[int, str], list[float]] = {}
+    try:
+        print("SQL level", flush=True)
+        run_rounds(
+            SQL_VARIANTS,
+            lambda v, b: measure(sql_pusher, dsns[v], v, args.clients, b, args.seconds),
+            args.rounds,
+            sql_rates,
+        )
+        if not args.no_http:
+            for v in HTTP_VARIANTS:
+                servers[v] = QueenServer(dsns[v], workers=2, maintenance=False).start()
+            print("HTTP level", flush=True)
+            run_rounds(
+                HTTP_VARIANTS,
+                lambda v, b: measure(http_pusher, servers[v].url, v, args.clients, b, args.seconds),
+                args.rounds,
+                http_rates,
+            )
+    finally:
+        for server in servers.values():
+            server.stop()
+        for drain in drains:
+            drain.running = False
+        time.sleep(0.6)
+        for v in wanted:
+            drop_database(SERVER_DSN, names[v])
+
+    lines = [
+        "# NOTIFY cost on push",
+        "",
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, `python -m bench.notify_cost"
+        f" --clients {args.clients} --seconds {args.seconds} --rounds {args.rounds}`;"
+        f" {platform.node()}, {os.cpu_count()} CPUs, load average"
+        f" {os.getloadavg()[0]:.1f} at the end; synchronous commit on. Medians of"
+        f" {args.rounds} rounds of {args.seconds} s, {args.clients} concurrent clients.",
+        "",
+        "## SQL level (queen.push called directly)",
+        "",
+        *table(sql_rates, SQL_VARIANTS, "none"),
+        "",
+    ]
+    if http_rates:
+        lines += [
+            "## HTTP level (POST /api/v1/push through Queen, 2 workers)",
+            "",
+            *table(http_rates, HTTP_VARIANTS, "queen-silent"),
+            "",
+        ]
+    lines.append(
+        "Every round: "
+        + "; ".join(
+            f"{v} b{b}: " + " ".join(f"{r:,.0f}" for r in rs)
+            for (b, v), rs in sorted({**sql_rates, **http_rates}.items())
+        )
+    )
+    text = "\n".join(lines) + "\n"
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
