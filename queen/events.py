@@ -16,7 +16,7 @@ passes its wake-up on to the next matching waiter.
 Notifications are hints. A slow fallback asks the database which free partitions have
 pending work for the routes parked here (one query per period, whatever the number of
 waiters) and dispatches the oldest answers like notifications, a bounded number per
-period; after the listener reconnects, every waiter is woken once. A lost notification
+period; whenever the listener (re)connects, every waiter is woken once. A lost notification
 therefore costs latency, never a message.
 """
 
@@ -120,7 +120,6 @@ class Events:
         self._seq = itertools.count()
         self._running = False
         self._shutting_down = False
-        self._conn: psycopg.Connection[object] | None = None
         self.connected = threading.Event()
         self.reconnects = 0
         self.notifications = 0  # received from PostgreSQL
@@ -269,18 +268,18 @@ class Events:
 
     def _run(self) -> None:
         backoff = MIN_BACKOFF
-        first = True
+        connections = 0
         while self._running:
             try:
                 with self._connect() as conn:
-                    self._conn = conn
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
                     self.connected.set()
-                    if not first:
-                        self.reconnects += 1
-                        woken = self.wake_all()  # notifications may have been missed meanwhile
-                        log.info("listener reconnected; woke %d parked polls", woken)
-                    first = False
+                    self.reconnects = connections
+                    connections += 1
+                    # Polls parked before this moment may have missed notifications.
+                    woken = self.wake_all()
+                    if woken:
+                        log.info("listener connected; woke %d parked polls", woken)
                     backoff = MIN_BACKOFF
                     self._listen(conn)
             except Exception as exc:  # noqa: BLE001 - any failure means: reconnect
@@ -290,8 +289,6 @@ class Events:
                 log.warning("listener lost its connection (%s); retrying in %.1fs", exc, backoff)
                 time.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, MAX_BACKOFF)
-            finally:
-                self._conn = None
         self.connected.clear()
 
     def _connect(self) -> psycopg.Connection[object]:
