@@ -96,8 +96,12 @@ LEFT JOIN queen.metrics_minute m
 GROUP BY g.minute
 ORDER BY g.minute
 
--- maintenance_setup: session settings of the maintenance connection (timeouts, server-side keepalives) --
+-- maintenance_setup: session settings of the maintenance connection (timeouts, keepalives, plans) --
+-- Every maintenance statement walks an index in order under a LIMIT; a bitmap scan would
+-- read a whole partition and sort it. JIT only adds compile time to these short statements.
 SELECT set_config('statement_timeout', %(statement_ms)s, false),
+       set_config('enable_bitmapscan', 'off', false),
+       set_config('jit', 'off', false),
        set_config('lock_timeout', %(lock_ms)s, false),
        set_config('idle_in_transaction_session_timeout', '60s', false),
        set_config('tcp_keepalives_idle', '10', false),
@@ -334,7 +338,7 @@ ORDER BY m.minute DESC
 SELECT queue, namespace, task, partition, pending, processing, completed, lag_ms, lag_hist
 FROM queen.partition_lag(%(queue)s, %(namespace)s, %(task)s)
 
--- read_partition_ids: the partitions matching the message-list filters (NULL: any), how many messages they hold in the status asked for (NULL: any), and how many the index a newest-first walk would read holds overall --
+-- read_partition_ids: the partitions matching the message-list filters (NULL: any), how many messages they hold in the status asked for (NULL: any) and in all, and how many the index a newest-first walk would read holds overall --
 WITH counted AS (
     SELECT s.partition_id,
            (%(queue)s::text IS NULL OR q.name = %(queue)s)
@@ -346,13 +350,15 @@ WITH counted AS (
                 WHEN 'dead_letter' THEN s.dead_letter
                 ELSE s.pending + s.processing + s.completed + s.failed + s.dead_letter END AS n,
            CASE WHEN %(status)s::text IN ('failed', 'dead_letter') THEN s.failed + s.dead_letter
-                ELSE s.pending + s.processing + s.completed + s.failed + s.dead_letter END AS walked
+                ELSE s.pending + s.processing + s.completed + s.failed + s.dead_letter END AS walked,
+           s.pending + s.processing + s.completed + s.failed + s.dead_letter AS total
     FROM queen.partition_stats s
     JOIN queen.partitions p ON p.id = s.partition_id
     JOIN queen.queues q ON q.id = p.queue_id
 )
 SELECT coalesce(array_agg(c.partition_id) FILTER (WHERE c.picked), '{}') AS ids,
        coalesce(sum(c.n) FILTER (WHERE c.picked), 0)::bigint AS matching,
+       coalesce(sum(c.total) FILTER (WHERE c.picked), 0)::bigint AS held,
        coalesce(sum(c.walked), 0)::bigint AS walked
 FROM counted c
 
@@ -378,6 +384,23 @@ SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace
        m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
        m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
 FROM hits m
+JOIN queen.partitions p ON p.id = m.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+ORDER BY m.created_at DESC, m.seq DESC
+LIMIT %(limit)s OFFSET %(offset)s
+
+-- read_messages_merged: the same page as read_messages, from the newest `wanted` messages of each partition (its own index), merged --
+SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
+       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
+       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
+FROM unnest(%(partitions)s::uuid[]) AS t(partition_id)
+CROSS JOIN LATERAL (
+    SELECT x.* FROM queen.messages x
+    WHERE x.partition_id = t.partition_id
+      AND (%(status)s::text IS NULL OR x.status = %(status)s)
+    ORDER BY x.created_at DESC, x.seq DESC
+    LIMIT %(wanted)s
+) m
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
 ORDER BY m.created_at DESC, m.seq DESC
