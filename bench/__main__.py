@@ -52,6 +52,12 @@ class Context:
     queen: QueenServer | None = None
     versions: dict[str, str] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
+    commit: str = ""
+    dirty_files: int = 0
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,6 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--db-prefix", default="queen_bench", help="bench database name prefix")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="results folder")
     parser.add_argument("--duration", type=float, help="seconds per case (overrides the mode)")
+    parser.add_argument("--name", help="results file suffix (default: the mode)")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
@@ -351,10 +358,6 @@ def guarded(ctx: Context, label: str, phase: Any, bar: Progress) -> None:
 
 
 def conditions(ctx: Context, started: float) -> dict[str, Any]:
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
 
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
@@ -368,8 +371,8 @@ def conditions(ctx: Context, started: float) -> dict[str, Any]:
         "mode": ctx.profile.name,
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
         "elapsed_s": round(time.time() - started, 1),
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "dirty_files": len(git("status", "--porcelain", "--untracked-files=no").splitlines()),
+        "commit": ctx.commit,
+        "dirty_files": ctx.dirty_files,
         "cpu": f"{cpu_model} x{__import__('os').cpu_count()}",
         "load_avg_at_end": load,
         "python": platform.python_version(),
@@ -392,12 +395,19 @@ def main(argv: list[str] | None = None) -> int:
         set(args.only.split(",")) if args.only else {"push", "e2e", "latency", "backlog", "memory"}
     )
     started = time.time()
+    ctx.commit = git("rev-parse", "--short", "HEAD")
+    ctx.dirty_files = len(git("status", "--porcelain", "--untracked-files=no").splitlines())
     check_systems(ctx, wanted)
-    if "queen" not in ctx.systems:
-        print("queen is not among the systems: nothing to compare against", file=sys.stderr)
+    if "queen_sql" in ctx.systems and "queen" not in ctx.systems:
+        ctx.systems.insert(0, "queen")  # queen_sql runs on Queen's database
+    if not ctx.systems:
+        print("no system can run here", file=sys.stderr)
         return 2
     setup_databases(ctx)
-    ctx.queen = QueenServer(ctx.dsns["queen"], workers=2).start()
+    if "queen" in ctx.systems:
+        ctx.queen = QueenServer(ctx.dsns["queen"], workers=2).start()
+    else:
+        phases -= {"backlog", "memory"}
     try:
         cases = plan(ctx, phases)
         total = (
@@ -410,12 +420,13 @@ def main(argv: list[str] | None = None) -> int:
             if "memory" in phases:
                 guarded(ctx, "queen/memory", run_memory, bar)
     finally:
-        ctx.queen.stop()
+        if ctx.queen is not None:
+            ctx.queen.stop()
         if not args.keep:
             for system in [s for s in ctx.dsns if s != "queen_sql"]:
                 drop_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
     facts = conditions(ctx, started)
-    paths = report.write(args.out, profile.name, ctx.results, facts)
+    paths = report.write(args.out, args.name or profile.name, ctx.results, facts)
     failed = [r for r in ctx.results if "failed" in r]
     for r in failed:
         print(f"FAILED {r['case']}: {r['failed']}", file=sys.stderr)

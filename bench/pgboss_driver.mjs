@@ -26,8 +26,10 @@ boss.on('error', (err) => console.error(err))
 async function main () {
   await boss.start()
   if (spec.install) {
-    await boss.deleteQueue(QUEUE).catch(() => {})
-    await boss.createQueue(QUEUE)
+    // deleteQueue() leaves the queue's jobs behind when it cannot drop the partition:
+    // empty the storage instead, then make sure the queue exists.
+    await boss.clearStorage()
+    if (!(await boss.getQueue(QUEUE))) await boss.createQueue(QUEUE)
     await boss.stop({ graceful: false, wait: true })
     return
   }
@@ -90,7 +92,8 @@ async function main () {
     for (let i = 0; i < Number(spec.consumers || 0); i++) tasks.push(consumer())
   }
   await Promise.all(tasks)
-  process.stdout.write(JSON.stringify({ counts, samples, errors }) + '\n')
+  // Wait until the whole line is handed to the pipe: process.exit() would cut it at 64 KiB.
+  await new Promise((resolve) => process.stdout.write(JSON.stringify({ counts, samples, errors }) + '\n', resolve))
   await boss.stop({ graceful: false, wait: true })
 }
 
