@@ -20,21 +20,35 @@ RETRYABLE = ("failed", "dead_letter")
 DEAD_LETTERABLE = ("pending", "failed")
 
 
-def choose_listing(partitions: int, matching: int, walked: int, wanted: int) -> str:
-    """Pick how to read a page of the newest `wanted` messages of some partitions.
+WALK_SKEW = 10  # a walk reads this many times what an even spread over time would need
 
-    One partition: its own (partition_id, created_at) index gives the order. Otherwise a
-    walk down the global newest-first index reads about wanted x walked / matching rows
-    (matching: messages that qualify; walked: messages the walked index holds), while
-    gathering every qualifying message and sorting them reads `matching` rows: take the
-    cheaper. Counts come from partition_stats, so this holds where the planner's
-    uniform guess does not (a small queue in a large table).
+
+def choose_listing(
+    partitions: int, matching: int, held: int, walked: int, wanted: int, rare: bool = False
+) -> str:
+    """Pick how to read the newest `wanted` qualifying messages of some partitions.
+
+    Counts come from partition_stats: `matching` messages qualify, the partitions hold
+    `held` in all, the global newest-first index holds `walked`. Estimated rows read:
+    - walk the global index: wanted x walked / matching, times WALK_SKEW, because recent
+      messages are rarely spread evenly (a busy queue fills the newest end of the index);
+      not for the rare statuses (`rare`: failed, dead_letter), whose own small index holds
+      nothing but them;
+    - merge: each partition's newest qualifying messages from its own index,
+      partitions x wanted x held / matching;
+    - gather every qualifying message and sort: matching.
+    The cheapest wins. The planner cannot make this choice: it assumes messages spread
+    evenly over partitions, which is badly wrong for a small queue in a large table.
     """
     if partitions == 1:
         return "read_messages_of_partition"
-    if wanted * walked < matching * matching:
-        return "read_messages"
-    return "read_messages_gathered"
+    share = matching / max(walked, 1)
+    costs = {
+        "read_messages": wanted / max(share, 1e-12) * (1 if rare else WALK_SKEW),
+        "read_messages_merged": partitions * wanted * held / max(matching, 1),
+        "read_messages_gathered": float(matching),
+    }
+    return min(costs, key=lambda name: costs[name])
 
 
 class MessageFilter(NamedTuple):
@@ -132,6 +146,7 @@ class Admin:
                 "status": where.status,
                 "limit": limit,
                 "offset": offset,
+                "wanted": limit + offset,
             }
             query = "read_messages"
             if not where.any_partition:
@@ -140,7 +155,12 @@ class Admin:
                     return []
                 params["partitions"] = found["ids"]
                 query = choose_listing(
-                    len(found["ids"]), found["matching"], found["walked"], limit + offset
+                    len(found["ids"]),
+                    found["matching"],
+                    found["held"],
+                    found["walked"],
+                    limit + offset,
+                    rare=where.status in RETRYABLE,
                 )
                 if query == "read_messages_of_partition":
                     params["partition"] = found["ids"][0]

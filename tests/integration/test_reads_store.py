@@ -33,7 +33,7 @@ def seed_mixed(store: Store) -> None:
 
 def page(store: Store, query: str, partitions: list, status: str | None, limit: int, offset: int):
     params = {"any": False, "partitions": partitions, "partition": partitions[0],
-              "status": status, "limit": limit, "offset": offset}
+              "status": status, "limit": limit, "offset": offset, "wanted": limit + offset}
     with store.reads.session() as session:
         return [r["transaction_id"] for r in session.rows(query, params, raw_json=True)]
 
@@ -49,7 +49,8 @@ def test_listing_strategies_return_the_same_pages(store):
     ):
         walked = page(store, "read_messages", ids, status, limit, offset)
         gathered = page(store, "read_messages_gathered", ids, status, limit, offset)
-        assert walked == gathered, (status, limit, offset)
+        merged = page(store, "read_messages_merged", ids, status, limit, offset)
+        assert walked == gathered == merged, (status, limit, offset)
         one = page(store, "read_messages_of_partition", ids[:1], status, limit, offset)
         assert one == page(store, "read_messages_gathered", ids[:1], status, limit, offset)
 
@@ -67,16 +68,25 @@ def test_listing_strategies_return_the_same_pages(store):
 
 
 @pytest.mark.parametrize(
-    ("partitions", "matching", "walked", "wanted", "expected"),
+    ("partitions", "matching", "held", "walked", "wanted", "expected"),
     [
-        (1, 10, 10_000_000, 100, "read_messages_of_partition"),
-        (50, 500_000, 10_000_000, 101, "read_messages"),  # 5% of the table: walk ~2k rows
-        (3, 40, 10_000_000, 101, "read_messages_gathered"),  # a small queue: never walk
-        (50, 500_000, 10_000_000, 1_000_000, "read_messages_gathered"),  # deep offset
+        (1, 10, 10, 10_000_000, 100, "read_messages_of_partition"),
+        # a queue of 50 partitions and 500k messages in 10M: each partition's newest 101
+        (50, 500_000, 500_000, 10_000_000, 101, "read_messages_merged"),
+        # half the table over 500 partitions: walking the global index finds 101 soon
+        (500, 5_000_000, 5_000_000, 10_000_000, 101, "read_messages"),
+        (3, 40, 40, 10_000_000, 101, "read_messages_gathered"),  # a small queue
+        (50, 20_000, 500_000, 10_000_000, 101, "read_messages_gathered"),  # a rare status...
+        (1000, 9_000_000, 10_000_000, 10_000_000, 101, "read_messages"),  # nearly everything
     ],
 )
-def test_choose_listing(partitions, matching, walked, wanted, expected):
-    assert choose_listing(partitions, matching, walked, wanted) == expected
+def test_choose_listing(partitions, matching, held, walked, wanted, expected):
+    assert choose_listing(partitions, matching, held, walked, wanted) == expected
+
+
+def test_choose_listing_walks_the_small_index_of_failures():
+    # ...dead letters of one queue among 1M failures: the failures' own index is walked.
+    assert choose_listing(50, 20_000, 500_000, 1_000_000, 101, rare=True) == "read_messages"
 
 
 def completed_in_window(store: Store, queue: str) -> int:
