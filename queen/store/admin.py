@@ -21,6 +21,7 @@ DEAD_LETTERABLE = ("pending", "failed")
 
 
 WALK_SKEW = 10  # a walk reads this many times what an even spread over time would need
+MERGE_BUDGET = 50_000  # rows a merge may read before a (riskier) walk is considered
 
 
 def choose_listing(
@@ -37,8 +38,10 @@ def choose_listing(
     - merge: each partition's newest qualifying messages from its own index,
       partitions x wanted x held / matching;
     - gather every qualifying message and sort: matching.
-    The cheapest wins. The planner cannot make this choice: it assumes messages spread
-    evenly over partitions, which is badly wrong for a small queue in a large table.
+    The cheapest wins, except that a merge within MERGE_BUDGET rows is preferred to a
+    walk of the global index: its cost is bounded, a walk's depends on what else arrived
+    lately. The planner cannot make this choice: it assumes messages spread evenly over
+    partitions, which is badly wrong for a small queue in a large table.
     """
     if partitions == 1:
         return "read_messages_of_partition"
@@ -48,6 +51,8 @@ def choose_listing(
         "read_messages_merged": partitions * wanted * held / max(matching, 1),
         "read_messages_gathered": float(matching),
     }
+    if not rare and costs["read_messages_merged"] <= MERGE_BUDGET:
+        del costs["read_messages"]
     return min(costs, key=lambda name: costs[name])
 
 

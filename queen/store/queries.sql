@@ -374,37 +374,46 @@ WHERE (%(any)s OR m.partition_id = ANY (%(partitions)s::uuid[]))
 ORDER BY m.created_at DESC, m.seq DESC
 LIMIT %(limit)s OFFSET %(offset)s
 
--- read_messages_gathered: the same page as read_messages, by collecting every matching message of the partitions first (for filters that keep few messages: a newest-first walk would read far more) --
+-- read_messages_gathered: the same page as read_messages, by collecting every matching message of the partitions first (for filters that keep few messages: a newest-first walk would read far more); sorts keys only --
 WITH hits AS MATERIALIZED (
-    SELECT m.* FROM queen.messages m
+    SELECT m.transaction_id, m.created_at, m.seq FROM queen.messages m
     WHERE m.partition_id = ANY (%(partitions)s::uuid[])
       AND (%(status)s::text IS NULL OR m.status = %(status)s)
+), page AS (
+    SELECT h.* FROM hits h ORDER BY h.created_at DESC, h.seq DESC
+    LIMIT %(limit)s OFFSET %(offset)s
 )
 SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
        m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
        m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
-FROM hits m
+FROM page
+JOIN queen.messages m ON m.transaction_id = page.transaction_id
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
-ORDER BY m.created_at DESC, m.seq DESC
-LIMIT %(limit)s OFFSET %(offset)s
+ORDER BY page.created_at DESC, page.seq DESC
 
--- read_messages_merged: the same page as read_messages, from the newest `wanted` messages of each partition (its own index), merged --
+-- read_messages_merged: the same page as read_messages, from the newest `wanted` messages of each partition (its own index), merged; sorts keys only --
+WITH page AS (
+    SELECT x.transaction_id, x.created_at, x.seq
+    FROM unnest(%(partitions)s::uuid[]) AS t(partition_id)
+    CROSS JOIN LATERAL (
+        SELECT m.transaction_id, m.created_at, m.seq FROM queen.messages m
+        WHERE m.partition_id = t.partition_id
+          AND (%(status)s::text IS NULL OR m.status = %(status)s)
+        ORDER BY m.created_at DESC, m.seq DESC
+        LIMIT %(wanted)s
+    ) x
+    ORDER BY x.created_at DESC, x.seq DESC
+    LIMIT %(limit)s OFFSET %(offset)s
+)
 SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
        m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
        m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
-FROM unnest(%(partitions)s::uuid[]) AS t(partition_id)
-CROSS JOIN LATERAL (
-    SELECT x.* FROM queen.messages x
-    WHERE x.partition_id = t.partition_id
-      AND (%(status)s::text IS NULL OR x.status = %(status)s)
-    ORDER BY x.created_at DESC, x.seq DESC
-    LIMIT %(wanted)s
-) m
+FROM page
+JOIN queen.messages m ON m.transaction_id = page.transaction_id
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
-ORDER BY m.created_at DESC, m.seq DESC
-LIMIT %(limit)s OFFSET %(offset)s
+ORDER BY page.created_at DESC, page.seq DESC
 
 -- read_messages_of_partition: one page of messages of one partition, newest first, optionally one status (walks that partition's index) --
 SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
