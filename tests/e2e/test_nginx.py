@@ -6,15 +6,19 @@ import os
 import re
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 import requests
+from psycopg import sql
 
-from tests.conftest import ROOT, Server, free_port
+from tests.conftest import ROOT, Server, dsn_for, free_port
 from tests.e2e.polls import Poll, gather
-from tests.e2e.test_long_poll import NO_FALLBACK, PARK, PROMPT, item, push, servers, sql
+from tests.e2e.test_long_poll import NO_FALLBACK, PARK, PROMPT, item, push, servers
+from tests.e2e.test_long_poll import sql as sql_rows
 
 NGINX = Path("/usr/sbin/nginx")
 pytestmark = pytest.mark.skipif(not NGINX.exists(), reason="nginx is not installed")
@@ -51,10 +55,31 @@ def nginx_conf(workdir: Path, port: int, hosts: tuple[Server, ...]) -> str:
     )
 
 
-@pytest.fixture
-def balanced(db_dsn: str, tmp_path: Path) -> Iterator[tuple[str, int, tuple[Server, ...]]]:
-    """Two hosts (one worker each) and nginx before them; yields (url, port, hosts)."""
-    with servers(Server(db_dsn, **NO_FALLBACK), Server(db_dsn, **NO_FALLBACK)) as hosts:
+@pytest.fixture(scope="module")
+def balanced_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """One database for the whole module (each test uses queues of its own)."""
+    name = f"queen_nginx_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_db)
+            )
+        )
+    yield dsn_for(server_dsn, name)
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture(scope="module")
+def balanced(
+    balanced_dsn: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, int, str]]:
+    """Two hosts (one worker each) and nginx before them; yields (url, port, dsn)."""
+    tmp_path = tmp_path_factory.mktemp("nginx")
+    hosts = (Server(balanced_dsn, **NO_FALLBACK), Server(balanced_dsn, **NO_FALLBACK))
+    with servers(*hosts):
         port = free_port()
         conf = tmp_path / "nginx.conf"
         conf.write_text(nginx_conf(tmp_path, port, hosts))
@@ -80,43 +105,54 @@ def balanced(db_dsn: str, tmp_path: Path) -> Iterator[tuple[str, int, tuple[Serv
                     pass
                 assert time.monotonic() < deadline, "nginx did not come up"
                 time.sleep(0.1)
-            yield url, port, hosts
+            yield url, port, balanced_dsn
         finally:
             proc.terminate()
             proc.wait(10)
 
 
-def test_long_polls_through_nginx_are_woken_by_pushes_through_nginx(balanced, db_dsn):
-    url, port, _ = balanced
+def queue_rows(dsn: str, queue: str) -> list[tuple[object, ...]]:
+    return sql_rows(
+        dsn,
+        "SELECT m.status, m.retry_count, m.worker_id FROM queen.messages m"
+        " JOIN queen.partitions p ON p.id = m.partition_id"
+        " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s",
+        (queue,),
+    )
+
+
+def test_long_polls_through_nginx_are_woken_by_pushes_through_nginx(balanced):
+    url, port, dsn = balanced
     polls = []
     for i in range(n := 10):  # nginx alternates between the hosts
-        polls.append(Poll(port, f"/api/v1/pop/queue/q/partition/p{i}?wait=true&timeout=20000"))
+        path = f"/api/v1/pop/queue/woken/partition/p{i}?wait=true&timeout=20000"
+        polls.append(Poll(port, path))
     time.sleep(PARK + 0.5)
-    pushed_at = push(url, [item("q", f"p{i}") for i in range(n)])
+    pushed_at = push(url, [item("woken", f"p{i}") for i in range(n)])
     assert gather(polls, 15) == []
     assert [p.status for p in polls] == [200] * n
     assert max(p.done_at for p in polls) - pushed_at < PROMPT * 3  # type: ignore[type-var]
-    assert len(sql(db_dsn, "SELECT DISTINCT worker_id FROM queen.messages")) == 2
+    assert len({row[2] for row in queue_rows(dsn, "woken")}) == 2  # both hosts answered
 
 
 def test_an_empty_long_poll_through_nginx_answers_204_at_its_timeout(balanced):
     url, _, _ = balanced
     started = time.monotonic()
-    response = requests.get(f"{url}/api/v1/pop/queue/q?wait=true&timeout=1500", timeout=10)
+    response = requests.get(f"{url}/api/v1/pop/queue/empty?wait=true&timeout=1500", timeout=10)
     assert response.status_code == 204
     assert 1.4 <= time.monotonic() - started < 3.0
 
 
-def test_a_client_leaving_a_poll_through_nginx_leaves_nothing_stuck(balanced, db_dsn):
-    url, port, _ = balanced
-    gone = [Poll(port, "/api/v1/pop/queue/q?wait=true&timeout=20000") for _ in range(2)]
+def test_a_client_leaving_a_poll_through_nginx_leaves_nothing_stuck(balanced):
+    url, port, dsn = balanced
+    gone = [Poll(port, "/api/v1/pop/queue/left?wait=true&timeout=20000") for _ in range(2)]
     time.sleep(PARK)
     for poll in gone:
         poll.abandon()
     time.sleep(0.3)  # nginx closes its connections to the hosts
-    push(url, [item()])
+    push(url, [item("left")])
     time.sleep(0.5)
-    assert sql(db_dsn, "SELECT status, retry_count FROM queen.messages") == [("pending", 0)]
+    assert queue_rows(dsn, "left") == [("pending", 0, None)]
 
 
 def test_the_dashboard_websocket_upgrades_through_nginx(balanced):
