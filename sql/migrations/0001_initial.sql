@@ -304,24 +304,41 @@ $$;
 -- The long-poll fallback: wake payloads of free partitions (no live lease) with pending
 -- work, among the queues, queue/partition pairs and namespace/task filters (NULL
 -- matches anything) that parked polls wait for, oldest head first. One query per
--- process per fallback period, whatever the number of waiters. A hint like a
--- notification: the work may still be delayed or windowed.
+-- process per fallback period, whatever the number of waiters; each queue is walked
+-- in head order through partition_heads_queue and only as far as p_limit free
+-- partitions. A hint like a notification: the work may still be delayed or windowed.
 CREATE FUNCTION queen.ready_partitions(
     p_queues text[], p_partition_queues text[], p_partitions text[],
     p_namespaces text[], p_tasks text[], p_limit integer)
 RETURNS SETOF text
 LANGUAGE sql STABLE AS $$
-    SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task)
-    FROM queen.partition_heads h
-    JOIN queen.partitions p ON p.id = h.partition_id
-    JOIN queen.queues q ON q.id = h.queue_id
-    WHERE (p.lease_id IS NULL OR p.lease_expires_at <= now())
-      AND (q.name = ANY (p_queues)
-           OR (q.name, p.name) IN (SELECT * FROM unnest(p_partition_queues, p_partitions))
-           OR EXISTS (SELECT 1 FROM unnest(p_namespaces, p_tasks) f(ns, tk)
+    WITH wanted AS (
+        SELECT q.* FROM queen.queues q WHERE q.name = ANY (p_queues)
+        UNION
+        SELECT q.* FROM queen.queues q
+        WHERE EXISTS (SELECT 1 FROM unnest(p_namespaces, p_tasks) f(ns, tk)
                       WHERE (f.ns IS NULL OR f.ns = q.namespace)
-                        AND (f.tk IS NULL OR f.tk = q.task)))
-    ORDER BY h.head_seq
+                        AND (f.tk IS NULL OR f.tk = q.task))
+    ), ready AS (
+        SELECT r.head_seq, queen.wake_payload(w.name, r.name, w.namespace, w.task) AS payload
+        FROM wanted w
+        CROSS JOIN LATERAL (
+            SELECT h.head_seq, p.name
+            FROM queen.partition_heads h JOIN queen.partitions p ON p.id = h.partition_id
+            WHERE h.queue_id = w.id AND (p.lease_id IS NULL OR p.lease_expires_at <= now())
+            ORDER BY h.head_seq
+            LIMIT p_limit) r
+        UNION ALL
+        SELECT h.head_seq, queen.wake_payload(q.name, p.name, q.namespace, q.task)
+        FROM unnest(p_partition_queues, p_partitions) n(queue, partition)
+        JOIN queen.queues q ON q.name = n.queue
+        JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition
+        JOIN queen.partition_heads h ON h.partition_id = p.id
+        WHERE (p.lease_id IS NULL OR p.lease_expires_at <= now())
+    )
+    SELECT payload FROM ready
+    GROUP BY payload
+    ORDER BY min(head_seq)
     LIMIT p_limit
 $$;
 
