@@ -34,7 +34,7 @@ from typing import Any
 import psycopg
 import requests
 
-from bench import adapters
+from bench import adapters, procstat
 from bench.runner import Case, percentile, run_case
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database, server_facts
 from queen.config import Settings
@@ -96,6 +96,7 @@ def _one_e2e(
     try:
         target = {"url": queen.url, "dsn": dsn}
         adapters.prepare("queen", target)
+        meter = MaintenanceCpu(queen, dsn) if with_maintenance else None
         case = Case(
             "queen",
             "e2e",
@@ -112,10 +113,41 @@ def _one_e2e(
         with psycopg.connect(dsn, autocommit=True) as conn:
             (unfolded,) = conn.execute("SELECT count(*) FROM queen.status_deltas").fetchone()
         result.update(maintenance=with_maintenance, unfolded_deltas_after=unfolded)
-        say(f"  {result['msgs_per_s']:,.0f} msg/s")
+        if meter is not None:
+            result["maintenance_cpu"] = meter.share()
+        say(
+            f"  {result['msgs_per_s']:,.0f} msg/s; other processes used "
+            f"{result['cpu'].get('other', 0):.0%} of the machine"
+        )
         return result
     finally:
         queen.stop()
+
+
+class MaintenanceCpu:
+    """CPU the maintenance process and its PostgreSQL backend use from here on (in cores)."""
+
+    def __init__(self, queen: QueenServer, dsn: str) -> None:
+        self.pids = [queen.procs[-1].pid]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(self.pids) == 1:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+                    (f"queen-maintenance-%-{self.pids[0]}",),
+                ).fetchone()
+            if row:
+                self.pids.append(row[0])
+            else:
+                time.sleep(0.1)
+        self.started = time.monotonic()
+        self.before = [procstat.cpu_seconds(p) for p in self.pids]
+
+    def share(self) -> dict[str, float]:
+        elapsed = time.monotonic() - self.started
+        used = [procstat.cpu_seconds(p) - b for p, b in zip(self.pids, self.before, strict=True)]
+        names = ["process", "backend"][: len(used)]
+        return {name: round(u / elapsed, 4) for name, u in zip(names, used, strict=True)}
 
 
 # --------------------------------------------------------------------------- cycle
@@ -324,7 +356,16 @@ class LockSampler:
                     " WHERE NOT l.granted AND l.waitstart IS NOT NULL"
                     "   AND a.datname = current_database()"
                 ).fetchall()
-                self.waits += [(float(r[0]), r[1], r[2], r[3], r[4]) for r in rows]
+                self.waits += [
+                    (
+                        float(r[0]),
+                        r[1],
+                        r[2],
+                        " ".join(r[3].split()),
+                        " ".join((r[4] or "").split()),
+                    )
+                    for r in rows
+                ]
                 time.sleep(LOCK_SAMPLE)
 
     def longest(self, blockers: set[int] | None = None) -> dict[str, Any]:
@@ -437,8 +478,9 @@ def _render_throughput(results: list[dict[str, Any]]) -> list[str]:
         "2 driver processes), rounds alternating which goes first. Maintenance at its",
         "default settings (1 s cycle).",
         "",
-        "| batch | round | without (msg/s) | with (msg/s) | ratio | p99 ack without / with (ms) |",
-        "|---|---|---|---|---|---|",
+        "| batch | round | without (msg/s) | with (msg/s) | ratio | p99 ack without / with (ms)"
+        " | other processes' CPU without / with | maintenance CPU, cores (process + backend) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     ratios: dict[int, list[float]] = {}
     for batch in sorted({r["batch"] for r in results}):
@@ -452,9 +494,17 @@ def _render_throughput(results: list[dict[str, Any]]) -> list[str]:
             p99 = [x["latency_ms"].get("ack", {}).get("p99", float("nan")) for x in (off, on)]
             lines.append(
                 f"| {batch} | {rnd + 1} | {off['msgs_per_s']:,.0f} | "
-                f"{on['msgs_per_s']:,.0f} | {ratio:.2f} | {p99[0]:.1f} / {p99[1]:.1f} |"
+                f"{on['msgs_per_s']:,.0f} | {ratio:.2f} | {p99[0]:.1f} / {p99[1]:.1f} | "
+                f"{off['cpu'].get('other', 0):.0%} / {on['cpu'].get('other', 0):.0%} | "
+                f"{sum(on.get('maintenance_cpu', {}).values()):.3f} |"
             )
+    cpu = [sum(r.get("maintenance_cpu", {}).values()) for r in results if r["maintenance"]]
     lines += [
+        "",
+        f"Maintenance CPU (its process plus its PostgreSQL backend), median over the runs: "
+        f"{statistics.median(cpu):.3f} cores. The throughput ratios swing with what the rest "
+        "of the machine does (see the other processes' share); the CPU the maintenance "
+        "process takes is the steadier measure of its cost.",
         "",
         "Median ratio per batch: "
         + ", ".join(f"batch {b}: {statistics.median(v):.2f}x" for b, v in ratios.items()),
