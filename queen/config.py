@@ -43,7 +43,7 @@ class Settings:
     default_timeout_ms: int = _s("DEFAULT_TIMEOUT", 30000, "long-poll timeout (ms)")
     max_timeout_ms: int = _s("MAX_TIMEOUT", 60000, "largest long-poll timeout (ms)")
     poll_fallback_s: float = _s(
-        "QUEEN_POLL_FALLBACK", 2.0, "seconds between re-checks of a parked poll"
+        "QUEEN_POLL_FALLBACK", 2.0, "seconds between fallback re-checks of parked polls"
     )
     max_batch: int = _s("MAX_BATCH_SIZE", 1000, "largest push or pop batch")
     encryption_key: str = _s(
