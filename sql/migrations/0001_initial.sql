@@ -518,6 +518,8 @@ $$;
 
 CREATE TYPE queen.push_item AS (idx integer, id uuid, transaction_id text);
 
+CREATE TYPE queen.push_target AS (queue text, partition text, partition_id uuid, queue_id uuid);
+
 -- Insert a batch of messages (the push body's "items" array) in one call.
 -- Queues and partitions are created as needed; a transactionId already stored
 -- (or repeated earlier in the batch) is a duplicate; items past a queue's maxSize
@@ -526,72 +528,71 @@ CREATE FUNCTION queen.push(p_items jsonb)
 RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
 LANGUAGE plpgsql AS $$
 DECLARE
-    full_queue record;
-    rejected   integer[] := '{}';
-    accepted   queen.push_item[];
-    wanted     integer;
-    held       integer;
+    names    queen.push_target[];
+    targets  queen.push_target[];
+    limited  record;
+    rejected integer[] := '{}';
+    accepted queen.push_item[];
 BEGIN
-    SELECT count(DISTINCT (i ->> 'queue', coalesce(i ->> 'partition', 'Default'))) INTO wanted
-    FROM jsonb_array_elements(p_items) i;
-    LOOP
-        INSERT INTO queen.queues (name)
-        SELECT DISTINCT i ->> 'queue' FROM jsonb_array_elements(p_items) i
-        WHERE NOT EXISTS (SELECT 1 FROM queen.queues q WHERE q.name = i ->> 'queue')
-        ORDER BY 1
-        ON CONFLICT (name) DO NOTHING;
+    SELECT array_agg(DISTINCT ROW(i ->> 'queue', coalesce(i ->> 'partition', 'Default'),
+                                  NULL, NULL)::queen.push_target)
+    INTO names FROM jsonb_array_elements(p_items) i;
 
+    LOOP
+        -- Find the partitions through their unique index (one probe per name, whatever the
+        -- number of partitions) and keep them from being removed until this transaction
+        -- ends. One missing (new, or removed by maintenance meanwhile) is created and the
+        -- lookup runs again.
+        SELECT array_agg(ROW(s.queue, s.partition, s.partition_id, s.queue_id)::queen.push_target)
+        INTO targets
+        FROM (SELECT n.queue, n.partition, p.id AS partition_id, q.id AS queue_id
+              FROM unnest(names) n
+              JOIN queen.queues q ON q.name = n.queue
+              JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition
+              ORDER BY p.id
+              FOR KEY SHARE OF p) s;
+        EXIT WHEN cardinality(targets) = cardinality(names);
+
+        INSERT INTO queen.queues (name)
+        SELECT DISTINCT n.queue FROM unnest(names) n ORDER BY 1
+        ON CONFLICT (name) DO NOTHING;
         INSERT INTO queen.partitions (queue_id, name)
-        SELECT DISTINCT q.id, coalesce(i ->> 'partition', 'Default')
-        FROM jsonb_array_elements(p_items) i JOIN queen.queues q ON q.name = i ->> 'queue'
-        WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p
-                          WHERE p.queue_id = q.id AND p.name = coalesce(i ->> 'partition', 'Default'))
+        SELECT q.id, n.partition FROM unnest(names) n JOIN queen.queues q ON q.name = n.queue
         ORDER BY 1, 2
         ON CONFLICT (queue_id, name) DO NOTHING;
-
-        -- Keep these partitions from being removed until this transaction ends. One that
-        -- maintenance removed after the insert above saw it is missing here: create it again.
-        PERFORM 1
-        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-        WHERE (q.name, p.name) IN (SELECT i ->> 'queue', coalesce(i ->> 'partition', 'Default')
-                                   FROM jsonb_array_elements(p_items) i)
-        ORDER BY p.id
-        FOR KEY SHARE OF p;
-        GET DIAGNOSTICS held = ROW_COUNT;
-        EXIT WHEN held >= wanted;
     END LOOP;
 
     -- maxSize: serialise pushes per limited queue, count what is pending, reject the rest.
-    FOR full_queue IN
+    FOR limited IN
         SELECT q.id, q.max_size FROM queen.queues q
-        WHERE q.max_size > 0
-          AND q.name IN (SELECT i ->> 'queue' FROM jsonb_array_elements(p_items) i)
+        WHERE q.id IN (SELECT t.queue_id FROM unnest(targets) t) AND q.max_size > 0
         ORDER BY q.id
     LOOP
-        PERFORM pg_advisory_xact_lock(hashtextextended(full_queue.id::text, 11));
+        PERFORM pg_advisory_xact_lock(hashtextextended(limited.id::text, 11));
         rejected := rejected || ARRAY(
-            SELECT t.ord::integer
-            FROM jsonb_array_elements(p_items) WITH ORDINALITY t(i, ord)
-            JOIN queen.queues q ON q.name = t.i ->> 'queue'
-            WHERE q.id = full_queue.id
-            ORDER BY t.ord
-            OFFSET greatest(0, full_queue.max_size - (
+            SELECT x.ord::integer
+            FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
+            JOIN unnest(targets) t ON t.queue = x.i ->> 'queue'
+                                  AND t.partition = coalesce(x.i ->> 'partition', 'Default')
+            WHERE t.queue_id = limited.id
+            ORDER BY x.ord
+            OFFSET greatest(0, limited.max_size - (
                 SELECT count(*) FROM (
                     SELECT 1 FROM queen.messages m JOIN queen.partitions p ON p.id = m.partition_id
-                    WHERE p.queue_id = full_queue.id AND m.status = 'pending'
-                    LIMIT full_queue.max_size) pending)));
+                    WHERE p.queue_id = limited.id AND m.status = 'pending'
+                    LIMIT limited.max_size) pending)));
     END LOOP;
 
     WITH items AS (
-        SELECT t.ord::integer AS idx, t.i, queen.uuid_v7() AS id
-        FROM jsonb_array_elements(p_items) WITH ORDINALITY t(i, ord)
+        SELECT x.ord::integer AS idx, x.i, queen.uuid_v7() AS id
+        FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
     ), resolved AS (
         SELECT it.idx, it.id, coalesce(it.i ->> 'transactionId', it.id::text) AS txid,
-               p.id AS partition_id, it.i -> 'payload' AS payload,
+               t.partition_id, it.i -> 'payload' AS payload,
                coalesce((it.i ->> 'encrypted')::boolean, false) AS encrypted
         FROM items it
-        JOIN queen.queues q ON q.name = it.i ->> 'queue'
-        JOIN queen.partitions p ON p.queue_id = q.id AND p.name = coalesce(it.i ->> 'partition', 'Default')
+        JOIN unnest(targets) t ON t.queue = it.i ->> 'queue'
+                              AND t.partition = coalesce(it.i ->> 'partition', 'Default')
         WHERE it.idx <> ALL (rejected)
     ), numbered AS (
         -- FIFO position (seq) in item order, drawn before the insert below reorders rows.
