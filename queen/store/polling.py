@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -78,6 +79,7 @@ class PushWakeups:
         with self._lock:
             self._pending.update(pairs)
         self._ready.set()
+        time.sleep(0)  # let the sender start its query now, not after this push's response
 
     def start(self) -> None:
         self._running = True
