@@ -454,12 +454,16 @@ CREATE FUNCTION queen.pop_queue_id(p_queue uuid, p_batch integer, p_worker text)
 RETURNS SETOF queen.popped
 LANGUAGE plpgsql AS $$
 DECLARE
-    target uuid;
-    tried  uuid[] := '{}';
+    target   uuid;
+    tried    uuid[] := '{}';
     window_s integer;
+    delay_s  integer;
 BEGIN
-    SELECT q.window_buffer INTO window_s FROM queen.queues q WHERE q.id = p_queue;
-    FOR attempt IN 1..16 LOOP
+    SELECT q.window_buffer, q.delayed_processing INTO window_s, delay_s
+    FROM queen.queues q WHERE q.id = p_queue;
+    -- Each attempt that finds nothing removes a stale head row, so attempts are cheap;
+    -- the bound only caps the work of one call.
+    FOR attempt IN 1..64 LOOP
         SELECT p.id INTO target
         FROM queen.partition_heads h JOIN queen.partitions p ON p.id = h.partition_id
         WHERE h.queue_id = p_queue
@@ -476,6 +480,13 @@ BEGIN
         LIMIT 1
         FOR NO KEY UPDATE OF p SKIP LOCKED;
         EXIT WHEN NOT FOUND;
+        -- delayedProcessing: heads are in FIFO order, so when this one's oldest message
+        -- is not due yet, no later one is.
+        IF delay_s > 0 AND (SELECT m.created_at FROM queen.messages m
+                            WHERE m.partition_id = target AND m.status = 'pending'
+                            ORDER BY m.seq LIMIT 1) > now() - make_interval(secs => delay_s) THEN
+            RETURN;
+        END IF;
         RETURN QUERY SELECT * FROM queen.claim(target, p_batch, p_worker);
         IF FOUND THEN
             RETURN;
