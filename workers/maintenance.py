@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import logging
 import os
 import signal
@@ -39,7 +40,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from queen.config import Settings
 from queen.errors import Unavailable
@@ -100,7 +100,7 @@ class Maintenance:
         self.leading = False
         self.stopping = False
         self.totals: dict[str, int] = {}
-        self._since_scan: Any = None  # DueScan.scanned_at of the last due scan
+        self._since_scan: dt.datetime | None = None  # DueScan.scanned_at of the last scan
         self._timed: dict[str, TimedQueue] = {}
         self._listening = False
         self._reconcile_after: uuid.UUID | None = None
