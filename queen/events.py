@@ -47,6 +47,7 @@ MAX_BACKOFF = 5.0  # seconds, between reconnect attempts
 # for lost notifications, not a delivery path, and must not add a herd of re-checks to a
 # burst that notifications are already serving (oldest ready partitions go first).
 FALLBACK_BUDGET = 100
+PRESENCE_REFRESH_S = 10.0  # seconds between calls of while_waiting while polls are parked
 
 RouteKey = tuple[str, str | None, str | None]
 # (queues, (queue, partition) pairs, (namespace, task) filters, limit) -> wake payloads
@@ -114,6 +115,9 @@ class Events:
         self.dsn = dsn
         self.fallback_s = fallback_s
         self._ready = ready
+        # Called every PRESENCE_REFRESH_S while polls are parked (LongPoller keeps this
+        # worker listed in queen.waiting_workers with it).
+        self.while_waiting: Callable[[], None] | None = None
         self._armed: dict[RouteKey, dict[Waiter, None]] = {}  # per route, oldest first
         self._registered = 0
         self._lock = threading.Lock()
@@ -258,7 +262,16 @@ class Events:
         listener.start()
         fallback = threading.Thread(target=self._fallback, name="queen-fallback", daemon=True)
         fallback.start()
+        presence = threading.Thread(target=self._presence, name="queen-presence", daemon=True)
+        presence.start()
         return listener
+
+    def _presence(self) -> None:
+        while self._running:
+            time.sleep(PRESENCE_REFRESH_S)
+            hook = self.while_waiting
+            if self._running and self._registered and hook is not None:
+                hook()
 
     def _fallback(self) -> None:
         while self._running:

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 _PEEK_FLAGS = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
 # Where the WSGI server puts the client connection (queen.worker; gunicorn's own handler).
 SOCKET_KEYS = ("gunicorn.socket", "gunicorn.sock")
+LISTED_S = 30  # seconds a listing in queen.waiting_workers lasts (refreshed every 10 s)
+RELIST_S = 10  # a poll lists its worker again first when less than this is left
 
 
 def _still_there() -> bool:
@@ -52,6 +54,9 @@ class LongPoller:
         # wake-ups queues here (until each poll's deadline) instead of timing out in the
         # pool, and leaves connections for pushes and acks.
         self._rechecks = threading.BoundedSemaphore(max(1, store.db.pool.max_size // 2))
+        self.presence = Presence(store, worker_id, clock)
+        if events is not None:
+            events.while_waiting = self.presence.refresh
 
     @property
     def shutting_down(self) -> bool:
@@ -78,6 +83,7 @@ class LongPoller:
             return []
         deadline = self.clock() + self._cap(route, timeout_s)
         with self.events.subscribe(route) as waiter:
+            self.presence.ensure()  # pushes notify only while some worker is listed
             messages = self._claim(route, batch)
             while not messages:
                 remaining = deadline - self.clock()
@@ -146,6 +152,42 @@ class LongPoller:
                 )
             else:
                 log.info("gave back %d messages whose response was not delivered", released)
+
+
+class Presence:
+    """Keep this worker listed in queen.waiting_workers while it has polls parked.
+
+    Pushes send wake-ups only while some worker is listed. A poll makes sure the listing
+    outlasts it before its first database check (a write only after a quiet spell);
+    while polls wait, the events registry calls refresh every 10 s.
+    """
+
+    def __init__(self, store: Store, worker_id: str, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.clock = clock
+        self._until = float("-inf")  # our clock: when the listing surely still holds
+        self._lock = threading.Lock()
+
+    def ensure(self) -> None:
+        """List this worker now unless the listing already lasts long enough."""
+        if self.clock() + RELIST_S < self._until:
+            return
+        with self._lock:  # one write for a crowd of polls arriving after a quiet spell
+            if self.clock() + RELIST_S < self._until:
+                return
+            self._list()
+
+    def refresh(self) -> None:
+        try:
+            self._list()
+        except QueenError as exc:
+            log.warning("could not list this worker as waiting: %s", exc.message)
+
+    def _list(self) -> None:
+        started = self.clock()
+        self.store.polling.list_waiting_worker(self.worker_id, LISTED_S)
+        self._until = started + LISTED_S
 
 
 def _hinted_partition(route: PopRoute, hint: str | None) -> PopRoute | None:

@@ -48,6 +48,10 @@ class Polling:
         }
         return [row[0] for row in self.db.fetch("ready_partitions", params)]
 
+    def list_waiting_worker(self, worker: str, seconds: int) -> None:
+        """List this worker as having parked polls for the next seconds (pushes then notify)."""
+        self.db.fetch("list_waiting_worker", {"worker": worker, "seconds": seconds})
+
     def unclaim(self, lease_id: uuid.UUID, transaction_ids: list[str]) -> int:
         """Return claimed messages to pending without counting a retry; how many went back."""
         rows = self.db.fetch("unclaim", {"lease": lease_id, "transaction_ids": transaction_ids})

@@ -15,6 +15,9 @@ SELECT * FROM queen.pop_filtered(%(namespace)s, %(task)s, %(batch)s, %(worker)s)
 -- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
 SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
 
+-- list_waiting_worker: list this worker as having parked polls, for the next seconds --
+SELECT queen.list_waiting_worker(%(worker)s, %(seconds)s)
+
 -- unclaim: give back a claim whose response never reached the client (no retry counted) --
 SELECT queen.unclaim(%(lease)s, %(transaction_ids)s::text[])
 

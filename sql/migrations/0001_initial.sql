@@ -178,16 +178,38 @@ BEGIN
 END
 $$;
 
+-- Workers with long polls parked, each listed until a moment it keeps pushing forward
+-- while polls wait there. Pushes skip their wake-ups while nobody is listed: no poll can
+-- be parked unseen, because a worker lists itself (and commits) before its first poll
+-- checks the database, and the push looks after its own commit. Unlogged: after a
+-- crash, workers list themselves again within a fallback period.
+CREATE UNLOGGED TABLE queen.waiting_workers (
+    worker text PRIMARY KEY,
+    until  timestamptz NOT NULL
+);
+
+CREATE FUNCTION queen.list_waiting_worker(p_worker text, p_seconds integer) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO queen.waiting_workers AS w (worker, until)
+    VALUES (p_worker, now() + make_interval(secs => p_seconds))
+    ON CONFLICT (worker) DO UPDATE SET until = greatest(w.until, EXCLUDED.until);
+    DELETE FROM queen.waiting_workers WHERE until < now() - interval '1 hour';
+$$;
+
 -- Wake-ups for pushes already committed, by queue and partition name: what a session
 -- with queen.push_notify = 'after_commit' sends after its inserts, in a transaction of
--- its own, for one push or many. NOTIFY holds a cluster-wide lock from the start of
--- commit until the commit is durable, so notifying inside the push would line up the
--- WAL flushes of all concurrent pushes one behind another (bench/notify_cost.py). Here
--- the commit is asynchronous: a notification needs no durability, and the lock is held
--- for microseconds. Unknown names are ignored.
+-- its own, for one push or many; nothing while no worker has a poll parked. NOTIFY
+-- holds a cluster-wide lock from the start of commit until the commit is durable, so
+-- notifying inside the push would line up the WAL flushes of all concurrent pushes one
+-- behind another (bench/notify_cost.py). Here the commit is asynchronous: a
+-- notification needs no durability, and the lock is held for microseconds. Unknown
+-- names are ignored.
 CREATE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        RETURN;
+    END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_notify('queen', queen.wake_payload(q.name, p.name, q.namespace, q.task))
     FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)

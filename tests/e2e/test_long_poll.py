@@ -210,8 +210,8 @@ def test_a_client_that_leaves_mid_poll_leaves_nothing_stuck(quiet_server, db_dsn
 
     pushed_at = push(url, [item()])
     assert gather([stays], 10) == []
-    assert stays.status == 200  # the departed polls passed the wake-up on
-    assert stays.done_at - pushed_at < PROMPT  # type: ignore[operator]
+    assert stays.status == 200  # the departed polls passed the wake-up on (no fallback here)
+    assert stays.done_at - pushed_at < 1.0  # type: ignore[operator]
 
     push(url, [item(partition="second")])
     time.sleep(0.5)

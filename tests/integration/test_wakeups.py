@@ -23,8 +23,10 @@ from tests.integration.helpers import ack, pop, push, rows, scalar
 
 @pytest.fixture
 def listener(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A LISTEN connection, with a worker listed as having polls parked (so pushes notify)."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("LISTEN queen")
+        conn.execute("SELECT queen.list_waiting_worker('elsewhere', 600)")
         yield conn
 
 
@@ -244,3 +246,23 @@ def test_started_push_wakeups_send_for_many_pushes_at_once(store: Store, listene
         assert sorted(received(listener, 1.0)) == ["q/a//", "q/b//", "q/c//"]
     finally:
         wakeups.stop()
+
+
+def test_pushes_send_no_wake_up_while_no_worker_has_polls_parked(store: Store, db_dsn):
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("LISTEN queen")
+        push(store, items("q", "a", 1))
+        assert received(conn) == []
+        store.polling.list_waiting_worker("w1", 30)
+        push(store, items("q", "a", 1))
+        assert received(conn) == ["q/a//"]
+        conn.execute("UPDATE queen.waiting_workers SET until = now() - interval '1 second'")
+        push(store, items("q", "a", 1))
+        assert received(conn) == []
+
+
+def test_a_long_poll_lists_its_worker_before_its_first_check(store: Store, db_dsn):
+    poller = LongPoller(store, Events(), "worker-7")
+    assert poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=0.05) == []
+    listed = rows(db_dsn, "SELECT worker, until > now() FROM queen.waiting_workers")
+    assert listed == [("worker-7", True)]
