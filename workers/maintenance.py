@@ -271,11 +271,21 @@ class Maintenance:
         return max(scan.next_due_in + DUE_MARGIN, 0.0)
 
     def _watch_timed_queues(self) -> float | None:
-        """Know the delayed/windowed queues; listen to pushes only while there are some."""
+        """Know the delayed/windowed queues; listen to pushes only while there are some.
+
+        Pushes notify only while some poll is parked, so the due scan also runs at least
+        twice within the shortest delay or window: it then learns of every message before
+        the message becomes due, notified or not.
+        """
         self._timed = self.session.timed_queues()
         if bool(self._timed) != self._listening:
             self.session.listen(bool(self._timed))
             self._listening = bool(self._timed)
+        due = next(t for t in self.tasks if t.name == "due")
+        cycle = self.settings.maintenance_interval_s
+        soonest = min((t.soonest_s for t in self._timed.values()), default=2 * cycle)
+        due.every = min(cycle, soonest / 2)
+        due.next_at = min(due.next_at, self.clock() + due.every)
         return None
 
     def _expire_ttl(self) -> float | None:

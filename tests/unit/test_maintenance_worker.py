@@ -265,3 +265,14 @@ def test_listens_to_pushes_only_while_timed_queues_exist(session, clock) -> None
     m._run_task(task(m, "timed"))
     assert session.calls[-1] == "unlisten"
     assert m._timed == {}
+
+
+def test_due_scans_run_twice_within_the_shortest_delay(session, clock) -> None:
+    m = make(session, clock, maintenance_interval_s=5.0)
+    session.results["timed_queues"] = {"d": TimedQueue("d", 3, 0), "w": TimedQueue("w", 0, 2)}
+    m._run_task(task(m, "timed"))
+    assert task(m, "due").every == 1.0
+    assert task(m, "due").next_at == pytest.approx(clock.now + 1.0)
+    session.results["timed_queues"] = {}
+    m._run_task(task(m, "timed"))
+    assert task(m, "due").every == 5.0
