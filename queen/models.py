@@ -95,5 +95,6 @@ def iso(ts: dt.datetime | None) -> str | None:
     """Format a timestamp as ISO-8601 UTC with milliseconds: 2025-10-08T05:12:33.893Z."""
     if ts is None:
         return None
-    ts = ts.astimezone(dt.UTC)
-    return ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z"
+    if ts.utcoffset():
+        ts = ts.astimezone(dt.UTC)
+    return ts.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"

@@ -364,6 +364,14 @@ LANGUAGE sql STABLE AS $$
     LIMIT p_limit
 $$;
 
+-- Claims and acks commit without waiting for the WAL flush. A crash can forget the last
+-- few of them, which only means a redelivery (at-least-once); pushes stay synchronous,
+-- so no accepted message is ever lost. Transaction-scoped: ends with the call's commit.
+CREATE FUNCTION queen.commit_without_flush() RETURNS void
+LANGUAGE sql AS $$
+    SELECT set_config('synchronous_commit', 'off', true)
+$$;
+
 -- What a pop returns for each message.
 CREATE TYPE queen.popped AS (
     id uuid, transaction_id text, queue text, partition text, payload jsonb,
@@ -376,7 +384,11 @@ CREATE TYPE queen.popped AS (
 -- locked and found free; lease the partition when anything was claimed.
 CREATE FUNCTION queen.claim(p_partition uuid, p_batch integer, p_worker text)
 RETURNS SETOF queen.popped
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- With stale statistics right after a burst of pushes the planner may pick a bitmap scan
+-- that reads the partition's whole backlog and sorts it; the index walk reads p_batch rows.
+SET enable_bitmapscan = off
+AS $$
 DECLARE
     part   queen.partitions%ROWTYPE;
     qu     queen.queues%ROWTYPE;
@@ -458,6 +470,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     target uuid;
 BEGIN
+    PERFORM queen.commit_without_flush();
     SELECT p.id INTO target
     FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
     WHERE q.name = p_queue AND p.name = p_partition
@@ -481,6 +494,7 @@ DECLARE
     window_s integer;
     delay_s  integer;
 BEGIN
+    PERFORM queen.commit_without_flush();
     SELECT q.window_buffer, q.delayed_processing INTO window_s, delay_s
     FROM queen.queues q WHERE q.id = p_queue;
     -- Each attempt that finds nothing removes a stale head row, so attempts are cheap;
@@ -669,6 +683,7 @@ DECLARE
     released uuid[];
     freed    uuid[];
 BEGIN
+    PERFORM queen.commit_without_flush();
     -- Lock the partitions first (the order pop uses): concurrent acks of one lease
     -- then run one after the other, and the last one sees that the lease is done.
     -- (= ANY (ARRAY(...)) keeps this on the primary key; IN (...) hashed every partition.)
