@@ -54,13 +54,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     children: list[subprocess.Popen[bytes]] = []
     if args.maintenance and (ROOT / "workers" / "maintenance.py").exists():
-        children.append(subprocess.Popen([sys.executable, "-m", "workers.maintenance"], env=env,
-                                         cwd=ROOT))
-    children.append(subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")], env=env,
-        cwd=ROOT))
-    log.info("serving on http://%s:%s with %d workers", settings.host, settings.port,
-             settings.workers)
+        children.append(
+            subprocess.Popen([sys.executable, "-m", "workers.maintenance"], env=env, cwd=ROOT)
+        )
+    children.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
+            env=env,
+            cwd=ROOT,
+        )
+    )
+    log.info(
+        "serving on http://%s:%s with %d workers", settings.host, settings.port, settings.workers
+    )
     return _supervise(children)
 
 
@@ -107,9 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP API (gunicorn) and the maintenance process")
     serve.add_argument("--host", help="listen address (env HOST, default 0.0.0.0)")
     serve.add_argument("--port", type=int, help="listen port (env PORT, default 6632)")
-    serve.add_argument("--workers", type=int, help="gunicorn workers (env QUEEN_WORKERS, default 2)")
-    serve.add_argument("--no-maintenance", dest="maintenance", action="store_false",
-                       help="do not start the maintenance process")
+    serve.add_argument(
+        "--workers", type=int, help="gunicorn workers (env QUEEN_WORKERS, default 2)"
+    )
+    serve.add_argument(
+        "--no-maintenance",
+        dest="maintenance",
+        action="store_false",
+        help="do not start the maintenance process",
+    )
     serve.set_defaults(func=cmd_serve)
     sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
     sub.add_parser(  # its flags (and --help) are parsed by workers.maintenance
@@ -120,12 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "info").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "info").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     parser = build_parser()
-    args, args.extra = parser.parse_known_args(argv)
-    if args.extra and args.func is not cmd_maintenance:
-        parser.error(f"unrecognized arguments: {' '.join(args.extra)}")
+    args, extra = parser.parse_known_args(argv)
+    args.extra = extra
+    if extra and args.func is not cmd_maintenance:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args))
 
 

@@ -124,7 +124,7 @@ class Settings:
 
 
 def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
-    kind = type(field.default)
+    kind: type[Any] = type(field.default)
     try:
         return kind(raw)
     except ValueError as exc:

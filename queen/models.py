@@ -61,14 +61,14 @@ class Popped:
 
 
 class PushResult(NamedTuple):
-    index: int  # 1-based position in the request
+    position: int  # 1-based position in the request
     id: uuid.UUID | None
     transaction_id: str | None
     status: str  # queued | duplicate | rejected
 
 
 class AckResult(NamedTuple):
-    index: int
+    position: int  # 1-based position in the request
     transaction_id: str
     status: str  # completed | retry_scheduled | dead_letter | failed | not_found | pending
     retry_count: int | None

@@ -36,7 +36,7 @@ class PushResource:
             }
             if r.status == "rejected":
                 entry["error"] = "queue is full (maxSize)"
-                entry["transactionId"] = items[r.index - 1].get("transactionId")
+                entry["transactionId"] = items[r.position - 1].get("transactionId")
             messages.append(entry)
         if all(r.status == "rejected" for r in results):
             raise QueueFull("queue is full (maxSize): every item was rejected")

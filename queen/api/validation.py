@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 import orjson
 
@@ -34,6 +34,10 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     return doc
 
 
+@overload
+def name(value: Any, field: str, *, required: Literal[True] = True) -> str: ...
+@overload
+def name(value: Any, field: str, *, required: bool) -> str | None: ...
 def name(value: Any, field: str, *, required: bool = True) -> str | None:
     """Check a queue, partition, namespace or task name."""
     if value is None and not required:

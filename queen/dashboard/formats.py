@@ -44,7 +44,7 @@ def pushed(items: Sequence[Mapping[str, Any]], results: Iterable[PushResult]) ->
     for r in results:
         if r.status != "queued":
             continue
-        item = items[r.index - 1]
+        item = items[r.position - 1]
         queue = item["queue"]
         data = {
             "queue": queue,
@@ -77,7 +77,7 @@ def acked(
         if r.status == "completed":
             name = COMPLETED
         elif r.status in FAILED_STATUSES:
-            error = acks[r.index - 1].get("error")
+            error = acks[r.position - 1].get("error")
             name = FAILED
             data.update(error=error, status=r.status)
             if r.status == "retry_scheduled":
