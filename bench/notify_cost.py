@@ -2,21 +2,26 @@
 
     python -m bench.notify_cost [--clients 4] [--seconds 5] [--rounds 3] [--no-http]
 
-Side by side in one run, each on a fresh database at the current schema, rounds
-alternating the order so that background noise hits every variant alike:
+Side by side in one run. Each level uses one fresh database (and one Queen), and the
+variants are switched in place between rounds (the notification functions replaced by
+no-ops or restored, the list of waiting workers filled or emptied), rotating the order,
+so that table growth and background noise hit every variant alike.
 
 SQL level (--clients processes calling queen.push directly):
   in-push       a plain session: the insert trigger NOTIFYs inside the push transaction.
   after-commit  what Queen's sessions do: queen.push_notify = after_commit, then
-                queen.notify_pushed in a transaction of its own (one per push here).
-  none          the same schema with no notification at all (the baseline).
+                queen.notify_pushed in a transaction of its own (one per push here),
+                with a worker listed as having polls parked, so it does notify.
+  none          no notification at all (notify functions replaced by no-ops).
 HTTP level (--clients processes pushing through Queen, 2 gunicorn workers):
-  queen         Queen as shipped (after-commit wake-ups, shared by concurrent pushes).
-  queen-silent  the same with queen.notify_pushed made a no-op (the baseline).
+  queen         Queen as shipped with polls parked somewhere (a worker listed): every
+                push sends its wake-ups, after commit, shared by concurrent pushes.
+  queen-idle    Queen as shipped, nobody waiting: pushes skip their wake-ups.
+  queen-silent  notify functions replaced by no-ops (the baseline).
 
 Batch 100 spreads over 10 partitions (10 notifications per push); batch 1 rotates over
-100 partitions. A listener drains the notifications, as Queen's workers would. Goal:
-with / without >= 0.9. Writes bench/results/notify-cost.md.
+100 partitions. At SQL level a listener drains the notifications, as Queen's workers
+would (over HTTP they do). Goal: with / without >= 0.9. Writes bench/results/notify-cost.md.
 """
 
 from __future__ import annotations
@@ -46,19 +51,46 @@ RETURNS void LANGUAGE plpgsql AS $$ BEGIN END $$;
 """
 DEFER = "SELECT set_config('queen.push_notify', 'after_commit', false)"
 SQL_VARIANTS = ("in-push", "after-commit", "none")
-HTTP_VARIANTS = ("queen", "queen-silent")
+HTTP_VARIANTS = ("queen", "queen-idle", "queen-silent")
 
 
-def make_database(name: str, silent: bool) -> str:
+def make_database(name: str) -> str:
     """A fresh database at the current schema (through the migrations, as Queen expects)."""
     from queen.store.migrate import migrate
 
     dsn = fresh_database(SERVER_DSN, name)
     migrate(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if silent:
-            conn.execute(SILENT)  # type: ignore[arg-type]
     return dsn
+
+
+def real_functions(dsn: str) -> str:
+    """The definitions of the notify functions as the schema has them (to restore them)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_get_functiondef(p.oid) FROM pg_proc p"
+            " JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = 'queen' AND p.proname IN ('notify_partitions', 'notify_pushed')"
+        ).fetchall()
+    return ";\n".join(r[0] for r in rows) + ";"
+
+
+def switch(dsn: str, real: str, notify: bool, listed: bool) -> None:
+    """Make the notify functions real or no-ops, and list a waiting worker or none."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(real if notify else SILENT)  # type: ignore[arg-type]
+        conn.execute("DELETE FROM queen.waiting_workers")
+        if listed:  # as if a worker had polls parked for the whole round
+            conn.execute("SELECT queen.list_waiting_worker('bench', 86400)")
+
+
+SETUPS = {  # variant: (notify functions real, a waiting worker listed)
+    "in-push": (True, True),
+    "after-commit": (True, True),
+    "none": (False, False),
+    "queen": (True, True),
+    "queen-idle": (True, False),
+    "queen-silent": (False, False),
+}
 
 
 def batch_items(client: int, batch: int, i: int) -> list[dict[str, object]]:
@@ -77,7 +109,8 @@ def sql_pusher(
     with psycopg.connect(dsn, autocommit=True) as conn:
         if variant != "in-push":
             conn.execute(DEFER)
-        deadline = time.monotonic() + seconds
+        started = time.monotonic()
+        deadline = started + seconds
         i = 0
         while time.monotonic() < deadline:
             items = batch_items(client, batch, i)
@@ -92,7 +125,7 @@ def sql_pusher(
                     "SELECT queen.notify_pushed(%s, %s)",
                     ([q for q, _ in pairs], [p for _, p in pairs]),
                 )
-    out.put(stored)
+    out.put((stored, time.monotonic() - started))
 
 
 def http_pusher(
@@ -101,7 +134,8 @@ def http_pusher(
     """POST /push for `seconds`; put the messages stored."""
     stored = 0
     with requests.Session() as session:
-        deadline = time.monotonic() + seconds
+        started = time.monotonic()
+        deadline = started + seconds
         i = 0
         while time.monotonic() < deadline:
             response = session.post(
@@ -110,24 +144,26 @@ def http_pusher(
             i += 1
             assert response.status_code == 201, response.text
             stored += batch
-    out.put(stored)
+    out.put((stored, time.monotonic() - started))
 
 
 def measure(
     target: Callable[..., None], where: str, variant: str, clients: int, batch: int, seconds: float
 ) -> float:
-    out: multiprocessing.Queue = multiprocessing.Queue()
+    # spawn, not fork: this process runs threads (listeners, a parked poll), and a child
+    # forked while one of them holds a lock can hang for good.
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
     procs = [
-        multiprocessing.Process(target=target, args=(where, variant, c, batch, seconds, out))
+        context.Process(target=target, args=(where, variant, c, batch, seconds, out))
         for c in range(clients)
     ]
-    started = time.monotonic()
     for p in procs:
         p.start()
-    total = sum(out.get() for _ in procs)
+    results = [out.get(timeout=seconds + 120) for _ in procs]
     for p in procs:
         p.join()
-    return total / (time.monotonic() - started)
+    return sum(stored / took for stored, took in results)  # each child times its own run
 
 
 class Drain(threading.Thread):
@@ -188,42 +224,41 @@ def main() -> None:
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "notify-cost.md"))
     args = parser.parse_args()
 
-    names = {v: f"queen_bench_notify_{v.replace('-', '_')}" for v in SQL_VARIANTS + HTTP_VARIANTS}
-    silent = {"none", "queen-silent"}
-    wanted = SQL_VARIANTS + (() if args.no_http else HTTP_VARIANTS)
-    dsns = {v: make_database(names[v], v in silent) for v in wanted}
-    drains = [Drain(dsn) for dsn in dsns.values()]
+    names = {"sql": "queen_bench_notify_sql", "http": "queen_bench_notify_http"}
+    levels = ("sql",) if args.no_http else ("sql", "http")
+    dsns = {level: make_database(names[level]) for level in levels}
+    real = real_functions(dsns["sql"])
+    drains = [Drain(dsns["sql"])]  # over HTTP, Queen's own listeners drain them
     for drain in drains:
         drain.start()
-    servers: dict[str, QueenServer] = {}
+    server: QueenServer | None = None
     sql_rates: dict[tuple[int, str], list[float]] = {}
     http_rates: dict[tuple[int, str], list[float]] = {}
+
+    def sql_round(variant: str, batch: int) -> float:
+        switch(dsns["sql"], real, *SETUPS[variant])
+        return measure(sql_pusher, dsns["sql"], variant, args.clients, batch, args.seconds)
+
+    def http_round(variant: str, batch: int) -> float:
+        assert server is not None
+        switch(dsns["http"], real, *SETUPS[variant])
+        return measure(http_pusher, server.url, variant, args.clients, batch, args.seconds)
+
     try:
         print("SQL level", flush=True)
-        run_rounds(
-            SQL_VARIANTS,
-            lambda v, b: measure(sql_pusher, dsns[v], v, args.clients, b, args.seconds),
-            args.rounds,
-            sql_rates,
-        )
-        if not args.no_http:
-            for v in HTTP_VARIANTS:
-                servers[v] = QueenServer(dsns[v], workers=2, maintenance=False).start()
+        run_rounds(SQL_VARIANTS, sql_round, args.rounds, sql_rates)
+        if "http" in dsns:
+            server = QueenServer(dsns["http"], workers=2, maintenance=False).start()
             print("HTTP level", flush=True)
-            run_rounds(
-                HTTP_VARIANTS,
-                lambda v, b: measure(http_pusher, servers[v].url, v, args.clients, b, args.seconds),
-                args.rounds,
-                http_rates,
-            )
+            run_rounds(HTTP_VARIANTS, http_round, args.rounds, http_rates)
     finally:
-        for server in servers.values():
+        if server is not None:
             server.stop()
         for drain in drains:
             drain.running = False
         time.sleep(0.6)
-        for v in wanted:
-            drop_database(SERVER_DSN, names[v])
+        for level in levels:
+            drop_database(SERVER_DSN, names[level])
 
     lines = [
         "# NOTIFY cost on push",
