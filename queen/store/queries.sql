@@ -134,56 +134,18 @@ SELECT name, delayed_processing, window_buffer FROM queen.queues
 WHERE delayed_processing > 0 OR window_buffer > 0
 
 -- maintenance_expire_ttl: pending messages older than their queue's ttl go to dead_letter, at most limit --
-WITH heads AS (
-    SELECT h.partition_id, now() - make_interval(secs => q.ttl) AS cutoff
-    FROM queen.queues q JOIN queen.partition_heads h ON h.queue_id = q.id
-    WHERE q.ttl > 0
-      AND (SELECT m.created_at FROM queen.messages m
-           WHERE m.partition_id = h.partition_id AND m.status = 'pending'
-           ORDER BY m.seq LIMIT 1) < now() - make_interval(secs => q.ttl)
-), doomed AS (
-    SELECT m.transaction_id
-    FROM heads h CROSS JOIN LATERAL (
-        SELECT x.transaction_id, x.created_at FROM queen.messages x
-        WHERE x.partition_id = h.partition_id AND x.status = 'pending'
-        ORDER BY x.seq LIMIT %(limit)s) m
-    WHERE m.created_at < h.cutoff
-    LIMIT %(limit)s
-), locked AS (
-    SELECT x.transaction_id FROM queen.messages x
-    WHERE x.transaction_id = ANY (ARRAY(SELECT transaction_id FROM doomed)) AND x.status = 'pending'
-    FOR UPDATE SKIP LOCKED
-), moved AS (
+WITH moved AS (
     UPDATE queen.messages m
     SET status = 'dead_letter', failed_at = now(), error_message = 'ttl expired'
-    FROM locked WHERE m.transaction_id = locked.transaction_id
+    WHERE m.transaction_id = ANY (ARRAY(SELECT queen.overdue_pending('ttl', %(limit)s)))
     RETURNING 1
 )
 SELECT count(*) FROM moved
 
 -- maintenance_retention_pending: delete pending messages older than retentionSeconds, at most limit --
-WITH heads AS (
-    SELECT h.partition_id, now() - make_interval(secs => q.retention_seconds) AS cutoff
-    FROM queen.queues q JOIN queen.partition_heads h ON h.queue_id = q.id
-    WHERE q.retention_enabled AND q.retention_seconds > 0
-      AND (SELECT m.created_at FROM queen.messages m
-           WHERE m.partition_id = h.partition_id AND m.status = 'pending'
-           ORDER BY m.seq LIMIT 1) < now() - make_interval(secs => q.retention_seconds)
-), doomed AS (
-    SELECT m.transaction_id
-    FROM heads h CROSS JOIN LATERAL (
-        SELECT x.transaction_id, x.created_at FROM queen.messages x
-        WHERE x.partition_id = h.partition_id AND x.status = 'pending'
-        ORDER BY x.seq LIMIT %(limit)s) m
-    WHERE m.created_at < h.cutoff
-    LIMIT %(limit)s
-), locked AS (
-    SELECT x.transaction_id FROM queen.messages x
-    WHERE x.transaction_id = ANY (ARRAY(SELECT transaction_id FROM doomed)) AND x.status = 'pending'
-    FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM queen.messages m USING locked
-    WHERE m.transaction_id = locked.transaction_id
+WITH gone AS (
+    DELETE FROM queen.messages m
+    WHERE m.transaction_id = ANY (ARRAY(SELECT queen.overdue_pending('retention', %(limit)s)))
     RETURNING 1
 )
 SELECT count(*) FROM gone

@@ -226,3 +226,36 @@ LANGUAGE sql AS $$
     FROM believed b LEFT JOIN actual a ON a.partition_id = b.partition_id
     ORDER BY b.partition_id
 $$;
+
+-- Pending messages older than their queue's age limit: 'ttl', or 'retention'
+-- (retentionSeconds, when retention is on). Taken from the head of each partition with
+-- work, oldest first, at most p_limit, and locked for the caller's statement (rows another
+-- session holds are skipped). Maintenance dead-letters the first kind and deletes the second.
+CREATE FUNCTION queen.overdue_pending(p_kind text, p_limit integer) RETURNS SETOF text
+LANGUAGE sql AS $$
+    WITH limits AS (
+        SELECT q.id, CASE p_kind WHEN 'ttl' THEN q.ttl
+                                 WHEN 'retention' THEN
+                                     CASE WHEN q.retention_enabled THEN q.retention_seconds ELSE 0 END
+                     END AS age_s
+        FROM queen.queues q
+    ), heads AS (
+        SELECT h.partition_id, now() - make_interval(secs => l.age_s) AS cutoff
+        FROM limits l JOIN queen.partition_heads h ON h.queue_id = l.id
+        WHERE l.age_s > 0
+          AND (SELECT m.created_at FROM queen.messages m
+               WHERE m.partition_id = h.partition_id AND m.status = 'pending'
+               ORDER BY m.seq LIMIT 1) < now() - make_interval(secs => l.age_s)
+    ), doomed AS (
+        SELECT m.transaction_id
+        FROM heads h CROSS JOIN LATERAL (
+            SELECT x.transaction_id, x.created_at FROM queen.messages x
+            WHERE x.partition_id = h.partition_id AND x.status = 'pending'
+            ORDER BY x.seq LIMIT p_limit) m
+        WHERE m.created_at < h.cutoff
+        LIMIT p_limit
+    )
+    SELECT x.transaction_id FROM queen.messages x
+    WHERE x.transaction_id = ANY (ARRAY(SELECT transaction_id FROM doomed)) AND x.status = 'pending'
+    FOR UPDATE SKIP LOCKED
+$$;
