@@ -13,7 +13,6 @@ from queen.api import admin, analytics, resources, send_json
 from queen.api.dashboard import (
     DashboardPageResource,
     DashboardSocketResource,
-    ThroughputResource,
 )
 from queen.api.messages import AckBatchResource, AckResource, PopResource, PushResource
 from queen.api.metrics import MetricsMiddleware, PrometheusResource
@@ -120,18 +119,17 @@ def create_app(
     app.add_route(f"{API}/ack/batch", AckBatchResource(store, batch, hub))
     app.add_route(f"{API}/configure", ConfigureResource(store))
     app.add_route("/health", HealthResource(store, events, clock))
-    _add_dashboard_routes(app, store, hub)
+    _add_dashboard_routes(app, hub)
     _add_read_routes(app, store, measure)
     return app
 
 
-def _add_dashboard_routes(app: falcon.App, store: Store, hub: Hub) -> None:
+def _add_dashboard_routes(app: falcon.App, hub: Hub) -> None:
     page = DashboardPageResource()
     app.add_route("/", page)
     app.add_route("/dashboard", page)
     app.add_static_route("/dashboard/static", str(STATIC_DIR))
     app.add_route("/ws/dashboard", DashboardSocketResource(hub))
-    app.add_route(f"{API}/dashboard/throughput", ThroughputResource(store))
 
 
 def _add_read_routes(app: falcon.App, store: Store, measure: MetricsMiddleware) -> None:

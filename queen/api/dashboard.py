@@ -1,16 +1,12 @@
-"""The dashboard: its WebSocket (API.md "WebSocket Support"), its page and its chart data."""
+"""The dashboard: its WebSocket (API.md "WebSocket Support") and its page."""
 
 from __future__ import annotations
 
 import falcon
 
-from queen.api import send_json, validation
+from queen.api import send_json
 from queen.dashboard import STATIC_DIR
 from queen.dashboard.hub import Hub
-from queen.models import iso
-from queen.store import Store
-
-MAX_THROUGHPUT_MINUTES = 24 * 60
 
 
 class DashboardSocketResource:
@@ -41,35 +37,3 @@ class DashboardPageResource:
 
     def on_head(self, req: falcon.Request, resp: falcon.Response) -> None:
         self.on_get(req, resp)
-
-
-class ThroughputResource:
-    """GET /api/v1/dashboard/throughput?minutes=60&queue=q: per-minute activity for the chart.
-
-    Counts come from the per-minute rollup, folded by maintenance every few seconds.
-    """
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        minutes = validation.int_param(req.params, "minutes", 60, 1, MAX_THROUGHPUT_MINUTES)
-        queue = validation.name(req.params.get("queue"), "queue", required=False)
-        rows = self.store.dashboard.throughput(minutes, queue)
-        send_json(
-            resp,
-            {
-                "queue": queue,
-                "throughput": [
-                    {
-                        "timestamp": iso(r.minute),
-                        "incoming": r.incoming,
-                        "processing": r.popped,
-                        "completed": r.completed,
-                        "failed": r.failed,
-                        "deadLetter": r.dead_letter,
-                    }
-                    for r in rows
-                ],
-            },
-        )

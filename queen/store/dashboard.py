@@ -6,7 +6,6 @@ snapshot long enough to slow the hot paths (see NOTES: xmin horizon).
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -34,15 +33,6 @@ class PartitionDepth(NamedTuple):
 class RecentActivity(NamedTuple):
     created: int  # messages pushed during the last complete minute
     completed: int  # messages completed during the last complete minute
-
-
-class MinuteActivity(NamedTuple):
-    minute: dt.datetime
-    incoming: int
-    popped: int
-    completed: int
-    failed: int
-    dead_letter: int
 
 
 class MessagePlace(NamedTuple):
@@ -85,9 +75,3 @@ class Dashboard:
             return {}
         rows = self._fetch("dashboard_locate", {"ids": list(transaction_ids)}, namedtuple_row)
         return {row.transaction_id: MessagePlace(*row) for row in rows}
-
-    def throughput(self, minutes: int, queue: str | None = None) -> list[MinuteActivity]:
-        """Return per-minute activity of the last `minutes` minutes, oldest first."""
-        params = {"minutes": minutes, "queue": queue}
-        rows = self._fetch("dashboard_throughput", params, namedtuple_row)
-        return [MinuteActivity(*row) for row in rows]

@@ -85,20 +85,6 @@ JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
 WHERE m.transaction_id = ANY (%(ids)s::text[])
 
--- dashboard_throughput: per-minute activity of the last minutes (optionally one queue), gaps as zeros --
-SELECT g.minute,
-       coalesce(sum(m.incoming), 0)::bigint AS incoming,
-       coalesce(sum(m.popped), 0)::bigint AS popped,
-       coalesce(sum(m.completed), 0)::bigint AS completed,
-       coalesce(sum(m.failed), 0)::bigint AS failed,
-       coalesce(sum(m.dead_letter), 0)::bigint AS dead_letter
-FROM generate_series(date_trunc('minute', now()) - (%(minutes)s - 1) * interval '1 minute',
-                     date_trunc('minute', now()), interval '1 minute') AS g(minute)
-LEFT JOIN queen.metrics_minute m
-       ON m.minute = g.minute AND (%(queue)s::text IS NULL OR m.queue = %(queue)s::text)
-GROUP BY g.minute
-ORDER BY g.minute
-
 -- maintenance_setup: session settings of the maintenance connection (timeouts, keepalives, plans) --
 -- Every maintenance statement walks an index in order under a LIMIT; a bitmap scan would
 -- read a whole partition and sort it. JIT only adds compile time to these short statements.

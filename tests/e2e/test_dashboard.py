@@ -235,13 +235,13 @@ def test_dashboard_page_and_assets_are_served(server, http):
     assert "error" in plain.json()
 
 
-def test_throughput_endpoint(server, http):
+def test_chart_reads_analytics_throughput(server, http):
     push(server, http, {"queue": "t", "payload": 1})
-    resp = http.get(f"{server.url}/api/v1/dashboard/throughput?minutes=5")
+    resp = http.get(f"{server.url}/api/v1/analytics/throughput?queue=t")
     assert resp.status_code == 200
     minutes = resp.json()["throughput"]
-    assert len(minutes) == 5
-    assert ISO_MS.match(minutes[-1]["timestamp"])
-    assert {"incoming", "processing", "completed", "failed", "deadLetter"} <= minutes[-1].keys()
-    assert http.get(f"{server.url}/api/v1/dashboard/throughput?minutes=0").status_code == 400
-    assert http.get(f"{server.url}/api/v1/dashboard/throughput?queue=a/b").status_code == 400
+    assert len(minutes) == 60
+    assert ISO_MS.match(minutes[0]["timestamp"])
+    assert minutes[0]["incoming"]["messagesPerMinute"] == 1
+    script = http.get(f"{server.url}/dashboard/static/app.js").text
+    assert "/api/v1/analytics/throughput" in script

@@ -4,7 +4,7 @@
   "use strict";
 
   const WS_URL = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/dashboard`;
-  const THROUGHPUT_URL = "/api/v1/dashboard/throughput";
+  const THROUGHPUT_URL = "/api/v1/analytics/throughput";
   const PING_EVERY_MS = 30000;
   const CHART_REFRESH_MS = 15000;
   const CHART_MINUTES = 60;
@@ -323,12 +323,19 @@
   }
 
   async function loadThroughput() {
-    const params = new URLSearchParams({ minutes: CHART_MINUTES });
+    const params = new URLSearchParams();
     if (state.chartQueue) params.set("queue", state.chartQueue);
     try {
       const resp = await fetch(`${THROUGHPUT_URL}?${params}`);
       if (!resp.ok) return;
-      chartData = (await resp.json()).throughput || [];
+      // Newest first, rates nested: chart oldest first, messages per minute.
+      chartData = ((await resp.json()).throughput || []).slice(0, CHART_MINUTES).reverse()
+        .map((p) => ({
+          timestamp: p.timestamp,
+          incoming: p.incoming.messagesPerMinute,
+          completed: p.completed.messagesPerMinute,
+          failed: p.failed.messagesPerMinute,
+        }));
       drawChart();
     } catch (e) {
       // the server is restarting: the next refresh will catch up
