@@ -32,16 +32,3 @@ def test_locate_names_queue_and_partition(store):
     assert places[r.transaction_id].queue == "q1"
     assert places[r.transaction_id].partition == "p"
     assert store.dashboard.locate([]) == {}
-
-
-def test_throughput_fills_gaps_and_reads_folded_metrics(store):
-    push(store, {"queue": "q1", "payload": 1}, {"queue": "q2", "payload": 2})
-    store.db.fetch("ping")
-    with store.db.connection() as conn:
-        conn.execute("SELECT queen.fold_deltas()")
-    minutes = store.dashboard.throughput(5)
-    assert len(minutes) == 5
-    assert minutes[-1].incoming == 2
-    assert sum(m.incoming for m in minutes[:-1]) == 0
-    assert store.dashboard.throughput(3, "q2")[-1].incoming == 1
-    assert store.dashboard.recent().created in (0, 2)  # only complete minutes count
