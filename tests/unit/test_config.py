@@ -142,3 +142,12 @@ def test_env_table_lists_every_field() -> None:
         assert f"`{f.metadata['env']}`" in row
         assert f"`{f.default}`" in row
         assert f.metadata["doc"] in row
+
+
+def test_readme_lists_every_setting_as_queen_env_prints_it():
+    from pathlib import Path
+
+    from queen.config import env_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert env_table() in readme
