@@ -70,15 +70,24 @@ def template_db(server_dsn: str) -> Iterator[str]:
         sql.Identifier(name)))
 
 
+@contextlib.contextmanager
+def cloned_database(server_dsn: str, template_db: str, prefix: str = "queen_t") -> Iterator[str]:
+    """Create a database from the template, yield its DSN, drop it afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    _admin(server_dsn, sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+        sql.Identifier(name), sql.Identifier(template_db)))
+    try:
+        yield dsn_for(server_dsn, name)
+    finally:
+        _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+
+
 @pytest.fixture
 def db_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
     """A fresh database for one test, cloned from the template."""
-    name = f"queen_t_{uuid.uuid4().hex[:12]}"
-    _admin(server_dsn, sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-        sql.Identifier(name), sql.Identifier(template_db)))
-    yield dsn_for(server_dsn, name)
-    _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-        sql.Identifier(name)))
+    with cloned_database(server_dsn, template_db) as dsn:
+        yield dsn
 
 
 @pytest.fixture

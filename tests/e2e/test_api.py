@@ -14,9 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 import requests
-from psycopg import sql
 
-from tests.conftest import Server, dsn_for
+from tests.conftest import Server, cloned_database
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 CORS = {
@@ -44,18 +43,8 @@ DEFAULT_OPTIONS = {
 
 @pytest.fixture(scope="module")
 def api_db(server_dsn: str, template_db: str) -> Iterator[str]:
-    name = f"queen_api_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
-            )
-        )
-    yield dsn_for(server_dsn, name)
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+    with cloned_database(server_dsn, template_db, "queen_api") as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="module")

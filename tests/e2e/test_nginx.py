@@ -6,16 +6,13 @@ import os
 import re
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 import requests
-from psycopg import sql
 
-from tests.conftest import ROOT, Server, dsn_for, free_port
+from tests.conftest import ROOT, Server, cloned_database, free_port
 from tests.e2e.polls import Poll, gather
 from tests.e2e.test_long_poll import NO_FALLBACK, PARK, PROMPT, item, push, servers
 from tests.e2e.test_long_poll import sql as sql_rows
@@ -58,18 +55,8 @@ def nginx_conf(workdir: Path, port: int, hosts: tuple[Server, ...]) -> str:
 @pytest.fixture(scope="module")
 def balanced_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
     """One database for the whole module (each test uses queues of its own)."""
-    name = f"queen_nginx_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
-            )
-        )
-    yield dsn_for(server_dsn, name)
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+    with cloned_database(server_dsn, template_db, "queen_nginx") as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="module")

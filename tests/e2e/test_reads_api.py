@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 import requests
-from psycopg import sql
 
-from tests.conftest import Server, _admin, dsn_for
+from tests.conftest import Server, cloned_database
 
 KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 STATS = ("pending", "processing", "completed", "failed", "deadLetter", "total")
@@ -66,16 +65,12 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(server_dsn: str, template_db: str) -> Iterator[Api]:
-    name = f"queen_t_{uuid.uuid4().hex[:12]}"
-    _admin(server_dsn, sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-        sql.Identifier(name), sql.Identifier(template_db)))
-    srv = Server(dsn_for(server_dsn, name), QUEEN_ENCRYPTION_KEY=KEY).start()
-    try:
-        yield Api(srv.url)
-    finally:
-        srv.stop()
-        _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(name)))
+    with cloned_database(server_dsn, template_db) as dsn:
+        srv = Server(dsn, QUEEN_ENCRYPTION_KEY=KEY).start()
+        try:
+            yield Api(srv.url)
+        finally:
+            srv.stop()
 
 
 def unique(prefix: str) -> str:

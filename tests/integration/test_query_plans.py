@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,18 +89,13 @@ def _parse_notice(text: str) -> Plan | None:
 @pytest.fixture(scope="module")
 def seeded(server_dsn: str, template_db: str) -> Iterator[str]:
     """One seeded database for the whole module (seeding takes a few seconds)."""
-    from psycopg import sql
+    from tests.conftest import cloned_database
 
-    from tests.conftest import dsn_for
+    with cloned_database(server_dsn, template_db, "queen_plans") as dsn:
+        yield _seed(dsn)
 
-    name = f"queen_plans_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
-            )
-        )
-    dsn = dsn_for(server_dsn, name)
+
+def _seed(dsn: str) -> str:
     params = {
         "others": OTHER_QUEUES,
         "parts": PARTITIONS,
@@ -114,11 +108,7 @@ def seeded(server_dsn: str, template_db: str) -> Iterator[str]:
         with conn.transaction(), psycopg.ClientCursor(conn) as cur:
             cur.execute(SEED, params)  # type: ignore[arg-type]
         conn.execute("VACUUM ANALYZE")
-    yield dsn
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+    return dsn
 
 
 class Explained:
