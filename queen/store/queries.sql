@@ -124,7 +124,10 @@ WITH moved AS (
     UPDATE queen.messages m
     SET status = 'dead_letter', failed_at = now(), error_message = 'ttl expired'
     WHERE m.transaction_id = ANY (ARRAY(SELECT queen.overdue_pending('ttl', %(limit)s)))
-    RETURNING 1
+    RETURNING m.partition_id
+), counted AS (
+    INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
+    SELECT partition_id, 'pending', 'dead_letter', count(*) FROM moved GROUP BY 1
 )
 SELECT count(*) FROM moved
 

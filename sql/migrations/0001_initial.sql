@@ -222,24 +222,6 @@ CREATE TRIGGER messages_inserted AFTER INSERT ON queen.messages
 REFERENCING NEW TABLE AS new_rows
 FOR EACH STATEMENT EXECUTE FUNCTION queen.messages_inserted();
 
-CREATE FUNCTION queen.message_back_to_pending() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM queen.mark_pending(array_agg(DISTINCT n.partition_id))
-    FROM new_rows n JOIN old_rows o ON o.transaction_id = n.transaction_id
-    WHERE n.status = 'pending' AND o.status <> 'pending'
-    HAVING count(*) > 0;
-    RETURN NULL;
-END
-$$;
-
--- Every path that makes a message pending again (failed ack, expired lease, manual
--- retry, unclaim) goes through this: once per statement for all the partitions it
--- touched, so a batch makes one notification per partition, not one per message.
-CREATE TRIGGER message_back_to_pending AFTER UPDATE ON queen.messages
-REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-FOR EACH STATEMENT EXECUTE FUNCTION queen.message_back_to_pending();
-
 -- Return the un-acked messages of an expired lease to pending with retry_count + 1,
 -- or to dead_letter / failed past the queue's retry limit; free the partition and,
 -- when it still has pending work, wake a waiter (p_notify => false when the caller
@@ -249,12 +231,13 @@ RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     released integer;
+    retried  integer;
 BEGIN
     WITH q AS (
         SELECT q.retry_limit, q.dlq_after_max_retries
         FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
         WHERE p.id = p_partition
-    )
+    ), changed AS (
     UPDATE queen.messages m SET
         status = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN 'pending'
                       WHEN q.dlq_after_max_retries THEN 'dead_letter'
@@ -266,8 +249,17 @@ BEGIN
                              ELSE 'lease expired' END,
         lease_id = NULL, lease_expires_at = NULL, worker_id = NULL
     FROM q
-    WHERE m.partition_id = p_partition AND m.status = 'processing' AND m.lease_id = p_lease;
-    GET DIAGNOSTICS released = ROW_COUNT;
+    WHERE m.partition_id = p_partition AND m.status = 'processing' AND m.lease_id = p_lease
+    RETURNING m.status
+    ), counted AS (
+        INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
+        SELECT p_partition, 'processing', c.status, count(*) FROM changed c GROUP BY c.status
+    )
+    SELECT count(*), count(*) FILTER (WHERE c.status = 'pending') INTO released, retried
+    FROM changed c;
+    IF retried > 0 THEN
+        PERFORM queen.mark_pending(ARRAY[p_partition], p_notify => false);
+    END IF;
 
     UPDATE queen.partitions
     SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL
@@ -305,6 +297,11 @@ BEGIN
     WHERE m.transaction_id = ANY (p_transaction_ids) AND m.lease_id = p_lease
       AND m.status = 'processing';
     GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
+        VALUES (part, 'processing', 'pending', released);
+        PERFORM queen.mark_pending(ARRAY[part], p_notify => false);
+    END IF;
 
     UPDATE queen.partition_heads h SET head_seq = coalesce(
         (SELECT m.seq FROM queen.messages m
@@ -394,6 +391,7 @@ DECLARE
     qu     queen.queues%ROWTYPE;
     lease  uuid := gen_random_uuid();
     newest timestamptz;
+    moved  integer;
 BEGIN
     SELECT * INTO part FROM queen.partitions p WHERE p.id = p_partition;
     SELECT * INTO qu FROM queen.queues q WHERE q.id = part.queue_id;
@@ -407,6 +405,11 @@ BEGIN
         SET status = 'dead_letter', failed_at = now(), error_message = 'ttl expired'
         WHERE m.partition_id = p_partition AND m.status = 'pending'
           AND m.created_at < now() - make_interval(secs => qu.ttl);
+        GET DIAGNOSTICS moved = ROW_COUNT;
+        IF moved > 0 THEN
+            INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
+            VALUES (p_partition, 'pending', 'dead_letter', moved);
+        END IF;
     END IF;
 
     IF qu.window_buffer > 0 THEN
@@ -439,8 +442,11 @@ BEGIN
            qu.priority, c.created_at, c.locked_at, c.lease_id, c.lease_expires_at,
            qu.lease_time, qu.retry_limit
     FROM claimed c ORDER BY c.seq;
+    GET DIAGNOSTICS moved = ROW_COUNT;
 
-    IF FOUND THEN
+    IF moved > 0 THEN
+        INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
+        VALUES (p_partition, 'pending', 'processing', moved);
         UPDATE queen.partitions p SET
             lease_id = lease, lease_expires_at = now() + make_interval(secs => qu.lease_time),
             leased_by = p_worker, last_activity_at = now()
@@ -534,9 +540,15 @@ $$;
 
 CREATE FUNCTION queen.pop_queue(p_queue text, p_batch integer, p_worker text)
 RETURNS SETOF queen.popped
-LANGUAGE sql AS $$
-    SELECT r.* FROM queen.queues q, queen.pop_queue_id(q.id, p_batch, p_worker) r
-    WHERE q.name = p_queue
+LANGUAGE plpgsql AS $$
+DECLARE
+    target uuid;
+BEGIN
+    SELECT q.id INTO target FROM queen.queues q WHERE q.name = p_queue;
+    IF FOUND THEN
+        RETURN QUERY SELECT * FROM queen.pop_queue_id(target, p_batch, p_worker);
+    END IF;
+END
 $$;
 
 -- Pop across the queues matching namespace and/or task, highest priority first.
@@ -675,13 +687,22 @@ CREATE TYPE queen.ack_result AS (
     partition_id uuid, lease_id uuid
 );
 
+-- One status change of one message, as counted by queen.record_changes (0002;
+-- lag_ms: created -> completed, for completions).
+CREATE TYPE queen.status_change AS (
+    partition_id uuid, from_status text, to_status text, lag_ms double precision
+);
+
 CREATE FUNCTION queen.ack(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     results  queen.ack_result[];
+    changes  queen.status_change[];
+    retried  uuid[];
     released uuid[];
     freed    uuid[];
+    drained  uuid;
 BEGIN
     PERFORM queen.commit_without_flush();
     -- Lock the partitions first (the order pop uses): concurrent acks of one lease
@@ -729,7 +750,7 @@ BEGIN
             worker_id = CASE WHEN d.next = 'completed' THEN m.worker_id END
         FROM decided d
         WHERE m.transaction_id = d.txid AND d.next IS NOT NULL
-        RETURNING m.transaction_id, m.status, m.retry_count
+        RETURNING m.transaction_id, m.status, m.retry_count, m.created_at, m.completed_at
     )
     SELECT array_agg(ROW(
         d.txid,
@@ -737,9 +758,17 @@ BEGIN
              WHEN u.status IS NOT NULL THEN u.status
              WHEN d.current = 'pending' THEN 'retry_scheduled'
              ELSE d.current END,
-        coalesce(u.retry_count, d.retry_count), d.partition_id, d.lease_id)::queen.ack_result)
-    INTO results
+        coalesce(u.retry_count, d.retry_count), d.partition_id, d.lease_id)::queen.ack_result),
+           array_agg(ROW(d.partition_id, d.current, u.status,
+                         extract(epoch FROM u.completed_at - u.created_at) * 1000
+                         )::queen.status_change) FILTER (WHERE u.transaction_id IS NOT NULL),
+           array_agg(DISTINCT d.partition_id) FILTER (WHERE u.status = 'pending')
+    INTO results, changes, retried
     FROM decided d LEFT JOIN updated u ON u.transaction_id = d.txid;
+    PERFORM queen.record_changes(changes);
+    IF retried IS NOT NULL THEN
+        PERFORM queen.mark_pending(retried, p_notify => false);
+    END IF;
 
     -- A lease ends when the last message it covers is acknowledged.
     WITH done AS (
@@ -766,17 +795,16 @@ BEGIN
     -- A freed partition without pending work leaves partition_heads, as in claim (the
     -- exclusive lock waits for pushes in flight; the delete re-checks on a fresh
     -- snapshot). Left there, drained partitions would use up the attempts of pop by queue.
-    IF released IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(queen.partition_lock_key(x))
-        FROM unnest(released) x
-        WHERE freed IS NULL OR NOT x = ANY (freed)
-        ORDER BY x;
+    -- (One partition at a time: a probe of the primary key whatever the plan.)
+    FOR drained IN
+        SELECT x FROM unnest(released) x WHERE freed IS NULL OR NOT x = ANY (freed) ORDER BY x
+    LOOP
+        PERFORM pg_advisory_xact_lock(queen.partition_lock_key(drained));
         DELETE FROM queen.partition_heads h
-        WHERE h.partition_id = ANY (released)
-          AND (freed IS NULL OR NOT h.partition_id = ANY (freed))
+        WHERE h.partition_id = drained
           AND NOT EXISTS (SELECT 1 FROM queen.messages m
-                          WHERE m.partition_id = h.partition_id AND m.status = 'pending');
-    END IF;
+                          WHERE m.partition_id = drained AND m.status = 'pending');
+    END LOOP;
 
     RETURN QUERY
     SELECT t.ord::integer, t.a ->> 'transactionId', coalesce(r.status, 'not_found'), r.retry_count
@@ -785,3 +813,21 @@ BEGIN
     ORDER BY t.ord;
 END
 $$;
+
+-- Plans of the hot path. PL/pgSQL keeps a statement's plan for the session, but while a
+-- statement has parameters it re-plans it for each call's values ("custom" plans) as long
+-- as that looks cheaper than one generic plan, and for these statements it always does:
+-- planning was a third of the database time of a one-message push, pop or ack. Their
+-- plans do not depend on the values (a partition, a lease, a batch of keys; the claim's
+-- index walk is pinned by enable_bitmapscan = off), so they are planned once per session.
+-- (Not pop_filtered: its "namespace IS NULL OR namespace = ..." needs the value to use an index.)
+ALTER FUNCTION queen.push(jsonb) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.pop_queue(text, integer, text) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.pop_queue_id(uuid, integer, text) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.pop_partition(text, text, integer, text) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.claim(uuid, integer, text) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.ack(jsonb) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.release_lease(uuid, uuid, boolean) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.unclaim(uuid, text[]) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.mark_pending(uuid[], boolean) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.notify_partitions(uuid[]) SET plan_cache_mode = force_generic_plan;

@@ -244,6 +244,7 @@ RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     current text;
+    part    uuid;
 BEGIN
     SELECT m.status INTO current FROM queen.messages m
     WHERE m.transaction_id = p_transaction_id
@@ -261,7 +262,12 @@ BEGIN
                                  THEN coalesce(m.error_message, 'moved to dead letter queue')
                                  ELSE m.error_message END,
             lease_id = NULL, lease_expires_at = NULL, worker_id = NULL, locked_at = NULL
-        WHERE m.transaction_id = p_transaction_id;
+        WHERE m.transaction_id = p_transaction_id
+        RETURNING m.partition_id INTO part;
+        PERFORM queen.record_changes(ARRAY[ROW(part, current, p_to, NULL)::queen.status_change]);
+        IF p_to = 'pending' THEN
+            PERFORM queen.mark_pending(ARRAY[part]);
+        END IF;
     END IF;
     RETURN current;
 END
