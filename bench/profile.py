@@ -146,8 +146,8 @@ def summarise_stacks(paths: list[Path], top: int = 40) -> str:
             continue
         for line in path.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
-            if not stack:
-                continue
+            if not stack or not count.isdigit():
+                continue  # a frame name that spans lines (py-spy prints it as is)
             n = int(count)
             total += n
             frames = stack.split(";")
