@@ -593,6 +593,7 @@ DECLARE
     limited  record;
     rejected integer[] := '{}';
     accepted queen.push_item[];
+    stored   bigint;
 BEGIN
     SELECT array_agg(DISTINCT ROW(i ->> 'queue', coalesce(i ->> 'partition', 'Default'),
                                   NULL, NULL)::queen.push_target)
@@ -666,9 +667,20 @@ BEGIN
         SELECT n.txid, n.id, n.seq, n.partition_id, n.payload, n.encrypted
         FROM numbered n ORDER BY n.txid COLLATE "C", n.idx
         ON CONFLICT DO NOTHING
+        RETURNING 1
     )
-    SELECT array_agg(ROW(r.idx, r.id, r.txid)::queen.push_item) INTO accepted FROM resolved r;
+    SELECT array_agg(ROW(r.idx, r.id, r.txid)::queen.push_item), (SELECT count(*) FROM inserted)
+    INTO accepted, stored FROM resolved r;
 
+    IF stored = cardinality(accepted) THEN
+        -- Every item was stored (the common case): nothing to look up.
+        RETURN QUERY
+        SELECT a.idx, a.id, a.transaction_id, 'queued' FROM unnest(accepted) a
+        UNION ALL
+        SELECT r, NULL, NULL, 'rejected' FROM unnest(rejected) r
+        ORDER BY 1;
+        RETURN;
+    END IF;
     -- A new statement sees the rows just stored and those a concurrent push committed:
     -- an item was stored by this call exactly when the row carries the id made for it.
     RETURN QUERY
