@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import falcon
@@ -11,7 +14,7 @@ from queen.api import read_body, send_json, validation
 from queen.dashboard import formats
 from queen.dashboard.hub import SILENT, Publisher
 from queen.errors import NotFound, QueueFull
-from queen.models import AckResult, Popped, PopRoute, iso
+from queen.models import AckResult, Popped, PopRoute, PushResult, iso
 from queen.polling import ClaimedBody, LongPoller, client_gone_check
 from queen.store import Store
 
@@ -27,25 +30,29 @@ class PushResource:
         items = validation.push_items(validation.parse_json_object(raw), raw, self.max_batch)
         results = self.store.messages.push(raw, items)
         self.hub.publish(formats.PUSHED, items, results)
-        messages = []
-        for r in results:
-            entry: dict[str, Any] = {
-                "id": r.id,
-                "transactionId": r.transaction_id,
-                "status": r.status,
-            }
+        statuses = [r.status for r in results]
+        if statuses.count("rejected") == len(statuses):
+            raise QueueFull("queue is full (maxSize): every item was rejected")
+        req.context.messages = ("pushed", statuses.count("queued"))
+        send_json(resp, {"messages": push_json(results, items)}, 201)
+
+
+def push_json(results: list[PushResult], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Shape push results as API.md 1.1 (a rejected item echoes the transactionId it sent)."""
+    messages: list[dict[str, Any]] = [
+        {"id": r.id, "transactionId": r.transaction_id, "status": r.status} for r in results
+    ]
+    # Only a full queue (maxSize) rejects: look at the results again only then.
+    if any(r.status == "rejected" for r in results):
+        for entry, r in zip(messages, results, strict=True):
             if r.status == "rejected":
                 entry["error"] = "queue is full (maxSize)"
                 entry["transactionId"] = items[r.position - 1].get("transactionId")
-            messages.append(entry)
-        if all(r.status == "rejected" for r in results):
-            raise QueueFull("queue is full (maxSize): every item was rejected")
-        req.context.messages = ("pushed", sum(r.status == "queued" for r in results))
-        send_json(resp, {"messages": messages}, 201)
+    return messages
 
 
-def message_json(m: Popped) -> dict[str, Any]:
-    """Shape a popped message as API.md 2.1."""
+def message_json(m: Popped, stamp: Callable[[dt.datetime], str | None] = iso) -> dict[str, Any]:
+    """Shape a popped message as API.md 2.1; stamp formats its timestamps."""
     return {
         "id": m.id,
         "transactionId": m.transaction_id,
@@ -54,12 +61,22 @@ def message_json(m: Popped) -> dict[str, Any]:
         "data": orjson.Fragment(m.payload),
         "retryCount": m.retry_count,
         "priority": m.priority,
-        "createdAt": iso(m.created_at),
-        "lockedAt": iso(m.locked_at),
+        "createdAt": stamp(m.created_at),
+        "lockedAt": stamp(m.locked_at),
         "leaseId": m.lease_id,
-        "leaseExpiresAt": iso(m.lease_expires_at),
+        "leaseExpiresAt": stamp(m.lease_expires_at),
         "options": {"leaseTime": m.lease_time, "retryLimit": m.retry_limit},
     }
+
+
+def messages_json(messages: list[Popped]) -> list[dict[str, Any]]:
+    """Shape a pop's messages, formatting each distinct timestamp once.
+
+    A claim's messages share lockedAt and leaseExpiresAt, and messages pushed in one
+    batch share createdAt, so most timestamps repeat within a response.
+    """
+    stamp = functools.cache(iso)  # this response's own cache
+    return [message_json(m, stamp) for m in messages]
 
 
 class PopResource:
@@ -114,7 +131,7 @@ class PopResource:
                 resp.set_header("Connection", "close")  # lets the worker exit promptly
             return
         try:
-            body = orjson.dumps({"messages": [message_json(m) for m in messages]})
+            body = orjson.dumps({"messages": messages_json(messages)})
         except Exception:
             self.poller.release(messages)
             raise
@@ -159,9 +176,9 @@ class AckBatchResource:
         acks = validation.acknowledgments(doc, self.max_batch)
         results = self.store.messages.ack(acks)
         self.hub.publish(formats.ACKED, acks, results)
-        if all(r.status == "not_found" for r in results):
-            raise NotFound("none of these messages exist")
         found = [r for r in results if r.status != "not_found"]
+        if not found:
+            raise NotFound("none of these messages exist")
         req.context.messages = ("acked", len(found))
         send_json(
             resp,

@@ -60,14 +60,15 @@ def _items(doc: Mapping[str, Any], key: str, max_items: int) -> list[Any]:
     return items
 
 
-def _transaction_id(value: Any, field: str) -> str:
+def _transaction_id_problem(value: Any) -> str | None:
+    """Say what is wrong with a transactionId ("must be ..."), or None when it is valid."""
     if not isinstance(value, str) or not value:
-        raise InvalidInput(f"{field} must be a non-empty string")
+        return "must be a non-empty string"
     if len(value) > MAX_TRANSACTION_ID:
-        raise InvalidInput(f"{field} is longer than {MAX_TRANSACTION_ID} characters")
+        return f"is longer than {MAX_TRANSACTION_ID} characters"
     if "\x00" in value:
-        raise InvalidInput(f"{field} must not contain NUL")
-    return value
+        return "must not contain NUL"
+    return None
 
 
 def _has_nul(value: Any) -> bool:
@@ -81,46 +82,65 @@ def _has_nul(value: Any) -> bool:
 
 
 def push_items(doc: Mapping[str, Any], raw: bytes, max_items: int) -> list[dict[str, Any]]:
-    """Check a push body: {"items": [{"queue", "partition"?, "payload", "transactionId"?}]}."""
+    """Check a push body: {"items": [{"queue", "partition"?, "payload", "transactionId"?}]}.
+
+    Error messages name the field (items[i].queue); they are only formatted for an
+    error, and the names of a batch, which mostly repeat, are each checked once.
+    """
     items = _items(doc, "items", max_items)
     may_hold_nul = b"\\u0000" in raw  # PostgreSQL jsonb cannot store NUL
+    valid_names: set[str] = set()
     for i, item in enumerate(items):
-        where = f"items[{i}]"
         if not isinstance(item, dict):
-            raise InvalidInput(f"{where} must be an object")
-        name(item.get("queue"), f"{where}.queue")
-        name(item.get("partition"), f"{where}.partition", required=False)
+            raise InvalidInput(f"items[{i}] must be an object")
+        queue = item.get("queue")
+        if not (type(queue) is str and queue in valid_names):  # unhashable values get here too
+            valid_names.add(name(queue, f"items[{i}].queue"))
+        partition = item.get("partition")
+        if partition is not None and not (type(partition) is str and partition in valid_names):
+            valid_names.add(name(partition, f"items[{i}].partition"))
         if "payload" not in item:
-            raise InvalidInput(f"{where}.payload is required")
-        if item.get("transactionId") is not None:
-            _transaction_id(item["transactionId"], f"{where}.transactionId")
+            raise InvalidInput(f"items[{i}].payload is required")
+        txid = item.get("transactionId")
+        if txid is not None and (problem := _transaction_id_problem(txid)):
+            raise InvalidInput(f"items[{i}].transactionId {problem}")
         if may_hold_nul and _has_nul(item["payload"]):
-            raise InvalidInput(f"{where}.payload must not contain NUL characters (\\u0000)")
+            raise InvalidInput(f"items[{i}].payload must not contain NUL characters (\\u0000)")
     return items
 
 
 def acknowledgments(doc: Mapping[str, Any], max_items: int) -> list[dict[str, Any]]:
     """Check an ack batch: {"acknowledgments": [{"transactionId", "status", "error"?}]}."""
-    return [
-        acknowledgment(item, f"acknowledgments[{i}]")
-        for i, item in enumerate(_items(doc, "acknowledgments", max_items))
-    ]
+    items = _items(doc, "acknowledgments", max_items)
+    return [_acknowledgment(item, i) for i, item in enumerate(items)]
 
 
-def acknowledgment(item: Any, where: str = "body") -> dict[str, Any]:
+def acknowledgment(item: Any) -> dict[str, Any]:
     """Check one ack: {"transactionId", "status": "completed"|"failed", "error"?}."""
+    return _acknowledgment(item, None)
+
+
+def _acknowledgment(item: Any, index: int | None) -> dict[str, Any]:
+    """Check one ack, the body's own or acknowledgments[index] of a batch."""
     if not isinstance(item, dict):
-        raise InvalidInput(f"{where} must be an object")
-    txid = _transaction_id(item.get("transactionId"), f"{where}.transactionId")
+        raise InvalidInput(f"{_ack_where(index)} must be an object")
+    txid = item.get("transactionId")
+    if problem := _transaction_id_problem(txid):
+        raise InvalidInput(f"{_ack_where(index)}.transactionId {problem}")
     status = item.get("status")
     if status not in ("completed", "failed"):
-        raise InvalidInput(f"{where}.status must be 'completed' or 'failed'")
+        raise InvalidInput(f"{_ack_where(index)}.status must be 'completed' or 'failed'")
     error = item.get("error")
     if error is not None:
         if not isinstance(error, str):
-            raise InvalidInput(f"{where}.error must be a string")
+            raise InvalidInput(f"{_ack_where(index)}.error must be a string")
         error = error.replace("\x00", "")[:MAX_ERROR_TEXT]
     return {"transactionId": txid, "status": status, "error": error}
+
+
+def _ack_where(index: int | None) -> str:
+    """Name an acknowledgment in an error message (formatted only for errors)."""
+    return "body" if index is None else f"acknowledgments[{index}]"
 
 
 def queue_options(value: Any) -> dict[str, Any]:

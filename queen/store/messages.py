@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from typing import Any
 
 import orjson
-from psycopg.rows import class_row
+from psycopg import Cursor
+from psycopg.rows import RowMaker
 
 from queen import crypto
 from queen.errors import InvalidInput
@@ -16,6 +17,38 @@ from queen.store.polling import PushWakeups
 from queen.store.queues import Queues
 
 POP_QUERIES = {"partition": "pop_partition", "queue": "pop_queue", "filter": "pop_filtered"}
+
+POPPED_COLUMNS = list(Popped._fields)
+
+
+# Row factories for the hot paths. psycopg calls the row maker they return once per row;
+# tuple.__new__ builds a NamedTuple record in C, where NamedTuple._make runs Python code
+# and psycopg's class_row also builds a dict of column names per row. tuple.__new__ does
+# not count the values, so the factories check the columns, once per query.
+def _records(record: type[Any], cursor: Cursor[Any]) -> RowMaker[Any]:
+    """Make record from each row's values, which are its fields in order."""
+    width = len(cursor.description or ())
+    if width != len(record._fields):
+        raise TypeError(f"{record.__name__} takes {len(record._fields)} values, not {width}")
+    return functools.partial(tuple.__new__, record)
+
+
+def _push_results(cursor: Cursor[Any]) -> RowMaker[PushResult]:
+    """Make a PushResult from each row of push (its SELECT list is in field order)."""
+    return _records(PushResult, cursor)
+
+
+def _ack_results(cursor: Cursor[Any]) -> RowMaker[AckResult]:
+    """Make an AckResult from each row of ack (its SELECT list is in field order)."""
+    return _records(AckResult, cursor)
+
+
+def _popped(cursor: Cursor[Any]) -> RowMaker[Popped]:
+    """Make a Popped from each row of a pop; columns are matched by name once per query."""
+    names = [column.name for column in cursor.description or ()]
+    if names == POPPED_COLUMNS:
+        return _records(Popped, cursor)
+    return lambda values: Popped(**dict(zip(names, values, strict=True)))
 
 
 def _claims_encrypted(body: bytes | str, items: list[dict[str, Any]]) -> bool:
@@ -39,9 +72,10 @@ class Messages:
         secret = self._secret_items(items) if self.queues.any_encrypted() else None
         if secret is not None or _claims_encrypted(body, items):
             body = self._seal(items, secret)
-        rows = self.db.fetch("push", {"body": body if isinstance(body, str) else body.decode()})
+        params = {"body": body if isinstance(body, str) else body.decode()}
+        results = self.db.fetch("push", params, _push_results)
         self.after_push(items)
-        return [PushResult(*row) for row in rows]
+        return results
 
     def _secret_items(self, items: list[dict[str, Any]]) -> list[bool] | None:
         """Tell which items go to encrypted queues (None when none does)."""
@@ -72,16 +106,15 @@ class Messages:
             "namespace": route.namespace,
             "task": route.task,
         }
-        rows = self.db.fetch(POP_QUERIES[route.kind], params, class_row(Popped), raw_json=True)
+        rows = self.db.fetch(POP_QUERIES[route.kind], params, _popped, raw_json=True)
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
     def _decrypt(self, message: Popped) -> Popped:
         if self._key is None:
             raise InvalidInput("message is encrypted but QUEEN_ENCRYPTION_KEY is not set")
         plain = crypto.decrypt(self._key, orjson.loads(message.payload))
-        return dataclasses.replace(message, payload=plain.decode())
+        return message._replace(payload=plain.decode())
 
     def ack(self, acks: list[dict[str, Any]]) -> list[AckResult]:
         """Apply validated acknowledgments; one result per item, in order."""
-        rows = self.db.fetch("ack", {"acks": orjson.dumps(acks).decode()})
-        return [AckResult(*row) for row in rows]
+        return self.db.fetch("ack", {"acks": orjson.dumps(acks).decode()}, _ack_results)

@@ -1,0 +1,128 @@
+"""The fast paths of push, pop and ack give the same answers as the straightforward ones."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+from queen.api import validation as v
+from queen.api.messages import message_json, messages_json, push_json
+from queen.errors import InvalidInput
+from queen.models import Popped, PushResult, iso
+from queen.store.messages import _popped, _push_results
+
+EAST = dt.timezone(dt.timedelta(hours=5, minutes=30))
+
+
+def reference_iso(ts: dt.datetime) -> str:
+    """The formatting iso() replaced: astimezone + isoformat(timespec="milliseconds")."""
+    if ts.utcoffset():
+        ts = ts.astimezone(dt.UTC)
+    return ts.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        dt.datetime(2025, 10, 8, 5, 12, 33, 893123, tzinfo=dt.UTC),
+        dt.datetime(2025, 10, 8, 5, 12, 33, 0, tzinfo=dt.UTC),  # no fraction in isoformat()
+        dt.datetime(2025, 10, 8, 5, 12, 33, 999, tzinfo=dt.UTC),  # under one millisecond
+        dt.datetime(2025, 10, 8, 5, 12, 33, 999999, tzinfo=dt.UTC),  # truncated, not rounded
+        dt.datetime(2025, 10, 8, 5, 12, 33, 500000, tzinfo=EAST),
+        dt.datetime(2025, 10, 8, 5, 12, 33, 0, tzinfo=EAST),
+        dt.datetime(2025, 10, 8, 5, 12, 33, 120000),  # naive: taken as UTC
+        dt.datetime(2025, 10, 8, 5, 12, 33, 120000, tzinfo=dt.timezone(dt.timedelta(0))),
+        dt.datetime(1, 1, 1, tzinfo=dt.UTC),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+    ],
+)
+def test_iso_matches_the_reference_format(ts: dt.datetime) -> None:
+    assert iso(ts) == reference_iso(ts)
+
+
+def test_iso_of_none() -> None:
+    assert iso(None) is None
+
+
+def popped(created: dt.datetime, locked: dt.datetime, lease: uuid.UUID) -> Popped:
+    return Popped(
+        uuid.uuid4(), "t", "q", "p", '{"a": 1}', False, 0, 0,
+        created, locked, lease, locked + dt.timedelta(seconds=300), 300, 3,
+    )  # fmt: skip
+
+
+def test_messages_json_formats_like_message_json() -> None:
+    now = dt.datetime(2025, 10, 8, 5, 12, 33, 893123, tzinfo=dt.UTC)
+    lease = uuid.uuid4()
+    messages = [
+        popped(now, now, lease),
+        popped(now + dt.timedelta(microseconds=1500), now, lease),
+        popped(now, now + dt.timedelta(seconds=1), uuid.uuid4()),
+    ]
+    assert orjson.dumps(messages_json(messages)) == orjson.dumps(
+        [message_json(m) for m in messages]
+    )
+
+
+def test_push_json_echoes_the_sent_transaction_id_of_rejected_items() -> None:
+    items: list[dict[str, Any]] = [
+        {"queue": "q", "payload": 1, "transactionId": "a"},
+        {"queue": "q", "payload": 2},
+        {"queue": "q", "payload": 3, "transactionId": "c"},
+    ]
+    first = uuid.uuid4()
+    results = [
+        PushResult(1, first, "a", "queued"),
+        PushResult(2, None, None, "rejected"),
+        PushResult(3, None, None, "rejected"),
+    ]
+    assert push_json(results, items) == [
+        {"id": first, "transactionId": "a", "status": "queued"},
+        {"id": None, "transactionId": None, "status": "rejected", "error": "queue is full (maxSize)"},
+        {"id": None, "transactionId": "c", "status": "rejected", "error": "queue is full (maxSize)"},
+    ]  # fmt: skip
+
+
+def test_push_items_checks_every_item_although_names_repeat() -> None:
+    good = {"queue": "q", "partition": "p", "payload": 1}
+    with pytest.raises(InvalidInput, match=r"invalid items\[2\]\.partition"):
+        v.push_items({"items": [good, good, {**good, "partition": "-bad"}]}, b"", 10)
+    with pytest.raises(InvalidInput, match=r"items\[1\]\.queue must be a string"):
+        v.push_items({"items": [good, {**good, "queue": ["q"]}]}, b"", 10)
+    with pytest.raises(InvalidInput, match=r"items\[1\]\.partition must be a string"):
+        v.push_items({"items": [good, {**good, "partition": {"p": 1}}]}, b"", 10)
+
+
+def test_acknowledgment_errors_name_the_body_or_the_batch_entry() -> None:
+    with pytest.raises(InvalidInput, match=r"^body\.transactionId must be a non-empty string$"):
+        v.acknowledgment({"status": "completed"})
+    batch = {"acknowledgments": [{"transactionId": "a", "status": "completed"}, {"status": "x"}]}
+    with pytest.raises(InvalidInput, match=r"^acknowledgments\[1\]\.transactionId must be"):
+        v.acknowledgments(batch, 10)
+
+
+def fake_cursor(names: list[str]) -> Any:
+    return SimpleNamespace(description=[SimpleNamespace(name=n) for n in names])
+
+
+def test_popped_rows_by_column_name_in_any_order() -> None:
+    record = popped(dt.datetime.now(dt.UTC), dt.datetime.now(dt.UTC), uuid.uuid4())
+    names = list(Popped._fields)
+    assert _popped(fake_cursor(names))(tuple(record)) == record
+    shuffled = names[::-1]
+    values = [getattr(record, n) for n in shuffled]
+    assert _popped(fake_cursor(shuffled))(values) == record
+    with pytest.raises(TypeError):
+        _popped(fake_cursor([*names[:-1], "surprise"]))(tuple(record))
+
+
+def test_positional_records_refuse_a_query_of_another_width() -> None:
+    with pytest.raises(TypeError, match="PushResult takes 4 values, not 5"):
+        _push_results(fake_cursor(["idx", "message_id", "transaction_id", "status", "extra"]))
+    make = _push_results(fake_cursor(["idx", "message_id", "transaction_id", "status"]))
+    assert make((1, None, "t", "duplicate")) == PushResult(1, None, "t", "duplicate")
