@@ -115,6 +115,7 @@ class Maintenance:
             Task("due", self._wake_due, cycle, punctual=True),
             Task("ttl", self._expire_ttl, cycle),
             Task("fold", self._fold, cycle),
+            Task("analyze", self._analyze_grown, cycle),
             Task("retention", self._retention, s.retention_interval_s),
             Task("cleanup", self._cleanup, s.retention_interval_s),
             Task("reconcile", self._reconcile, s.metrics_interval_s),
@@ -296,6 +297,12 @@ class Maintenance:
         return self._batch(
             lambda: self.session.fold_deltas(FOLD_BATCH), "deltas folded", FOLD_BATCH
         )
+
+    def _analyze_grown(self) -> float | None:
+        for name in self.session.analyze_grown():
+            log.info("analyzed %s (grown past its statistics)", name)
+            self._count("tables analyzed", 1)
+        return None
 
     def _retention(self) -> float | None:
         limit = self.settings.maintenance_batch

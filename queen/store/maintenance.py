@@ -207,5 +207,20 @@ class MaintenanceSession:
         drifted = sum(1 for _, drift in rows if drift)
         return Reconciled(len(rows), drifted, rows[-1][0] if rows else None)
 
+    def analyze_grown(self) -> list[str]:
+        """ANALYZE the hot tables that outgrew their statistics; return their names.
+
+        The hot functions keep one plan per session (docs/DECISIONS.md), made for the
+        table size of the moment and remade only when statistics change. A table that
+        starts empty and fills up would otherwise be served by plans made for an empty
+        table until autovacuum gets to it (a minute or more).
+        """
+        names = [r[0] for r in self._rows("maintenance_grown_tables")]
+        for name in names:
+            assert self._conn is not None  # _rows checked
+            with translate_errors():
+                self._conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(*name.split("."))))
+        return names
+
     def prune_metrics(self, days: int, limit: int) -> int:
         return int(self._value("maintenance_prune_metrics", {"days": days, "limit": limit}))

@@ -171,6 +171,14 @@ SELECT queen.fold_deltas(%(limit)s)
 -- maintenance_reconcile_counts: recount a few partitions after a cursor and correct count drift --
 SELECT partition_id, drift FROM queen.reconcile_counts(%(after)s, %(limit)s, %(budget)s)
 
+-- maintenance_grown_tables: hot tables now more than twice the size their planner statistics were taken at --
+SELECT c.oid::regclass::text AS name
+FROM pg_class c
+WHERE c.oid = ANY (ARRAY['queen.messages', 'queen.partitions', 'queen.partition_heads',
+                         'queen.queues']::regclass[])
+  AND pg_relation_size(c.oid) / current_setting('block_size')::bigint
+      > greatest(2 * c.relpages::bigint, 16)
+
 -- maintenance_prune_metrics: delete per-minute metrics older than the retention, at most limit rows --
 WITH gone AS (
     DELETE FROM queen.metrics_minute m

@@ -384,3 +384,21 @@ def test_one_leader_and_a_successor(db_dsn: str) -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_tables_that_outgrow_their_statistics_are_analyzed(store: Store, session, db_dsn) -> None:
+    # The hot functions keep their plans for the session; a table that fills up after
+    # they were planned must get statistics (which replans them) without waiting for
+    # autovacuum.
+    push(store, [{"queue": "grow", "payload": {}}])
+    assert session.analyze_grown() == []  # everything still tiny
+    execute(
+        db_dsn,
+        "INSERT INTO queen.messages (transaction_id, id, partition_id, payload)"
+        " SELECT 'g' || g, gen_random_uuid(), p.id, '{}' FROM queen.partitions p,"
+        " generate_series(1, 20000) g",
+    )
+    assert session.analyze_grown() == ["queen.messages"]
+    stats = "SELECT reltuples FROM pg_class WHERE oid = 'queen.messages'::regclass"
+    assert scalar(db_dsn, stats) > 10000
+    assert session.analyze_grown() == []  # statistics now match the size
