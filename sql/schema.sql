@@ -604,14 +604,15 @@ BEGIN
         -- number of partitions) and keep them from being removed until this transaction
         -- ends. One missing (new, or removed by maintenance meanwhile) is created and the
         -- lookup runs again.
-        SELECT array_agg(ROW(s.queue, s.partition, s.partition_id, s.queue_id)::queen.push_target)
+        -- (LATERAL probes: one plan serves every call, and a join could be planned as a
+        -- hash over every partition; names are sorted, so pushes lock in one order.)
+        SELECT array_agg(ROW(n.queue, n.partition, p.id, q.id)::queen.push_target)
         INTO targets
-        FROM (SELECT n.queue, n.partition, p.id AS partition_id, q.id AS queue_id
-              FROM unnest(names) n
-              JOIN queen.queues q ON q.name = n.queue
-              JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition
-              ORDER BY p.id
-              FOR KEY SHARE OF p) s;
+        FROM unnest(names) n
+        CROSS JOIN LATERAL (SELECT q.id FROM queen.queues q WHERE q.name = n.queue LIMIT 1) q
+        CROSS JOIN LATERAL (SELECT p.id FROM queen.partitions p
+                            WHERE p.queue_id = q.id AND p.name = n.partition
+                            FOR KEY SHARE) p;
         EXIT WHEN cardinality(targets) = cardinality(names);
 
         INSERT INTO queen.queues (name)
@@ -625,8 +626,10 @@ BEGIN
 
     -- maxSize: serialise pushes per limited queue, count what is pending, reject the rest.
     FOR limited IN
-        SELECT q.id, q.max_size FROM queen.queues q
-        WHERE q.id IN (SELECT t.queue_id FROM unnest(targets) t) AND q.max_size > 0
+        SELECT q.id, q.max_size
+        FROM (SELECT DISTINCT t.queue_id FROM unnest(targets) t) t
+        CROSS JOIN LATERAL (SELECT q.id, q.max_size FROM queen.queues q
+                            WHERE q.id = t.queue_id AND q.max_size > 0 LIMIT 1) q
         ORDER BY q.id
     LOOP
         PERFORM pg_advisory_xact_lock(hashtextextended(limited.id::text, 11));
