@@ -402,3 +402,48 @@ def test_tables_that_outgrow_their_statistics_are_analyzed(store: Store, session
     stats = "SELECT reltuples FROM pg_class WHERE oid = 'queen.messages'::regclass"
     assert scalar(db_dsn, stats) > 10000
     assert session.analyze_grown() == []  # statistics now match the size
+
+
+def test_every_status_change_is_counted(store: Store, session) -> None:
+    # Status changes are counted by the functions that make them (no UPDATE trigger):
+    # run each one, then the counts must equal the rows, before and after folding.
+    dsn = store.db.dsn
+    store.queues.configure("acct", None, None, {"retry_limit": 1})
+    store.queues.configure("acct-ttl", None, None, {"ttl": 60})
+    push(
+        store,
+        [
+            {"queue": "acct", "partition": f"p{n % 3}", "payload": n, "transactionId": f"a{n}"}
+            for n in range(12)
+        ],
+    )
+    push(store, [{"queue": "acct-ttl", "payload": n, "transactionId": f"t{n}"} for n in range(3)])
+    # pop (pending -> processing) and acks: completed, failed -> retry, failed -> dead letter
+    first = pop(store, "acct", "p0", batch=4)
+    ack(store, first[0].transaction_id)
+    ack(store, first[1].transaction_id, "failed", "once")
+    # an ack of a message still pending completes it
+    ack(store, "a1")
+    # expired lease (processing -> pending with a retry, or dead letter past the limit)
+    pop(store, "acct", "p2", batch=2)
+    expire_leases_now(dsn)
+    assert session.expire_leases(10).leases == 2  # p2, and p0 with two messages unacked
+    # unclaim: processing -> pending without a retry
+    taken = pop(store, "acct", "p2", batch=1)
+    assert store.polling.unclaim(taken[0].lease_id, [taken[0].transaction_id]) == 1
+    # message management: retry a dead letter, move a pending message to the DLQ
+    twice = pop(store, "acct", "p0", batch=4)
+    for message in twice:
+        ack(store, message.transaction_id, "failed", "twice")
+    store.admin.dead_letter("a4")
+    dead = [t for t, (status, _) in statuses(dsn).items() if status == "dead_letter"]
+    assert dead
+    store.admin.retry(dead[0])
+    # ttl in maintenance and in the claim (pending -> dead_letter)
+    age(dsn, 120, "transaction_id ^@ 't'")
+    assert session.expire_ttl(1) == 1
+    assert pop(store, "acct-ttl", batch=5) == []
+    assert {s for s, _ in statuses(dsn).values()} >= {"pending", "completed", "dead_letter"}
+    assert counts_agree(dsn)
+    session.fold_deltas(1000)
+    assert counts_agree(dsn)
