@@ -80,8 +80,9 @@ CREATE INDEX messages_partition_created ON queen.messages (partition_id, created
 
 -- One row per partition that may hold pending messages, ordered by its oldest one.
 -- Pop by queue walks this (one row per partition) instead of the message backlog.
--- Rows are added by trigger whenever a message becomes pending, and removed by a pop
--- that finds the partition empty (both under the partition's advisory lock).
+-- Rows are added (queen.mark_pending) whenever a message becomes pending: by the insert
+-- trigger, and by the functions that make a message pending again. They are removed by
+-- a pop or ack that finds the partition empty (both under the partition's advisory lock).
 CREATE TABLE queen.partition_heads (
     partition_id  uuid PRIMARY KEY REFERENCES queen.partitions (id) ON DELETE CASCADE,
     queue_id      uuid NOT NULL,
@@ -122,13 +123,14 @@ $$;
 -- partition on channel 'queen' with queen.wake_payload. It is sent when the calling
 -- transaction commits (never on rollback), and PostgreSQL folds identical payloads of
 -- one transaction, so calling it again for a partition costs nothing more. Unknown ids
--- are ignored. Callers: the triggers below (messages inserted or made pending again),
--- ack and release_lease (a lease ended), unclaim, and maintenance for every change that
--- makes work eligible without touching a message: delayed messages becoming due
--- (delayedProcessing), a partition's window closing (windowBuffer), a lease found
--- expired. Notifications are hints: a woken poll re-checks the database, so a spare
--- call costs one query and a missing one costs latency (until the fallback re-check),
--- never a message. Call it once per statement with every partition concerned, not per row.
+-- are ignored. Callers: mark_pending (messages inserted, or made pending again by an
+-- admin retry), ack and release_lease (a lease ended), unclaim, and maintenance for
+-- every change that makes work eligible without touching a message: delayed messages
+-- becoming due (delayedProcessing), a partition's window closing (windowBuffer), a
+-- lease found expired. Notifications are hints: a woken poll re-checks the database, so
+-- a spare call costs one query and a missing one costs latency (until the fallback
+-- re-check), never a message. Call it once per statement with every partition
+-- concerned, not per row.
 CREATE FUNCTION queen.notify_partitions(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -239,20 +241,21 @@ BEGIN
         FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
         WHERE p.id = p_partition
     ), changed AS (
-    UPDATE queen.messages m SET
-        status = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN 'pending'
-                      WHEN q.dlq_after_max_retries THEN 'dead_letter'
-                      ELSE 'failed' END,
-        retry_count = CASE WHEN m.retry_count + 1 <= q.retry_limit
-                           THEN m.retry_count + 1 ELSE m.retry_count END,
-        failed_at = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN m.failed_at ELSE now() END,
-        error_message = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN m.error_message
-                             ELSE 'lease expired' END,
-        lease_id = NULL, lease_expires_at = NULL, worker_id = NULL
-    FROM q
-    WHERE m.partition_id = p_partition AND m.status = 'processing' AND m.lease_id = p_lease
-    RETURNING m.status
+        UPDATE queen.messages m SET
+            status = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN 'pending'
+                          WHEN q.dlq_after_max_retries THEN 'dead_letter'
+                          ELSE 'failed' END,
+            retry_count = CASE WHEN m.retry_count + 1 <= q.retry_limit
+                               THEN m.retry_count + 1 ELSE m.retry_count END,
+            failed_at = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN m.failed_at ELSE now() END,
+            error_message = CASE WHEN m.retry_count + 1 <= q.retry_limit THEN m.error_message
+                                 ELSE 'lease expired' END,
+            lease_id = NULL, lease_expires_at = NULL, worker_id = NULL
+        FROM q
+        WHERE m.partition_id = p_partition AND m.status = 'processing' AND m.lease_id = p_lease
+        RETURNING m.status
     ), counted AS (
+        -- Status changes are counted where they are made (see queen.record_changes).
         INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
         SELECT p_partition, 'processing', c.status, count(*) FROM changed c GROUP BY c.status
     )
