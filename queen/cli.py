@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from queen.config import Settings, env_table
+from queen.config import SettingError, Settings, env_table
 
 log = logging.getLogger("queen")
 
@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     if extra and args.func is not cmd_maintenance:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except SettingError as exc:
+        parser.exit(2, f"queen: {exc}\n")
 
 
 if __name__ == "__main__":

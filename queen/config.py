@@ -9,9 +9,17 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def _s(env: str, default: Any, doc: str) -> Any:
-    """Declare a setting: its environment variable, default and help text."""
-    return dataclasses.field(default=default, metadata={"env": env, "doc": doc})
+class SettingError(ValueError):
+    """A setting's environment variable holds a value Queen cannot use."""
+
+
+def _s(
+    env: str, default: Any, doc: str, least: float | None = None, most: float | None = None
+) -> Any:
+    """Declare a setting: its environment variable, default, help text and allowed range."""
+    return dataclasses.field(
+        default=default, metadata={"env": env, "doc": doc, "least": least, "most": most}
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,66 +30,84 @@ class Settings:
         "DATABASE_URL", "", "PostgreSQL URL; when empty, PG_* variables or an embedded server"
     )
     pg_host: str = _s("PG_HOST", "", "PostgreSQL host (used when DATABASE_URL is empty)")
-    pg_port: int = _s("PG_PORT", 5432, "PostgreSQL port")
+    pg_port: int = _s("PG_PORT", 5432, "PostgreSQL port", least=1, most=65535)
     pg_user: str = _s("PG_USER", "postgres", "PostgreSQL user")
     pg_password: str = _s("PG_PASSWORD", "", "PostgreSQL password")
     pg_db: str = _s("PG_DB", "postgres", "PostgreSQL database")
-    db_pool_size: int = _s("DB_POOL_SIZE", 10, "connections per gunicorn worker")
+    db_pool_size: int = _s("DB_POOL_SIZE", 10, "connections per gunicorn worker", least=1)
     db_timeout_ms: int = _s(
-        "DB_TIMEOUT", 5000, "ms to wait for a pooled connection before answering 503"
+        "DB_TIMEOUT", 5000, "ms to wait for a pooled connection before answering 503", least=1
     )
     statement_timeout_ms: int = _s(
-        "QUEEN_STATEMENT_TIMEOUT", 30000, "statement_timeout of API connections (ms)"
+        "QUEEN_STATEMENT_TIMEOUT", 30000, "statement_timeout of API connections (ms)", least=0
     )
     host: str = _s("HOST", "0.0.0.0", "address to listen on")
-    port: int = _s("PORT", 6632, "port to listen on")
-    workers: int = _s("QUEEN_WORKERS", 2, "gunicorn worker processes")
+    port: int = _s("PORT", 6632, "port to listen on", least=1, most=65535)
+    workers: int = _s("QUEEN_WORKERS", 2, "gunicorn worker processes", least=1)
     worker_connections: int = _s(
-        "QUEEN_WORKER_CONNECTIONS", 10000, "concurrent requests (long polls) per worker"
+        "QUEEN_WORKER_CONNECTIONS", 10000, "concurrent requests (long polls) per worker", least=1
     )
     worker_id: str = _s("WORKER_ID", "", "name recorded on leased messages (default: hostname-pid)")
-    default_timeout_ms: int = _s("DEFAULT_TIMEOUT", 30000, "long-poll timeout (ms)")
-    max_timeout_ms: int = _s("MAX_TIMEOUT", 60000, "largest long-poll timeout (ms)")
+    default_timeout_ms: int = _s("DEFAULT_TIMEOUT", 30000, "long-poll timeout (ms)", least=0)
+    max_timeout_ms: int = _s("MAX_TIMEOUT", 60000, "largest long-poll timeout (ms)", least=0)
     poll_fallback_s: float = _s(
-        "QUEEN_POLL_FALLBACK", 2.0, "seconds between fallback re-checks of parked polls"
+        "QUEEN_POLL_FALLBACK", 2.0, "seconds between fallback re-checks of parked polls", least=0.01
     )
-    max_batch: int = _s("MAX_BATCH_SIZE", 1000, "largest push or pop batch")
+    max_batch: int = _s("MAX_BATCH_SIZE", 1000, "largest push or pop batch", least=1)
     encryption_key: str = _s(
         "QUEEN_ENCRYPTION_KEY", "", "64 hex chars (AES-256) for encryptionEnabled queues"
     )
     embedded_dir: str = _s("QUEEN_EMBEDDED_DIR", "", "data directory of the embedded PostgreSQL")
     maintenance_interval_s: float = _s(
-        "QUEEN_MAINTENANCE_INTERVAL", 1.0, "seconds between maintenance cycles"
+        "QUEEN_MAINTENANCE_INTERVAL", 1.0, "seconds between maintenance cycles", least=0.01
     )
     retention_interval_s: float = _s(
-        "QUEEN_RETENTION_INTERVAL", 5.0, "seconds between retention and partition cleanup runs"
+        "QUEEN_RETENTION_INTERVAL",
+        5.0,
+        "seconds between retention and partition cleanup runs",
+        least=0.01,
     )
     leader_poll_s: float = _s(
-        "QUEEN_LEADER_POLL", 1.0, "seconds between a standby maintenance process's leader attempts"
+        "QUEEN_LEADER_POLL",
+        1.0,
+        "seconds between a standby maintenance process's leader attempts",
+        least=0.01,
     )
     maintenance_batch: int = _s(
-        "QUEEN_MAINTENANCE_BATCH", 1000, "rows (or leases) per maintenance statement"
+        "QUEEN_MAINTENANCE_BATCH", 1000, "rows (or leases) per maintenance statement", least=1
     )
     metrics_interval_s: float = _s(
-        "METRICS_COLLECTION_INTERVAL", 5.0, "seconds between depth snapshots"
+        "METRICS_COLLECTION_INTERVAL", 5.0, "seconds between depth snapshots", least=0.01
     )
     metrics_retention_days: int = _s(
-        "METRICS_RETENTION_DAYS", 30, "days of per-minute metrics kept"
+        "METRICS_RETENTION_DAYS", 30, "days of per-minute metrics kept", least=1
     )
     partition_cleanup_s: int = _s(
-        "QUEEN_PARTITION_CLEANUP", 86400, "empty partitions are removed after this (s)"
+        "QUEEN_PARTITION_CLEANUP", 86400, "empty partitions are removed after this (s)", least=0
     )
     dashboard_depth_interval_s: float = _s(
-        "QUEEN_DASHBOARD_DEPTH_INTERVAL", 5.0, "seconds between queue.depth dashboard events"
+        "QUEEN_DASHBOARD_DEPTH_INTERVAL",
+        5.0,
+        "seconds between queue.depth dashboard events",
+        least=0.01,
     )
     dashboard_stats_interval_s: float = _s(
-        "QUEEN_DASHBOARD_STATS_INTERVAL", 10.0, "seconds between system.stats dashboard events"
+        "QUEEN_DASHBOARD_STATS_INTERVAL",
+        10.0,
+        "seconds between system.stats dashboard events",
+        least=0.01,
     )
     dashboard_client_buffer: int = _s(
-        "QUEEN_DASHBOARD_CLIENT_BUFFER", 1000, "events queued per dashboard before the oldest drop"
+        "QUEEN_DASHBOARD_CLIENT_BUFFER",
+        1000,
+        "events queued per dashboard before the oldest drop",
+        least=1,
     )
     dashboard_max_events_per_s: int = _s(
-        "QUEEN_DASHBOARD_MAX_EVENTS", 1000, "per-message dashboard events per second per worker"
+        "QUEEN_DASHBOARD_MAX_EVENTS",
+        1000,
+        "per-message dashboard events per second per worker",
+        least=0,
     )
     log_level: str = _s("LOG_LEVEL", "info", "log level")
 
@@ -95,6 +121,9 @@ class Settings:
             if raw != "":
                 values[field.name] = _parse(field, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
+        for field in dataclasses.fields(cls):
+            if field.name in values:
+                _check_range(field, values[field.name])
         return cls(**values)
 
     @property
@@ -129,7 +158,17 @@ def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
         return kind(raw)
     except ValueError as exc:
         env = field.metadata["env"]
-        raise ValueError(f"{env}={raw!r} is not a valid {kind.__name__}") from exc
+        raise SettingError(f"{env}={raw!r} is not a valid {kind.__name__}") from exc
+
+
+def _check_range(field: dataclasses.Field[Any], value: Any) -> None:
+    """Refuse a value outside the setting's range, naming its variable."""
+    least, most = field.metadata["least"], field.metadata["most"]
+    env = field.metadata["env"]
+    if least is not None and value < least:
+        raise SettingError(f"{env}={value!r} is too small (at least {least})")
+    if most is not None and value > most:
+        raise SettingError(f"{env}={value!r} is too large (at most {most})")
 
 
 def _quote(value: str) -> str:

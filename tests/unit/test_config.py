@@ -67,6 +67,33 @@ def test_bad_values_raise_naming_the_variable(var: str, value: str) -> None:
         Settings.from_env({var: value})
 
 
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("DB_POOL_SIZE", "0"),
+        ("QUEEN_WORKERS", "0"),
+        ("PORT", "0"),
+        ("PORT", "70000"),
+        ("PG_PORT", "-1"),
+        ("MAX_BATCH_SIZE", "0"),
+        ("QUEEN_POLL_FALLBACK", "0"),
+        ("QUEEN_MAINTENANCE_INTERVAL", "-1"),
+        ("METRICS_RETENTION_DAYS", "0"),
+        ("DEFAULT_TIMEOUT", "-5"),
+    ],
+)
+def test_out_of_range_values_raise_naming_the_variable(var: str, value: str) -> None:
+    with pytest.raises(ValueError, match=var):
+        Settings.from_env({var: value})
+
+
+def test_range_edges_are_accepted_and_overrides_are_checked() -> None:
+    s = Settings.from_env({"DB_POOL_SIZE": "1", "PORT": "65535", "DEFAULT_TIMEOUT": "0"})
+    assert (s.db_pool_size, s.port, s.default_timeout_ms) == (1, 65535, 0)
+    with pytest.raises(ValueError, match="QUEEN_WORKERS"):
+        Settings.from_env({}, workers=0)
+
+
 def test_overrides_win_and_none_is_ignored() -> None:
     s = Settings.from_env({"PORT": "1000", "HOST": "10.0.0.1"}, port=2000, host=None)
     assert s.port == 2000
@@ -151,3 +178,13 @@ def test_readme_lists_every_setting_as_queen_env_prints_it():
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert env_table() in readme
+
+
+def test_cli_reports_a_bad_setting_without_a_traceback(monkeypatch, capsys) -> None:
+    from queen import cli
+
+    monkeypatch.setenv("DB_POOL_SIZE", "0")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["migrate"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "queen: DB_POOL_SIZE=0 is too small (at least 1)\n"
