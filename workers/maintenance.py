@@ -20,6 +20,10 @@ when it wants to run next:
 - cleanup: remove partitions that stayed empty and idle for QUEEN_PARTITION_CLEANUP;
 - reconcile: recount a few partitions and correct drift in the folded counts;
 - prune: drop per-minute metrics older than METRICS_RETENTION_DAYS.
+- analyze: ANALYZE hot tables that doubled since their statistics (cached plans follow);
+- vacuum: VACUUM the small tables rewritten by every batch when they fill with dead row
+  versions (autovacuum comes by once a minute at best), and messages too when autovacuum
+  is off.
 
 A run is one bounded statement (QUEEN_MAINTENANCE_BATCH rows, LEASE_BATCH leases); a
 task that filled its batch runs again MORE_DELAY later, after the other due tasks, so a
@@ -37,13 +41,14 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
 
 from queen.config import Settings
 from queen.errors import Unavailable
-from queen.store.maintenance import DueScan, MaintenanceSession, TimedQueue
+from queen.store.maintenance import DueScan, MaintenanceSession, TimedQueue, vacuum_apart
 
 log = logging.getLogger("queen.maintenance")
 
@@ -59,6 +64,12 @@ MAX_SLEEP = 0.5  # seconds: the loop looks at the stop flag at least this often
 SUMMARY_EVERY = 60.0  # seconds between summary log lines
 MAX_BACKOFF = 5.0  # seconds between reconnect attempts
 MAX_BACKOFF_TASK = 60.0  # seconds, the longest a failing task waits before trying again
+# VACUUM a table once it holds this many dead row versions, and this share of its live
+# ones, and no vacuum (ours or autovacuum's) has run on it for VACUUM_QUIET_S seconds.
+VACUUM_MIN_DEAD = 1000
+VACUUM_DEAD_RATIO = 0.2
+VACUUM_QUIET_S = 10.0
+VACUUM_INLINE_BYTES = 64 * 1024 * 1024  # larger tables are vacuumed on a thread of their own
 
 FLAGS = (  # Settings fields the command line can override
     "maintenance_interval_s",
@@ -104,6 +115,7 @@ class Maintenance:
         self._timed: dict[str, TimedQueue] = {}
         self._listening = False
         self._reconcile_after: uuid.UUID | None = None
+        self._big_vacuum: threading.Thread | None = None
         self.tasks = self._make_tasks()
 
     def _make_tasks(self) -> list[Task]:
@@ -116,6 +128,7 @@ class Maintenance:
             Task("ttl", self._expire_ttl, cycle),
             Task("fold", self._fold, cycle),
             Task("analyze", self._analyze_grown, cycle),
+            Task("vacuum", self._vacuum, cycle),
             Task("retention", self._retention, s.retention_interval_s),
             Task("cleanup", self._cleanup, s.retention_interval_s),
             Task("reconcile", self._reconcile, s.metrics_interval_s),
@@ -302,6 +315,34 @@ class Maintenance:
         for name in self.session.analyze_grown():
             log.info("analyzed %s (grown past its statistics)", name)
             self._count("tables analyzed", 1)
+        return None
+
+    def _vacuum(self) -> float | None:
+        """VACUUM the tables that churn when nothing else has lately.
+
+        Small tables (partitions, heads, deltas: rewritten by every batch) are vacuumed
+        here, since autovacuum comes by at most once a minute. A large one (messages) is
+        left to autovacuum and its per-table settings, unless autovacuum is off: then it
+        is vacuumed on a thread and connection of its own, one at a time, so the
+        timing-sensitive tasks keep running meanwhile.
+        """
+        for table in self.session.vacuum_candidates(
+            VACUUM_MIN_DEAD, VACUUM_DEAD_RATIO, VACUUM_QUIET_S
+        ):
+            if table.bytes <= VACUUM_INLINE_BYTES:
+                self.session.vacuum(table.name)
+                self._count("tables vacuumed", 1)
+            elif not table.autovacuum and (
+                self._big_vacuum is None or not self._big_vacuum.is_alive()
+            ):
+                self._big_vacuum = threading.Thread(
+                    target=vacuum_apart,
+                    args=(self.session.dsn, table.name, "queen-maintenance-vacuum"),
+                    name=f"vacuum {table.name}",
+                    daemon=True,
+                )
+                self._big_vacuum.start()
+                self._count("tables vacuumed", 1)
         return None
 
     def _retention(self) -> float | None:

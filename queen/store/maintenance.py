@@ -61,10 +61,34 @@ class TimedQueue:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class VacuumCandidate:
+    name: str  # schema-qualified
+    bytes: int
+    autovacuum: bool  # the server's autovacuum setting
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Reconciled:
     looked_at: int
     drifted: int  # partitions whose counts were corrected
     last: uuid.UUID | None  # cursor for the next call; None: start again from the first
+
+
+def vacuum_statement(name: str) -> sql.Composed:
+    """VACUUM (SKIP_LOCKED) of a schema-qualified table name such as queen.partitions."""
+    return sql.SQL("VACUUM (SKIP_LOCKED) {}").format(sql.Identifier(*name.split(".")))
+
+
+def vacuum_apart(dsn: str, name: str, application_name: str) -> None:
+    """VACUUM one (large) table on a connection of its own, with no statement timeout."""
+    try:
+        with psycopg.connect(
+            dsn, autocommit=True, application_name=application_name, connect_timeout=CONNECT_TIMEOUT
+        ) as conn:
+            conn.execute("SET statement_timeout = 0")
+            conn.execute(vacuum_statement(name))
+    except psycopg.Error as exc:
+        log.warning("vacuum of %s failed: %s", name, exc)
 
 
 class MaintenanceSession:
@@ -221,6 +245,23 @@ class MaintenanceSession:
             with translate_errors():
                 self._conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(*name.split("."))))
         return names
+
+    def vacuum_candidates(
+        self, min_dead: int, dead_ratio: float, quiet_s: float
+    ) -> list[VacuumCandidate]:
+        """Return the tables that need a VACUUM, smallest first."""
+        params = {"min_dead": min_dead, "dead_ratio": dead_ratio, "quiet_s": quiet_s}
+        return [
+            VacuumCandidate(r[0], int(r[1]), bool(r[2]))
+            for r in self._rows("maintenance_vacuum_candidates", params)
+        ]
+
+    def vacuum(self, name: str) -> None:
+        """VACUUM one table of schema queen, skipping it if someone holds it."""
+        if self._conn is None:
+            raise Unavailable("maintenance session is not connected")
+        with translate_errors():
+            self._conn.execute(vacuum_statement(name))
 
     def prune_metrics(self, days: int, limit: int) -> int:
         return int(self._value("maintenance_prune_metrics", {"days": days, "limit": limit}))

@@ -179,6 +179,16 @@ WHERE c.oid = ANY (ARRAY['queen.messages', 'queen.partitions', 'queen.partition_
   AND pg_relation_size(c.oid) / current_setting('block_size')::bigint
       > greatest(2 * c.relpages::bigint, 16)
 
+-- maintenance_vacuum_candidates: Queen's tables holding many dead row versions that no vacuum has cleaned for a while, smallest first, and whether autovacuum runs at all --
+SELECT s.schemaname || '.' || s.relname AS name, pg_table_size(s.relid) AS bytes,
+       current_setting('autovacuum')::boolean AS autovacuum
+FROM pg_stat_user_tables s
+WHERE s.schemaname = 'queen'
+  AND s.n_dead_tup > greatest(%(min_dead)s, %(dead_ratio)s * s.n_live_tup)
+  AND coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')
+      < now() - make_interval(secs => %(quiet_s)s)
+ORDER BY bytes
+
 -- maintenance_prune_metrics: delete per-minute metrics older than the retention, at most limit rows --
 WITH gone AS (
     DELETE FROM queen.metrics_minute m

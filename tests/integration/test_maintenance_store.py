@@ -447,3 +447,29 @@ def test_every_status_change_is_counted(store: Store, session) -> None:
     assert counts_agree(dsn)
     session.fold_deltas(1000)
     assert counts_agree(dsn)
+
+
+def names(candidates: list) -> list[str]:
+    return [c.name for c in candidates]
+
+
+def test_tables_full_of_dead_rows_are_vacuumed(store: Store, session, db_dsn) -> None:
+    push(store, [{"queue": "churn", "partition": f"p{n}", "payload": n} for n in range(4)])
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for _ in range(400):  # 1,600 dead versions of 4 rows, like leases taken and freed
+            conn.execute(
+                "UPDATE queen.partitions SET lease_expires_at = now(),"
+                " lease_id = CASE WHEN lease_id IS NULL THEN gen_random_uuid() END"
+            )
+        conn.execute("SELECT pg_stat_force_next_flush()")
+    deadline = time.monotonic() + 5
+    while "queen.partitions" not in (found := names(session.vacuum_candidates(1000, 0.2, 10))):
+        assert time.monotonic() < deadline, found
+        time.sleep(0.1)
+    session.vacuum("queen.partitions")
+    vacuumed = "SELECT last_vacuum IS NOT NULL FROM pg_stat_user_tables WHERE relid = 'queen.partitions'::regclass"
+    deadline = time.monotonic() + 5
+    while not scalar(db_dsn, vacuumed):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert "queen.partitions" not in names(session.vacuum_candidates(1000, 0.2, 10))

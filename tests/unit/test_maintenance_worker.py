@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import uuid
 from typing import Any
 
@@ -10,7 +11,13 @@ import pytest
 
 from queen.config import Settings
 from queen.errors import Unavailable
-from queen.store.maintenance import DueScan, LeaseExpiry, Reconciled, TimedQueue
+from queen.store.maintenance import (
+    DueScan,
+    LeaseExpiry,
+    Reconciled,
+    TimedQueue,
+    VacuumCandidate,
+)
 from workers import maintenance as worker
 from workers.maintenance import DUE_MARGIN, MORE_DELAY, Maintenance, build_parser
 
@@ -94,6 +101,17 @@ class FakeSession:
 
     def prune_metrics(self, days: int, limit: int) -> int:
         return self._answer("prune_metrics", 0)
+
+    def analyze_grown(self) -> list[str]:
+        return self._answer("analyze_grown", [])
+
+    def vacuum_candidates(
+        self, min_dead: int, dead_ratio: float, quiet_s: float
+    ) -> list[VacuumCandidate]:
+        return self._answer("vacuum_candidates", [])
+
+    def vacuum(self, name: str) -> None:
+        self.calls.append(f"vacuum {name}")
 
 
 @pytest.fixture
@@ -276,3 +294,39 @@ def test_due_scans_run_twice_within_the_shortest_delay(session, clock) -> None:
     session.results["timed_queues"] = {}
     m._run_task(task(m, "timed"))
     assert task(m, "due").every == 5.0
+
+
+def test_small_tables_are_vacuumed_inline_and_a_big_one_apart(session, clock, monkeypatch) -> None:
+    apart: list[str] = []
+    started = threading.Event()
+
+    def fake_vacuum_apart(dsn: str, name: str, application_name: str) -> None:
+        apart.append(name)
+        started.set()
+
+    monkeypatch.setattr(worker, "vacuum_apart", fake_vacuum_apart)
+    session.dsn = "dbname=x"
+    big = worker.VACUUM_INLINE_BYTES + 1
+    m = make(session, clock)
+    # With autovacuum on, the big table is left to it.
+    session.results["vacuum_candidates"] = [
+        VacuumCandidate("queen.partitions", 8192, autovacuum=True),
+        VacuumCandidate("queen.messages", big, autovacuum=True),
+    ]
+    m._run_task(task(m, "vacuum"))
+    assert "vacuum queen.partitions" in session.calls
+    assert apart == []
+    # With autovacuum off, Queen vacuums it, apart from the maintenance session.
+    session.results["vacuum_candidates"] = [VacuumCandidate("queen.messages", big, False)]
+    m._run_task(task(m, "vacuum"))
+    assert "vacuum queen.messages" not in session.calls
+    assert started.wait(5) and apart == ["queen.messages"]
+    assert task(m, "vacuum").failures == 0
+
+
+def test_every_task_runs_against_the_session_interface(session, clock) -> None:
+    # A task calling a method the session lacks would only log and back off forever.
+    m = make(session, clock)
+    for t in m.tasks:
+        m._run_task(t)
+        assert t.failures == 0, t.name
