@@ -91,6 +91,7 @@ def server_facts(server_dsn: str) -> dict[str, str]:
         "shared_buffers",
         "synchronous_commit",
         "fsync",
+        "autovacuum",
         "wal_level",
         "max_connections",
         "commit_delay",
