@@ -23,6 +23,7 @@ import time
 import requests
 
 from bench.rawpoll import Poll, Reader, percentile
+from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -135,10 +136,7 @@ def main() -> None:
         )
         + ". A wake-up costs the notification plus such a claim.",
     ]
-    text = "\n".join(lines) + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+    save_lines(args.out, lines)
 
 
 if __name__ == "__main__":

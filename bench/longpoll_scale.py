@@ -29,6 +29,7 @@ import requests
 
 from bench import procstat
 from bench.rawpoll import Poll, Reader
+from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -218,10 +219,7 @@ def main() -> None:
         f"| answers 200 / 204 (polls re-sent after a 204) | {statuses[200]} / {statuses[204]}"
         f" ({repolled}) | |",
     ]
-    text = "\n".join(lines) + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+    save_lines(args.out, lines)
 
 
 if __name__ == "__main__":

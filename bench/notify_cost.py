@@ -40,6 +40,7 @@ from collections.abc import Callable
 import psycopg
 import requests
 
+from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -288,10 +289,7 @@ def main() -> None:
             for (b, v), rs in sorted({**sql_rates, **http_rates}.items())
         )
     )
-    text = "\n".join(lines) + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(text)
+    save_lines(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -74,9 +74,9 @@ class Reconciled:
     last: uuid.UUID | None  # cursor for the next call; None: start again from the first
 
 
-def vacuum_statement(name: str) -> sql.Composed:
-    """VACUUM (SKIP_LOCKED) of a schema-qualified table name such as queen.partitions."""
-    return sql.SQL("VACUUM (SKIP_LOCKED) {}").format(sql.Identifier(*name.split(".")))
+def table_statement(command: str, name: str) -> sql.Composed:
+    """A utility statement on a schema-qualified table: ("VACUUM (SKIP_LOCKED)", "queen.x")."""
+    return sql.SQL(command + " {}").format(sql.Identifier(*name.split(".")))
 
 
 def vacuum_apart(dsn: str, name: str, application_name: str) -> None:
@@ -86,7 +86,7 @@ def vacuum_apart(dsn: str, name: str, application_name: str) -> None:
             dsn, autocommit=True, application_name=application_name, connect_timeout=CONNECT_TIMEOUT
         ) as conn:
             conn.execute("SET statement_timeout = 0")
-            conn.execute(vacuum_statement(name))
+            conn.execute(table_statement("VACUUM (SKIP_LOCKED)", name))
     except psycopg.Error as exc:
         log.warning("vacuum of %s failed: %s", name, exc)
 
@@ -160,6 +160,13 @@ class MaintenanceSession:
                 return cur.fetchall() if cur.description else []
             except RETRYABLE as exc:
                 raise Unavailable(f"{name}: {type(exc).__name__}, retry") from exc
+
+    def _utility(self, statement: sql.Composed) -> None:
+        """Run a statement that is not a named query (ANALYZE, VACUUM) on the session."""
+        if self._conn is None:
+            raise Unavailable("maintenance session is not connected")
+        with translate_errors():
+            self._conn.execute(statement)
 
     def _value(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         (row,) = self._rows(name, params)
@@ -241,9 +248,7 @@ class MaintenanceSession:
         """
         names = [r[0] for r in self._rows("maintenance_grown_tables")]
         for name in names:
-            assert self._conn is not None  # _rows checked
-            with translate_errors():
-                self._conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(*name.split("."))))
+            self._utility(table_statement("ANALYZE", name))
         return names
 
     def vacuum_candidates(
@@ -258,10 +263,7 @@ class MaintenanceSession:
 
     def vacuum(self, name: str) -> None:
         """VACUUM one table of schema queen, skipping it if someone holds it."""
-        if self._conn is None:
-            raise Unavailable("maintenance session is not connected")
-        with translate_errors():
-            self._conn.execute(vacuum_statement(name))
+        self._utility(table_statement("VACUUM (SKIP_LOCKED)", name))
 
     def prune_metrics(self, days: int, limit: int) -> int:
         return int(self._value("maintenance_prune_metrics", {"days": days, "limit": limit}))
