@@ -367,6 +367,8 @@ $$;
 -- Claims and acks commit without waiting for the WAL flush. A crash can forget the last
 -- few of them, which only means a redelivery (at-least-once); pushes stay synchronous,
 -- so no accepted message is ever lost. Transaction-scoped: ends with the call's commit.
+-- (Pop and ack make the same set_config call as a PL/pgSQL expression instead: a call of
+-- this SQL function is parsed and planned again each time.)
 CREATE FUNCTION queen.commit_without_flush() RETURNS void
 LANGUAGE sql AS $$
     SELECT set_config('synchronous_commit', 'off', true)
@@ -390,24 +392,27 @@ LANGUAGE plpgsql
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-    part   queen.partitions%ROWTYPE;
-    qu     queen.queues%ROWTYPE;
+    part   record;
     lease  uuid := gen_random_uuid();
     newest timestamptz;
     moved  integer;
 BEGIN
-    SELECT * INTO part FROM queen.partitions p WHERE p.id = p_partition;
-    SELECT * INTO qu FROM queen.queues q WHERE q.id = part.queue_id;
+    -- The partition and its queue's options in one lookup.
+    SELECT p.name, p.lease_id, q.name AS queue, q.ttl, q.window_buffer, q.delayed_processing,
+           q.lease_time, q.priority, q.retry_limit
+    INTO part
+    FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+    WHERE p.id = p_partition;
 
     IF part.lease_id IS NOT NULL THEN
-        PERFORM queen.release_lease(part.id, part.lease_id, p_notify => false);
+        PERFORM queen.release_lease(p_partition, part.lease_id, p_notify => false);
     END IF;
 
-    IF qu.ttl > 0 THEN
+    IF part.ttl > 0 THEN
         UPDATE queen.messages m
         SET status = 'dead_letter', failed_at = now(), error_message = 'ttl expired'
         WHERE m.partition_id = p_partition AND m.status = 'pending'
-          AND m.created_at < now() - make_interval(secs => qu.ttl);
+          AND m.created_at < now() - make_interval(secs => part.ttl);
         GET DIAGNOSTICS moved = ROW_COUNT;
         IF moved > 0 THEN
             INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
@@ -415,52 +420,63 @@ BEGIN
         END IF;
     END IF;
 
-    IF qu.window_buffer > 0 THEN
+    IF part.window_buffer > 0 THEN
         SELECT m.created_at INTO newest FROM queen.messages m
         WHERE m.partition_id = p_partition AND m.status = 'pending'
         ORDER BY m.seq DESC LIMIT 1;
-        IF newest > now() - make_interval(secs => qu.window_buffer) THEN
+        IF newest > now() - make_interval(secs => part.window_buffer) THEN
             RETURN;
         END IF;
     END IF;
 
+    -- One statement claims the messages, counts them, leases the partition and moves its
+    -- head past them (the CTEs below act only when something was claimed). All of it
+    -- sees the snapshot taken before the claim, in which the claimed rows are still
+    -- pending: the new head is the oldest pending message that was not claimed.
+    -- (= ANY (ARRAY(...)) keeps the update on the primary key whatever the table size;
+    -- a join was planned as a hash over every pending row of a small table. The rows
+    -- are the pending ones just locked, so the update needs no status condition, which
+    -- would let the planner walk messages_pending instead.)
     RETURN QUERY
-    WITH candidates AS (
-        SELECT m.transaction_id, m.created_at FROM queen.messages m
-        WHERE m.partition_id = p_partition AND m.status = 'pending'
-        ORDER BY m.seq LIMIT p_batch
-        FOR UPDATE SKIP LOCKED
-    ), due AS (
-        SELECT c.transaction_id FROM candidates c
-        WHERE qu.delayed_processing = 0
-           OR c.created_at <= now() - make_interval(secs => qu.delayed_processing)
-    ), claimed AS (
+    WITH claimed AS (
         UPDATE queen.messages m SET
             status = 'processing', lease_id = lease, worker_id = p_worker,
-            locked_at = now(), lease_expires_at = now() + make_interval(secs => qu.lease_time)
-        FROM due WHERE m.transaction_id = due.transaction_id AND m.status = 'pending'
+            locked_at = now(), lease_expires_at = now() + make_interval(secs => part.lease_time)
+        WHERE m.transaction_id = ANY (ARRAY(
+                  SELECT c.transaction_id FROM (
+                      SELECT m.transaction_id, m.created_at FROM queen.messages m
+                      WHERE m.partition_id = p_partition AND m.status = 'pending'
+                      ORDER BY m.seq LIMIT p_batch
+                      FOR UPDATE SKIP LOCKED) c
+                  WHERE part.delayed_processing = 0
+                     OR c.created_at <= now() - make_interval(secs => part.delayed_processing)))
         RETURNING m.*
-    )
-    SELECT c.id, c.transaction_id, qu.name, part.name, c.payload, c.encrypted, c.retry_count,
-           qu.priority, c.created_at, c.locked_at, c.lease_id, c.lease_expires_at,
-           qu.lease_time, qu.retry_limit
-    FROM claimed c ORDER BY c.seq;
-    GET DIAGNOSTICS moved = ROW_COUNT;
-
-    IF moved > 0 THEN
+    ), counted AS (
         INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
-        VALUES (p_partition, 'pending', 'processing', moved);
+        SELECT p_partition, 'pending', 'processing', count(*) FROM claimed HAVING count(*) > 0
+    ), leased AS (
         UPDATE queen.partitions p SET
-            lease_id = lease, lease_expires_at = now() + make_interval(secs => qu.lease_time),
+            lease_id = lease, lease_expires_at = now() + make_interval(secs => part.lease_time),
             leased_by = p_worker, last_activity_at = now()
-        WHERE p.id = p_partition;
+        WHERE p.id = p_partition AND EXISTS (SELECT 1 FROM claimed)
+    ), head AS (
         UPDATE queen.partition_heads h SET head_seq = coalesce(
             (SELECT m.seq FROM queen.messages m
              WHERE m.partition_id = p_partition AND m.status = 'pending'
+               AND m.seq <> ALL (ARRAY(SELECT c.seq FROM claimed c))
              ORDER BY m.seq LIMIT 1), h.head_seq)
-        WHERE h.partition_id = p_partition;
-    ELSIF NOT EXISTS (SELECT 1 FROM queen.messages m
-                      WHERE m.partition_id = p_partition AND m.status = 'pending') THEN
+        WHERE h.partition_id = p_partition AND EXISTS (SELECT 1 FROM claimed)
+    )
+    SELECT c.id, c.transaction_id, part.queue, part.name, c.payload, c.encrypted, c.retry_count,
+           part.priority, c.created_at, c.locked_at, c.lease_id, c.lease_expires_at,
+           part.lease_time, part.retry_limit
+    FROM claimed c ORDER BY c.seq;
+
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM queen.messages m
+                   WHERE m.partition_id = p_partition AND m.status = 'pending') THEN
         -- Empty: drop its head row. The exclusive lock waits for pushes in flight;
         -- the re-check then runs on a fresh snapshot that sees them.
         PERFORM pg_advisory_xact_lock(queen.partition_lock_key(p_partition));
@@ -478,8 +494,10 @@ RETURNS SETOF queen.popped
 LANGUAGE plpgsql AS $$
 DECLARE
     target uuid;
+    unused text;
 BEGIN
-    PERFORM queen.commit_without_flush();
+    -- What queen.commit_without_flush does, as an expression: no statement to run.
+    unused := set_config('synchronous_commit', 'off', true);
     SELECT p.id INTO target
     FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
     WHERE q.name = p_queue AND p.name = p_partition
@@ -500,37 +518,40 @@ LANGUAGE plpgsql AS $$
 DECLARE
     target   uuid;
     tried    uuid[] := '{}';
-    window_s integer;
     delay_s  integer;
+    unused   text;
 BEGIN
-    PERFORM queen.commit_without_flush();
-    SELECT q.window_buffer, q.delayed_processing INTO window_s, delay_s
-    FROM queen.queues q WHERE q.id = p_queue;
+    -- What queen.commit_without_flush does, as an expression: no statement to run.
+    unused := set_config('synchronous_commit', 'off', true);
     -- Each attempt that finds nothing removes a stale head row, so attempts are cheap;
     -- the bound only caps the work of one call.
     FOR attempt IN 1..64 LOOP
-        SELECT p.id INTO target
-        FROM queen.partition_heads h JOIN queen.partitions p ON p.id = h.partition_id
-        WHERE h.queue_id = p_queue
+        SELECT p.id, q.delayed_processing INTO target, delay_s
+        FROM queen.queues q
+        JOIN queen.partition_heads h ON h.queue_id = q.id
+        JOIN queen.partitions p ON p.id = h.partition_id
+        WHERE q.id = p_queue
           AND (p.lease_id IS NULL OR p.lease_expires_at <= now())
           AND NOT (h.partition_id = ANY (tried))
           -- Pass over partitions whose window (windowBuffer) is still open, so they do
           -- not use up the attempts (one backward probe of messages_pending each).
-          AND (window_s = 0 OR p.lease_id IS NOT NULL
+          AND (q.window_buffer = 0 OR p.lease_id IS NOT NULL
                OR coalesce((SELECT m.created_at FROM queen.messages m
                             WHERE m.partition_id = p.id AND m.status = 'pending'
                             ORDER BY m.seq DESC LIMIT 1), '-infinity')
-                  <= now() - make_interval(secs => window_s))
+                  <= now() - make_interval(secs => q.window_buffer))
         ORDER BY h.head_seq
         LIMIT 1
         FOR NO KEY UPDATE OF p SKIP LOCKED;
         EXIT WHEN NOT FOUND;
         -- delayedProcessing: heads are in FIFO order, so when this one's oldest message
         -- is not due yet, no later one is.
-        IF delay_s > 0 AND (SELECT m.created_at FROM queen.messages m
-                            WHERE m.partition_id = target AND m.status = 'pending'
-                            ORDER BY m.seq LIMIT 1) > now() - make_interval(secs => delay_s) THEN
-            RETURN;
+        IF delay_s > 0 THEN
+            IF (SELECT m.created_at FROM queen.messages m
+                WHERE m.partition_id = target AND m.status = 'pending'
+                ORDER BY m.seq LIMIT 1) > now() - make_interval(secs => delay_s) THEN
+                RETURN;
+            END IF;
         END IF;
         RETURN QUERY SELECT * FROM queen.claim(target, p_batch, p_worker);
         IF FOUND THEN
@@ -721,8 +742,10 @@ DECLARE
     released uuid[];
     freed    uuid[];
     drained  uuid;
+    unused   text;
 BEGIN
-    PERFORM queen.commit_without_flush();
+    -- What queen.commit_without_flush does, as an expression: no statement to run.
+    unused := set_config('synchronous_commit', 'off', true);
     -- Lock the partitions first (the order pop uses): concurrent acks of one lease
     -- then run one after the other, and the last one sees that the lease is done.
     -- (= ANY (ARRAY(...)) keeps this on the primary key; IN (...) hashed every partition.)
@@ -746,6 +769,10 @@ BEGIN
         JOIN queen.messages m ON m.transaction_id = a.txid
         JOIN queen.partitions p ON p.id = m.partition_id
         JOIN queen.queues q ON q.id = p.queue_id
+        -- (Repeated as = ANY (ARRAY(...)): the join alone was planned as a hash over a
+        -- sequential scan of every message while the table is small.)
+        WHERE m.transaction_id = ANY (ARRAY(SELECT a ->> 'transactionId'
+                                            FROM jsonb_array_elements(p_acks) a))
         ORDER BY a.txid
         FOR NO KEY UPDATE OF m
     ), decided AS (
@@ -768,6 +795,7 @@ BEGIN
             worker_id = CASE WHEN d.next = 'completed' THEN m.worker_id END
         FROM decided d
         WHERE m.transaction_id = d.txid AND d.next IS NOT NULL
+          AND m.transaction_id = ANY (ARRAY(SELECT x.txid FROM decided x WHERE x.next IS NOT NULL))
         RETURNING m.transaction_id, m.status, m.retry_count, m.created_at, m.completed_at
     )
     SELECT array_agg(ROW(
@@ -803,10 +831,12 @@ BEGIN
     SELECT array_agg(d.id) INTO released FROM done d;
     -- A freed partition with pending work wakes a waiter (a push this snapshot cannot
     -- see yet notifies by itself when it commits).
+    -- (A LIMIT 1 probe of messages_pending per partition: as EXISTS this became a hash of
+    -- every pending message while the table is small.)
     SELECT array_agg(x) INTO freed
     FROM unnest(released) x
-    WHERE EXISTS (SELECT 1 FROM queen.messages m
-                  WHERE m.partition_id = x AND m.status = 'pending');
+    WHERE (SELECT true FROM queen.messages m
+           WHERE m.partition_id = x AND m.status = 'pending' LIMIT 1);
     IF freed IS NOT NULL THEN
         PERFORM queen.notify_partitions(freed);
     END IF;
