@@ -796,22 +796,32 @@ BEGIN
             worker_id = CASE WHEN d.next = 'completed' THEN m.worker_id END
         FROM decided d
         WHERE m.transaction_id = d.txid AND d.next IS NOT NULL
-          AND m.transaction_id = ANY (ARRAY(SELECT x.txid FROM decided x WHERE x.next IS NOT NULL))
-        RETURNING m.transaction_id, m.status, m.retry_count, m.created_at, m.completed_at
+        RETURNING m.transaction_id, m.status, m.retry_count, m.created_at, m.completed_at,
+                  d.current, d.partition_id, d.lease_id
+    ), outcome AS (
+        -- What each acknowledgment did: the rows updated, and the ones left as they were.
+        -- (A union, not decided LEFT JOIN updated: both CTEs are estimated at a row or
+        -- two, and the join was planned as a nested loop comparing every pair.)
+        SELECT u.transaction_id AS txid, u.current, u.status AS next, u.retry_count,
+               u.partition_id, u.lease_id,
+               extract(epoch FROM u.completed_at - u.created_at) * 1000 AS lag_ms
+        FROM updated u
+        UNION ALL
+        SELECT d.txid, d.current, NULL, d.retry_count, d.partition_id, d.lease_id, NULL
+        FROM decided d WHERE d.next IS NULL
     )
     SELECT array_agg(ROW(
-        d.txid,
-        CASE WHEN u.status = 'pending' THEN 'retry_scheduled'
-             WHEN u.status IS NOT NULL THEN u.status
-             WHEN d.current = 'pending' THEN 'retry_scheduled'
-             ELSE d.current END,
-        coalesce(u.retry_count, d.retry_count), d.partition_id, d.lease_id)::queen.ack_result),
-           array_agg(ROW(d.partition_id, d.current, u.status,
-                         extract(epoch FROM u.completed_at - u.created_at) * 1000
-                         )::queen.status_change) FILTER (WHERE u.transaction_id IS NOT NULL),
-           array_agg(DISTINCT d.partition_id) FILTER (WHERE u.status = 'pending')
+        o.txid,
+        CASE WHEN o.next = 'pending' THEN 'retry_scheduled'
+             WHEN o.next IS NOT NULL THEN o.next
+             WHEN o.current = 'pending' THEN 'retry_scheduled'
+             ELSE o.current END,
+        o.retry_count, o.partition_id, o.lease_id)::queen.ack_result),
+           array_agg(ROW(o.partition_id, o.current, o.next, o.lag_ms)::queen.status_change)
+               FILTER (WHERE o.next IS NOT NULL),
+           array_agg(DISTINCT o.partition_id) FILTER (WHERE o.next = 'pending')
     INTO results, changes, retried
-    FROM decided d LEFT JOIN updated u ON u.transaction_id = d.txid;
+    FROM outcome o;
     PERFORM queen.record_changes(changes);
     IF retried IS NOT NULL THEN
         PERFORM queen.mark_pending(retried, p_notify => false);
