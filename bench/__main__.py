@@ -87,6 +87,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--db-prefix", default="queen_bench", help="bench database name prefix")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results", help="results folder")
     parser.add_argument("--duration", type=float, help="seconds per case (overrides the mode)")
+    parser.add_argument(
+        "--batches", help="comma list of batch sizes for push and e2e (overrides the mode)"
+    )
+    parser.add_argument(
+        "--partitions", help="comma list of Queen e2e partition counts (overrides the mode)"
+    )
     parser.add_argument("--name", help="results file suffix (default: the mode)")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -387,8 +393,17 @@ def conditions(ctx: Context, started: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     profile = profiles.PROFILES[args.mode]
+    overrides: dict[str, Any] = {}
     if args.duration:
-        profile = profiles.Profile(**{**profile.__dict__, "duration": args.duration})
+        overrides["duration"] = args.duration
+    if args.batches:
+        batches = tuple(int(b) for b in args.batches.split(","))
+        for name in ("push_batches", "e2e_batches", "peer_push_batches", "peer_e2e_batches"):
+            overrides[name] = batches
+    if args.partitions:
+        overrides["partitions"] = tuple(int(n) for n in args.partitions.split(","))
+    if overrides:
+        profile = profiles.Profile(**{**profile.__dict__, **overrides})
     ctx = Context(profile, args.dsn, args.amqp, args.db_prefix)
     wanted = args.systems.split(",") if args.systems else list(profile.systems)
     phases = (
