@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import pq
 from psycopg.rows import RowFactory, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -49,6 +50,15 @@ def translate_errors() -> Iterator[None]:
         raise InvalidInput(f"invalid input: {detail}") from exc
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         raise Unavailable("database unavailable") from exc
+
+
+def returns_rows(cursor: psycopg.Cursor[Any]) -> bool:
+    """Tell whether the statement just run returned rows (a result set, even empty).
+
+    Cheaper than `cursor.description`, which builds an object per column at each call.
+    """
+    result = cursor.pgresult
+    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
 class Database:
@@ -118,7 +128,7 @@ class Database:
                     if raw_json:
                         cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
                     cur.execute(QUERIES[name], params)
-                    return cur.fetchall() if cur.description else []
+                    return cur.fetchall() if returns_rows(cur) else []
             except RETRYABLE as exc:
                 if attempt == RETRIES_ON_DEADLOCK - 1:
                     raise Unavailable("database busy (deadlock), retry") from exc

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from queen.errors import Unavailable
-from queen.store.db import QUERIES, RETRYABLE, translate_errors
+from queen.store.db import QUERIES, RETRYABLE, returns_rows, translate_errors
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class MaintenanceSession:
         with translate_errors():
             try:
                 cur = self._conn.execute(QUERIES[name], params)
-                return cur.fetchall() if cur.description else []
+                return cur.fetchall() if returns_rows(cur) else []
             except RETRYABLE as exc:
                 raise Unavailable(f"{name}: {type(exc).__name__}, retry") from exc
 

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.rows import RowFactory, dict_row
 
 from queen.errors import Unavailable
-from queen.store.db import Database
+from queen.store.db import Database, returns_rows
 
 READ_STATEMENT_TIMEOUT_MS = 10_000
 READ_CONCURRENCY = 4  # concurrent read sessions per process
@@ -47,7 +47,7 @@ class ReadSession:
         if raw_json:
             cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
         cur.execute(self._queries[name], params, prepare=False)
-        return cur.fetchall() if cur.description else []
+        return cur.fetchall() if returns_rows(cur) else []
 
 
 class Reads:

@@ -107,7 +107,9 @@ def test_acknowledgment_errors_name_the_body_or_the_batch_entry() -> None:
 
 
 def fake_cursor(names: list[str]) -> Any:
-    return SimpleNamespace(description=[SimpleNamespace(name=n) for n in names])
+    """What the row factories read of a cursor: its result's column count and names."""
+    result = SimpleNamespace(nfields=len(names), fname=lambda i: names[i].encode())
+    return SimpleNamespace(pgresult=result)
 
 
 def test_popped_rows_by_column_name_in_any_order() -> None:
