@@ -111,15 +111,13 @@ class LongPoller:
 
         A poll by queue woken for one partition tries that partition first (an index
         probe, where the whole queue means walking its partitions in order), then the
-        queue: every process wakes a waiter per notification, so most of these tries
-        find the partition taken, and should cost little.
+        queue, in one database call: every process wakes a waiter per notification, so
+        most of these tries find the partition taken, and should cost little.
         """
         try:
             hinted = _hinted_partition(route, hint)
             if hinted is not None:
-                messages = self._claim(hinted, batch)
-                if messages:
-                    return messages
+                return self.store.messages.pop(route, batch, self.worker_id, hinted.partition)
             return self._claim(route, batch)
         except Unavailable as exc:
             log.warning("long-poll re-check failed, staying parked: %s", exc.message)

@@ -576,6 +576,22 @@ BEGIN
 END
 $$;
 
+-- Pop from a queue for a poll woken by a notification for one of its partitions: that
+-- partition when it is free and has work, else the oldest free partition of the queue,
+-- in one call (most such tries find the partition taken: every worker wakes a poll
+-- per notification, and one of them wins).
+CREATE FUNCTION queen.pop_queue_preferring(
+    p_queue text, p_partition text, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM queen.pop_partition(p_queue, p_partition, p_batch, p_worker);
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT * FROM queen.pop_queue(p_queue, p_batch, p_worker);
+    END IF;
+END
+$$;
+
 -- Pop across the queues matching namespace and/or task, highest priority first.
 CREATE FUNCTION queen.pop_filtered(p_namespace text, p_task text, p_batch integer, p_worker text)
 RETURNS SETOF queen.popped
@@ -884,6 +900,8 @@ ALTER FUNCTION queen.push(jsonb) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.pop_queue(text, integer, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.pop_queue_id(uuid, integer, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.pop_partition(text, text, integer, text) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.pop_queue_preferring(text, text, integer, text)
+    SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.claim(uuid, integer, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.ack(jsonb) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.release_lease(uuid, uuid, boolean) SET plan_cache_mode = force_generic_plan;

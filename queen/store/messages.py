@@ -102,17 +102,26 @@ class Messages:
             sealed.append(clean)
         return orjson.dumps({"items": sealed})
 
-    def pop(self, route: PopRoute, batch: int, worker: str) -> list[Popped]:
-        """Claim up to batch messages for route; an empty list when none is available."""
+    def pop(
+        self, route: PopRoute, batch: int, worker: str, prefer: str | None = None
+    ) -> list[Popped]:
+        """Claim up to batch messages for route; an empty list when none is available.
+
+        prefer: for a route by queue, a partition of it to try first (in the same call).
+        """
+        query = POP_QUERIES[route.kind]
+        partition = route.partition
+        if prefer is not None and route.kind == "queue":
+            query, partition = "pop_queue_preferring", prefer
         params = {
             "batch": batch,
             "worker": worker,
             "queue": route.queue,
-            "partition": route.partition,
+            "partition": partition,
             "namespace": route.namespace,
             "task": route.task,
         }
-        rows = self.db.fetch(POP_QUERIES[route.kind], params, _popped, raw_json=True)
+        rows = self.db.fetch(query, params, _popped, raw_json=True)
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
     def _decrypt(self, message: Popped) -> Popped:

@@ -9,6 +9,9 @@ SELECT * FROM queen.pop_partition(%(queue)s, %(partition)s, %(batch)s, %(worker)
 -- pop_queue: claim up to batch messages from the oldest free partition of a queue --
 SELECT * FROM queen.pop_queue(%(queue)s, %(batch)s, %(worker)s)
 
+-- pop_queue_preferring: claim from one partition of a queue if it is free, else from the queue --
+SELECT * FROM queen.pop_queue_preferring(%(queue)s, %(partition)s, %(batch)s, %(worker)s)
+
 -- pop_filtered: claim up to batch messages across queues by namespace/task and priority --
 SELECT * FROM queen.pop_filtered(%(namespace)s, %(task)s, %(batch)s, %(worker)s)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from queen.models import PopRoute
 from queen.store import Store
 from tests.integration.helpers import ack, data, pop, push, rows, scalar
 
@@ -107,3 +108,43 @@ def test_expired_lease_is_taken_over_in_a_windowed_queue(store: Store) -> None:
     )
     (again,) = pop(store, "w")
     assert (again.transaction_id, again.retry_count) == (m.transaction_id, 1)
+
+
+def _pop_preferring(store: Store, partition: str, batch: int = 1) -> list[tuple[str, object]]:
+    """Pop by queue "q" trying partition first; (partition, payload) of what came."""
+    popped = store.messages.pop(PopRoute(queue="q"), batch, "test", prefer=partition)
+    return [(m.partition, data(m)) for m in popped]
+
+
+def test_a_preferred_partition_is_popped_first_when_free(store: Store) -> None:
+    push(store, [{"queue": "q", "partition": "older", "payload": "o"}])
+    push(store, [{"queue": "q", "partition": "newer", "payload": "n1"},
+                 {"queue": "q", "partition": "newer", "payload": "n2"}])
+    assert _pop_preferring(store, "newer", batch=5) == [("newer", "n1"), ("newer", "n2")]
+
+
+def test_a_taken_empty_or_unknown_preferred_partition_falls_back_to_the_queue(
+    store: Store,
+) -> None:
+    push(store, [{"queue": "q", "partition": "a", "payload": "a1"},
+                 {"queue": "q", "partition": "a", "payload": "a2"}])
+    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
+    push(store, [{"queue": "q", "partition": "c", "payload": "c1"}])
+    (first,) = pop(store, "q", "a")  # a is leased now, a2 still pending behind it
+    assert _pop_preferring(store, "a") == [("b", "b1")]  # taken: the oldest free one
+    assert _pop_preferring(store, "nowhere") == [("c", "c1")]  # unknown
+    assert ack(store, first.transaction_id).status == "completed"
+    (m,) = pop(store, "q", "a")
+    assert ack(store, m.transaction_id).status == "completed"
+    assert _pop_preferring(store, "a") == []  # empty, and so is the queue
+    # Nothing is left leased by the tries that found nothing.
+    assert scalar(store.db.dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL") == 2
+
+
+def test_preferring_a_partition_of_another_queue_pops_nothing_from_it(store: Store) -> None:
+    push(store, [{"queue": "other", "partition": "p", "payload": "x"}])
+    push(store, [{"queue": "q", "partition": "p", "payload": "mine"}])
+    assert _pop_preferring(store, "p") == [("p", "mine")]
+    assert rows(store.db.dsn, "SELECT status FROM queen.messages m JOIN queen.partitions p"
+                " ON p.id = m.partition_id JOIN queen.queues q ON q.id = p.queue_id"
+                " WHERE q.name = 'other'") == [("pending",)]
