@@ -61,6 +61,26 @@ def returns_rows(cursor: psycopg.Cursor[Any]) -> bool:
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
+class LifoPool(ConnectionPool):
+    """A ConnectionPool that hands out the connection returned last.
+
+    psycopg_pool hands out the connection idle longest, so consecutive requests rotate
+    through every pooled backend, and at low load each one finds its backend asleep
+    and its caches cold: a pop function call 20 ms apart took 0.58-0.87 ms p50 that way
+    against 0.36 ms on the connection used last (10 connections, 5 ms pauses). Idle
+    connections still close oldest first (max_idle), from the other end.
+    tests/integration/test_lifo_pool.py fails if psycopg_pool stops calling this method.
+    """
+
+    def _get_ready_connection(self, timeout: float | None) -> Any:
+        if self._pool and (timeout is None or timeout > 0.0):
+            conn = self._pool.pop()  # the newest, where the base class takes the oldest
+            if len(self._pool) < self._nconns_min:
+                self._nconns_min = len(self._pool)
+            return conn
+        return super()._get_ready_connection(timeout)
+
+
 class Database:
     """A psycopg pool with named queries; create one per process, after fork."""
 
@@ -76,7 +96,7 @@ class Database:
         self.dsn = dsn
         self.queries = QUERIES
         self._statement_timeout_ms = statement_timeout_ms
-        self.pool = ConnectionPool(
+        self.pool = LifoPool(
             dsn,
             min_size=1,
             max_size=max(1, pool_size),
