@@ -11,6 +11,7 @@ psycopg, which must first be imported after the worker has monkey-patched.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import gevent  # type: ignore[import-untyped]
@@ -20,6 +21,16 @@ from geventwebsocket.handler import WebSocketHandler  # type: ignore[import-unty
 
 class Handler(WebSocketHandler):  # type: ignore[misc]
     """geventwebsocket's handler, exposing the connection to the application."""
+
+    def log_request(self) -> None:
+        """Log each request at DEBUG only: Queen keeps no access log (gunicorn.conf.py).
+
+        geventwebsocket logs every request at INFO, which at the default LOG_LEVEL was a
+        formatted line and a write to stderr per request. Run with LOG_LEVEL=debug, or
+        put an access log in the load balancer, to see them.
+        """
+        if self.logger.isEnabledFor(logging.DEBUG) and "101" not in str(self.status):
+            self.logger.debug(self.format_request())
 
     def get_environ(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_environ()
