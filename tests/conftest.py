@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -99,6 +99,21 @@ def store(db_dsn: str) -> Iterator[object]:
     s.db.pool.open(wait=True)
     yield s
     s.close()
+
+
+def wait_until_healthy(url: str, timeout: float, why: Callable[[], str]) -> None:
+    """Poll url's /health until it answers 200; fail with why() after timeout seconds."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        assert time.monotonic() < deadline, why()
+        time.sleep(0.1)
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import ROOT, Server, cloned_database, free_port
+from tests.conftest import ROOT, Server, cloned_database, free_port, wait_until_healthy
 from tests.e2e.polls import Poll, gather
 from tests.e2e.test_long_poll import NO_FALLBACK, PARK, PROMPT, item, push, servers
 from tests.e2e.test_long_poll import sql as sql_rows
@@ -83,15 +83,7 @@ def balanced(
         proc = subprocess.Popen([*command, "-g", "daemon off;"])
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except requests.RequestException:
-                    pass
-                assert time.monotonic() < deadline, "nginx did not come up"
-                time.sleep(0.1)
+            wait_until_healthy(url, 10, lambda: "nginx did not come up")
             yield url, port, balanced_dsn
         finally:
             proc.terminate()

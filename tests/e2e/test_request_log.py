@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import requests
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, wait_until_healthy
 
 
 def run_server(dsn: str, log: Path, level: str) -> str:
@@ -25,15 +24,7 @@ def run_server(dsn: str, log: Path, level: str) -> str:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
-            time.sleep(0.1)
+        wait_until_healthy(url, 20, lambda: log.read_text(errors="replace")[-2000:])
         body = {"items": [{"queue": "logged", "payload": {"n": 1}}]}
         assert requests.post(f"{url}/api/v1/push", json=body, timeout=5).status_code == 201
         assert requests.get(f"{url}/api/v1/no-such-thing", timeout=5).status_code == 404
