@@ -364,15 +364,11 @@ LANGUAGE sql STABLE AS $$
     LIMIT p_limit
 $$;
 
--- Claims and acks commit without waiting for the WAL flush. A crash can forget the last
--- few of them, which only means a redelivery (at-least-once); pushes stay synchronous,
--- so no accepted message is ever lost. Transaction-scoped: ends with the call's commit.
--- (Pop and ack make the same set_config call as a PL/pgSQL expression instead: a call of
--- this SQL function is parsed and planned again each time.)
-CREATE FUNCTION queen.commit_without_flush() RETURNS void
-LANGUAGE sql AS $$
-    SELECT set_config('synchronous_commit', 'off', true)
-$$;
+-- Claims and acks commit without waiting for the WAL flush: pop_partition, pop_queue_id
+-- and ack set synchronous_commit = off for their own transaction (an assignment, not a
+-- statement: nothing to plan). A crash can forget the last few of them, which only means
+-- a redelivery (at-least-once); pushes stay synchronous, so no accepted message is ever
+-- lost.
 
 -- What a pop returns for each message.
 CREATE TYPE queen.popped AS (
@@ -496,7 +492,7 @@ DECLARE
     target uuid;
     unused text;
 BEGIN
-    -- What queen.commit_without_flush does, as an expression: no statement to run.
+    -- Commit without waiting for the WAL flush (the note before type queen.popped).
     unused := set_config('synchronous_commit', 'off', true);
     SELECT p.id INTO target
     FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
@@ -521,7 +517,7 @@ DECLARE
     delay_s  integer;
     unused   text;
 BEGIN
-    -- What queen.commit_without_flush does, as an expression: no statement to run.
+    -- Commit without waiting for the WAL flush (the note before type queen.popped).
     unused := set_config('synchronous_commit', 'off', true);
     -- Each attempt that finds nothing removes a stale head row, so attempts are cheap;
     -- the bound only caps the work of one call.
@@ -760,7 +756,7 @@ DECLARE
     drained  uuid;
     unused   text;
 BEGIN
-    -- What queen.commit_without_flush does, as an expression: no statement to run.
+    -- Commit without waiting for the WAL flush (the note before type queen.popped).
     unused := set_config('synchronous_commit', 'off', true);
     -- Lock the partitions first (the order pop uses): concurrent acks of one lease
     -- then run one after the other, and the last one sees that the lease is done.
