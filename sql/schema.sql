@@ -29,7 +29,9 @@ CREATE INDEX queues_namespace ON queen.queues (namespace) WHERE namespace IS NOT
 CREATE INDEX queues_task ON queen.queues (task) WHERE task IS NOT NULL;
 
 -- A partition is a FIFO lane and the unit of leasing: while lease_id is set and
--- lease_expires_at is in the future, one consumer owns it.
+-- lease_expires_at is in the future, one consumer owns it. The messages of the lease
+-- (status 'processing', lease_id = lease_id) lie between lease_first_seq and
+-- lease_last_seq: the claim sets them with the lease, and they are cleared with it.
 CREATE TABLE queen.partitions (
     id                uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     queue_id          uuid NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
@@ -39,6 +41,8 @@ CREATE TABLE queen.partitions (
     lease_id          uuid,
     lease_expires_at  timestamptz,
     leased_by         text,
+    lease_first_seq   bigint,
+    lease_last_seq    bigint,
     UNIQUE (queue_id, name)
 ) WITH (fillfactor = 70);
 CREATE INDEX partitions_leased ON queen.partitions (lease_expires_at) WHERE lease_id IS NOT NULL;
@@ -65,24 +69,41 @@ CREATE TABLE queen.messages (
     failed_at        timestamptz,
     error_message    text
 ) WITH (
-    fillfactor = 80,
+    -- A claim and an ack each rewrite a row, all rows of a page at once when a batch
+    -- covers it, and a claimed version is larger than the inserted one (lease columns
+    -- set): 60 % of the page left free keeps the new versions there (HOT, see the indexes
+    -- below; an ack finds the claim's old versions pruned by then). End to end at batch
+    -- 100: 95 % of the updates HOT at 40, 86 % at 50, for about the same table size.
+    fillfactor = 40,
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.05,
     autovacuum_analyze_scale_factor = 0.02,
     autovacuum_vacuum_cost_delay = 1
 );
--- The claim walks exactly this: pending rows of one partition in FIFO order.
-CREATE INDEX messages_pending ON queen.messages (partition_id, seq) WHERE status = 'pending';
--- Acks and lease expiry look up the in-flight rows of a partition.
-CREATE INDEX messages_processing ON queen.messages (partition_id, lease_id) WHERE status = 'processing';
+-- Every index of messages covers columns that never change after the insert (is_failed,
+-- in 0004, changes only on the rare move to failed or dead_letter). A claim or an ack then
+-- changes no indexed value, and PostgreSQL writes the new row version as a heap-only
+-- tuple (HOT): no index entry at all, where a status in an index or in a partial index's
+-- condition cost four new entries per message and status change. Finding rows by status
+-- goes through the partition's position instead: its pending messages from its head
+-- (partition_heads), the messages of its lease between the lease's first and last seq.
+-- A partition in FIFO order: the claim walks it from the head.
+CREATE INDEX messages_partition_seq ON queen.messages (partition_id, seq);
 -- Listing and retention walk a partition by time, for any status.
 CREATE INDEX messages_partition_created ON queen.messages (partition_id, created_at);
 
--- One row per partition that may hold pending messages, ordered by its oldest one.
--- Pop by queue walks this (one row per partition) instead of the message backlog.
--- Rows are added (queen.mark_pending) whenever a message becomes pending: by the insert
--- trigger, and by the functions that make a message pending again. They are removed by
--- a pop or ack that finds the partition empty (both under the partition's advisory lock).
+-- One row per partition that may hold pending messages, with a bound: every pending
+-- message of the partition has seq >= head_seq (and a partition with a pending message
+-- has a row). Pop walks a partition from there, and pop by queue walks these rows (one
+-- per partition, oldest head first) instead of the message backlog.
+-- The bound holds under the partition's advisory lock (queen.partition_lock_key):
+-- whatever makes a message pending (the insert trigger, a retry, an expired lease)
+-- calls queen.mark_pending, which takes it shared and pulls the head back to that
+-- message, until its transaction ends; what moves a head forward or removes it (a claim,
+-- an ack that ends a lease on an empty partition) takes it exclusively first, so it
+-- waits for such transactions to commit and then sees their messages. A push that drew
+-- a lower seq but reaches its trigger later finds the head already moved and pulls it
+-- back.
 CREATE TABLE queen.partition_heads (
     partition_id  uuid PRIMARY KEY REFERENCES queen.partitions (id) ON DELETE CASCADE,
     queue_id      uuid NOT NULL,
@@ -140,29 +161,73 @@ BEGIN
 END
 $$;
 
--- Record that these partitions hold pending work: make sure each has a head row
--- (taken under the shared partition lock so a concurrent "partition is empty"
--- decision cannot miss it) and wake waiters (unless p_notify is false).
-CREATE FUNCTION queen.mark_pending(p_partitions uuid[], p_notify boolean DEFAULT true)
+-- Record that messages became pending: p_seqs[i] (the lowest seq among them) in
+-- partition p_partitions[i], a partition possibly repeated. Under the shared partition
+-- lock (see partition_heads), give each partition a head row or pull its head back to
+-- that seq, and wake waiters (unless p_notify is false).
+CREATE FUNCTION queen.mark_pending(p_partitions uuid[], p_seqs bigint[],
+                                   p_notify boolean DEFAULT true)
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    lowest record;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(queen.partition_lock_key(x))
-    FROM unnest(p_partitions) AS x ORDER BY x;
+    FROM (SELECT DISTINCT x FROM unnest(p_partitions) x) d ORDER BY x;
 
+    -- (An insert that meets a head row being inserted by another transaction waits for
+    -- it; the pull-back below then sees that row.)
     INSERT INTO queen.partition_heads (partition_id, queue_id, head_seq)
-    SELECT p.id, p.queue_id,
-           coalesce((SELECT m.seq FROM queen.messages m
-                     WHERE m.partition_id = p.id AND m.status = 'pending'
-                     ORDER BY m.seq LIMIT 1), 0)
-    FROM queen.partitions p
-    WHERE p.id = ANY (p_partitions)
+    SELECT p.id, p.queue_id, n.seq
+    FROM (SELECT x.id, min(x.seq) AS seq FROM unnest(p_partitions, p_seqs) x(id, seq)
+          GROUP BY x.id) n
+    JOIN queen.partitions p ON p.id = n.id
     ORDER BY p.id
     ON CONFLICT (partition_id) DO NOTHING;
+
+    -- Usually nothing to pull back (new messages come after the head): the loop only
+    -- locks the rows it changes, one at a time in partition order.
+    FOR lowest IN
+        SELECT n.id, n.seq
+        FROM (SELECT x.id, min(x.seq) AS seq FROM unnest(p_partitions, p_seqs) x(id, seq)
+              GROUP BY x.id) n
+        JOIN queen.partition_heads h ON h.partition_id = n.id
+        WHERE h.head_seq > n.seq
+        ORDER BY n.id
+    LOOP
+        UPDATE queen.partition_heads h SET head_seq = lowest.seq
+        WHERE h.partition_id = lowest.id AND h.head_seq > lowest.seq;
+    END LOOP;
 
     IF p_notify THEN
         PERFORM queen.notify_partitions(p_partitions);
     END IF;
+END
+$$;
+
+-- Whether a partition holds a pending message: a walk from its head.
+-- (PL/pgSQL, not SQL: an SQL function with a subquery is not inlined, and was planned
+-- again for every statement calling it.)
+CREATE FUNCTION queen.pending_exists(p_partition uuid) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT 1 FROM queen.partition_heads h
+        JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
+        WHERE h.partition_id = p_partition AND m.status = 'pending');
+END
+$$;
+
+-- Whether a message of lease p_lease is still in flight in partition p_partition: a walk
+-- of the lease's seq range, which ends at the first such message.
+CREATE FUNCTION queen.lease_open(p_partition uuid, p_lease uuid) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (
+        SELECT 1 FROM queen.partitions p
+        JOIN queen.messages m ON m.partition_id = p.id
+                             AND m.seq BETWEEN p.lease_first_seq AND p.lease_last_seq
+        WHERE p.id = p_partition AND m.status = 'processing' AND m.lease_id = p_lease);
 END
 $$;
 
@@ -172,10 +237,11 @@ $$;
 CREATE FUNCTION queen.messages_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM queen.mark_pending(array_agg(DISTINCT partition_id),
+    PERFORM queen.mark_pending(array_agg(n.partition_id), array_agg(n.seq),
                                current_setting('queen.push_notify', true)
                                IS DISTINCT FROM 'after_commit')
-    FROM new_rows WHERE status = 'pending'
+    FROM (SELECT r.partition_id, min(r.seq) AS seq FROM new_rows r
+          WHERE r.status = 'pending' GROUP BY r.partition_id) n
     HAVING count(*) > 0;
     RETURN NULL;
 END
@@ -234,10 +300,10 @@ RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     released integer;
-    retried  integer;
+    retried  bigint;
 BEGIN
     WITH q AS (
-        SELECT q.retry_limit, q.dlq_after_max_retries
+        SELECT q.retry_limit, q.dlq_after_max_retries, p.lease_first_seq, p.lease_last_seq
         FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
         WHERE p.id = p_partition
     ), changed AS (
@@ -252,25 +318,26 @@ BEGIN
                                  ELSE 'lease expired' END,
             lease_id = NULL, lease_expires_at = NULL, worker_id = NULL
         FROM q
-        WHERE m.partition_id = p_partition AND m.status = 'processing' AND m.lease_id = p_lease
-        RETURNING m.status
+        WHERE m.partition_id = p_partition
+          AND m.seq BETWEEN q.lease_first_seq AND q.lease_last_seq
+          AND m.status = 'processing' AND m.lease_id = p_lease
+        RETURNING m.status, m.seq
     ), counted AS (
         -- Status changes are counted where they are made (see queen.record_changes).
         INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
         SELECT p_partition, 'processing', c.status, count(*) FROM changed c GROUP BY c.status
     )
-    SELECT count(*), count(*) FILTER (WHERE c.status = 'pending') INTO released, retried
+    SELECT count(*), min(c.seq) FILTER (WHERE c.status = 'pending') INTO released, retried
     FROM changed c;
-    IF retried > 0 THEN
-        PERFORM queen.mark_pending(ARRAY[p_partition], p_notify => false);
+    IF retried IS NOT NULL THEN
+        PERFORM queen.mark_pending(ARRAY[p_partition], ARRAY[retried], p_notify => false);
     END IF;
 
     UPDATE queen.partitions
-    SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL
+    SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL,
+        lease_first_seq = NULL, lease_last_seq = NULL
     WHERE id = p_partition AND lease_id = p_lease;
-    IF FOUND AND p_notify
-       AND EXISTS (SELECT 1 FROM queen.messages m
-                   WHERE m.partition_id = p_partition AND m.status = 'pending') THEN
+    IF FOUND AND p_notify AND queen.pending_exists(p_partition) THEN
         PERFORM queen.notify_partitions(ARRAY[p_partition]);
     END IF;
     RETURN released;
@@ -286,6 +353,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     part     uuid;
     released integer;
+    lowest   bigint;
 BEGIN
     SELECT m.partition_id INTO part FROM queen.messages m
     WHERE m.transaction_id = ANY (p_transaction_ids) AND m.lease_id = p_lease
@@ -295,30 +363,26 @@ BEGIN
     END IF;
     PERFORM 1 FROM queen.partitions p WHERE p.id = part FOR NO KEY UPDATE;
 
-    UPDATE queen.messages m SET
-        status = 'pending', lease_id = NULL, lease_expires_at = NULL, worker_id = NULL,
-        locked_at = NULL
-    WHERE m.transaction_id = ANY (p_transaction_ids) AND m.lease_id = p_lease
-      AND m.status = 'processing';
-    GET DIAGNOSTICS released = ROW_COUNT;
+    WITH given AS (
+        UPDATE queen.messages m SET
+            status = 'pending', lease_id = NULL, lease_expires_at = NULL, worker_id = NULL,
+            locked_at = NULL
+        WHERE m.transaction_id = ANY (p_transaction_ids) AND m.lease_id = p_lease
+          AND m.status = 'processing'
+        RETURNING m.seq
+    )
+    SELECT count(*), min(g.seq) INTO released, lowest FROM given g;
     IF released > 0 THEN
         INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
         VALUES (part, 'processing', 'pending', released);
-        PERFORM queen.mark_pending(ARRAY[part], p_notify => false);
+        -- Back at the head: mark_pending pulls the head back to the lowest of them.
+        PERFORM queen.mark_pending(ARRAY[part], ARRAY[lowest], p_notify => false);
     END IF;
 
-    UPDATE queen.partition_heads h SET head_seq = coalesce(
-        (SELECT m.seq FROM queen.messages m
-         WHERE m.partition_id = part AND m.status = 'pending'
-         ORDER BY m.seq LIMIT 1), h.head_seq)
-    WHERE h.partition_id = part;
-
     UPDATE queen.partitions p
-    SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL
-    WHERE p.id = part AND p.lease_id = p_lease
-      AND NOT EXISTS (SELECT 1 FROM queen.messages m
-                      WHERE m.partition_id = part AND m.status = 'processing'
-                        AND m.lease_id = p_lease);
+    SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL,
+        lease_first_seq = NULL, lease_last_seq = NULL
+    WHERE p.id = part AND p.lease_id = p_lease AND NOT queen.lease_open(part, p_lease);
     PERFORM queen.notify_partitions(ARRAY[part]);
     RETURN released;
 END
@@ -391,9 +455,18 @@ AS $$
 DECLARE
     part   record;
     lease  uuid := gen_random_uuid();
+    head   bigint;
+    ahead  boolean;
     newest timestamptz;
     moved  integer;
 BEGIN
+    -- Moving the head forward needs the partition lock exclusively (see partition_heads).
+    -- When a transaction that made messages of the partition pending has not committed
+    -- yet, the claim does not wait for it: it leaves the head where it is (a bound still;
+    -- the next claim walks a little further). Taken first, before release_lease below
+    -- takes it shared (a lock of its own never blocks a session) and locks the head row.
+    ahead := pg_try_advisory_xact_lock(queen.partition_lock_key(p_partition));
+
     -- The partition and its queue's options in one lookup.
     SELECT p.name, p.lease_id, q.name AS queue, q.ttl, q.window_buffer, q.delayed_processing,
            q.lease_time, q.priority, q.retry_limit
@@ -405,10 +478,15 @@ BEGIN
         PERFORM queen.release_lease(p_partition, part.lease_id, p_notify => false);
     END IF;
 
+    SELECT h.head_seq INTO head FROM queen.partition_heads h WHERE h.partition_id = p_partition;
+    IF NOT FOUND THEN
+        RETURN;  -- nothing pending
+    END IF;
+
     IF part.ttl > 0 THEN
         UPDATE queen.messages m
         SET status = 'dead_letter', failed_at = now(), error_message = 'ttl expired'
-        WHERE m.partition_id = p_partition AND m.status = 'pending'
+        WHERE m.partition_id = p_partition AND m.seq >= head AND m.status = 'pending'
           AND m.created_at < now() - make_interval(secs => part.ttl);
         GET DIAGNOSTICS moved = ROW_COUNT;
         IF moved > 0 THEN
@@ -419,7 +497,7 @@ BEGIN
 
     IF part.window_buffer > 0 THEN
         SELECT m.created_at INTO newest FROM queen.messages m
-        WHERE m.partition_id = p_partition AND m.status = 'pending'
+        WHERE m.partition_id = p_partition AND m.seq >= head AND m.status = 'pending'
         ORDER BY m.seq DESC LIMIT 1;
         IF newest > now() - make_interval(secs => part.window_buffer) THEN
             RETURN;
@@ -429,7 +507,9 @@ BEGIN
     -- One statement claims the messages, counts them, leases the partition and moves its
     -- head past them (the CTEs below act only when something was claimed). All of it
     -- sees the snapshot taken before the claim, in which the claimed rows are still
-    -- pending: the new head is the oldest pending message that was not claimed.
+    -- pending: the new head is the oldest pending message that was not claimed, else the
+    -- seq after the last one claimed. (That snapshot was taken under the exclusive
+    -- partition lock: see partition_heads.)
     -- (= ANY (ARRAY(...)) keeps the update on the primary key whatever the table size;
     -- a join was planned as a hash over every pending row of a small table. The rows
     -- are the pending ones just locked, so the update needs no status condition, which
@@ -442,7 +522,8 @@ BEGIN
         WHERE m.transaction_id = ANY (ARRAY(
                   SELECT c.transaction_id FROM (
                       SELECT m.transaction_id, m.created_at FROM queen.messages m
-                      WHERE m.partition_id = p_partition AND m.status = 'pending'
+                      WHERE m.partition_id = p_partition AND m.seq >= head
+                        AND m.status = 'pending'
                       ORDER BY m.seq LIMIT p_batch
                       FOR UPDATE SKIP LOCKED) c
                   WHERE part.delayed_processing = 0
@@ -454,15 +535,18 @@ BEGIN
     ), leased AS (
         UPDATE queen.partitions p SET
             lease_id = lease, lease_expires_at = now() + make_interval(secs => part.lease_time),
-            leased_by = p_worker, last_activity_at = now()
-        WHERE p.id = p_partition AND EXISTS (SELECT 1 FROM claimed)
-    ), head AS (
+            leased_by = p_worker, last_activity_at = now(),
+            lease_first_seq = r.first_seq, lease_last_seq = r.last_seq
+        FROM (SELECT min(c.seq) AS first_seq, max(c.seq) AS last_seq FROM claimed c) r
+        WHERE p.id = p_partition AND r.first_seq IS NOT NULL
+    ), moved_head AS (
         UPDATE queen.partition_heads h SET head_seq = coalesce(
             (SELECT m.seq FROM queen.messages m
-             WHERE m.partition_id = p_partition AND m.status = 'pending'
+             WHERE m.partition_id = p_partition AND m.seq >= head AND m.status = 'pending'
                AND m.seq <> ALL (ARRAY(SELECT c.seq FROM claimed c))
-             ORDER BY m.seq LIMIT 1), h.head_seq)
-        WHERE h.partition_id = p_partition AND EXISTS (SELECT 1 FROM claimed)
+             ORDER BY m.seq LIMIT 1),
+            (SELECT max(c.seq) + 1 FROM claimed c))
+        WHERE h.partition_id = p_partition AND ahead AND EXISTS (SELECT 1 FROM claimed)
     )
     SELECT c.id, c.transaction_id, part.queue, part.name, c.payload, c.encrypted, c.retry_count,
            part.priority, c.created_at, c.locked_at, c.lease_id, c.lease_expires_at,
@@ -472,15 +556,13 @@ BEGIN
     IF FOUND THEN
         RETURN;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM queen.messages m
-                   WHERE m.partition_id = p_partition AND m.status = 'pending') THEN
-        -- Empty: drop its head row. The exclusive lock waits for pushes in flight;
-        -- the re-check then runs on a fresh snapshot that sees them.
+    -- Nothing claimed. When nothing is pending either, the partition leaves
+    -- partition_heads: under the exclusive lock (this waits for pushes in flight), on a
+    -- snapshot taken after it; a push that has not reached its trigger yet adds it back.
+    IF NOT queen.pending_exists(p_partition) THEN
         PERFORM pg_advisory_xact_lock(queen.partition_lock_key(p_partition));
         DELETE FROM queen.partition_heads h
-        WHERE h.partition_id = p_partition
-          AND NOT EXISTS (SELECT 1 FROM queen.messages m
-                          WHERE m.partition_id = p_partition AND m.status = 'pending');
+        WHERE h.partition_id = p_partition AND NOT queen.pending_exists(p_partition);
     END IF;
 END
 $$;
@@ -531,10 +613,11 @@ BEGIN
           AND (p.lease_id IS NULL OR p.lease_expires_at <= now())
           AND NOT (h.partition_id = ANY (tried))
           -- Pass over partitions whose window (windowBuffer) is still open, so they do
-          -- not use up the attempts (one backward probe of messages_pending each).
+          -- not use up the attempts (one backward walk to the newest pending message each).
           AND (q.window_buffer = 0 OR p.lease_id IS NOT NULL
                OR coalesce((SELECT m.created_at FROM queen.messages m
-                            WHERE m.partition_id = p.id AND m.status = 'pending'
+                            WHERE m.partition_id = p.id AND m.seq >= h.head_seq
+                              AND m.status = 'pending'
                             ORDER BY m.seq DESC LIMIT 1), '-infinity')
                   <= now() - make_interval(secs => q.window_buffer))
         ORDER BY h.head_seq
@@ -545,7 +628,8 @@ BEGIN
         -- is not due yet, no later one is.
         IF delay_s > 0 THEN
             IF (SELECT m.created_at FROM queen.messages m
-                WHERE m.partition_id = target AND m.status = 'pending'
+                JOIN queen.partition_heads h ON h.partition_id = m.partition_id
+                WHERE m.partition_id = target AND m.seq >= h.head_seq AND m.status = 'pending'
                 ORDER BY m.seq LIMIT 1) > now() - make_interval(secs => delay_s) THEN
                 RETURN;
             END IF;
@@ -678,8 +762,10 @@ BEGIN
             ORDER BY x.ord
             OFFSET greatest(0, limited.max_size - (
                 SELECT count(*) FROM (
-                    SELECT 1 FROM queen.messages m JOIN queen.partitions p ON p.id = m.partition_id
-                    WHERE p.queue_id = limited.id AND m.status = 'pending'
+                    SELECT 1 FROM queen.partition_heads h
+                    JOIN queen.messages m ON m.partition_id = h.partition_id
+                                         AND m.seq >= h.head_seq
+                    WHERE h.queue_id = limited.id AND m.status = 'pending'
                     LIMIT limited.max_size) pending)));
     END LOOP;
 
@@ -752,6 +838,7 @@ DECLARE
     results  queen.ack_result[];
     changes  queen.status_change[];
     retried  uuid[];
+    retried_seqs bigint[];
     released uuid[];
     freed    uuid[];
     drained  uuid;
@@ -809,17 +896,17 @@ BEGIN
         FROM decided d
         WHERE m.transaction_id = d.txid AND d.next IS NOT NULL
         RETURNING m.transaction_id, m.status, m.retry_count, m.created_at, m.completed_at,
-                  d.current, d.partition_id, d.lease_id
+                  m.seq, d.current, d.partition_id, d.lease_id
     ), outcome AS (
         -- What each acknowledgment did: the rows updated, and the ones left as they were.
         -- (A union, not decided LEFT JOIN updated: both CTEs are estimated at a row or
         -- two, and the join was planned as a nested loop comparing every pair.)
         SELECT u.transaction_id AS txid, u.current, u.status AS next, u.retry_count,
-               u.partition_id, u.lease_id,
+               u.partition_id, u.lease_id, u.seq,
                extract(epoch FROM u.completed_at - u.created_at) * 1000 AS lag_ms
         FROM updated u
         UNION ALL
-        SELECT d.txid, d.current, NULL, d.retry_count, d.partition_id, d.lease_id, NULL
+        SELECT d.txid, d.current, NULL, d.retry_count, d.partition_id, d.lease_id, NULL, NULL
         FROM decided d WHERE d.next IS NULL
     )
     SELECT array_agg(ROW(
@@ -831,35 +918,30 @@ BEGIN
         o.retry_count, o.partition_id, o.lease_id)::queen.ack_result),
            array_agg(ROW(o.partition_id, o.current, o.next, o.lag_ms)::queen.status_change)
                FILTER (WHERE o.next IS NOT NULL),
-           array_agg(DISTINCT o.partition_id) FILTER (WHERE o.next = 'pending')
-    INTO results, changes, retried
+           array_agg(o.partition_id) FILTER (WHERE o.next = 'pending'),
+           array_agg(o.seq) FILTER (WHERE o.next = 'pending')
+    INTO results, changes, retried, retried_seqs
     FROM outcome o;
     PERFORM queen.record_changes(changes);
     IF retried IS NOT NULL THEN
-        PERFORM queen.mark_pending(retried, p_notify => false);
+        PERFORM queen.mark_pending(retried, retried_seqs, p_notify => false);
     END IF;
 
     -- A lease ends when the last message it covers is acknowledged.
     WITH done AS (
         UPDATE queen.partitions p
-        SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL, last_activity_at = now()
+        SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL, last_activity_at = now(),
+            lease_first_seq = NULL, lease_last_seq = NULL
         FROM (SELECT DISTINCT r.partition_id, r.lease_id FROM unnest(results) r
               WHERE r.lease_id IS NOT NULL) acked
         WHERE p.id = acked.partition_id AND p.lease_id = acked.lease_id
-          AND NOT EXISTS (SELECT 1 FROM queen.messages m
-                          WHERE m.partition_id = p.id AND m.status = 'processing'
-                            AND m.lease_id = acked.lease_id)
+          AND NOT queen.lease_open(p.id, acked.lease_id)
         RETURNING p.id
     )
     SELECT array_agg(d.id) INTO released FROM done d;
     -- A freed partition with pending work wakes a waiter (a push this snapshot cannot
     -- see yet notifies by itself when it commits).
-    -- (A LIMIT 1 probe of messages_pending per partition: as EXISTS this became a hash of
-    -- every pending message while the table is small.)
-    SELECT array_agg(x) INTO freed
-    FROM unnest(released) x
-    WHERE (SELECT true FROM queen.messages m
-           WHERE m.partition_id = x AND m.status = 'pending' LIMIT 1);
+    SELECT array_agg(x) INTO freed FROM unnest(released) x WHERE queen.pending_exists(x);
     IF freed IS NOT NULL THEN
         PERFORM queen.notify_partitions(freed);
     END IF;
@@ -872,9 +954,7 @@ BEGIN
     LOOP
         PERFORM pg_advisory_xact_lock(queen.partition_lock_key(drained));
         DELETE FROM queen.partition_heads h
-        WHERE h.partition_id = drained
-          AND NOT EXISTS (SELECT 1 FROM queen.messages m
-                          WHERE m.partition_id = drained AND m.status = 'pending');
+        WHERE h.partition_id = drained AND NOT queen.pending_exists(drained);
     END LOOP;
 
     RETURN QUERY
@@ -902,7 +982,7 @@ ALTER FUNCTION queen.claim(uuid, integer, text) SET plan_cache_mode = force_gene
 ALTER FUNCTION queen.ack(jsonb) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.release_lease(uuid, uuid, boolean) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.unclaim(uuid, text[]) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION queen.mark_pending(uuid[], boolean) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.mark_pending(uuid[], bigint[], boolean) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.notify_partitions(uuid[]) SET plan_cache_mode = force_generic_plan;
 
 -- ---------------------------------------------------------------------------
@@ -1131,16 +1211,6 @@ LEFT JOIN (
 -- 0003: time-driven work of the maintenance process: lease expiry, due wake-ups, partition
 -- cleanup, count reconciliation; storage settings for the tables that churn.
 
--- Retention deletes completed messages oldest first, per partition, without walking the
--- rest of the table. Partial: pending and in-flight rows never enter it.
-CREATE INDEX messages_completed ON queen.messages (partition_id, completed_at)
-WHERE status = 'completed';
--- With messages_pending, messages_processing and messages_completed, every status of a
--- partition can be counted from an index alone (reconcile_counts). Holds only the rare
--- terminal failures, so it costs nothing on push, pop or a successful ack.
-CREATE INDEX messages_failed_partition ON queen.messages (partition_id, status)
-WHERE status IN ('failed', 'dead_letter');
-
 -- Churn settings. Every pop and ack rewrites a partition row (lease columns) and every
 -- fold rewrites count and metric rows: leave room on the page for the new version and
 -- vacuum after a small number of dead rows instead of a fraction of the table.
@@ -1215,12 +1285,14 @@ RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
     SELECT greatest(
         CASE WHEN p_delay > 0 THEN
-            (SELECT m.created_at FROM queen.messages m
-             WHERE m.partition_id = p_partition AND m.status = 'pending'
+            (SELECT m.created_at FROM queen.partition_heads h
+             JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
+             WHERE h.partition_id = p_partition AND m.status = 'pending'
              ORDER BY m.seq LIMIT 1) + make_interval(secs => p_delay) END,
         CASE WHEN p_window > 0 THEN
-            (SELECT m.created_at FROM queen.messages m
-             WHERE m.partition_id = p_partition AND m.status = 'pending'
+            (SELECT m.created_at FROM queen.partition_heads h
+             JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
+             WHERE h.partition_id = p_partition AND m.status = 'pending'
              ORDER BY m.seq DESC LIMIT 1) + make_interval(secs => p_window) END)
 $$;
 
@@ -1288,10 +1360,10 @@ $$;
 -- (by the believed counts), so a run costs about the same however big the table is.
 -- Counts and unfolded deltas are read in one snapshot, where they must add up to the
 -- rows; the difference is added (not assigned), so a concurrent fold stays right.
--- Every status is counted from its partial index (index-only when the pages are all
--- visible); the terminal ones only for partitions holding at most p_budget rows. Returns
--- one row per partition looked at, with the drift found (0: none); no row when nothing
--- follows p_after.
+-- A partition holding at most p_budget rows is counted in one walk of all its rows;
+-- of a bigger one only the pending messages (from its head) and those of its lease (its
+-- seq range), when there are at most p_budget of them. Returns one row per partition
+-- looked at, with the drift found (0: none); no row when nothing follows p_after.
 CREATE FUNCTION queen.reconcile_counts(p_after uuid, p_limit integer, p_budget bigint)
 RETURNS TABLE (partition_id uuid, drift bigint)
 LANGUAGE sql AS $$
@@ -1314,23 +1386,26 @@ LANGUAGE sql AS $$
                coalesce(n.dead_letter - b.dead_letter, 0) AS d_dead_letter
         FROM believed b
         CROSS JOIN LATERAL (
-            SELECT (SELECT count(*) FROM queen.messages m
-                    WHERE m.partition_id = b.partition_id AND m.status = 'pending') AS pending,
-                   (SELECT count(*) FROM queen.messages m
-                    WHERE m.partition_id = b.partition_id AND m.status = 'processing')
-                       AS processing,
-                   CASE WHEN b.total <= p_budget THEN
-                       (SELECT count(*) FROM queen.messages m
-                        WHERE m.partition_id = b.partition_id AND m.status = 'completed')
-                   END AS completed,
-                   CASE WHEN b.total <= p_budget THEN
-                       (SELECT count(*) FROM queen.messages m
-                        WHERE m.partition_id = b.partition_id AND m.status = 'failed')
-                   END AS failed,
-                   CASE WHEN b.total <= p_budget THEN
-                       (SELECT count(*) FROM queen.messages m
-                        WHERE m.partition_id = b.partition_id AND m.status = 'dead_letter')
-                   END AS dead_letter) n
+            SELECT count(*) FILTER (WHERE m.status = 'pending') AS pending,
+                   count(*) FILTER (WHERE m.status = 'processing') AS processing,
+                   count(*) FILTER (WHERE m.status = 'completed') AS completed,
+                   count(*) FILTER (WHERE m.status = 'failed') AS failed,
+                   count(*) FILTER (WHERE m.status = 'dead_letter') AS dead_letter
+            FROM queen.messages m
+            WHERE m.partition_id = b.partition_id AND b.total <= p_budget
+            HAVING b.total <= p_budget  -- (an aggregate gives a row even of nothing)
+            UNION ALL
+            SELECT (SELECT count(*) FROM queen.partition_heads h
+                    JOIN queen.messages m ON m.partition_id = h.partition_id
+                                         AND m.seq >= h.head_seq
+                    WHERE h.partition_id = b.partition_id AND m.status = 'pending'),
+                   (SELECT count(*) FROM queen.partitions p
+                    JOIN queen.messages m ON m.partition_id = p.id
+                                         AND m.seq BETWEEN p.lease_first_seq AND p.lease_last_seq
+                    WHERE p.id = b.partition_id AND m.status = 'processing'
+                      AND m.lease_id = p.lease_id),
+                   NULL, NULL, NULL
+            WHERE b.total > p_budget) n
         WHERE b.pending + b.processing <= p_budget
     ), fixed AS (
         INSERT INTO queen.partition_counts AS c
@@ -1370,17 +1445,19 @@ LANGUAGE sql AS $$
                      END AS age_s
         FROM queen.queues q
     ), heads AS (
-        SELECT h.partition_id, now() - make_interval(secs => l.age_s) AS cutoff
+        SELECT h.partition_id, h.head_seq, now() - make_interval(secs => l.age_s) AS cutoff
         FROM limits l JOIN queen.partition_heads h ON h.queue_id = l.id
         WHERE l.age_s > 0
           AND (SELECT m.created_at FROM queen.messages m
-               WHERE m.partition_id = h.partition_id AND m.status = 'pending'
+               WHERE m.partition_id = h.partition_id AND m.seq >= h.head_seq
+                 AND m.status = 'pending'
                ORDER BY m.seq LIMIT 1) < now() - make_interval(secs => l.age_s)
     ), doomed AS (
         SELECT m.transaction_id
         FROM heads h CROSS JOIN LATERAL (
             SELECT x.transaction_id, x.created_at FROM queen.messages x
-            WHERE x.partition_id = h.partition_id AND x.status = 'pending'
+            WHERE x.partition_id = h.partition_id AND x.seq >= h.head_seq
+              AND x.status = 'pending'
             ORDER BY x.seq LIMIT p_limit) m
         WHERE m.created_at < h.cutoff
         LIMIT p_limit
@@ -1401,9 +1478,13 @@ $$;
 -- notice it (measured within noise at 4 x 100-message batches).
 CREATE INDEX messages_created ON queen.messages (created_at, seq);
 -- The rare statuses an operator looks for; empty at insert time (messages start
--- pending), so it costs nothing on push.
-CREATE INDEX messages_failed ON queen.messages (created_at, seq)
-    WHERE status IN ('failed', 'dead_letter');
+-- pending), so it costs nothing on push. Its condition is a column of its own: with
+-- status there, every status change would change an indexed value (no HOT update, see
+-- messages_partition_seq); is_failed changes only on the move to or from these statuses.
+-- Listings filtered by one of them add "AND m.is_failed" so the planner can use it.
+ALTER TABLE queen.messages
+    ADD COLUMN is_failed boolean GENERATED ALWAYS AS (status IN ('failed', 'dead_letter')) STORED;
+CREATE INDEX messages_failed ON queen.messages (created_at, seq) WHERE is_failed;
 
 -- Processing times per hour and partition (completions only), kept for the rolling
 -- 24 h window of queue-lag. Filled from metrics_minute by trigger; rows leave the
@@ -1621,11 +1702,10 @@ BEGIN
     END IF;
     IF gone.status = 'processing' THEN
         UPDATE queen.partitions p
-        SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL
+        SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL,
+            lease_first_seq = NULL, lease_last_seq = NULL
         WHERE p.id = gone.partition_id AND p.lease_id = gone.lease_id
-          AND NOT EXISTS (SELECT 1 FROM queen.messages m
-                          WHERE m.partition_id = p.id AND m.status = 'processing'
-                            AND m.lease_id = gone.lease_id);
+          AND NOT queen.lease_open(p.id, gone.lease_id);
     END IF;
     RETURN gone.status;
 END
@@ -1638,8 +1718,9 @@ CREATE FUNCTION queen.set_message_status(p_transaction_id text, p_from text[], p
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    current text;
-    part    uuid;
+    current  text;
+    part     uuid;
+    position bigint;
 BEGIN
     SELECT m.status INTO current FROM queen.messages m
     WHERE m.transaction_id = p_transaction_id
@@ -1658,10 +1739,10 @@ BEGIN
                                  ELSE m.error_message END,
             lease_id = NULL, lease_expires_at = NULL, worker_id = NULL, locked_at = NULL
         WHERE m.transaction_id = p_transaction_id
-        RETURNING m.partition_id INTO part;
+        RETURNING m.partition_id, m.seq INTO part, position;
         PERFORM queen.record_changes(ARRAY[ROW(part, current, p_to, NULL)::queen.status_change]);
         IF p_to = 'pending' THEN
-            PERFORM queen.mark_pending(ARRAY[part]);
+            PERFORM queen.mark_pending(ARRAY[part], ARRAY[position]);
         END IF;
     END IF;
     RETURN current;

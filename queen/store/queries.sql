@@ -151,8 +151,9 @@ WITH parts AS (
     SELECT m.transaction_id
     FROM parts p CROSS JOIN LATERAL (
         SELECT x.transaction_id FROM queen.messages x
-        WHERE x.partition_id = p.id AND x.status = 'completed' AND x.completed_at < p.cutoff
-        ORDER BY x.completed_at LIMIT %(limit)s) m
+        WHERE x.partition_id = p.id AND x.created_at < p.cutoff
+          AND x.status = 'completed' AND x.completed_at < p.cutoff
+        ORDER BY x.created_at LIMIT %(limit)s) m
     LIMIT %(limit)s
 ), locked AS (
     SELECT x.transaction_id FROM queen.messages x
@@ -346,6 +347,8 @@ JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
 WHERE (%(any)s OR m.partition_id = ANY (%(partitions)s::uuid[]))
   AND (%(status)s::text IS NULL OR m.status = %(status)s)
+  AND (%(status)s::text IS NULL OR %(status)s::text NOT IN ('failed', 'dead_letter')
+       OR m.is_failed)  -- lets a failed or dead_letter listing use messages_failed
 ORDER BY m.created_at DESC, m.seq DESC
 LIMIT %(limit)s OFFSET %(offset)s
 
@@ -354,6 +357,8 @@ WITH hits AS MATERIALIZED (
     SELECT m.transaction_id, m.created_at, m.seq FROM queen.messages m
     WHERE m.partition_id = ANY (%(partitions)s::uuid[])
       AND (%(status)s::text IS NULL OR m.status = %(status)s)
+      AND (%(status)s::text IS NULL OR %(status)s::text NOT IN ('failed', 'dead_letter')
+           OR m.is_failed)  -- lets a failed or dead_letter listing use messages_failed
 ), page AS (
     SELECT h.* FROM hits h ORDER BY h.created_at DESC, h.seq DESC
     LIMIT %(limit)s OFFSET %(offset)s
@@ -375,6 +380,8 @@ WITH page AS (
         SELECT m.transaction_id, m.created_at, m.seq FROM queen.messages m
         WHERE m.partition_id = t.partition_id
           AND (%(status)s::text IS NULL OR m.status = %(status)s)
+          AND (%(status)s::text IS NULL OR %(status)s::text NOT IN ('failed', 'dead_letter')
+               OR m.is_failed)  -- lets a failed or dead_letter listing use messages_failed
         ORDER BY m.created_at DESC, m.seq DESC
         LIMIT %(wanted)s
     ) x
@@ -399,6 +406,8 @@ JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
 WHERE m.partition_id = %(partition)s
   AND (%(status)s::text IS NULL OR m.status = %(status)s)
+  AND (%(status)s::text IS NULL OR %(status)s::text NOT IN ('failed', 'dead_letter')
+       OR m.is_failed)  -- lets a failed or dead_letter listing use messages_failed
 ORDER BY m.created_at DESC, m.seq DESC
 LIMIT %(limit)s OFFSET %(offset)s
 

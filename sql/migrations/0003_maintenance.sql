@@ -1,16 +1,6 @@
 -- 0003: time-driven work of the maintenance process: lease expiry, due wake-ups, partition
 -- cleanup, count reconciliation; storage settings for the tables that churn.
 
--- Retention deletes completed messages oldest first, per partition, without walking the
--- rest of the table. Partial: pending and in-flight rows never enter it.
-CREATE INDEX messages_completed ON queen.messages (partition_id, completed_at)
-WHERE status = 'completed';
--- With messages_pending, messages_processing and messages_completed, every status of a
--- partition can be counted from an index alone (reconcile_counts). Holds only the rare
--- terminal failures, so it costs nothing on push, pop or a successful ack.
-CREATE INDEX messages_failed_partition ON queen.messages (partition_id, status)
-WHERE status IN ('failed', 'dead_letter');
-
 -- Churn settings. Every pop and ack rewrites a partition row (lease columns) and every
 -- fold rewrites count and metric rows: leave room on the page for the new version and
 -- vacuum after a small number of dead rows instead of a fraction of the table.
@@ -85,12 +75,14 @@ RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
     SELECT greatest(
         CASE WHEN p_delay > 0 THEN
-            (SELECT m.created_at FROM queen.messages m
-             WHERE m.partition_id = p_partition AND m.status = 'pending'
+            (SELECT m.created_at FROM queen.partition_heads h
+             JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
+             WHERE h.partition_id = p_partition AND m.status = 'pending'
              ORDER BY m.seq LIMIT 1) + make_interval(secs => p_delay) END,
         CASE WHEN p_window > 0 THEN
-            (SELECT m.created_at FROM queen.messages m
-             WHERE m.partition_id = p_partition AND m.status = 'pending'
+            (SELECT m.created_at FROM queen.partition_heads h
+             JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
+             WHERE h.partition_id = p_partition AND m.status = 'pending'
              ORDER BY m.seq DESC LIMIT 1) + make_interval(secs => p_window) END)
 $$;
 
@@ -158,10 +150,10 @@ $$;
 -- (by the believed counts), so a run costs about the same however big the table is.
 -- Counts and unfolded deltas are read in one snapshot, where they must add up to the
 -- rows; the difference is added (not assigned), so a concurrent fold stays right.
--- Every status is counted from its partial index (index-only when the pages are all
--- visible); the terminal ones only for partitions holding at most p_budget rows. Returns
--- one row per partition looked at, with the drift found (0: none); no row when nothing
--- follows p_after.
+-- A partition holding at most p_budget rows is counted in one walk of all its rows;
+-- of a bigger one only the pending messages (from its head) and those of its lease (its
+-- seq range), when there are at most p_budget of them. Returns one row per partition
+-- looked at, with the drift found (0: none); no row when nothing follows p_after.
 CREATE FUNCTION queen.reconcile_counts(p_after uuid, p_limit integer, p_budget bigint)
 RETURNS TABLE (partition_id uuid, drift bigint)
 LANGUAGE sql AS $$
@@ -184,23 +176,26 @@ LANGUAGE sql AS $$
                coalesce(n.dead_letter - b.dead_letter, 0) AS d_dead_letter
         FROM believed b
         CROSS JOIN LATERAL (
-            SELECT (SELECT count(*) FROM queen.messages m
-                    WHERE m.partition_id = b.partition_id AND m.status = 'pending') AS pending,
-                   (SELECT count(*) FROM queen.messages m
-                    WHERE m.partition_id = b.partition_id AND m.status = 'processing')
-                       AS processing,
-                   CASE WHEN b.total <= p_budget THEN
-                       (SELECT count(*) FROM queen.messages m
-                        WHERE m.partition_id = b.partition_id AND m.status = 'completed')
-                   END AS completed,
-                   CASE WHEN b.total <= p_budget THEN
-                       (SELECT count(*) FROM queen.messages m
-                        WHERE m.partition_id = b.partition_id AND m.status = 'failed')
-                   END AS failed,
-                   CASE WHEN b.total <= p_budget THEN
-                       (SELECT count(*) FROM queen.messages m
-                        WHERE m.partition_id = b.partition_id AND m.status = 'dead_letter')
-                   END AS dead_letter) n
+            SELECT count(*) FILTER (WHERE m.status = 'pending') AS pending,
+                   count(*) FILTER (WHERE m.status = 'processing') AS processing,
+                   count(*) FILTER (WHERE m.status = 'completed') AS completed,
+                   count(*) FILTER (WHERE m.status = 'failed') AS failed,
+                   count(*) FILTER (WHERE m.status = 'dead_letter') AS dead_letter
+            FROM queen.messages m
+            WHERE m.partition_id = b.partition_id AND b.total <= p_budget
+            HAVING b.total <= p_budget  -- (an aggregate gives a row even of nothing)
+            UNION ALL
+            SELECT (SELECT count(*) FROM queen.partition_heads h
+                    JOIN queen.messages m ON m.partition_id = h.partition_id
+                                         AND m.seq >= h.head_seq
+                    WHERE h.partition_id = b.partition_id AND m.status = 'pending'),
+                   (SELECT count(*) FROM queen.partitions p
+                    JOIN queen.messages m ON m.partition_id = p.id
+                                         AND m.seq BETWEEN p.lease_first_seq AND p.lease_last_seq
+                    WHERE p.id = b.partition_id AND m.status = 'processing'
+                      AND m.lease_id = p.lease_id),
+                   NULL, NULL, NULL
+            WHERE b.total > p_budget) n
         WHERE b.pending + b.processing <= p_budget
     ), fixed AS (
         INSERT INTO queen.partition_counts AS c
@@ -240,17 +235,19 @@ LANGUAGE sql AS $$
                      END AS age_s
         FROM queen.queues q
     ), heads AS (
-        SELECT h.partition_id, now() - make_interval(secs => l.age_s) AS cutoff
+        SELECT h.partition_id, h.head_seq, now() - make_interval(secs => l.age_s) AS cutoff
         FROM limits l JOIN queen.partition_heads h ON h.queue_id = l.id
         WHERE l.age_s > 0
           AND (SELECT m.created_at FROM queen.messages m
-               WHERE m.partition_id = h.partition_id AND m.status = 'pending'
+               WHERE m.partition_id = h.partition_id AND m.seq >= h.head_seq
+                 AND m.status = 'pending'
                ORDER BY m.seq LIMIT 1) < now() - make_interval(secs => l.age_s)
     ), doomed AS (
         SELECT m.transaction_id
         FROM heads h CROSS JOIN LATERAL (
             SELECT x.transaction_id, x.created_at FROM queen.messages x
-            WHERE x.partition_id = h.partition_id AND x.status = 'pending'
+            WHERE x.partition_id = h.partition_id AND x.seq >= h.head_seq
+              AND x.status = 'pending'
             ORDER BY x.seq LIMIT p_limit) m
         WHERE m.created_at < h.cutoff
         LIMIT p_limit

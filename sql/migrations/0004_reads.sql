@@ -6,9 +6,13 @@
 -- notice it (measured within noise at 4 x 100-message batches).
 CREATE INDEX messages_created ON queen.messages (created_at, seq);
 -- The rare statuses an operator looks for; empty at insert time (messages start
--- pending), so it costs nothing on push.
-CREATE INDEX messages_failed ON queen.messages (created_at, seq)
-    WHERE status IN ('failed', 'dead_letter');
+-- pending), so it costs nothing on push. Its condition is a column of its own: with
+-- status there, every status change would change an indexed value (no HOT update, see
+-- messages_partition_seq); is_failed changes only on the move to or from these statuses.
+-- Listings filtered by one of them add "AND m.is_failed" so the planner can use it.
+ALTER TABLE queen.messages
+    ADD COLUMN is_failed boolean GENERATED ALWAYS AS (status IN ('failed', 'dead_letter')) STORED;
+CREATE INDEX messages_failed ON queen.messages (created_at, seq) WHERE is_failed;
 
 -- Processing times per hour and partition (completions only), kept for the rolling
 -- 24 h window of queue-lag. Filled from metrics_minute by trigger; rows leave the
@@ -226,11 +230,10 @@ BEGIN
     END IF;
     IF gone.status = 'processing' THEN
         UPDATE queen.partitions p
-        SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL
+        SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL,
+            lease_first_seq = NULL, lease_last_seq = NULL
         WHERE p.id = gone.partition_id AND p.lease_id = gone.lease_id
-          AND NOT EXISTS (SELECT 1 FROM queen.messages m
-                          WHERE m.partition_id = p.id AND m.status = 'processing'
-                            AND m.lease_id = gone.lease_id);
+          AND NOT queen.lease_open(p.id, gone.lease_id);
     END IF;
     RETURN gone.status;
 END
@@ -243,8 +246,9 @@ CREATE FUNCTION queen.set_message_status(p_transaction_id text, p_from text[], p
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    current text;
-    part    uuid;
+    current  text;
+    part     uuid;
+    position bigint;
 BEGIN
     SELECT m.status INTO current FROM queen.messages m
     WHERE m.transaction_id = p_transaction_id
@@ -263,10 +267,10 @@ BEGIN
                                  ELSE m.error_message END,
             lease_id = NULL, lease_expires_at = NULL, worker_id = NULL, locked_at = NULL
         WHERE m.transaction_id = p_transaction_id
-        RETURNING m.partition_id INTO part;
+        RETURNING m.partition_id, m.seq INTO part, position;
         PERFORM queen.record_changes(ARRAY[ROW(part, current, p_to, NULL)::queen.status_change]);
         IF p_to = 'pending' THEN
-            PERFORM queen.mark_pending(ARRAY[part]);
+            PERFORM queen.mark_pending(ARRAY[part], ARRAY[position]);
         END IF;
     END IF;
     RETURN current;

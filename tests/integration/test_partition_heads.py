@@ -1,0 +1,108 @@
+"""Partition heads bound the pending messages: a claim walks from there, so no message
+may ever be pending below its partition's head, whatever order transactions commit in."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import psycopg.types.json
+
+from queen.store import Store
+from tests.integration.helpers import ack, data, pop, push, rows, scalar
+
+
+def _partition_id(dsn: str, queue: str, partition: str) -> object:
+    return scalar(
+        dsn,
+        "SELECT p.id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id"
+        " WHERE q.name = %s AND p.name = %s",
+        (queue, partition),
+    )
+
+
+def _insert(conn: psycopg.Connection, partition: object, seq: int, payload: str) -> None:
+    """Insert one message with a seq drawn earlier, as a push whose insert came late."""
+    conn.execute(
+        "INSERT INTO queen.messages (transaction_id, id, seq, partition_id, payload)"
+        " OVERRIDING SYSTEM VALUE"
+        " VALUES (gen_random_uuid()::text, gen_random_uuid(), %s, %s, to_jsonb(%s::text))",
+        (seq, partition, payload),
+    )
+
+
+def test_a_push_with_a_lower_seq_committing_after_a_claim_is_still_popped(
+    store: Store,
+) -> None:
+    dsn = store.db.dsn
+    push(store, [{"queue": "q", "partition": "p", "payload": "first"}])
+    part = _partition_id(dsn, "q", "p")
+    with psycopg.connect(dsn) as late:
+        # The late push draws its seq now, before "second" is pushed...
+        (early_seq,) = late.execute("SELECT nextval('queen.messages_seq_seq')").fetchone()
+        late.commit()
+        push(store, [{"queue": "q", "partition": "p", "payload": "second"}])
+        # ...the claim takes both committed messages and moves the head past them...
+        assert [data(m) for m in pop(store, "q", "p", batch=10)] == ["first", "second"]
+        head = scalar(dsn, "SELECT head_seq FROM queen.partition_heads WHERE partition_id = %s", (part,))
+        assert head is None or head > early_seq
+        # ...and only then does the late insert run and commit.
+        _insert(late, part, early_seq, "late")
+        late.commit()
+    head = scalar(dsn, "SELECT head_seq FROM queen.partition_heads WHERE partition_id = %s", (part,))
+    assert head == early_seq
+    # The partition is leased by the claim above; once that lease ends, the message is there.
+    for m in rows(dsn, "SELECT transaction_id FROM queen.messages WHERE status = 'processing'"):
+        assert ack(store, m[0]).status == "completed"
+    assert [data(m) for m in pop(store, "q", "p", batch=10)] == ["late"]
+
+
+def test_a_claim_beside_a_push_in_flight_leaves_the_head_below_it(store: Store) -> None:
+    dsn = store.db.dsn
+    push(store, [{"queue": "q", "partition": "p", "payload": "first"}])
+    part = _partition_id(dsn, "q", "p")
+    head = "SELECT head_seq FROM queen.partition_heads WHERE partition_id = %s"
+    with psycopg.connect(dsn) as late:
+        (early_seq,) = late.execute("SELECT nextval('queen.messages_seq_seq')").fetchone()
+        late.commit()
+        push(store, [{"queue": "q", "partition": "p", "payload": "second"}])
+        # The late insert has run its trigger but not committed: the claim does not wait
+        # for it, takes what is committed, and does not move the head past it.
+        _insert(late, part, early_seq, "late")
+        assert [data(m) for m in pop(store, "q", "p", batch=10)] == ["first", "second"]
+        assert scalar(dsn, head, (part,)) <= early_seq
+        late.commit()
+    for (txid,) in rows(dsn, "SELECT transaction_id FROM queen.messages WHERE status = 'processing'"):
+        assert ack(store, txid).status == "completed"
+    assert [data(m) for m in pop(store, "q", "p", batch=10)] == ["late"]
+    # With nothing in flight, the claim moved the head past everything it took.
+    assert scalar(dsn, head, (part,)) > early_seq
+
+
+def _updates(conn: psycopg.Connection) -> tuple[int, int]:
+    """Updates of messages rows so far, and how many of them HOT: what the statistics
+    hold, plus what this session counted and has not reported to them yet."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT s.n_tup_upd + pg_stat_get_xact_tuples_updated(s.relid),"
+        " s.n_tup_hot_upd + pg_stat_get_xact_tuples_hot_updated(s.relid)"
+        " FROM pg_stat_user_tables s WHERE s.relid = 'queen.messages'::regclass"
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def test_claims_and_acks_update_messages_without_new_index_entries(store: Store) -> None:
+    push(store, [{"queue": "q", "partition": "p", "payload": n} for n in range(100)])
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        updated, hot = _updates(conn)
+        popped = conn.execute(
+            "SELECT transaction_id FROM queen.pop_partition('q', 'p', 100, 'w')"
+        ).fetchall()
+        acks = [{"transactionId": t, "status": "completed"} for (t,) in popped]
+        statuses = conn.execute(
+            "SELECT status FROM queen.ack(%s)", (psycopg.types.json.Jsonb(acks),)
+        ).fetchall()
+        assert statuses == [("completed",)] * 100
+        # No indexed value changes and the pages have room (fillfactor): all HOT.
+        assert _updates(conn) == (updated + 200, hot + 200)
