@@ -3,8 +3,6 @@ may ever be pending below its partition's head, whatever order transactions comm
 
 from __future__ import annotations
 
-import time
-
 import psycopg
 import psycopg.types.json
 
@@ -44,12 +42,16 @@ def test_a_push_with_a_lower_seq_committing_after_a_claim_is_still_popped(
         push(store, [{"queue": "q", "partition": "p", "payload": "second"}])
         # ...the claim takes both committed messages and moves the head past them...
         assert [data(m) for m in pop(store, "q", "p", batch=10)] == ["first", "second"]
-        head = scalar(dsn, "SELECT head_seq FROM queen.partition_heads WHERE partition_id = %s", (part,))
+        head = scalar(
+            dsn, "SELECT head_seq FROM queen.partition_heads WHERE partition_id = %s", (part,)
+        )
         assert head is None or head > early_seq
         # ...and only then does the late insert run and commit.
         _insert(late, part, early_seq, "late")
         late.commit()
-    head = scalar(dsn, "SELECT head_seq FROM queen.partition_heads WHERE partition_id = %s", (part,))
+    head = scalar(
+        dsn, "SELECT head_seq FROM queen.partition_heads WHERE partition_id = %s", (part,)
+    )
     assert head == early_seq
     # The partition is leased by the claim above; once that lease ends, the message is there.
     for m in rows(dsn, "SELECT transaction_id FROM queen.messages WHERE status = 'processing'"):
@@ -72,7 +74,9 @@ def test_a_claim_beside_a_push_in_flight_leaves_the_head_below_it(store: Store) 
         assert [data(m) for m in pop(store, "q", "p", batch=10)] == ["first", "second"]
         assert scalar(dsn, head, (part,)) <= early_seq
         late.commit()
-    for (txid,) in rows(dsn, "SELECT transaction_id FROM queen.messages WHERE status = 'processing'"):
+    for (txid,) in rows(
+        dsn, "SELECT transaction_id FROM queen.messages WHERE status = 'processing'"
+    ):
         assert ack(store, txid).status == "completed"
     assert [data(m) for m in pop(store, "q", "p", batch=10)] == ["late"]
     # With nothing in flight, the claim moved the head past everything it took.
