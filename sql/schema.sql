@@ -170,34 +170,51 @@ CREATE FUNCTION queen.mark_pending(p_partitions uuid[], p_seqs bigint[],
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    lowest record;
+    missing  uuid[];
+    lowest   bigint[];
+    behind   boolean;
+    added    integer;
+    pulled   record;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(queen.partition_lock_key(x))
     FROM (SELECT DISTINCT x FROM unnest(p_partitions) x) d ORDER BY x;
 
-    -- (An insert that meets a head row being inserted by another transaction waits for
-    -- it; the pull-back below then sees that row.)
-    INSERT INTO queen.partition_heads (partition_id, queue_id, head_seq)
-    SELECT p.id, p.queue_id, n.seq
+    -- Usually every partition has its row and its head is below the new messages: one
+    -- lookup, nothing to write.
+    SELECT array_agg(n.id ORDER BY n.id) FILTER (WHERE h.partition_id IS NULL),
+           array_agg(n.seq ORDER BY n.id) FILTER (WHERE h.partition_id IS NULL),
+           coalesce(bool_or(h.head_seq > n.seq), false)
+    INTO missing, lowest, behind
     FROM (SELECT x.id, min(x.seq) AS seq FROM unnest(p_partitions, p_seqs) x(id, seq)
           GROUP BY x.id) n
-    JOIN queen.partitions p ON p.id = n.id
-    ORDER BY p.id
-    ON CONFLICT (partition_id) DO NOTHING;
+    LEFT JOIN queen.partition_heads h ON h.partition_id = n.id;
 
-    -- Usually nothing to pull back (new messages come after the head): the loop only
-    -- locks the rows it changes, one at a time in partition order.
-    FOR lowest IN
-        SELECT n.id, n.seq
-        FROM (SELECT x.id, min(x.seq) AS seq FROM unnest(p_partitions, p_seqs) x(id, seq)
-              GROUP BY x.id) n
-        JOIN queen.partition_heads h ON h.partition_id = n.id
-        WHERE h.head_seq > n.seq
-        ORDER BY n.id
-    LOOP
-        UPDATE queen.partition_heads h SET head_seq = lowest.seq
-        WHERE h.partition_id = lowest.id AND h.head_seq > lowest.seq;
-    END LOOP;
+    IF missing IS NOT NULL THEN
+        INSERT INTO queen.partition_heads (partition_id, queue_id, head_seq)
+        SELECT p.id, p.queue_id, n.seq
+        FROM unnest(missing, lowest) n(id, seq) JOIN queen.partitions p ON p.id = n.id
+        ORDER BY p.id
+        ON CONFLICT (partition_id) DO NOTHING;
+        -- A row not inserted was being inserted by another transaction (the insert
+        -- waited for it): its head may be above these messages.
+        GET DIAGNOSTICS added = ROW_COUNT;
+        behind := behind OR added < cardinality(missing);
+    END IF;
+
+    IF behind THEN
+        -- Pull heads back, one row at a time in partition order.
+        FOR pulled IN
+            SELECT n.id, n.seq
+            FROM (SELECT x.id, min(x.seq) AS seq FROM unnest(p_partitions, p_seqs) x(id, seq)
+                  GROUP BY x.id) n
+            JOIN queen.partition_heads h ON h.partition_id = n.id
+            WHERE h.head_seq > n.seq
+            ORDER BY n.id
+        LOOP
+            UPDATE queen.partition_heads h SET head_seq = pulled.seq
+            WHERE h.partition_id = pulled.id AND h.head_seq > pulled.seq;
+        END LOOP;
+    END IF;
 
     IF p_notify THEN
         PERFORM queen.notify_partitions(p_partitions);
