@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -306,7 +307,7 @@ CLIENTS = {
 def prepare(system: str, target: dict[str, Any]) -> None:
     """Empty the system's storage before a workload (harness process, not a driver)."""
     if system in ("queen", "queen_sql"):
-        _sql(target["dsn"], QUEEN_RESET)
+        _reset_queen(target["dsn"])
     elif system == "raw":
         _sql(target["dsn"], RAW_DDL)
     elif system == "pgmq":
@@ -339,6 +340,21 @@ BEGIN
 END
 $$
 """
+
+
+def _reset_queen(dsn: str, attempts: int = 5) -> None:
+    """Run QUEEN_RESET; the server's maintenance may take its locks in another order
+    (a deadlock, which PostgreSQL resolves by failing one side): try again."""
+    import psycopg.errors
+
+    for attempt in range(attempts):
+        try:
+            _sql(dsn, QUEEN_RESET)
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2)
 
 
 def _sql(dsn: str, statement: str) -> None:
