@@ -732,6 +732,9 @@ DECLARE
     accepted queen.push_item[];
     stored   bigint;
 BEGIN
+    IF jsonb_array_length(p_items) = 0 THEN
+        RETURN;  -- (the lookup loop below would never see its names resolved)
+    END IF;
     SELECT array_agg(DISTINCT ROW(i ->> 'queue', coalesce(i ->> 'partition', 'Default'),
                                   NULL, NULL)::queen.push_target)
     INTO names FROM jsonb_array_elements(p_items) i;
