@@ -525,8 +525,9 @@ BEGIN
     -- head past them (the CTEs below act only when something was claimed). All of it
     -- sees the snapshot taken before the claim, in which the claimed rows are still
     -- pending: the new head is the oldest pending message that was not claimed, else the
-    -- seq after the last one claimed. (That snapshot was taken under the exclusive
-    -- partition lock: see partition_heads.)
+    -- seq after the last one claimed. The head moves only when the exclusive partition
+    -- lock was had at once (ahead), so under it that snapshot sees every message made
+    -- pending before (see partition_heads).
     -- (= ANY (ARRAY(...)) keeps the update on the primary key whatever the table size;
     -- a join was planned as a hash over every pending row of a small table. The rows
     -- are the pending ones just locked, so the update needs no status condition, which
