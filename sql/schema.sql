@@ -1516,7 +1516,7 @@ CREATE INDEX messages_created ON queen.messages (created_at, seq);
 -- pending), so it costs nothing on push. Its condition is a column of its own: with
 -- status there, every status change would change an indexed value (no HOT update, see
 -- messages_partition_seq); is_failed changes only on the move to or from these statuses.
--- Listings filtered by one of them add "AND m.is_failed" so the planner can use it.
+-- Listings filtered by one of them also test is_failed, so the planner can use it.
 ALTER TABLE queen.messages
     ADD COLUMN is_failed boolean GENERATED ALWAYS AS (status IN ('failed', 'dead_letter')) STORED;
 CREATE INDEX messages_failed ON queen.messages (created_at, seq) WHERE is_failed;
@@ -1755,7 +1755,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     current  text;
     part     uuid;
-    position bigint;
+    moved    bigint;  -- its seq
 BEGIN
     SELECT m.status INTO current FROM queen.messages m
     WHERE m.transaction_id = p_transaction_id
@@ -1774,10 +1774,10 @@ BEGIN
                                  ELSE m.error_message END,
             lease_id = NULL, lease_expires_at = NULL, worker_id = NULL, locked_at = NULL
         WHERE m.transaction_id = p_transaction_id
-        RETURNING m.partition_id, m.seq INTO part, position;
+        RETURNING m.partition_id, m.seq INTO part, moved;
         PERFORM queen.record_changes(ARRAY[ROW(part, current, p_to, NULL)::queen.status_change]);
         IF p_to = 'pending' THEN
-            PERFORM queen.mark_pending(ARRAY[part], ARRAY[position]);
+            PERFORM queen.mark_pending(ARRAY[part], ARRAY[moved]);
         END IF;
     END IF;
     RETURN current;
