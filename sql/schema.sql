@@ -222,29 +222,46 @@ BEGIN
 END
 $$;
 
--- Whether a partition holds a pending message: a walk from its head.
--- (PL/pgSQL, not SQL: an SQL function with a subquery is not inlined, and was planned
--- again for every statement calling it.)
+-- Whether a partition holds a pending message: a walk from its head that stops at the
+-- first one. (PL/pgSQL, not SQL: an SQL function with a subquery is not inlined, and
+-- was planned again for every statement calling it. The head is read first, so that it
+-- bounds the index walk whatever the plan: as a join condition it could end up a filter
+-- on a walk from the partition's first message. With the statistics of a small or just
+-- emptied table the walk was planned as a bitmap scan of the partition's whole range,
+-- kept for the session: the index walk is pinned.)
 CREATE FUNCTION queen.pending_exists(p_partition uuid) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+DECLARE
+    head bigint;
 BEGIN
-    RETURN EXISTS (
-        SELECT 1 FROM queen.partition_heads h
-        JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
-        WHERE h.partition_id = p_partition AND m.status = 'pending');
+    SELECT h.head_seq INTO head FROM queen.partition_heads h WHERE h.partition_id = p_partition;
+    RETURN head IS NOT NULL AND coalesce((
+        SELECT true FROM queen.messages m
+        WHERE m.partition_id = p_partition AND m.seq >= head AND m.status = 'pending'
+        ORDER BY m.seq LIMIT 1), false);
 END
 $$;
 
 -- Whether a message of lease p_lease is still in flight in partition p_partition: a walk
--- of the lease's seq range, which ends at the first such message.
+-- of the lease's seq range (at most the size of the claim), which ends at the first such
+-- message.
 CREATE FUNCTION queen.lease_open(p_partition uuid, p_lease uuid) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    first_seq bigint;
+    last_seq  bigint;
 BEGIN
-    RETURN EXISTS (
-        SELECT 1 FROM queen.partitions p
-        JOIN queen.messages m ON m.partition_id = p.id
-                             AND m.seq BETWEEN p.lease_first_seq AND p.lease_last_seq
-        WHERE p.id = p_partition AND m.status = 'processing' AND m.lease_id = p_lease);
+    -- (The range is read first for the reason given at pending_exists.)
+    SELECT p.lease_first_seq, p.lease_last_seq INTO first_seq, last_seq
+    FROM queen.partitions p WHERE p.id = p_partition;
+    RETURN coalesce((
+        SELECT true FROM queen.messages m
+        WHERE m.partition_id = p_partition AND m.seq BETWEEN first_seq AND last_seq
+          AND m.status = 'processing' AND m.lease_id = p_lease
+        LIMIT 1), false);
 END
 $$;
 
@@ -466,8 +483,11 @@ CREATE FUNCTION queen.claim(p_partition uuid, p_batch integer, p_worker text)
 RETURNS SETOF queen.popped
 LANGUAGE plpgsql
 -- With stale statistics right after a burst of pushes the planner may pick a bitmap scan
--- that reads the partition's whole backlog and sorts it; the index walk reads p_batch rows.
+-- that reads the partition's whole backlog and sorts it, and with those of a small or
+-- just emptied table a sequential scan of every message (kept for the session, as the
+-- plans here are generic); the index walk reads p_batch rows.
 SET enable_bitmapscan = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     part   record;
@@ -611,7 +631,14 @@ $$;
 -- leased ones, so the cost follows the number of consumers, not the backlog.
 CREATE FUNCTION queen.pop_queue_id(p_queue uuid, p_batch integer, p_worker text)
 RETURNS SETOF queen.popped
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Index walks only, whatever the statistics the session's plans were made with: a bitmap
+-- or sequential scan would read a windowed partition's whole backlog for its newest
+-- message, and a bitmap scan every dead entry that drained partitions leave in
+-- partition_heads_queue between vacuums.
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
 DECLARE
     target   uuid;
     tried    uuid[] := '{}';
@@ -646,8 +673,10 @@ BEGIN
         -- is not due yet, no later one is.
         IF delay_s > 0 THEN
             IF (SELECT m.created_at FROM queen.messages m
-                JOIN queen.partition_heads h ON h.partition_id = m.partition_id
-                WHERE m.partition_id = target AND m.seq >= h.head_seq AND m.status = 'pending'
+                WHERE m.partition_id = target
+                  AND m.seq >= (SELECT h.head_seq FROM queen.partition_heads h
+                                WHERE h.partition_id = target)
+                  AND m.status = 'pending'
                 ORDER BY m.seq LIMIT 1) > now() - make_interval(secs => delay_s) THEN
                 RETURN;
             END IF;
@@ -1319,15 +1348,18 @@ CREATE FUNCTION queen.partition_due_at(p_partition uuid, p_delay integer, p_wind
 RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
     SELECT greatest(
+        -- (The head as a scalar subquery: a bound of the index walk in every plan.)
         CASE WHEN p_delay > 0 THEN
-            (SELECT m.created_at FROM queen.partition_heads h
-             JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
-             WHERE h.partition_id = p_partition AND m.status = 'pending'
+            (SELECT m.created_at FROM queen.messages m
+             WHERE m.partition_id = p_partition AND m.status = 'pending'
+               AND m.seq >= (SELECT h.head_seq FROM queen.partition_heads h
+                             WHERE h.partition_id = p_partition)
              ORDER BY m.seq LIMIT 1) + make_interval(secs => p_delay) END,
         CASE WHEN p_window > 0 THEN
-            (SELECT m.created_at FROM queen.partition_heads h
-             JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
-             WHERE h.partition_id = p_partition AND m.status = 'pending'
+            (SELECT m.created_at FROM queen.messages m
+             WHERE m.partition_id = p_partition AND m.status = 'pending'
+               AND m.seq >= (SELECT h.head_seq FROM queen.partition_heads h
+                             WHERE h.partition_id = p_partition)
              ORDER BY m.seq DESC LIMIT 1) + make_interval(secs => p_window) END)
 $$;
 

@@ -88,15 +88,18 @@ CREATE FUNCTION queen.partition_due_at(p_partition uuid, p_delay integer, p_wind
 RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
     SELECT greatest(
+        -- (The head as a scalar subquery: a bound of the index walk in every plan.)
         CASE WHEN p_delay > 0 THEN
-            (SELECT m.created_at FROM queen.partition_heads h
-             JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
-             WHERE h.partition_id = p_partition AND m.status = 'pending'
+            (SELECT m.created_at FROM queen.messages m
+             WHERE m.partition_id = p_partition AND m.status = 'pending'
+               AND m.seq >= (SELECT h.head_seq FROM queen.partition_heads h
+                             WHERE h.partition_id = p_partition)
              ORDER BY m.seq LIMIT 1) + make_interval(secs => p_delay) END,
         CASE WHEN p_window > 0 THEN
-            (SELECT m.created_at FROM queen.partition_heads h
-             JOIN queen.messages m ON m.partition_id = h.partition_id AND m.seq >= h.head_seq
-             WHERE h.partition_id = p_partition AND m.status = 'pending'
+            (SELECT m.created_at FROM queen.messages m
+             WHERE m.partition_id = p_partition AND m.status = 'pending'
+               AND m.seq >= (SELECT h.head_seq FROM queen.partition_heads h
+                             WHERE h.partition_id = p_partition)
              ORDER BY m.seq DESC LIMIT 1) + make_interval(secs => p_window) END)
 $$;
 
