@@ -201,14 +201,14 @@ BEGIN
     END IF;
 
     IF behind THEN
-        -- Pull heads back, one row at a time in partition order.
+        -- Pull heads back, one row at a time in partition order (a partition's lowest seq
+        -- first: the update of a higher one then finds nothing to do).
         FOR pulled IN
-            SELECT n.id, n.seq
-            FROM (SELECT x.id, min(x.seq) AS seq FROM unnest(p_partitions, p_seqs) x(id, seq)
-                  GROUP BY x.id) n
-            JOIN queen.partition_heads h ON h.partition_id = n.id
-            WHERE h.head_seq > n.seq
-            ORDER BY n.id
+            SELECT x.id, x.seq
+            FROM unnest(p_partitions, p_seqs) x(id, seq)
+            JOIN queen.partition_heads h ON h.partition_id = x.id
+            WHERE h.head_seq > x.seq
+            ORDER BY x.id, x.seq
         LOOP
             UPDATE queen.partition_heads h SET head_seq = pulled.seq
             WHERE h.partition_id = pulled.id AND h.head_seq > pulled.seq;

@@ -46,3 +46,13 @@ def scalar(dsn: str, query: str, params: tuple[Any, ...] = ()) -> Any:
 def rows(dsn: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+
+def partition_id(dsn: str, queue: str, partition: str) -> Any:
+    """The id of a queue's partition (None when it does not exist)."""
+    return scalar(
+        dsn,
+        "SELECT p.id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id"
+        " WHERE q.name = %s AND p.name = %s",
+        (queue, partition),
+    )

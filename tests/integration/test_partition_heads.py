@@ -14,16 +14,7 @@ import psycopg.types.json
 
 from queen.store import Store
 from queen.store.db import Database
-from tests.integration.helpers import ack, data, pop, push, rows, scalar
-
-
-def _partition_id(dsn: str, queue: str, partition: str) -> object:
-    return scalar(
-        dsn,
-        "SELECT p.id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id"
-        " WHERE q.name = %s AND p.name = %s",
-        (queue, partition),
-    )
+from tests.integration.helpers import ack, data, partition_id, pop, push, rows, scalar
 
 
 def _insert(conn: psycopg.Connection, partition: object, seq: int, payload: str) -> None:
@@ -41,7 +32,7 @@ def test_a_push_with_a_lower_seq_committing_after_a_claim_is_still_popped(
 ) -> None:
     dsn = store.db.dsn
     push(store, [{"queue": "q", "partition": "p", "payload": "first"}])
-    part = _partition_id(dsn, "q", "p")
+    part = partition_id(dsn, "q", "p")
     with psycopg.connect(dsn) as late:
         # The late push draws its seq now, before "second" is pushed...
         (early_seq,) = late.execute("SELECT nextval('queen.messages_seq_seq')").fetchone()
@@ -69,7 +60,7 @@ def test_a_push_with_a_lower_seq_committing_after_a_claim_is_still_popped(
 def test_a_claim_beside_a_push_in_flight_leaves_the_head_below_it(store: Store) -> None:
     dsn = store.db.dsn
     push(store, [{"queue": "q", "partition": "p", "payload": "first"}])
-    part = _partition_id(dsn, "q", "p")
+    part = partition_id(dsn, "q", "p")
     head = "SELECT head_seq FROM queen.partition_heads WHERE partition_id = %s"
     with psycopg.connect(dsn) as late:
         (early_seq,) = late.execute("SELECT nextval('queen.messages_seq_seq')").fetchone()

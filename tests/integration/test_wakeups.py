@@ -18,7 +18,7 @@ from queen.events import Events
 from queen.models import PopRoute
 from queen.polling import ClaimedBody, LongPoller
 from queen.store import Store
-from tests.integration.helpers import ack, pop, push, rows, scalar
+from tests.integration.helpers import ack, partition_id, pop, push, rows, scalar
 
 
 @pytest.fixture
@@ -36,10 +36,6 @@ def received(conn: psycopg.Connection[Any], wait_s: float = 0.3) -> list[str]:
 
 def items(queue: str, partition: str, n: int) -> list[dict[str, Any]]:
     return [{"queue": queue, "partition": partition, "payload": {"i": i}} for i in range(n)]
-
-
-def partition_id(dsn: str, name: str) -> Any:
-    return scalar(dsn, "SELECT id FROM queen.partitions WHERE name = %s", (name,))
 
 
 def test_a_push_notifies_once_per_partition_not_per_message(store, listener):
@@ -78,7 +74,9 @@ def test_an_expired_lease_released_notifies_even_when_nothing_is_retried(store, 
     push(store, items("q", "a", 1))  # pending work behind the lease
     received(listener)
     released = scalar(
-        db_dsn, "SELECT queen.release_lease(%s, %s)", (partition_id(db_dsn, "a"), leased.lease_id)
+        db_dsn,
+        "SELECT queen.release_lease(%s, %s)",
+        (partition_id(db_dsn, "q", "a"), leased.lease_id),
     )
     assert released == 1
     assert received(listener) == ["q/a//"]
@@ -87,7 +85,7 @@ def test_an_expired_lease_released_notifies_even_when_nothing_is_retried(store, 
 def test_notify_partitions_sends_one_per_known_partition(store, db_dsn, listener):
     push(store, items("q", "a", 1) + items("q", "b", 1))
     received(listener)
-    a, b = partition_id(db_dsn, "a"), partition_id(db_dsn, "b")
+    a, b = partition_id(db_dsn, "q", "a"), partition_id(db_dsn, "q", "b")
     unknown = uuid.UUID(int=0)
     with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
         conn.execute("SELECT queen.notify_partitions(%s::uuid[])", ([a, b, a, unknown],))
