@@ -249,19 +249,24 @@ $$;
 -- of the lease's seq range (at most the size of the claim), which ends at the first such
 -- message.
 CREATE FUNCTION queen.lease_open(p_partition uuid, p_lease uuid) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
 DECLARE
     first_seq bigint;
     last_seq  bigint;
 BEGIN
-    -- (The range is read first for the reason given at pending_exists.)
+    -- (The range is read first, and the walk pinned, for the reasons given at
+    -- pending_exists. Without the order, the statistics of a small table made it a walk
+    -- of (partition_id, created_at) over the partition's every message, seq a filter.)
     SELECT p.lease_first_seq, p.lease_last_seq INTO first_seq, last_seq
     FROM queen.partitions p WHERE p.id = p_partition;
     RETURN coalesce((
         SELECT true FROM queen.messages m
         WHERE m.partition_id = p_partition AND m.seq BETWEEN first_seq AND last_seq
           AND m.status = 'processing' AND m.lease_id = p_lease
-        LIMIT 1), false);
+        ORDER BY m.seq LIMIT 1), false);
 END
 $$;
 
@@ -883,7 +888,13 @@ CREATE TYPE queen.status_change AS (
 
 CREATE FUNCTION queen.ack(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Each message is found through the primary key whatever the statistics: with those of a
+-- small or just emptied table, the generic plans (kept for the session) read every
+-- message three times per call, in sequential scans.
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
 DECLARE
     results  queen.ack_result[];
     changes  queen.status_change[];
