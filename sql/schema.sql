@@ -924,12 +924,9 @@ BEGIN
         FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
         ORDER BY a ->> 'transactionId', t.ord DESC
     ), targets AS (
-        SELECT a.*, m.status AS current, m.retry_count, m.partition_id, m.lease_id,
-               q.retry_limit, q.dlq_after_max_retries
+        SELECT a.*, m.status AS current, m.retry_count, m.partition_id, m.lease_id
         FROM acks a
         JOIN queen.messages m ON m.transaction_id = a.txid
-        JOIN queen.partitions p ON p.id = m.partition_id
-        JOIN queen.queues q ON q.id = p.queue_id
         -- (Repeated as = ANY (ARRAY(...)): the join alone was planned as a hash over a
         -- sequential scan of every message while the table is small.)
         WHERE m.transaction_id = ANY (ARRAY(SELECT a ->> 'transactionId'
@@ -939,10 +936,14 @@ BEGIN
     ), decided AS (
         SELECT t.*, CASE
             WHEN t.wanted = 'completed' AND t.current IN ('processing', 'pending') THEN 'completed'
-            WHEN t.wanted = 'failed' AND t.current = 'processing' THEN
-                CASE WHEN t.retry_count + 1 <= t.retry_limit THEN 'pending'
-                     WHEN t.dlq_after_max_retries THEN 'dead_letter'
-                     ELSE 'failed' END
+            WHEN t.wanted = 'failed' AND t.current = 'processing' THEN (
+                -- The queue's options only for a failure (a subquery in a branch runs
+                -- only when the branch is taken: completions look nothing up).
+                SELECT CASE WHEN t.retry_count + 1 <= q.retry_limit THEN 'pending'
+                            WHEN q.dlq_after_max_retries THEN 'dead_letter'
+                            ELSE 'failed' END
+                FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                WHERE p.id = t.partition_id)
             END AS next
         FROM targets t
     ), updated AS (
@@ -1104,14 +1105,23 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- (PL/pgSQL rather than SQL here and in record_changes: called by every ack, and a SQL
--- function that cannot be inlined is parsed and planned again at each call.)
+-- function that cannot be inlined is parsed and planned again at each call. A loop
+-- over the values, not a query: counting through a join with the 64 buckets took
+-- 27 us for one value, the loop 1 us, and a third less for 100.)
 CREATE FUNCTION queen.lag_histogram(p_ms double precision[]) RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    hist   integer[] := array_fill(0, ARRAY[64]);
+    ms     double precision;
+    bucket integer;
 BEGIN
-    RETURN (SELECT array_agg(coalesce(c.n, 0) ORDER BY b)
-            FROM generate_series(0, 63) b
-            LEFT JOIN (SELECT queen.lag_bucket(x) AS bucket, count(*)::integer AS n
-                       FROM unnest(p_ms) x GROUP BY 1) c ON c.bucket = b);
+    IF p_ms IS NOT NULL THEN
+        FOREACH ms IN ARRAY p_ms LOOP
+            bucket := queen.lag_bucket(ms) + 1;
+            hist[bucket] := hist[bucket] + 1;
+        END LOOP;
+    END IF;
+    RETURN hist;
 END
 $$;
 

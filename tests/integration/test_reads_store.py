@@ -10,6 +10,7 @@ from queen.store import Store
 from queen.store.admin import MessageFilter, choose_listing
 from queen.store.analytics import Filters
 from tests.integration.helpers import ack, pop, push, rows, scalar
+from tests.unit.test_analytics_math import histogram
 
 LISTING_COLUMNS = "transaction_id"
 
@@ -117,6 +118,18 @@ def test_lag_window_follows_folds_and_forgets_old_hours(store):
     assert scalar(store.db.dsn, "SELECT count(*) FROM queen.lag_window") == 0
     assert scalar(store.db.dsn, "SELECT count(*) FROM queen.lag_hour") == 0
     assert completed_in_window(store, "lag") == 0
+
+
+def test_lag_histogram_counts_each_value_in_its_bucket(store):
+    """queen.lag_histogram agrees with the bucket rule the quantiles are read with."""
+    values = [0.2, 1.0, 1.41, 1.42, 2.0, 3.0, 1000.0, 1000.0, 86_400_000.0, 1e15]
+    values += [1.07**i for i in range(300)]
+    got = scalar(store.db.dsn, "SELECT queen.lag_histogram(%s::double precision[])", (values,))
+    assert got == histogram(values)
+    # A lag it could not compute (NULL) counts as the first bucket, as lag_bucket says.
+    nulls = scalar(store.db.dsn, "SELECT queen.lag_histogram(ARRAY[NULL, 5]::float8[])")
+    assert nulls == histogram([0.0, 5.0])
+    assert scalar(store.db.dsn, "SELECT queen.lag_histogram(NULL)") == [0] * 64
 
 
 def test_late_folds_of_an_old_hour_do_not_stick(store):
