@@ -274,3 +274,25 @@ def test_duplicates_within_one_batch_and_across_batches(store: Store) -> None:
     assert scalar(store.db.dsn, "SELECT count(*) FROM queen.messages") == 3
     msgs = pop(store, "q", "Default", batch=10)
     assert [data(m) for m in msgs] == [1, 3, 5]
+
+
+def test_pushes_with_and_without_chosen_ids_keep_item_order(store: Store) -> None:
+    """Without any transactionId a push takes the plain insert; with some, the checked
+    one: either way ids made by the server are the message ids, and FIFO is item order."""
+    plain = push(store, [{"queue": "q", "payload": n} for n in (1, 2, 3)])
+    assert [r.status for r in plain] == ["queued"] * 3
+    assert all(r.transaction_id == str(r.id) for r in plain)
+    mixed = push(
+        store,
+        [
+            {"queue": "q", "payload": 4},
+            {"queue": "q", "payload": 5, "transactionId": plain[1].transaction_id},
+            {"queue": "q", "payload": 6, "transactionId": "chosen"},
+            {"queue": "q", "payload": 7},
+        ],
+    )
+    assert [r.status for r in mixed] == ["queued", "duplicate", "queued", "queued"]
+    assert mixed[1].id == plain[1].id
+    assert mixed[0].transaction_id == str(mixed[0].id)
+    msgs = pop(store, "q", "Default", batch=10)
+    assert [data(m) for m in msgs] == [1, 2, 3, 4, 6, 7]
