@@ -773,9 +773,13 @@ BEGIN
     IF jsonb_array_length(p_items) = 0 THEN
         RETURN;  -- (the lookup loop below would never see its names resolved)
     END IF;
-    SELECT array_agg(DISTINCT ROW(i ->> 'queue', coalesce(i ->> 'partition', 'Default'),
-                                  NULL, NULL)::queen.push_target)
-    INTO names FROM jsonb_array_elements(p_items) i;
+    -- (Distinct names first, then sorted: DISTINCT over the rows themselves sorted every
+    -- item by record comparison, 4 % of a push of 1,000.)
+    SELECT array_agg(ROW(n.queue, n.partition, NULL, NULL)::queen.push_target
+                     ORDER BY n.queue, n.partition)
+    INTO names
+    FROM (SELECT DISTINCT i ->> 'queue' AS queue, coalesce(i ->> 'partition', 'Default') AS partition
+          FROM jsonb_array_elements(p_items) i) n;
 
     LOOP
         -- Find the partitions through their unique index (one probe per name, whatever the
