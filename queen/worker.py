@@ -4,6 +4,8 @@
   poll can tell that its client has gone before it claims anything.
 - SIGTERM releases parked long polls (and dashboard sockets) at once instead of
   letting them run into graceful_timeout.
+- Request headers are parsed by queen.headers (the same result as gevent's parser,
+  without the email package for the usual lines).
 
 Imported by the gunicorn master (to find the worker class): nothing here may import
 psycopg, which must first be imported after the worker has monkey-patched.
@@ -18,6 +20,8 @@ import gevent  # type: ignore[import-untyped]
 from geventwebsocket.gunicorn.workers import GeventWebSocketWorker  # type: ignore[import-untyped]
 from geventwebsocket.handler import WebSocketHandler  # type: ignore[import-untyped]
 
+from queen import headers
+
 
 class Handler(WebSocketHandler):  # type: ignore[misc]
     """geventwebsocket's handler, exposing the connection to the application."""
@@ -31,6 +35,9 @@ class Handler(WebSocketHandler):  # type: ignore[misc]
         """
         if self.logger.isEnabledFor(logging.DEBUG) and "101" not in str(self.status):
             self.logger.debug(self.format_request())
+
+    def MessageClass(self, *args: Any) -> Any:  # noqa: N802 (gevent's name)
+        return headers.parse(*args)
 
     def get_environ(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_environ()
