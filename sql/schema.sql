@@ -168,7 +168,13 @@ $$;
 CREATE FUNCTION queen.mark_pending(p_partitions uuid[], p_seqs bigint[],
                                    p_notify boolean DEFAULT true)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- A probe of partition_heads per partition whatever the statistics (the LATERAL ...
+-- LIMIT 1 keeps each lookup a subquery of its own): planned as joins, the lookups were a
+-- hash over every head row while the table was small, and stayed so for the session.
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
 DECLARE
     missing  uuid[];
     lowest   bigint[];
@@ -187,12 +193,15 @@ BEGIN
     INTO missing, lowest, behind
     FROM (SELECT x.id, min(x.seq) AS seq FROM unnest(p_partitions, p_seqs) x(id, seq)
           GROUP BY x.id) n
-    LEFT JOIN queen.partition_heads h ON h.partition_id = n.id;
+    LEFT JOIN LATERAL (SELECT h.partition_id, h.head_seq FROM queen.partition_heads h
+                       WHERE h.partition_id = n.id LIMIT 1) h ON true;
 
     IF missing IS NOT NULL THEN
         INSERT INTO queen.partition_heads (partition_id, queue_id, head_seq)
         SELECT p.id, p.queue_id, n.seq
-        FROM unnest(missing, lowest) n(id, seq) JOIN queen.partitions p ON p.id = n.id
+        FROM unnest(missing, lowest) n(id, seq)
+        CROSS JOIN LATERAL (SELECT p.id, p.queue_id FROM queen.partitions p
+                            WHERE p.id = n.id LIMIT 1) p
         ORDER BY p.id
         ON CONFLICT (partition_id) DO NOTHING;
         -- A row not inserted was being inserted by another transaction (the insert
@@ -207,7 +216,8 @@ BEGIN
         FOR pulled IN
             SELECT x.id, x.seq
             FROM unnest(p_partitions, p_seqs) x(id, seq)
-            JOIN queen.partition_heads h ON h.partition_id = x.id
+            CROSS JOIN LATERAL (SELECT h.head_seq FROM queen.partition_heads h
+                                WHERE h.partition_id = x.id LIMIT 1) h
             WHERE h.head_seq > x.seq
             ORDER BY x.id, x.seq
         LOOP

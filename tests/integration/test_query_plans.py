@@ -231,15 +231,25 @@ def test_ack_of_a_popped_batch(explained: Explained) -> None:
     check("ack", plans)
 
 
+def test_failed_acks_look_their_queue_up_on_the_index(explained: Explained) -> None:
+    popped, _ = explained.run("pop_partition", _pop_params(queue="big", partition="p0071"))
+    acks = [{"transactionId": r[1], "status": "failed", "error": "boom"} for r in popped]
+    rows, plans = explained.run("ack", {"acks": orjson.dumps(acks).decode()})
+    assert [r[2] for r in rows] == ["retry_scheduled"] * 10
+    check("ack (failed)", plans)
+    RECORDED.pop("ack (failed)")  # not part of QUERY_PLANS.md
+
+
 def test_push_into_existing_partitions(explained: Explained) -> None:
     items = [
         {"queue": "big", "partition": f"p{n % 5 + 90:04d}", "payload": {"n": n}} for n in range(10)
     ]
     rows, plans = explained.run("push", {"body": orjson.dumps({"items": items}).decode()})
     assert [r[3] for r in rows] == ["queued"] * 10
-    # Only the backlog is checked here: push still resolves queue and partition names
-    # with hash joins over those tables when they are small (see docs/QUERY_PLANS.md).
-    check("push", plans, tables=("messages",))
+    # The backlog and the heads are checked here: push still resolves queue and
+    # partition names with hash joins over those tables when they are small (see
+    # docs/QUERY_PLANS.md).
+    check("push", plans, tables=("messages", "partition_heads"))
 
 
 GROWN = """
