@@ -778,6 +778,7 @@ DECLARE
     limited  record;
     rejected integer[] := '{}';
     accepted queen.push_item[];
+    chosen   boolean;  -- some accepted item carries the client's transactionId
     stored   bigint;
 BEGIN
     IF jsonb_array_length(p_items) = 0 THEN
@@ -845,8 +846,9 @@ BEGIN
     SELECT array_agg(ROW(r.idx, r.id, coalesce(r.i ->> 'transactionId', r.id::text),
                          nextval('queen.messages_seq_seq'::regclass), r.partition_id,
                          r.i -> 'payload', coalesce((r.i ->> 'encrypted')::boolean, false)
-                        )::queen.push_item)
-    INTO accepted
+                        )::queen.push_item),
+           bool_or(r.i ? 'transactionId')
+    INTO accepted, chosen
     FROM (SELECT x.ord::integer AS idx, x.i, queen.uuid_v7() AS id, t.partition_id
           FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
           JOIN unnest(targets) t ON t.queue = x.i ->> 'queue'
@@ -854,7 +856,7 @@ BEGIN
           WHERE x.ord <> ALL (rejected)
           ORDER BY x.ord) r;
 
-    IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) i WHERE i ? 'transactionId') THEN
+    IF chosen THEN
         -- Ids the client chose may be stored already: those rows are left out (and
         -- reported below). Inserted in transactionId order: concurrent pushes sharing
         -- ids take them in the same order and wait for each other instead of deadlocking.
