@@ -921,10 +921,16 @@ SET enable_bitmapscan = off
 SET enable_seqscan = off
 AS $$
 DECLARE
+    todo     jsonb := p_acks;
     results  queen.ack_result[];
     changes  queen.status_change[];
     retried  uuid[];
     retried_seqs bigint[];
+    found_r  queen.ack_result[];
+    found_c  queen.status_change[];
+    found_p  uuid[];
+    found_s  bigint[];
+    skipped  bigint;
     released uuid[];
     freed    uuid[];
     drained  uuid;
@@ -943,72 +949,97 @@ BEGIN
     ORDER BY p.id
     FOR NO KEY UPDATE;
 
-    WITH acks AS (
-        SELECT DISTINCT ON (a ->> 'transactionId')
-               a ->> 'transactionId' AS txid, a ->> 'status' AS wanted, a ->> 'error' AS error
-        FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
-        ORDER BY a ->> 'transactionId', t.ord DESC
-    ), targets AS (
-        SELECT a.*, m.status AS current, m.retry_count, m.partition_id, m.lease_id
-        FROM acks a
-        JOIN queen.messages m ON m.transaction_id = a.txid
-        -- (Repeated as = ANY (ARRAY(...)): the join alone was planned as a hash over a
-        -- sequential scan of every message while the table is small.)
-        WHERE m.transaction_id = ANY (ARRAY(SELECT a ->> 'transactionId'
-                                            FROM jsonb_array_elements(p_acks) a))
-        ORDER BY a.txid
-        FOR NO KEY UPDATE OF m
-    ), decided AS (
-        SELECT t.*, CASE
-            WHEN t.wanted = 'completed' AND t.current IN ('processing', 'pending') THEN 'completed'
-            WHEN t.wanted = 'failed' AND t.current = 'processing' THEN (
-                -- The queue's options only for a failure (a subquery in a branch runs
-                -- only when the branch is taken: completions look nothing up).
-                SELECT CASE WHEN t.retry_count + 1 <= q.retry_limit THEN 'pending'
-                            WHEN q.dlq_after_max_retries THEN 'dead_letter'
-                            ELSE 'failed' END
-                FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-                WHERE p.id = t.partition_id)
-            END AS next
-        FROM targets t
-    ), updated AS (
-        UPDATE queen.messages m SET
-            status = d.next,
-            retry_count = CASE WHEN d.next = 'pending' THEN m.retry_count + 1 ELSE m.retry_count END,
-            completed_at = CASE WHEN d.next = 'completed' THEN now() END,
-            failed_at = CASE WHEN d.next = 'completed' THEN m.failed_at ELSE now() END,
-            error_message = CASE WHEN d.next = 'completed' THEN m.error_message ELSE d.error END,
-            lease_id = NULL, lease_expires_at = NULL,
-            worker_id = CASE WHEN d.next = 'completed' THEN m.worker_id END
-        FROM decided d
-        WHERE m.transaction_id = d.txid AND d.next IS NOT NULL
-        RETURNING m.transaction_id, m.status, m.retry_count, m.created_at, m.completed_at,
-                  m.seq, d.current, d.partition_id, d.lease_id
-    ), outcome AS (
-        -- What each acknowledgment did: the rows updated, and the ones left as they were.
-        -- (A union, not decided LEFT JOIN updated: both CTEs are estimated at a row or
-        -- two, and the join was planned as a nested loop comparing every pair.)
-        SELECT u.transaction_id AS txid, u.current, u.status AS next, u.retry_count,
-               u.partition_id, u.lease_id, u.seq,
-               extract(epoch FROM u.completed_at - u.created_at) * 1000 AS lag_ms
-        FROM updated u
-        UNION ALL
-        SELECT d.txid, d.current, NULL, d.retry_count, d.partition_id, d.lease_id, NULL, NULL
-        FROM decided d WHERE d.next IS NULL
-    )
-    SELECT array_agg(ROW(
-        o.txid,
-        CASE WHEN o.next = 'pending' THEN 'retry_scheduled'
-             WHEN o.next IS NOT NULL THEN o.next
-             WHEN o.current = 'pending' THEN 'retry_scheduled'
-             ELSE o.current END,
-        o.retry_count, o.partition_id, o.lease_id)::queen.ack_result),
-           array_agg(ROW(o.partition_id, o.current, o.next, o.lag_ms)::queen.status_change)
-               FILTER (WHERE o.next IS NOT NULL),
-           array_agg(o.partition_id) FILTER (WHERE o.next = 'pending'),
-           array_agg(o.seq) FILTER (WHERE o.next = 'pending')
-    INTO results, changes, retried, retried_seqs
-    FROM outcome o;
+    -- The messages are read without locking them: the update below applies a decision
+    -- only to a row still as it was read (status, retry count and lease), and PostgreSQL
+    -- re-checks that on the newest version of a row another transaction changed in the
+    -- meantime (a lease expiring, an operator's retry; the partition lock above keeps
+    -- claims and other acks out). A row lock per message wrote a WAL record of its own,
+    -- which every synchronous push behind it then flushed: without it a batch of 100
+    -- costs the ack 13 % less and pushes and pops 6-9 %. The acknowledgments of rows
+    -- that changed are decided again, on a fresh snapshot, in the next pass.
+    FOR pass IN 1..10 LOOP
+        WITH acks AS (
+            SELECT DISTINCT ON (a ->> 'transactionId')
+                   a ->> 'transactionId' AS txid, a ->> 'status' AS wanted, a ->> 'error' AS error
+            FROM jsonb_array_elements(todo) WITH ORDINALITY t(a, ord)
+            ORDER BY a ->> 'transactionId', t.ord DESC
+        ), targets AS (
+            SELECT a.*, m.status AS current, m.retry_count, m.partition_id, m.lease_id
+            FROM acks a
+            JOIN queen.messages m ON m.transaction_id = a.txid
+            -- (Repeated as = ANY (ARRAY(...)): the join alone was planned as a hash over a
+            -- sequential scan of every message while the table is small.)
+            WHERE m.transaction_id = ANY (ARRAY(SELECT a ->> 'transactionId'
+                                                FROM jsonb_array_elements(todo) a))
+        ), decided AS (
+            SELECT t.*, CASE
+                WHEN t.wanted = 'completed' AND t.current IN ('processing', 'pending') THEN 'completed'
+                WHEN t.wanted = 'failed' AND t.current = 'processing' THEN (
+                    -- The queue's options only for a failure (a subquery in a branch runs
+                    -- only when the branch is taken: completions look nothing up). Two
+                    -- primary-key probes: as a join it was once planned as a merge join
+                    -- walking every queue.
+                    SELECT CASE WHEN t.retry_count + 1 <= q.retry_limit THEN 'pending'
+                                WHEN q.dlq_after_max_retries THEN 'dead_letter'
+                                ELSE 'failed' END
+                    FROM queen.queues q
+                    WHERE q.id = (SELECT p.queue_id FROM queen.partitions p
+                                  WHERE p.id = t.partition_id))
+                END AS next
+            FROM targets t
+        ), updated AS (
+            UPDATE queen.messages m SET
+                status = d.next,
+                retry_count = CASE WHEN d.next = 'pending' THEN m.retry_count + 1 ELSE m.retry_count END,
+                completed_at = CASE WHEN d.next = 'completed' THEN now() END,
+                failed_at = CASE WHEN d.next = 'completed' THEN m.failed_at ELSE now() END,
+                error_message = CASE WHEN d.next = 'completed' THEN m.error_message ELSE d.error END,
+                lease_id = NULL, lease_expires_at = NULL,
+                worker_id = CASE WHEN d.next = 'completed' THEN m.worker_id END
+            FROM decided d
+            WHERE m.transaction_id = d.txid AND d.next IS NOT NULL
+              AND m.status = d.current AND m.retry_count = d.retry_count
+              AND m.lease_id IS NOT DISTINCT FROM d.lease_id
+            RETURNING m.transaction_id, m.status, m.retry_count, m.created_at, m.completed_at,
+                      m.seq, d.current, d.partition_id, d.lease_id
+        ), outcome AS (
+            -- What each acknowledgment did: the rows updated, and the ones left as they were.
+            -- (A union, not decided LEFT JOIN updated: both CTEs are estimated at a row or
+            -- two, and the join was planned as a nested loop comparing every pair.)
+            SELECT u.transaction_id AS txid, u.current, u.status AS next, u.retry_count,
+                   u.partition_id, u.lease_id, u.seq,
+                   extract(epoch FROM u.completed_at - u.created_at) * 1000 AS lag_ms
+            FROM updated u
+            UNION ALL
+            SELECT d.txid, d.current, NULL, d.retry_count, d.partition_id, d.lease_id, NULL, NULL
+            FROM decided d WHERE d.next IS NULL
+        )
+        SELECT array_agg(ROW(
+            o.txid,
+            CASE WHEN o.next = 'pending' THEN 'retry_scheduled'
+                 WHEN o.next IS NOT NULL THEN o.next
+                 WHEN o.current = 'pending' THEN 'retry_scheduled'
+                 ELSE o.current END,
+            o.retry_count, o.partition_id, o.lease_id)::queen.ack_result),
+               array_agg(ROW(o.partition_id, o.current, o.next, o.lag_ms)::queen.status_change)
+                   FILTER (WHERE o.next IS NOT NULL),
+               array_agg(o.partition_id) FILTER (WHERE o.next = 'pending'),
+               array_agg(o.seq) FILTER (WHERE o.next = 'pending'),
+               -- decisions the update did not apply: rows changed since they were read
+               (SELECT count(*) FROM decided d WHERE d.next IS NOT NULL) - count(o.next)
+        INTO found_r, found_c, found_p, found_s, skipped
+        FROM outcome o;
+        results := results || found_r;
+        changes := changes || found_c;
+        retried := retried || found_p;
+        retried_seqs := retried_seqs || found_s;
+        EXIT WHEN skipped = 0;
+        -- Again for the acknowledgments without an outcome yet (the changed rows; unknown
+        -- ids, found in no pass, come along and stay not found).
+        SELECT jsonb_agg(t.a) INTO todo
+        FROM jsonb_array_elements(todo) t(a)
+        WHERE NOT t.a ->> 'transactionId' = ANY (ARRAY(SELECT r.transaction_id FROM unnest(found_r) r));
+    END LOOP;
     PERFORM queen.record_changes(changes);
     IF retried IS NOT NULL THEN
         PERFORM queen.mark_pending(retried, retried_seqs, p_notify => false);

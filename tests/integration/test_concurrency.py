@@ -10,6 +10,8 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
+import psycopg
 import pytest
 
 from queen.store import Store
@@ -205,6 +207,78 @@ def test_no_partition_held_by_two_consumers_while_acking(big_store: Store) -> No
         scalar(big_store.db.dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL")
         == 0
     )
+
+
+def _wait_for_lock_wait(dsn: str, application_name: str, timeout: float = 10.0) -> None:
+    """Return once a backend of that application waits on a heavyweight lock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        waiting = scalar(
+            dsn,
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = %s AND wait_event_type = 'Lock'",
+            (application_name,),
+        )
+        if waiting:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no backend of {application_name} ever waited on a lock")
+
+
+@pytest.mark.parametrize(
+    ("moved_to", "wanted", "answer", "final"),
+    [
+        ("dead_letter", "completed", "dead_letter", "dead_letter"),
+        ("pending", "completed", "completed", "completed"),
+        # a failure of a message no longer processing changes nothing (no retry counted)
+        ("pending", "failed", "retry_scheduled", "pending"),
+    ],
+)
+def test_ack_racing_a_status_change_decides_on_the_new_status(
+    store: Store, moved_to: str, wanted: str, answer: str, final: str
+) -> None:
+    """An ack reads its messages without locking them: when another transaction changes
+    one between that read and the ack's update, the ack must decide again on what was
+    committed, not apply what it decided on the old status (and count that change)."""
+    dsn = store.db.dsn
+    app = "queen-race-ack"
+    push(store, [{"queue": "race", "payload": 1, "transactionId": "r1"}])
+    (m,) = pop(store, "race")
+    results: list[Any] = []
+    with psycopg.connect(dsn) as mover:
+        # An operator's move, holding the message's row lock until it commits.
+        moved = mover.execute(
+            "SELECT queen.set_message_status('r1', '{processing}', %s)", (moved_to,)
+        ).fetchone()
+        assert moved == ("processing",)
+
+        def acker() -> None:
+            with psycopg.connect(dsn, autocommit=True, application_name=app) as conn:
+                row = conn.execute(
+                    "SELECT status, retry_count FROM queen.ack(%s::jsonb)",
+                    (orjson.dumps([{"transactionId": "r1", "status": wanted}]).decode(),),
+                ).fetchone()
+                results.append(row)
+
+        thread = threading.Thread(target=acker)
+        thread.start()
+        _wait_for_lock_wait(dsn, app)  # the ack read 'processing' and waits on the row
+        mover.commit()
+        thread.join(10)
+        assert not thread.is_alive()
+    assert results == [(answer, 0)]
+    stored = rows(dsn, "SELECT status, retry_count FROM queen.messages WHERE transaction_id = 'r1'")
+    assert stored == [(final, 0)]
+    # Every status change counted once, from the status it really left.
+    counts = rows(
+        dsn,
+        "SELECT pending, processing, completed, failed, dead_letter FROM queen.partition_stats s"
+        " JOIN queen.partitions p ON p.id = s.partition_id WHERE p.name = 'Default'",
+    )
+    wanted_counts = {s: 0 for s in ("pending", "processing", "completed", "failed", "dead_letter")}
+    wanted_counts[final] = 1
+    assert counts == [tuple(wanted_counts.values())]
+    assert m.transaction_id == "r1"
 
 
 # -- idempotency ------------------------------------------------------------------
