@@ -6,6 +6,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -370,3 +371,26 @@ def test_pushes_with_and_without_chosen_ids_keep_item_order(store: Store) -> Non
     assert mixed[0].transaction_id == str(mixed[0].id)
     msgs = pop(store, "q", "Default", batch=10)
     assert [data(m) for m in msgs] == [1, 2, 3, 4, 6, 7]
+
+
+def test_ids_made_for_a_push_are_uuid_v7_unique_and_in_item_order(store: Store) -> None:
+    before_ms = int(time.time() * 1000)
+    first = push(
+        store,
+        [{"queue": "ids", "payload": n} for n in range(150)]
+        + [{"queue": "ids", "payload": "chosen", "transactionId": "mine"}]
+        + [{"queue": "ids", "payload": n, "partition": "other"} for n in range(150)],
+    )
+    second = push(store, [{"queue": "ids", "payload": n} for n in range(5)])
+    after_ms = int(time.time() * 1000)
+    for results in (first, second):
+        ids = [r.id for r in results]
+        assert all(i is not None and i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+        assert ids == sorted(ids), "ids not in item order"
+        assert all(before_ms - 5 <= (i.int >> 80) <= after_ms + 5 for i in ids if i)
+        made = [r for r in results if r.transaction_id != "mine"]
+        assert all(r.transaction_id == str(r.id) for r in made)
+    everything = [r.id for r in first + second]
+    assert len(set(everything)) == len(everything) == 306
+    stored = rows(store.db.dsn, "SELECT count(DISTINCT id), count(*) FROM queen.messages")
+    assert stored == [(306, 306)]
