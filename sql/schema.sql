@@ -564,9 +564,13 @@ BEGIN
     -- lock was had at once (ahead), so under it that snapshot sees every message made
     -- pending before (see partition_heads).
     -- (= ANY (ARRAY(...)) keeps the update on the primary key whatever the table size;
-    -- a join was planned as a hash over every pending row of a small table. The rows
-    -- are the pending ones just locked, so the update needs no status condition, which
-    -- would let the planner walk messages_pending instead.)
+    -- a join was planned as a hash over every pending row of a small table.)
+    -- The candidates are read without locking them (under the partition lock no other
+    -- claim or ack touches these rows): the update takes each row still pending, and
+    -- PostgreSQL re-checks that on the newest version of a row another transaction
+    -- changed or deleted meanwhile (retention, an operator's move), after waiting for
+    -- it. FOR UPDATE SKIP LOCKED wrote a lock record to the WAL for each message before
+    -- its update, and skipped past a row it found locked, out of FIFO order.
     RETURN QUERY
     WITH claimed AS (
         UPDATE queen.messages m SET
@@ -577,10 +581,10 @@ BEGIN
                       SELECT m.transaction_id, m.created_at FROM queen.messages m
                       WHERE m.partition_id = p_partition AND m.seq >= head
                         AND m.status = 'pending'
-                      ORDER BY m.seq LIMIT p_batch
-                      FOR UPDATE SKIP LOCKED) c
+                      ORDER BY m.seq LIMIT p_batch) c
                   WHERE part.delayed_processing = 0
                      OR c.created_at <= now() - make_interval(secs => part.delayed_processing)))
+          AND m.status = 'pending'
         RETURNING m.*
     ), counted AS (
         INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)

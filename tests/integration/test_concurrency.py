@@ -282,6 +282,52 @@ def test_ack_racing_a_status_change_decides_on_the_new_status(
     assert m.transaction_id == "r1"
 
 
+@pytest.mark.parametrize("mover_commits", [True, False], ids=["moved", "rolled-back"])
+def test_a_claim_waits_for_a_pending_row_being_changed_and_keeps_fifo(
+    store: Store, mover_commits: bool
+) -> None:
+    """A claim reads its candidates without locking them and takes each one still pending:
+    a row another transaction holds is waited for, not skipped (a skip would deliver the
+    messages behind it first when that transaction rolls back)."""
+    dsn = store.db.dsn
+    app = "queen-race-claim"
+    push(store, [{"queue": "fifo-race", "payload": n, "transactionId": f"f{n}"} for n in range(3)])
+    claimed: list[str] = []
+    with psycopg.connect(dsn) as mover:
+        mover.execute("SELECT queen.set_message_status('f0', '{pending}', 'dead_letter')")
+
+        def claimer() -> None:
+            with psycopg.connect(dsn, autocommit=True, application_name=app) as conn:
+                found = conn.execute(
+                    "SELECT transaction_id FROM queen.pop_queue('fifo-race', 3, 'w')"
+                ).fetchall()
+                claimed.extend(txid for (txid,) in found)
+
+        thread = threading.Thread(target=claimer)
+        thread.start()
+        _wait_for_lock_wait(dsn, app)
+        if mover_commits:
+            mover.commit()
+        else:
+            mover.rollback()
+        thread.join(10)
+        assert not thread.is_alive()
+    if mover_commits:
+        assert claimed == ["f1", "f2"]
+        expected = {"f0": "dead_letter", "f1": "processing", "f2": "processing"}
+    else:
+        assert claimed == ["f0", "f1", "f2"]
+        expected = {"f0": "processing", "f1": "processing", "f2": "processing"}
+    stored = rows(dsn, "SELECT transaction_id, status FROM queen.messages ORDER BY seq")
+    assert dict(stored) == expected
+    counts = rows(
+        dsn,
+        "SELECT pending, processing, dead_letter FROM queen.partition_stats s"
+        " JOIN queen.partitions p ON p.id = s.partition_id WHERE p.name = 'Default'",
+    )
+    assert counts == ([(0, 2, 1)] if mover_commits else [(0, 3, 0)])
+
+
 # -- idempotency ------------------------------------------------------------------
 
 
