@@ -31,7 +31,8 @@ CREATE INDEX queues_task ON queen.queues (task) WHERE task IS NOT NULL;
 -- A partition is a FIFO lane and the unit of leasing: while lease_id is set and
 -- lease_expires_at is in the future, one consumer owns it. The messages of the lease
 -- (status 'processing', lease_id = lease_id) lie between lease_first_seq and
--- lease_last_seq: the claim sets them with the lease, and they are cleared with it.
+-- lease_last_seq, lease_size of them: the claim sets these with the lease, and they are
+-- cleared with it.
 CREATE TABLE queen.partitions (
     id                uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     queue_id          uuid NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
@@ -43,6 +44,7 @@ CREATE TABLE queen.partitions (
     leased_by         text,
     lease_first_seq   bigint,
     lease_last_seq    bigint,
+    lease_size        integer,
     UNIQUE (queue_id, name)
 ) WITH (fillfactor = 70);
 CREATE INDEX partitions_leased ON queen.partitions (lease_expires_at) WHERE lease_id IS NOT NULL;
@@ -384,7 +386,7 @@ BEGIN
 
     UPDATE queen.partitions
     SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL,
-        lease_first_seq = NULL, lease_last_seq = NULL
+        lease_first_seq = NULL, lease_last_seq = NULL, lease_size = NULL
     WHERE id = p_partition AND lease_id = p_lease;
     IF FOUND AND p_notify AND queen.pending_exists(p_partition) THEN
         PERFORM queen.notify_partitions(ARRAY[p_partition]);
@@ -430,7 +432,7 @@ BEGIN
 
     UPDATE queen.partitions p
     SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL,
-        lease_first_seq = NULL, lease_last_seq = NULL
+        lease_first_seq = NULL, lease_last_seq = NULL, lease_size = NULL
     WHERE p.id = part AND p.lease_id = p_lease AND NOT queen.lease_open(part, p_lease);
     PERFORM queen.notify_partitions(ARRAY[part]);
     RETURN released;
@@ -559,8 +561,10 @@ BEGIN
     -- One statement claims the messages, counts them, leases the partition and moves its
     -- head past them (the CTEs below act only when something was claimed). All of it
     -- sees the snapshot taken before the claim, in which the claimed rows are still
-    -- pending: the new head is the oldest pending message that was not claimed, else the
-    -- seq after the last one claimed. The head moves only when the exclusive partition
+    -- pending: the new head is the seq after the last one claimed, since the claim took
+    -- the oldest pending messages in order and passed over only rows no longer pending;
+    -- with delayedProcessing, which leaves messages not yet due behind, the oldest
+    -- pending message that was not claimed. The head moves only when the exclusive partition
     -- lock was had at once (ahead), so under it that snapshot sees every message made
     -- pending before (see partition_heads).
     -- (= ANY (ARRAY(...)) keeps the update on the primary key whatever the table size;
@@ -593,16 +597,19 @@ BEGIN
         UPDATE queen.partitions p SET
             lease_id = lease, lease_expires_at = now() + make_interval(secs => part.lease_time),
             leased_by = p_worker, last_activity_at = now(),
-            lease_first_seq = r.first_seq, lease_last_seq = r.last_seq
-        FROM (SELECT min(c.seq) AS first_seq, max(c.seq) AS last_seq FROM claimed c) r
+            lease_first_seq = r.first_seq, lease_last_seq = r.last_seq, lease_size = r.size
+        FROM (SELECT min(c.seq) AS first_seq, max(c.seq) AS last_seq, count(*) AS size
+              FROM claimed c) r
         WHERE p.id = p_partition AND r.first_seq IS NOT NULL
     ), moved_head AS (
-        UPDATE queen.partition_heads h SET head_seq = coalesce(
-            (SELECT m.seq FROM queen.messages m
-             WHERE m.partition_id = p_partition AND m.seq >= head AND m.status = 'pending'
-               AND m.seq <> ALL (ARRAY(SELECT c.seq FROM claimed c))
-             ORDER BY m.seq LIMIT 1),
-            (SELECT max(c.seq) + 1 FROM claimed c))
+        UPDATE queen.partition_heads h SET head_seq = CASE
+            WHEN part.delayed_processing = 0 THEN (SELECT max(c.seq) + 1 FROM claimed c)
+            ELSE coalesce(
+                (SELECT m.seq FROM queen.messages m
+                 WHERE m.partition_id = p_partition AND m.seq >= head AND m.status = 'pending'
+                   AND m.seq <> ALL (ARRAY(SELECT c.seq FROM claimed c))
+                 ORDER BY m.seq LIMIT 1),
+                (SELECT max(c.seq) + 1 FROM claimed c)) END
         WHERE h.partition_id = p_partition AND ahead AND EXISTS (SELECT 1 FROM claimed)
     )
     SELECT c.id, c.transaction_id, part.queue, part.name, c.payload, c.encrypted, c.retry_count,
@@ -915,9 +922,10 @@ END
 $$;
 
 -- Acknowledge a batch: [{"transactionId", "status": "completed"|"failed", "error"}].
+-- (ended: this acknowledgment took the message out of its lease.)
 CREATE TYPE queen.ack_result AS (
     transaction_id text, status text, retry_count integer,
-    partition_id uuid, lease_id uuid
+    partition_id uuid, lease_id uuid, ended boolean
 );
 
 -- One status change of one message, as counted by queen.record_changes (0002;
@@ -1036,7 +1044,8 @@ BEGIN
                  WHEN o.next IS NOT NULL THEN o.next
                  WHEN o.current = 'pending' THEN 'retry_scheduled'
                  ELSE o.current END,
-            o.retry_count, o.partition_id, o.lease_id)::queen.ack_result),
+            o.retry_count, o.partition_id, o.lease_id,
+            o.current = 'processing' AND o.next IS NOT NULL)::queen.ack_result),
                array_agg(ROW(o.partition_id, o.current, o.next, o.lag_ms)::queen.status_change)
                    FILTER (WHERE o.next IS NOT NULL),
                array_agg(o.partition_id) FILTER (WHERE o.next = 'pending'),
@@ -1061,15 +1070,19 @@ BEGIN
         PERFORM queen.mark_pending(retried, retried_seqs, p_notify => false);
     END IF;
 
-    -- A lease ends when the last message it covers is acknowledged.
+    -- A lease ends when the last message it covers is acknowledged: when this ack took
+    -- every message the claim leased out of it (the usual batch ack) without looking,
+    -- else when a walk of the lease's range finds none still in flight.
     WITH done AS (
         UPDATE queen.partitions p
         SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL, last_activity_at = now(),
-            lease_first_seq = NULL, lease_last_seq = NULL
-        FROM (SELECT DISTINCT r.partition_id, r.lease_id FROM unnest(results) r
-              WHERE r.lease_id IS NOT NULL) acked
+            lease_first_seq = NULL, lease_last_seq = NULL, lease_size = NULL
+        FROM (SELECT r.partition_id, r.lease_id, count(*) FILTER (WHERE r.ended) AS ended
+              FROM unnest(results) r
+              WHERE r.lease_id IS NOT NULL
+              GROUP BY 1, 2) acked
         WHERE p.id = acked.partition_id AND p.lease_id = acked.lease_id
-          AND NOT queen.lease_open(p.id, acked.lease_id)
+          AND (acked.ended = p.lease_size OR NOT queen.lease_open(p.id, acked.lease_id))
         RETURNING p.id
     )
     SELECT array_agg(d.id) INTO released FROM done d;
@@ -1863,7 +1876,7 @@ BEGIN
     IF gone.status = 'processing' THEN
         UPDATE queen.partitions p
         SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL,
-            lease_first_seq = NULL, lease_last_seq = NULL
+            lease_first_seq = NULL, lease_last_seq = NULL, lease_size = NULL
         WHERE p.id = gone.partition_id AND p.lease_id = gone.lease_id
           AND NOT queen.lease_open(p.id, gone.lease_id);
     END IF;

@@ -231,7 +231,7 @@ BEGIN
     IF gone.status = 'processing' THEN
         UPDATE queen.partitions p
         SET lease_id = NULL, lease_expires_at = NULL, leased_by = NULL,
-            lease_first_seq = NULL, lease_last_seq = NULL
+            lease_first_seq = NULL, lease_last_seq = NULL, lease_size = NULL
         WHERE p.id = gone.partition_id AND p.lease_id = gone.lease_id
           AND NOT queen.lease_open(p.id, gone.lease_id);
     END IF;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -76,6 +77,39 @@ def test_partial_failure_in_a_batch_frees_the_partition_when_all_are_acked(store
     assert ack(store, "m2", "completed").status == "completed"
     (again,) = pop(store, "r")
     assert (data(again), again.retry_count) == (1, 1)
+
+
+def _lease(store: Store) -> tuple[Any, ...]:
+    (row,) = rows(
+        store.db.dsn,
+        "SELECT p.lease_id IS NOT NULL, p.lease_size FROM queen.partitions p"
+        " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'r'",
+    )
+    return row
+
+
+def _ack_all(store: Store, txids: list[str], status: str = "completed") -> list[str]:
+    acks = [{"transactionId": t, "status": status, "error": None} for t in txids]
+    return [r.status for r in store.messages.ack(acks)]
+
+
+def test_a_lease_ends_when_one_ack_takes_all_of_it_or_the_last_of_it(store: Store) -> None:
+    """The ack ends a lease without walking it when it took every message the claim
+    leased; otherwise the walk decides (earlier acks, repeats, messages of another lease)."""
+    push(store, [{"queue": "r", "payload": n, "transactionId": f"m{n}"} for n in range(6)])
+    pop(store, "r", batch=3)
+    assert _lease(store) == (True, 3)
+    assert _ack_all(store, ["m2", "m0", "m1"]) == ["completed"] * 3  # all of it at once
+    assert _lease(store) == (False, None)
+
+    pop(store, "r", batch=3)  # m3, m4, m5
+    assert _ack_all(store, ["m3"]) == ["completed"]
+    assert _lease(store) == (True, 3)
+    # m3 again and m0 (done, of an ended lease) do not count: two of three taken here
+    assert _ack_all(store, ["m3", "m4", "m0"]) == ["completed"] * 3
+    assert _lease(store) == (True, 3)  # m5 is still in flight
+    assert _ack_all(store, ["m5", "m4"]) == ["completed"] * 2  # the walk finds none left
+    assert _lease(store) == (False, None)
 
 
 def test_ack_of_unknown_and_mixed_batches(store: Store) -> None:
