@@ -564,9 +564,9 @@ BEGIN
     -- pending: the new head is the seq after the last one claimed, since the claim took
     -- the oldest pending messages in order and passed over only rows no longer pending;
     -- with delayedProcessing, which leaves messages not yet due behind, the oldest
-    -- pending message that was not claimed. The head moves only when the exclusive partition
-    -- lock was had at once (ahead), so under it that snapshot sees every message made
-    -- pending before (see partition_heads).
+    -- pending message that was not claimed. The head moves only when the exclusive
+    -- partition lock was had at once (ahead), so under it that snapshot sees every
+    -- message made pending before (see partition_heads).
     -- (= ANY (ARRAY(...)) keeps the update on the primary key whatever the table size;
     -- a join was planned as a hash over every pending row of a small table.)
     -- The candidates are read without locking them (under the partition lock no other

@@ -88,8 +88,8 @@ def _lease(store: Store) -> tuple[Any, ...]:
     return row
 
 
-def _ack_all(store: Store, txids: list[str], status: str = "completed") -> list[str]:
-    acks = [{"transactionId": t, "status": status, "error": None} for t in txids]
+def _ack_all(store: Store, txids: list[str]) -> list[str]:
+    acks = [{"transactionId": t, "status": "completed", "error": None} for t in txids]
     return [r.status for r in store.messages.ack(acks)]
 
 
@@ -105,7 +105,7 @@ def test_a_lease_ends_when_one_ack_takes_all_of_it_or_the_last_of_it(store: Stor
     pop(store, "r", batch=3)  # m3, m4, m5
     assert _ack_all(store, ["m3"]) == ["completed"]
     assert _lease(store) == (True, 3)
-    # m3 again and m0 (done, of an ended lease) do not count: two of three taken here
+    # m3 again and m0 (done, of an ended lease) do not count: this ack took one of three
     assert _ack_all(store, ["m3", "m4", "m0"]) == ["completed"] * 3
     assert _lease(store) == (True, 3)  # m5 is still in flight
     assert _ack_all(store, ["m5", "m4"]) == ["completed"] * 2  # the walk finds none left
