@@ -601,14 +601,13 @@ BEGIN
               FROM claimed c) r
         WHERE p.id = p_partition AND r.first_seq IS NOT NULL
     ), moved_head AS (
-        UPDATE queen.partition_heads h SET head_seq = CASE
-            WHEN part.delayed_processing = 0 THEN (SELECT max(c.seq) + 1 FROM claimed c)
-            ELSE coalesce(
+        UPDATE queen.partition_heads h SET head_seq = coalesce(
+            CASE WHEN part.delayed_processing > 0 THEN
                 (SELECT m.seq FROM queen.messages m
                  WHERE m.partition_id = p_partition AND m.seq >= head AND m.status = 'pending'
                    AND m.seq <> ALL (ARRAY(SELECT c.seq FROM claimed c))
-                 ORDER BY m.seq LIMIT 1),
-                (SELECT max(c.seq) + 1 FROM claimed c)) END
+                 ORDER BY m.seq LIMIT 1) END,
+            (SELECT max(c.seq) + 1 FROM claimed c))
         WHERE h.partition_id = p_partition AND ahead AND EXISTS (SELECT 1 FROM claimed)
     )
     SELECT c.id, c.transaction_id, part.queue, part.name, c.payload, c.encrypted, c.retry_count,
