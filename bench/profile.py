@@ -59,7 +59,7 @@ def function_table(before: dict[str, Any], after: dict[str, Any], seconds: float
 
 WAITS = """
 SELECT CASE WHEN state = 'idle' THEN 'idle: waiting for the client'
-            ELSE state || ': ' || coalesce(wait_event_type || ':' || wait_event, 'on CPU') END
+            ELSE coalesce(state, 'starting') || ': ' || coalesce(wait_event_type || ':' || wait_event, 'on CPU') END
 FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
 UNION ALL
