@@ -109,6 +109,13 @@ class QueenSqlClient:
 
         self.queries = load_queries()
         self.conn = psycopg.connect(target["dsn"], autocommit=True)
+        # The session as the server's pool sets it up (queen.store.db): timestamps in
+        # UTC, and a push's wake-up sent after its commit by notify_pushed, not by a
+        # NOTIFY inside the push (which queues every pushing commit behind one lock).
+        self.conn.execute(
+            "SELECT set_config('TimeZone', 'UTC', false),"
+            " set_config('queen.push_notify', 'after_commit', false)"
+        )
         self.partitions = max(1, int(spec.get("partitions", 1)))
         self.queue = spec.get("queue", QUEUE)
         self.worker = f"bench-{os.getpid()}-{spec.get('client_index', 0)}"
@@ -124,6 +131,10 @@ class QueenSqlClient:
         )
         body = b'{"items":[' + b",".join([item] * n) + b"]}"
         self.conn.execute(self.queries["push"], {"body": body.decode()}).fetchall()
+        # What a worker sends once the push committed (queen.store.polling.PushWakeups).
+        self.conn.execute(
+            self.queries["notify_pushed"], {"queues": [self.queue], "partitions": [partition]}
+        )
         return n
 
     def pop(self, n: int) -> list[str]:
