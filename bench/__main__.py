@@ -93,6 +93,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--partitions", help="comma list of Queen e2e partition counts (overrides the mode)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the push, e2e and latency cases N times, round after round; goals are "
+        "the median of the rounds' side-by-side ratios (default 1)",
+    )
     parser.add_argument("--name", help="results file suffix (default: the mode)")
     parser.add_argument("--keep", action="store_true", help="keep the bench databases")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -259,9 +266,9 @@ def plan(ctx: Context, phases: set[str]) -> list[Case]:
 # --------------------------------------------------------------------------- phases
 
 
-def run_cases(ctx: Context, cases: list[Case], bar: Progress) -> None:
+def run_cases(ctx: Context, cases: list[Case], bar: Progress, round_no: int = 1) -> None:
     for case in cases:
-        bar.describe(case.label)
+        bar.describe(case.label if round_no == 1 else f"{case.label} (round {round_no})")
         try:
             prepare(ctx, case.system, case.batch)
             result = run_case(case, target(ctx, case.system), server_pids(ctx, case.system))
@@ -276,6 +283,7 @@ def run_cases(ctx: Context, cases: list[Case], bar: Progress) -> None:
                 "partitions": case.partitions,
                 "failed": f"{type(exc).__name__}: {exc}"[:500],
             }
+        result["round"] = round_no
         ctx.results.append(result)
         bar.advance()
 
@@ -392,6 +400,9 @@ def conditions(ctx: Context, started: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.rounds < 1:
+        print("--rounds must be at least 1", file=sys.stderr)
+        return 2
     profile = profiles.PROFILES[args.mode]
     overrides: dict[str, Any] = {}
     if args.duration:
@@ -426,10 +437,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cases = plan(ctx, phases)
         total = (
-            len(cases) + len(profile.backlog_sizes) * ("backlog" in phases) + ("memory" in phases)
+            len(cases) * args.rounds
+            + len(profile.backlog_sizes) * ("backlog" in phases)
+            + ("memory" in phases)
         )
         with Progress(total, enabled=not args.no_progress) as bar:
-            run_cases(ctx, cases, bar)
+            for round_no in range(1, args.rounds + 1):
+                run_cases(ctx, cases, bar, round_no)
             if "backlog" in phases:
                 guarded(ctx, "queen/backlog", run_backlog, bar)
             if "memory" in phases:
@@ -441,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             for system in [s for s in ctx.dsns if s != "queen_sql"]:
                 drop_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
     facts = conditions(ctx, started)
+    facts["rounds"] = args.rounds
     paths = report.write(args.out, args.name or profile.name, ctx.results, facts)
     failed = [r for r in ctx.results if "failed" in r]
     for r in failed:

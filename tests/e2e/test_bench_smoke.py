@@ -1,7 +1,8 @@
 """The benchmark harness runs end to end in its tiny mode against a fresh database.
 
-Marked slow: it takes 20-30 s (eight one-second cases, each in a fresh load-generator
-process, plus seeding and a gunicorn start), over the 20 s budget of the default run.
+Marked slow: it takes 20-40 s (two rounds of six one-second cases, each in a fresh
+load-generator process, plus seeding and a gunicorn start), over the 20 s budget of the
+default run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def test_bench_smoke(server_dsn, tmp_path):
             "-m",
             "bench",
             "--smoke",
+            "--rounds",
+            "2",
             "--no-progress",
             "--dsn",
             server_dsn,
@@ -48,11 +51,19 @@ def test_bench_smoke(server_dsn, tmp_path):
         "## Backlog scale",
         "## Server memory",
         "## Where the CPU went",
+        "## Rounds",
     ):
         assert heading in report
     results = json.loads((tmp_path / "results-smoke.json").read_text())["results"]
     assert {r["system"] for r in results} == {"queen", "raw"}
     assert not [r for r in results if "failed" in r]
+    # every push, e2e and latency case ran once per round; backlog and memory once
+    rounds: dict[str, list[int]] = {}
+    for r in results:
+        rounds.setdefault(r["case"], []).append(r.get("round", 1))
+    for case, seen in rounds.items():
+        once = "/backlog/" in case or "/memory/" in case
+        assert sorted(seen) == ([1] if once else [1, 2]), case
     for r in results:
         if r["workload"] in ("push", "e2e", "memory"):
             assert r["msgs_per_s"] > 0, r["case"]
