@@ -97,14 +97,14 @@ def goals(
     if len(numbers) <= 1:
         return [(*row, []) for row in _goals(results)]
     values: dict[str, list[float]] = {}
-    targets: dict[str, tuple[str, Any]] = {}
+    targets: dict[str, str] = {}
     for n in numbers:
-        for name, value, target, met in _goals([r for r in results if round_of(r) == n]):
+        for name, value, target, _ in _goals([r for r in results if round_of(r) == n]):
             if not math.isnan(value):
                 values.setdefault(name, []).append(value)
-            targets.setdefault(name, (target, met))
+            targets.setdefault(name, target)
     rows: list[tuple[str, float, str, bool | None, list[float]]] = []
-    for name, (target, _) in targets.items():
+    for name, target in targets.items():
         got = values.get(name, [])
         if not got:
             rows.append((name, math.nan, target, None, []))
@@ -187,15 +187,12 @@ def markdown(mode: str, results: list[dict[str, Any]], facts: dict[str, Any]) ->
             "| goal | measured (median) | rounds | target | met |",
             "|---|---:|---|---|---|",
         ]
-        for name, value, target, met, per_round in goals(results):
-            mark = "–" if met is None else ("yes" if met else "**no**")
-            each = " / ".join(fmt(v, 2) for v in per_round) or "–"
-            out.append(f"| {name} | {fmt(value, 2)} | {each} | {target} | {mark} |")
     else:
         out += ["| goal | measured | target | met |", "|---|---:|---|---|"]
-        for name, value, target, met, _ in goals(results):
-            mark = "–" if met is None else ("yes" if met else "**no**")
-            out.append(f"| {name} | {fmt(value, 2)} | {target} | {mark} |")
+    for name, value, target, met, per_round in goals(results):
+        mark = "–" if met is None else ("yes" if met else "**no**")
+        each = f" {' / '.join(fmt(v, 2) for v in per_round) or '–'} |" if len(numbers) > 1 else ""
+        out.append(f"| {name} | {fmt(value, 2)} |{each} {target} | {mark} |")
     shown = median_windows(results)
     out += [
         "",
