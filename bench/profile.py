@@ -1,7 +1,11 @@
 """`python -m bench.profile`: where Queen's time goes under load (Python, SQL, HTTP).
 
 Starts Queen on a fresh database, drives an end-to-end load, and meanwhile:
-- samples the gunicorn workers with py-spy (collapsed stacks, summarised by frame);
+- samples the gunicorn workers with py-spy while they hold the GIL (collapsed stacks,
+  summarised by frame): their CPU in Python. Sampled without --gil, a gevent worker
+  waiting in its hub is reported in the frame of the greenlet that ran last (a third of
+  the samples of a pop-and-ack load landed in psycopg's send of a query that way);
+
 - reads pg_stat_user_functions (track_functions = 'pl') before and after: calls,
   total and self time of every queen.* SQL function;
 - runs push, pop and ack once more in a session with auto_explain loaded (plans of
@@ -127,6 +131,7 @@ def pyspy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None
             "--format",
             "raw",
             "--nonblocking",
+            "--gil",
             "-o",
             str(out),
         ],
@@ -167,7 +172,7 @@ def summarise_stacks(paths: list[Path], top: int = 40) -> str:
 
 
 LAYERS = [
-    ("psycopg (driver, waiting on PostgreSQL included)", ("psycopg/", "psycopg_pool/")),
+    ("psycopg (driver)", ("psycopg/", "psycopg_pool/")),
     ("orjson / JSON", ("orjson", "json/")),
     ("queen.store", ("queen/store/",)),
     ("queen.api / polling", ("queen/api/", "queen/polling.py", "queen/models.py")),
@@ -300,7 +305,7 @@ def profile_case(
             "",
             functions,
             "",
-            "## Python in the gunicorn workers (py-spy, both workers)",
+            "## Python in the gunicorn workers (py-spy --gil, both workers: their CPU in Python)",
             "",
             stacks,
             "",
