@@ -168,6 +168,68 @@ def _goals(results: list[dict[str, Any]]) -> list[tuple[str, float, str, bool | 
     return rows
 
 
+# --------------------------------------------------------------------------- CPU per message
+# Where the two cores of a window went, per message: a rate is what the machine's CPU
+# buys, so a goal against a baseline's rate is also a budget of CPU per message.
+
+CPU_PARTS = ("client", "server", "postgres")
+
+
+def cpu_per_message(r: dict[str, Any]) -> dict[str, float] | None:
+    """CPU microseconds per message of a window: client, server, postgres and all three.
+
+    postgres includes its background processes (WAL writer, checkpointer); everything
+    else on the machine is left out. None for a window without a rate or a core count.
+    """
+    cores, per_s = r.get("cores"), float(r.get("msgs_per_s") or 0)
+    if not cores or per_s <= 0:
+        return None
+    cpu = r.get("cpu", {})
+    scale = cores * 1e6 / per_s
+    parts = {
+        "client": cpu.get("client", 0.0) * scale,
+        "server": cpu.get("server", 0.0) * scale,
+        "postgres": (cpu.get("postgres", 0.0) + cpu.get("pg_background", 0.0)) * scale,
+    }
+    parts["all"] = sum(parts.values())
+    return parts
+
+
+# (workload, batch, baseline system, factor): the throughput goals of _goals.
+RATE_GOALS = (
+    ("e2e", 100, "raw", 0.6),
+    ("e2e", 100, "pgmq", 1.2),
+    ("e2e", 100, "pgqueuer", 3.0),
+    ("e2e", 1, "raw", 0.4),
+    ("push", 1000, "raw", 0.7),
+)
+
+
+def budgets(results: list[dict[str, Any]]) -> list[tuple[str, int, str, float, float]]:
+    """(workload, batch, goal, CPU per message it allows, Queen's now) per throughput goal.
+
+    The allowance is all of the machine's cores at the rate the goal asks for (the
+    baseline's rate times the factor), from the windows given (one round's, or the
+    median windows). Goals whose windows are missing are left out.
+    """
+    rows = []
+    for workload, batch, system, factor in RATE_GOALS:
+        base = find(results, system=system, workload=workload, batch=batch)
+        match: dict[str, Any] = {"system": "queen", "workload": workload, "batch": batch}
+        if workload == "e2e":
+            match["partitions"] = HEADLINE_PARTITIONS
+        queen = find(results, **match)
+        if not base or not queen or not base.get("cores") or base["msgs_per_s"] <= 0:
+            continue
+        now = cpu_per_message(queen)
+        if now is None:
+            continue
+        allowed = base["cores"] * 1e6 / (factor * base["msgs_per_s"])
+        goal = f">= {factor:g}x {system}"
+        rows.append((workload, batch, goal, allowed, now["all"]))
+    return rows
+
+
 # --------------------------------------------------------------------------- markdown
 
 
@@ -205,6 +267,8 @@ def markdown(mode: str, results: list[dict[str, Any]], facts: dict[str, Any]) ->
         *_backlog_table(shown),
         "",
         *_cpu_table(shown),
+        "",
+        *_cpu_per_message_table(shown),
     ]
     if len(numbers) > 1:
         out += ["", *_rounds_table(results, numbers)]
@@ -392,6 +456,44 @@ def _cpu_table(results: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _cpu_per_message_table(results: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    for r in _ok(results):
+        c = cpu_per_message(r) if r["workload"] in ("push", "e2e") else None
+        if c is not None:
+            rows.append((r, c))
+    if not rows:
+        return []
+    out = [
+        "## CPU per message (µs, both cores' time over the messages of the window)",
+        "",
+        "postgres includes its background processes; other users' CPU is left out.",
+        "",
+        "| case | msg/s | client | server | postgres | all |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r, c in rows:
+        cells = " | ".join(fmt(c[k], 1) for k in (*CPU_PARTS, "all"))
+        out.append(f"| {r['case']} | {fmt(r['msgs_per_s'])} | {cells} |")
+    allowed = budgets(results)
+    if allowed:
+        out += [
+            "",
+            "Throughput goals as CPU budgets: the CPU per message at which Queen would "
+            "reach each goal at these windows' baseline rates.",
+            "",
+            "| case | goal | allows (µs) | Queen now (µs) | less CPU it needs |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for workload, batch, goal, budget, now in allowed:
+            cut = max(0.0, 1 - budget / now) if now > 0 else math.nan
+            out.append(
+                f"| {workload} batch {batch} | {goal} | {fmt(budget, 1)} | {fmt(now, 1)} "
+                f"| {fmt(100 * cut)} % |"
+            )
+    return out
+
+
 def _rounds_table(results: list[dict[str, Any]], numbers: list[int]) -> list[str]:
     """Every push and end-to-end case's rate in each round, and their median."""
     by_case: dict[str, dict[int, float]] = {}
@@ -456,7 +558,8 @@ def plots(out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]
         ax.set_ylabel("messages / s")
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        if series:
+            ax.legend(fontsize=8)
     fig.suptitle(f"Throughput by batch size ({mode}, 2 cores, one PostgreSQL)")
     fig.tight_layout()
     path = out_dir / f"throughput-{mode}.png"
@@ -490,7 +593,52 @@ def plots(out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
+
+    cpu_path = _cpu_plot(plt, out_dir, mode, results)
+    if cpu_path is not None:
+        paths.append(cpu_path)
     return paths
+
+
+def _cpu_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str, Any]]) -> Path | None:
+    """Stacked CPU per message of every system end to end at batch 100 and 1, with budgets."""
+    panels = []
+    for batch in (100, 1):
+        bars = []
+        for r in _ok(results):
+            if r["workload"] != "e2e" or r["batch"] != batch:
+                continue
+            if r["system"] == "queen" and r["partitions"] != HEADLINE_PARTITIONS:
+                continue
+            c = cpu_per_message(r)
+            if c is not None:
+                bars.append((r["system"], c))
+        if bars:
+            lines = [(g, b) for w, n, g, b, _ in budgets(results) if w == "e2e" and n == batch]
+            panels.append((batch, sorted(bars, key=lambda x: x[1]["all"]), lines))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    colors = {"client": "#9ecae1", "server": "#3182bd", "postgres": "#fd8d3c"}
+    for ax, (batch, bars, lines) in zip(axes[0], panels, strict=True):
+        names = [name for name, _ in bars]
+        left = [0.0] * len(bars)
+        for part in CPU_PARTS:
+            widths = [c[part] for _, c in bars]
+            ax.barh(names, widths, left=left, color=colors[part], label=part)
+            left = [a + b for a, b in zip(left, widths, strict=True)]
+        for style, (goal, budget) in zip((":", "--", "-."), lines, strict=False):
+            ax.axvline(budget, color="black", linestyle=style, linewidth=1, label=f"Queen {goal}")
+        ax.set_xlabel("CPU µs per message (both cores)")
+        ax.set_title(f"End to end, batch {batch} (Queen p{HEADLINE_PARTITIONS})")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Where the CPU of a message goes ({mode}; budgets: the goals' rates)")
+    fig.tight_layout()
+    path = out_dir / f"cpu-{mode}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write(

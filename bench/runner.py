@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -167,5 +168,6 @@ def _merge(case: Case, outputs: list[dict[str, Any]], cpu: dict[str, float]) -> 
         "counts": counts,
         "latency_ms": latency,
         "cpu": cpu,
+        "cores": os.cpu_count() or 1,  # cpu shares are of all of them
         "errors": errors[:5],
     }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
+
 from bench import report
 
 
@@ -115,3 +117,64 @@ def test_a_report_of_one_round_keeps_its_plain_goals_table():
     text = report.markdown("quick", [r for r in three_rounds() if r["round"] == 1], {})
     assert "| goal | measured | target | met |" in text
     assert "## Rounds" not in text
+
+
+def with_cores(r: dict, cores: int = 2, **cpu: float) -> dict:
+    return {**r, "cores": cores, "cpu": {**r["cpu"], **cpu}}
+
+
+def test_cpu_per_message_spreads_the_cores_time_over_the_windows_messages():
+    r = with_cores(window("queen", "e2e", 100, 20_000, 1), pg_background=0.02, other=0.05)
+    c = report.cpu_per_message(r)
+    assert c is not None
+    # 2 cores = 2,000,000 µs of CPU per second over 20,000 messages: 100 µs per share
+    assert {k: round(v, 6) for k, v in c.items()} == {
+        "client": 10.0,
+        "server": 30.0,
+        "postgres": 52.0,  # its background processes included, other users' CPU not
+        "all": 92.0,
+    }
+
+
+def test_a_window_without_a_core_count_or_a_rate_has_no_cpu_per_message():
+    assert report.cpu_per_message(window("queen", "e2e", 100, 20_000, 1)) is None
+    assert report.cpu_per_message(with_cores(window("queen", "e2e", 100, 0, 1))) is None
+
+
+def test_a_throughput_goal_is_a_budget_of_cpu_per_message():
+    results = [
+        with_cores(window("queen", "e2e", 100, 20_000, 1)),
+        with_cores(window("raw", "e2e", 100, 40_000, 1)),
+        with_cores(window("queen", "push", 1000, 50_000, 1)),  # no raw push: no budget
+    ]
+    ((workload, batch, goal, allowed, now),) = report.budgets(results)
+    assert (workload, batch, goal) == ("e2e", 100, ">= 0.6x raw")
+    # 0.6 x 40,000 msg/s on 2 cores: 2,000,000 / 24,000 µs per message
+    assert round(allowed, 3) == 83.333
+    assert now == 90.0
+
+
+def test_the_report_shows_cpu_per_message_and_the_budgets():
+    results = [
+        with_cores(window("queen", "e2e", 100, 20_000, 1)),
+        with_cores(window("raw", "e2e", 100, 40_000, 1)),
+    ]
+    text = report.markdown("quick", results, {})
+    assert "| queen/e2e/b100/p16 | 20,000 | 10.0 | 30.0 | 50.0 | 90.0 |" in text
+    assert "| e2e batch 100 | >= 0.6x raw | 83.3 | 90.0 | 7 % |" in text
+
+
+def test_the_cpu_plot_shows_the_end_to_end_cases(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = [
+        with_cores(window(system, "e2e", batch, rate, 1))
+        for system, batch, rate in (
+            ("queen", 100, 20_000),
+            ("raw", 100, 40_000),
+            ("queen", 1, 400),
+            ("raw", 1, 2_500),
+        )
+    ]
+    paths = report.plots(tmp_path, "t", results)
+    assert tmp_path / "cpu-t.png" in paths
+    assert (tmp_path / "cpu-t.png").stat().st_size > 10_000
