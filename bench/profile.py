@@ -5,7 +5,6 @@ Starts Queen on a fresh database, drives an end-to-end load, and meanwhile:
   summarised by frame): their CPU in Python. Sampled without --gil, a gevent worker
   waiting in its hub is reported in the frame of the greenlet that ran last (a third of
   the samples of a pop-and-ack load landed in psycopg's send of a query that way);
-
 - reads pg_stat_user_functions (track_functions = 'pl') before and after: calls,
   total and self time of every queen.* SQL function;
 - runs push, pop and ack once more in a session with auto_explain loaded (plans of
