@@ -20,7 +20,10 @@ from tests.conftest import Server
 from tests.e2e.polls import Poll, gather
 
 NO_FALLBACK = {"QUEEN_POLL_FALLBACK": "60"}
-PROMPT = 0.1  # seconds from the push's response to the poll's response
+# Seconds from the push's response to the poll's response. Wake latency itself is measured
+# by bench.longpoll_latency; here the bound only has to tell a notification from the fallback
+# re-check (60 s away), with room for a loaded 2-core machine.
+PROMPT = 3.0
 PARK = 0.5  # seconds to let a poll reach the database and park
 
 
@@ -108,7 +111,7 @@ def test_a_poll_with_nothing_to_claim_answers_204_at_its_timeout(quiet_server):
     response = requests.get(f"{url}/api/v1/pop/queue/q?wait=true&timeout=700", timeout=10)
     elapsed = time.monotonic() - started
     assert response.status_code == 204
-    assert 0.65 <= elapsed < 1.5
+    assert 0.65 <= elapsed < 0.7 + PROMPT  # at its timeout, not the default 30 s
 
     # maxWaitTimeSeconds of the queue caps a longer timeout
     configure = {"queue": "capped", "options": {"maxWaitTimeSeconds": 1}}
@@ -116,7 +119,7 @@ def test_a_poll_with_nothing_to_claim_answers_204_at_its_timeout(quiet_server):
     started = time.monotonic()
     response = requests.get(f"{url}/api/v1/pop/queue/capped?wait=true&timeout=60000", timeout=10)
     assert response.status_code == 204
-    assert 0.95 <= time.monotonic() - started < 2.0
+    assert 0.95 <= time.monotonic() - started < 1.0 + PROMPT
 
 
 def test_a_push_handled_by_one_worker_wakes_polls_parked_on_another(db_dsn):
@@ -129,7 +132,7 @@ def test_a_push_handled_by_one_worker_wakes_polls_parked_on_another(db_dsn):
         pushed_at = push(srv.url, [item("q", f"p{i}") for i in range(n)])  # one worker
         assert gather(polls, 10) == []
         assert [p.status for p in polls] == [200] * n
-        assert max(p.done_at for p in polls) - pushed_at < PROMPT * 3  # type: ignore[type-var]
+        assert max(p.done_at for p in polls) - pushed_at < PROMPT  # type: ignore[type-var]
         workers = sql(db_dsn, "SELECT DISTINCT worker_id FROM queen.messages")
         assert len(workers) == 2  # polls were parked in both workers
 
@@ -153,7 +156,7 @@ def test_polls_still_wake_after_the_listen_connection_is_killed(quiet_server, db
     pushed_at = push(quiet_server.url, [item()])  # its notification may well be lost
     assert gather([parked], 10) == []
     assert parked.status == 200  # woken when the listener came back
-    assert parked.done_at - pushed_at < 2.0  # type: ignore[operator]
+    assert parked.done_at - pushed_at < PROMPT + 2.0  # type: ignore[operator]
 
     (new,) = wait_for(lambda: listener_pids(db_dsn))
     assert new != old

@@ -31,7 +31,10 @@ FAST = {  # maintenance settings that make the tests run in seconds
     "QUEEN_LEADER_POLL": "0.2",
 }
 NO_FALLBACK = {"QUEEN_POLL_FALLBACK": "600"}
-ON_TIME = 0.3  # seconds: how late after its due time a long poll may be answered
+# Seconds a long poll may be answered after its due time: only a wake-up from maintenance
+# can answer it before the poll's own timeout (the fallback re-check is 600 s away); the
+# margin holds on a loaded 2-core machine.
+ON_TIME = 3.0
 
 
 class Maintainer:
@@ -168,7 +171,7 @@ def ack(url: str, txid: str, status: str = "completed") -> dict[str, Any]:
 class Timed:
     """A long poll started in the background; .answer() waits for it and says when it came."""
 
-    def __init__(self, url: str, queue: str, batch: int = 1, wait_ms: int = 5000) -> None:
+    def __init__(self, url: str, queue: str, batch: int = 1, wait_ms: int = 15000) -> None:
         self.at = 0.0
         self.messages: list[dict[str, Any]] = []
         self._thread = threading.Thread(target=self._run, args=(url, queue, batch, wait_ms))
@@ -201,7 +204,7 @@ def test_expired_leases_redeliver_then_give_up(
     at, messages = poll.answer()
     assert [m["transactionId"] for m in messages] == [txid]
     assert messages[0]["retryCount"] == 1
-    assert 0.9 < at - popped_at < 1 + ON_TIME + 0.2  # woken by the expiry, not a re-check
+    assert 0.9 < at - popped_at < 1 + ON_TIME  # woken by the expiry, not a re-check
     wait_for(lambda: statuses(db_dsn)[txid][0] == final, 5)
     assert statuses(db_dsn)[txid] == (final, 1, "lease expired")
     assert query(db_dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL") == [
@@ -245,8 +248,8 @@ def test_ttl_expires_pending_messages_without_a_pop(stack: Server, db_dsn: str) 
     url = stack.url
     configure(url, "t", ttl=1)
     expiring = push(url, "t", 1, 2, partition="a") + push(url, "t", 3, partition="b")
-    elapsed = wait_for(lambda: all(s[0] == "dead_letter" for s in statuses(db_dsn).values()), 5)
-    assert 0.5 < elapsed < 2.5
+    elapsed = wait_for(lambda: all(s[0] == "dead_letter" for s in statuses(db_dsn).values()), 10)
+    assert 0.5 < elapsed < 1 + ON_TIME
     assert {t: s for t, s in statuses(db_dsn).items()} == {
         t: ("dead_letter", 0, "ttl expired") for t in expiring
     }
@@ -355,8 +358,8 @@ def test_a_standby_takes_over_after_kill_9_without_doing_work_twice(
         assert len(delivered) == 20
         time.sleep(0.8)
         a.kill()  # around the moment the leases expire
-        took = wait_for(lambda: (leader(db_dsn) or "").endswith(b.name), 5)
-        assert took < 3
+        took = wait_for(lambda: (leader(db_dsn) or "").endswith(b.name), 10)
+        assert took < 8
         wait_for(lambda: all(s[0] == "pending" for s in statuses(db_dsn).values()), 5)
         assert {t: s[1] for t, s in statuses(db_dsn).items()} == dict.fromkeys(txids, 1)
         wait_for(lambda: query(db_dsn, "SELECT count(*) FROM queen.status_deltas") == [(0,)], 5)

@@ -110,7 +110,7 @@ def test_long_polls_through_nginx_are_woken_by_pushes_through_nginx(balanced):
     pushed_at = push(url, [item("woken", f"p{i}") for i in range(n)])
     assert gather(polls, 15) == []
     assert [p.status for p in polls] == [200] * n
-    assert max(p.done_at for p in polls) - pushed_at < PROMPT * 3  # type: ignore[type-var]
+    assert max(p.done_at for p in polls) - pushed_at < PROMPT  # type: ignore[type-var]
     assert len({row[2] for row in queue_rows(dsn, "woken")}) == 2  # both hosts answered
 
 
@@ -119,7 +119,7 @@ def test_an_empty_long_poll_through_nginx_answers_204_at_its_timeout(balanced):
     started = time.monotonic()
     response = requests.get(f"{url}/api/v1/pop/queue/empty?wait=true&timeout=1500", timeout=10)
     assert response.status_code == 204
-    assert 1.4 <= time.monotonic() - started < 3.0
+    assert 1.4 <= time.monotonic() - started < 1.5 + PROMPT
 
 
 def test_a_client_leaving_a_poll_through_nginx_leaves_nothing_stuck(balanced):

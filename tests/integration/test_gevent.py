@@ -15,7 +15,7 @@ from typing import Any
 from tests.conftest import ROOT
 
 GREENLETS = 50
-SLEEP_S = 0.2
+SLEEP_S = 0.5  # long enough that a loaded machine's scheduling gaps stay well below it
 
 PATCHED_FIRST = textwrap.dedent(
     """

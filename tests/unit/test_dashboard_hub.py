@@ -146,7 +146,7 @@ def test_a_slow_client_never_blocks_and_keeps_the_newest_frames():
     started = time.monotonic()
     for i in range(100):
         client.send(str(i))
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 2.0  # blocked sends would hang it
     sock.unblock.set()
     received = [sock.sent.get(timeout=2) for _ in range(3)]
     with contextlib.suppress(queue.Empty):
