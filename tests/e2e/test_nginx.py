@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -59,35 +60,32 @@ def balanced_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
         yield dsn
 
 
+@contextlib.contextmanager
+def nginx_before(hosts: tuple[Server, ...], workdir: Path) -> Iterator[tuple[str, int]]:
+    """Run nginx with the documented configuration before started hosts; yield (url, port)."""
+    port = free_port()
+    conf = workdir / "nginx.conf"
+    conf.write_text(nginx_conf(workdir, port, hosts))
+    command = [str(NGINX), "-p", str(workdir), "-c", str(conf), "-e", str(workdir / "error.log")]
+    subprocess.run([*command, "-t", "-q"], check=True, capture_output=True)
+    proc = subprocess.Popen([*command, "-g", "daemon off;"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, 10, lambda: "nginx did not come up")
+        yield url, port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 @pytest.fixture(scope="module")
 def balanced(
     balanced_dsn: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, int, str]]:
     """Two hosts (one worker each) and nginx before them; yields (url, port, dsn)."""
-    tmp_path = tmp_path_factory.mktemp("nginx")
     hosts = (Server(balanced_dsn, **NO_FALLBACK), Server(balanced_dsn, **NO_FALLBACK))
-    with servers(*hosts):
-        port = free_port()
-        conf = tmp_path / "nginx.conf"
-        conf.write_text(nginx_conf(tmp_path, port, hosts))
-        command = [
-            str(NGINX),
-            "-p",
-            str(tmp_path),
-            "-c",
-            str(conf),
-            "-e",
-            str(tmp_path / "error.log"),
-        ]
-        subprocess.run([*command, "-t", "-q"], check=True, capture_output=True)
-        proc = subprocess.Popen([*command, "-g", "daemon off;"])
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_until_healthy(url, 10, lambda: "nginx did not come up")
-            yield url, port, balanced_dsn
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    with servers(*hosts), nginx_before(hosts, tmp_path_factory.mktemp("nginx")) as (url, port):
+        yield url, port, balanced_dsn
 
 
 def queue_rows(dsn: str, queue: str) -> list[tuple[object, ...]]:
@@ -143,3 +141,17 @@ def test_the_dashboard_websocket_upgrades_through_nginx(balanced):
         assert ws.connected
     finally:
         ws.close()
+
+
+def test_nginx_never_retries_a_pop_on_another_host(db_dsn: str, tmp_path: Path) -> None:
+    """A pop has side effects (it leases): after an upstream error nginx answers it, it does
+    not send it to the next host. Reads that change nothing may still fail over."""
+    hosts = (Server(db_dsn), Server(db_dsn))
+    with servers(*hosts), nginx_before(hosts, tmp_path) as (url, _):
+        push(url, [item("retried", f"p{i}") for i in range(4)])
+        hosts[1].stop()
+        pops = [requests.get(f"{url}/api/v1/pop/queue/retried", timeout=10) for _ in range(4)]
+        assert 502 in [r.status_code for r in pops]  # round robin reached the stopped host
+        assert {r.status_code for r in pops} <= {200, 502}
+        reads = [requests.get(f"{url}/health", timeout=10) for _ in range(4)]
+        assert [r.status_code for r in reads] == [200] * 4  # failed over to the live host
