@@ -47,6 +47,15 @@ class Settings:
     worker_connections: int = _s(
         "QUEEN_WORKER_CONNECTIONS", 10000, "concurrent requests (long polls) per worker", least=1
     )
+    idle_timeout_s: float = _s(
+        "QUEEN_IDLE_TIMEOUT",
+        75.0,
+        "seconds a keep-alive connection may wait for its next request",
+        least=0.01,
+    )
+    header_timeout_s: float = _s(
+        "QUEEN_HEADER_TIMEOUT", 10.0, "seconds a request's headers may take to arrive", least=0.01
+    )
     worker_id: str = _s("WORKER_ID", "", "name recorded on leased messages (default: hostname-pid)")
     default_timeout_ms: int = _s("DEFAULT_TIMEOUT", 30000, "long-poll timeout (ms)", least=0)
     max_timeout_ms: int = _s("MAX_TIMEOUT", 60000, "largest long-poll timeout (ms)", least=0)

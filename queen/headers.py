@@ -20,6 +20,12 @@ from gevent.pywsgi import OldMessage  # type: ignore[import-untyped]
 
 MAX_LINE = 65536  # http.client's limits (_MAXLINE, _MAXHEADERS)
 MAX_HEADERS = 100
+
+
+class InvalidHeaders(ValueError):
+    """The request's header block cannot be read (gevent answers 400 and logs one line)."""
+
+
 # A field name as the email parser recognises one (printable ASCII but ':'), then ':'.
 FIELD = re.compile(r"[\x21-\x39\x3b-\x7e]+:")
 
@@ -35,7 +41,7 @@ def parse(fp: Any, *_args: Any) -> Any:
             return message
         lines.append(line)
         if len(lines) > MAX_HEADERS:
-            raise client.HTTPException(f"got more than {MAX_HEADERS} headers")
+            raise InvalidHeaders(f"more than {MAX_HEADERS} headers")
         if line in (b"\r\n", b"\n", b""):
             break
     message = OldMessage()
@@ -48,7 +54,10 @@ def parse(fp: Any, *_args: Any) -> Any:
         else:
             body = text  # the last line of a stream that ended
         if "\r" in body or "\n" in body or not FIELD.match(body):
-            return client.parse_headers(BytesIO(b"".join(lines)), _class=OldMessage)
+            try:
+                return client.parse_headers(BytesIO(b"".join(lines)), _class=OldMessage)
+            except client.HTTPException as exc:
+                raise InvalidHeaders(str(exc) or type(exc).__name__) from exc
         name, value = body.split(":", 1)
         message.set_raw(name, value.lstrip(" \t"))
     return message

@@ -6,6 +6,8 @@
   letting them run into graceful_timeout.
 - Request headers are parsed by queen.headers (the same result as gevent's parser,
   without the email package for the usual lines).
+- Client connections are bounded (queen.connections): idle keep-alive and slow headers
+  are closed, and a worker at its cap answers 503 at once.
 
 Imported by the gunicorn master (to find the worker class): nothing here may import
 psycopg, which must first be imported after the worker has monkey-patched.
@@ -21,6 +23,10 @@ from geventwebsocket.gunicorn.workers import GeventWebSocketWorker  # type: igno
 from geventwebsocket.handler import WebSocketHandler  # type: ignore[import-untyped]
 
 from queen import headers
+from queen.connections import BUSY_RESPONSE, HEADROOM, Limits, Registry
+
+MAX_REQUEST_LINE = 65536  # gevent.pywsgi's own limit (a longer line answers 414)
+_connections: Registry | None = None  # this worker process's (Worker.init_process)
 
 
 class Handler(WebSocketHandler):  # type: ignore[misc]
@@ -39,6 +45,30 @@ class Handler(WebSocketHandler):  # type: ignore[misc]
     def MessageClass(self, *args: Any) -> Any:  # noqa: N802 (gevent's name)
         return headers.parse(*args)
 
+    def handle(self) -> None:
+        registry = _connections
+        if registry is None:
+            super().handle()
+            return
+        if not registry.admit():
+            self.socket.sendall(BUSY_RESPONSE)
+            return
+        try:
+            super().handle()
+        finally:
+            registry.leave(self)
+
+    def read_requestline(self) -> str:
+        if _connections is None:
+            return str(super().read_requestline())
+        line = _connections.read_request_line(self, lambda: self.rfile.readline(MAX_REQUEST_LINE))
+        return line.decode("latin-1")
+
+    def read_request(self, raw_requestline: str) -> Any:
+        if _connections is None:
+            return super().read_request(raw_requestline)
+        return _connections.read_headers(lambda: super(Handler, self).read_request(raw_requestline))
+
     def get_environ(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_environ()
         env["gunicorn.socket"] = self.socket
@@ -49,6 +79,21 @@ class Worker(GeventWebSocketWorker):  # type: ignore[misc]
     """The gevent worker Queen runs in (worker_class in gunicorn.conf.py)."""
 
     wsgi_handler = Handler
+
+    def init_process(self) -> None:
+        """Bound this process's client connections, then run (in the worker, after fork)."""
+        from queen.config import Settings
+
+        global _connections
+        settings = Settings.from_env()
+        limits = Limits(
+            cap=int(self.cfg.worker_connections),
+            idle_s=settings.idle_timeout_s,
+            header_s=settings.header_timeout_s,
+        )
+        _connections = Registry(limits)
+        self.worker_connections = limits.cap + HEADROOM  # the pool: room to answer 503
+        super().init_process()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)  # stop accepting, then wait for in-flight requests

@@ -125,7 +125,10 @@ def free_port() -> int:
 class Server:
     """A real gunicorn (Queen's gunicorn.conf.py) on a free port, as a subprocess."""
 
-    def __init__(self, dsn: str, workers: int = 1, **env: str) -> None:
+    def __init__(
+        self, dsn: str, workers: int = 1, log_path: Path | None = None, **env: str
+    ) -> None:
+        self.log_path = log_path  # where gunicorn's output goes (default: inherited)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -135,10 +138,15 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> Server:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
-            env=self.env, cwd=ROOT,
-        )
+        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
+                env=self.env, cwd=ROOT, stdout=log, stderr=log,
+            )
+        finally:
+            if log:
+                log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

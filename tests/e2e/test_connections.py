@@ -1,0 +1,114 @@
+"""A worker bounds its client connections: idle keep-alive and slow headers are closed, and
+a worker at its connection cap makes room or answers 503 at once (queen/connections.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import Server
+
+REQUEST = b"GET /health HTTP/1.1\r\nHost: q\r\n\r\n"
+CLOSED_WITHIN = 10.0  # seconds: the bounds below are 1 s; the rest is a loaded machine's margin
+
+
+@pytest.fixture
+def bounded(db_dsn: str, tmp_path: Path) -> Iterator[Server]:
+    srv = Server(
+        db_dsn,
+        log_path=tmp_path / "gunicorn.log",
+        QUEEN_IDLE_TIMEOUT="1",
+        QUEEN_HEADER_TIMEOUT="1",
+        QUEEN_WORKER_CONNECTIONS="5",
+        LOG_LEVEL="info",
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def connect(srv: Server) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=CLOSED_WITHIN)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Read until the server closes the connection (fails after CLOSED_WITHIN)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_an_idle_keep_alive_connection_is_closed(bounded: Server) -> None:
+    with connect(bounded) as sock:
+        sock.sendall(REQUEST)
+        time.sleep(0.2)
+        started = time.monotonic()
+        answer = read_all(sock)  # the answer, then the close
+        assert answer.startswith(b"HTTP/1.1 200")
+        assert time.monotonic() - started < CLOSED_WITHIN
+    with connect(bounded) as silent:  # connected, never sent a byte
+        assert read_all(silent) == b""
+
+
+def test_headers_that_take_too_long_get_a_400_and_a_close(bounded: Server) -> None:
+    with connect(bounded) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: q\r\n")
+        time.sleep(0.3)
+        sock.sendall(b"X-Slow: 1\r\n")  # slowloris: a header now and then, never the end
+        assert read_all(sock).startswith(b"HTTP/1.1 400")
+    assert requests.get(f"{bounded.url}/health", timeout=10).status_code == 200
+
+
+def test_too_many_headers_get_a_400_and_one_log_line(bounded: Server) -> None:
+    many = b"".join(b"X-%d: v\r\n" % i for i in range(150))
+    with connect(bounded) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: q\r\n" + many + b"\r\n")
+        assert read_all(sock).startswith(b"HTTP/1.1 400")
+    time.sleep(0.3)
+    log = bounded.log_path.read_text() if bounded.log_path else ""
+    assert "more than 100 headers" in log
+    assert "Traceback" not in log
+
+
+def test_at_the_cap_the_connection_idle_longest_makes_room(bounded: Server) -> None:
+    idle = [connect(bounded) for _ in range(5)]
+    time.sleep(0.3)  # all five accepted and waiting for a request line
+    try:
+        assert requests.get(f"{bounded.url}/health", timeout=10).status_code == 200
+        assert read_all(idle[0]) == b""  # the oldest was closed to make room
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_at_the_cap_with_nothing_idle_a_request_gets_503_at_once(bounded: Server) -> None:
+    polls = []
+    for i in range(5):  # five long polls: busy connections, none idle
+        sock = connect(bounded)
+        sock.sendall(
+            b"GET /api/v1/pop/queue/q/partition/p%d?wait=true&timeout=3000 HTTP/1.1\r\n"
+            b"Host: q\r\n\r\n" % i
+        )
+        polls.append(sock)
+    time.sleep(0.5)
+    try:
+        r = requests.get(f"{bounded.url}/health", timeout=10)
+        assert r.status_code == 503
+        assert r.headers["Retry-After"] == "1"
+        assert "too many connections" in json.loads(r.content)["error"]
+        # Once the polls have answered (204 at their 3 s timeout) their connections are
+        # idle, and the next request makes room again.
+        deadline = time.monotonic() + 3 + CLOSED_WITHIN
+        while requests.get(f"{bounded.url}/health", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the worker did not take connections again"
+            time.sleep(0.1)
+    finally:
+        for sock in polls:
+            sock.close()
