@@ -18,9 +18,8 @@ from queen.store.tokens import Tokens
 
 @contextlib.contextmanager
 def _tokens() -> Iterator[Tokens]:
-    """Open the configured database (migrated, so the tokens table exists)."""
+    """Open the configured database (or the embedded one `queen serve` would start)."""
     from queen.store.db import Database
-    from queen.store.migrate import migrate
 
     settings = Settings.from_env()
     if settings.database_configured:
@@ -29,7 +28,6 @@ def _tokens() -> Iterator[Tokens]:
         from queen.embedded import default_data_dir, start_embedded
 
         dsn = start_embedded(settings.embedded_dir or str(default_data_dir()))
-    migrate(dsn)
     db = Database(dsn, pool_size=1, application_name="queen-token")
     db.open()
     try:

@@ -223,8 +223,10 @@ def _close_socket(req: falcon.Request, exc: falcon.HTTPError) -> None:
     if ws is None:
         return
     code = CLOSE_CODES.get(int(exc.status_code), 4400)
-    reason = (exc.description or exc.title or "refused").encode()[:120]
-    ws.close(message=struct.pack("!H", code) + reason)
+    reason = (exc.description or exc.title or "refused")[:120]
+    # geventwebsocket sends close's message as UTF-8 text: the code's two bytes (both
+    # below 0x80 for 4400-4429) pass through unchanged, then the reason.
+    ws.close(message=struct.pack("!H", code).decode("ascii") + reason)
 
 
 class JSONBodyMiddleware:

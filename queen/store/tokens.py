@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+from collections.abc import Iterator
 
+from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
+from queen.errors import Unavailable
 from queen.store.db import Database
+
+
+@contextlib.contextmanager
+def _migrated() -> Iterator[None]:
+    """Name the fix when the database predates migration 0005."""
+    try:
+        yield
+    except pg_errors.UndefinedTable as exc:
+        raise Unavailable("the database has no tokens yet: run `queen migrate` first") from exc
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,11 +63,13 @@ class Tokens:
             "queues": queues,
             "rate": rate,
         }
-        return bool(self.db.fetch("token_create", params))
+        with _migrated():
+            return bool(self.db.fetch("token_create", params))
 
     def find(self, token_hash: bytes) -> StoredToken | None:
         """Return the live token with this hash, or None."""
-        rows = self.db.fetch("token_find", {"token_hash": token_hash}, dict_row)
+        with _migrated():
+            rows = self.db.fetch("token_find", {"token_hash": token_hash}, dict_row)
         if not rows:
             return None
         row = rows[0]
@@ -67,8 +82,11 @@ class Tokens:
         )
 
     def list(self) -> list[TokenInfo]:
-        return [TokenInfo(**row) for row in self.db.fetch("token_list", None, dict_row)]
+        with _migrated():
+            rows = self.db.fetch("token_list", None, dict_row)
+        return [TokenInfo(**row) for row in rows]
 
     def revoke(self, name: str) -> bool:
         """Revoke a live token; False when there is none of that name."""
-        return bool(self.db.fetch("token_revoke", {"name": name}))
+        with _migrated():
+            return bool(self.db.fetch("token_revoke", {"name": name}))
