@@ -12,10 +12,12 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from queen.auth import Principal, parse_queues, token_hash
-from queen.store.tokens import StoredToken
+
+if TYPE_CHECKING:
+    from queen.store.tokens import StoredToken
 
 TOKEN_TTL_S = 0.5  # seconds a lookup is trusted: revocation reaches every worker within it
 MAX_CACHED = 10_000  # lookups kept per worker; the cache starts over when it is full

@@ -8,18 +8,21 @@ import functools
 import secrets
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from queen import auth
 from queen.config import Settings
 from queen.errors import InvalidInput, QueenError
-from queen.store.tokens import Tokens
+
+if TYPE_CHECKING:
+    from queen.store.tokens import Tokens
 
 
 @contextlib.contextmanager
 def _tokens() -> Iterator[Tokens]:
     """Open the configured database (or the embedded one `queen serve` would start)."""
     from queen.store.db import Database
+    from queen.store.tokens import Tokens
 
     settings = Settings.from_env()
     if settings.database_configured:
@@ -106,10 +109,13 @@ def add_parser(sub: Any) -> None:
     create.add_argument("--role", required=True, choices=list(auth.ROLES))
     create.add_argument("--name", help="a name for it (default: role and a random suffix)")
     create.add_argument(
-        "--queues", default=auth.EVERY_QUEUE, help="comma-separated queue globs (default: *)"
+        "--queues",
+        metavar="GLOB",
+        default=auth.EVERY_QUEUE,
+        help="comma-separated queue globs (default: *)",
     )
     create.add_argument(
-        "--rate", type=_rate, help="requests per second per worker (default: no limit)"
+        "--rate", type=_rate, metavar="N", help="requests per second per worker (default: no limit)"
     )
     create.set_defaults(func=cmd_create)
     actions.add_parser("list", help="list tokens (never their values)").set_defaults(func=cmd_list)
