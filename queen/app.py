@@ -81,7 +81,7 @@ class CORSMiddleware:
             resp.set_header("Access-Control-Allow-Origin", "*")
             resp.set_headers(CORS_HEADERS)
             return
-        resp.append_header("Vary", "Origin")
+        resp.set_header("Vary", "Origin")
         origin = req.get_header("Origin")
         if origin is not None and origin in self.origins:
             resp.set_header("Access-Control-Allow-Origin", origin)
