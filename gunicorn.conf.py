@@ -5,10 +5,16 @@ Nothing here imports psycopg: the gevent worker patches the standard library aft
 fork, and each worker then builds its own pool and LISTEN connection (no preload).
 """
 
+import sys
+
 from queen import multiproc
-from queen.config import Settings
+from queen.config import SettingError, Settings, check_exposure
 
 _settings = Settings.from_env()
+try:
+    check_exposure(_settings)
+except SettingError as exc:
+    sys.exit(f"queen: {exc}")
 _metrics_dir = multiproc.prepare()  # before any worker imports prometheus_client
 
 wsgi_app = "queen.wsgi:get_app()"

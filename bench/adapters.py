@@ -130,7 +130,9 @@ class QueenSqlClient:
             PAYLOAD_JSON,
         )
         body = b'{"items":[' + b",".join([item] * n) + b"]}"
-        self.conn.execute(self.queries["push"], {"body": body.decode()}).fetchall()
+        self.conn.execute(
+            self.queries["push"], {"body": body.decode(), "producer": None}
+        ).fetchall()
         # What a worker sends once the push committed (queen.store.polling.PushWakeups).
         self.conn.execute(
             self.queries["notify_pushed"], {"queues": [self.queue], "partitions": [partition]}

@@ -1,4 +1,4 @@
-"""The WSGI application: routes, CORS, and the one mapping of domain errors to HTTP."""
+"""The WSGI application: routes, CORS, authentication, and the one mapping of errors to HTTP."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import falcon
 
 from queen.api import admin, analytics, resources, send_json
+from queen.api.auth import AuthMiddleware, JSONBodyMiddleware
 from queen.api.dashboard import (
     DashboardPageResource,
     DashboardSocketResource,
@@ -18,6 +19,7 @@ from queen.api.messages import AckBatchResource, AckResource, PopResource, PushR
 from queen.api.metrics import MetricsMiddleware, PrometheusResource
 from queen.api.queues import ConfigureResource
 from queen.api.system import HealthResource, MetricsResource, OpenAPIResource
+from queen.auth_cache import TokenVerifier
 from queen.config import Settings
 from queen.dashboard import STATIC_DIR
 from queen.dashboard.hub import Hub
@@ -46,7 +48,6 @@ STATUS_OF: dict[type[QueenError], str] = {
     Unavailable: falcon.HTTP_503,
 }
 CORS_HEADERS = {
-    "Access-Control-Allow-Origin": "*",
     "Access-Control-Allow-Methods": "GET, POST, PUT, DELETE, OPTIONS",
     "Access-Control-Allow-Headers": "Content-Type, Authorization",
     "Access-Control-Max-Age": "86400",
@@ -54,18 +55,37 @@ CORS_HEADERS = {
 
 
 class CORSMiddleware:
-    """Put the CORS headers on every response; answer preflight requests."""
+    """Put the CORS headers on every response; answer preflight requests.
+
+    origins: "*" answers every origin; a comma-separated list answers only those, each
+    with its own Origin echoed (and `Vary: Origin` for caches).
+    """
+
+    def __init__(self, origins: str = "*") -> None:
+        listed = {o.strip().rstrip("/") for o in origins.split(",") if o.strip()}
+        self.origins: frozenset[str] | None = None if "*" in listed else frozenset(listed)
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         if req.method == "OPTIONS":
-            resp.set_headers(CORS_HEADERS)
+            self._set_headers(req, resp)
             resp.status = falcon.HTTP_204
             resp.complete = True
 
     def process_response(
         self, req: falcon.Request, resp: falcon.Response, resource: Any, ok: bool
     ) -> None:
-        resp.set_headers(CORS_HEADERS)
+        self._set_headers(req, resp)
+
+    def _set_headers(self, req: falcon.Request, resp: falcon.Response) -> None:
+        if self.origins is None:
+            resp.set_header("Access-Control-Allow-Origin", "*")
+            resp.set_headers(CORS_HEADERS)
+            return
+        resp.set_header("Vary", "Origin")
+        origin = req.get_header("Origin")
+        if origin is not None and origin in self.origins:
+            resp.set_header("Access-Control-Allow-Origin", origin)
+            resp.set_headers(CORS_HEADERS)
 
 
 def _queen_error(req: falcon.Request, resp: falcon.Response, ex: QueenError, params: Any) -> None:
@@ -102,7 +122,11 @@ def create_app(
     hub = hub or Hub.from_settings(settings, store.dashboard)
     poller = LongPoller(store, events, settings.effective_worker_id, clock)
     measure = MetricsMiddleware(store)
-    middleware: list[Any] = [measure, CORSMiddleware()]
+    middleware: list[Any] = [measure, CORSMiddleware(settings.cors_origins)]
+    if settings.auth_on:
+        verifier = TokenVerifier(store.tokens.find, clock)
+        middleware.append(AuthMiddleware(store, verifier, settings.metrics_auth == "on"))
+    middleware.append(JSONBodyMiddleware())
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(Exception, _unexpected)

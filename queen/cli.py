@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from queen.config import SettingError, Settings, env_table
+from queen import tokens_cli
+from queen.config import SettingError, Settings, check_exposure, env_table
 
 log = logging.getLogger("queen")
 
@@ -46,6 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from queen.store.migrate import migrate
 
     settings = Settings.from_env(host=args.host, port=args.port, workers=args.workers)
+    check_exposure(settings)
     env = _database_env(settings)
     env.update(HOST=settings.host, PORT=str(settings.port), QUEEN_WORKERS=str(settings.workers))
     dsn = env.get("DATABASE_URL") or settings.dsn
@@ -111,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="queen", description="Queen message queue server")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the HTTP API (gunicorn) and the maintenance process")
-    serve.add_argument("--host", help="listen address (env HOST, default 0.0.0.0)")
+    serve.add_argument("--host", help="listen address (env HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (env PORT, default 6632)")
     serve.add_argument(
         "--workers", type=int, help="gunicorn workers (env QUEEN_WORKERS, default 2)"
@@ -128,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         "maintenance", help="run the maintenance process", add_help=False
     ).set_defaults(func=cmd_maintenance)
     sub.add_parser("env", help="list the environment variables").set_defaults(func=cmd_env)
+    tokens_cli.add_parser(sub)
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping
@@ -14,11 +15,17 @@ class SettingError(ValueError):
 
 
 def _s(
-    env: str, default: Any, doc: str, least: float | None = None, most: float | None = None
+    env: str,
+    default: Any,
+    doc: str,
+    least: float | None = None,
+    most: float | None = None,
+    choices: tuple[str, ...] | None = None,
 ) -> Any:
-    """Declare a setting: its environment variable, default, help text and allowed range."""
+    """Declare a setting: its environment variable, default, help text and allowed values."""
     return dataclasses.field(
-        default=default, metadata={"env": env, "doc": doc, "least": least, "most": most}
+        default=default,
+        metadata={"env": env, "doc": doc, "least": least, "most": most, "choices": choices},
     )
 
 
@@ -41,7 +48,7 @@ class Settings:
     statement_timeout_ms: int = _s(
         "QUEEN_STATEMENT_TIMEOUT", 30000, "statement_timeout of API connections (ms)", least=0
     )
-    host: str = _s("HOST", "0.0.0.0", "address to listen on")
+    host: str = _s("HOST", "127.0.0.1", "address to listen on")
     port: int = _s("PORT", 6632, "port to listen on", least=1, most=65535)
     workers: int = _s("QUEEN_WORKERS", 2, "gunicorn worker processes", least=1)
     worker_connections: int = _s(
@@ -119,6 +126,21 @@ class Settings:
         least=0,
     )
     log_level: str = _s("LOG_LEVEL", "info", "log level")
+    auth: str = _s(
+        "QUEEN_AUTH",
+        "",
+        "on: every API request needs a token; off: open (unset: off, loopback HOST only)",
+        choices=("on", "off"),
+    )
+    metrics_auth: str = _s(
+        "QUEEN_METRICS_AUTH",
+        "off",
+        "on: /metrics/prometheus needs a token too (with QUEEN_AUTH=on)",
+        choices=("on", "off"),
+    )
+    cors_origins: str = _s(
+        "QUEEN_CORS_ORIGINS", "*", "origins browsers may call from: * or a comma-separated list"
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -134,6 +156,11 @@ class Settings:
             if field.name in values:
                 _check_range(field, values[field.name])
         return cls(**values)
+
+    @property
+    def auth_on(self) -> bool:
+        """Tell whether requests need a token (QUEEN_AUTH=on)."""
+        return self.auth == "on"
 
     @property
     def database_configured(self) -> bool:
@@ -162,6 +189,12 @@ class Settings:
 
 
 def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
+    choices = field.metadata["choices"]
+    if choices is not None:
+        if raw.lower() not in choices:
+            env = field.metadata["env"]
+            raise SettingError(f"{env}={raw!r} must be one of {', '.join(choices)}")
+        return raw.lower()
     kind: type[Any] = type(field.default)
     try:
         return kind(raw)
@@ -174,10 +207,36 @@ def _check_range(field: dataclasses.Field[Any], value: Any) -> None:
     """Refuse a value outside the setting's range, naming its variable."""
     least, most = field.metadata["least"], field.metadata["most"]
     env = field.metadata["env"]
+    choices = field.metadata["choices"]
+    if choices is not None and value != field.default and value not in choices:
+        raise SettingError(f"{env}={value!r} must be one of {', '.join(choices)}")
     if least is not None and value < least:
         raise SettingError(f"{env}={value!r} is too small (at least {least})")
     if most is not None and value > most:
         raise SettingError(f"{env}={value!r} is too large (at most {most})")
+
+
+def is_loopback(host: str) -> bool:
+    """Tell whether a listen address only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse to serve an open API beyond this machine unless QUEEN_AUTH=off says so.
+
+    Queen's protected mode: with QUEEN_AUTH unset, only a loopback HOST is allowed.
+    """
+    if settings.auth == "" and not is_loopback(settings.host):
+        raise SettingError(
+            f"refusing to listen on {settings.host} without authentication: set QUEEN_AUTH=on"
+            " (tokens: `queen token create`), or QUEEN_AUTH=off to serve it open anyway,"
+            " or HOST=127.0.0.1"
+        )
 
 
 def _quote(value: str) -> str:

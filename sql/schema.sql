@@ -779,8 +779,9 @@ CREATE TYPE queen.push_target AS (queue text, partition text, partition_id uuid,
 -- Insert a batch of messages (the push body's "items" array) in one call.
 -- Queues and partitions are created as needed; a transactionId already stored
 -- (or repeated earlier in the batch) is a duplicate; items past a queue's maxSize
--- are rejected. Returns one row per item, in item order.
-CREATE FUNCTION queen.push(p_items jsonb)
+-- are rejected. p_producer: the name of the token that pushed (NULL without
+-- authentication), kept on each message. Returns one row per item, in item order.
+CREATE FUNCTION queen.push(p_items jsonb, p_producer text DEFAULT NULL)
 RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -882,18 +883,18 @@ BEGIN
         -- Ids the client chose may be stored already: those rows are left out (and
         -- reported below). Inserted in transactionId order: concurrent pushes sharing
         -- ids take them in the same order and wait for each other instead of deadlocking.
-        INSERT INTO queen.messages (transaction_id, id, seq, partition_id, payload, encrypted)
+        INSERT INTO queen.messages (transaction_id, id, seq, partition_id, payload, encrypted, producer)
         OVERRIDING SYSTEM VALUE
-        SELECT a.transaction_id, a.id, a.seq, a.partition_id, a.payload, a.encrypted
+        SELECT a.transaction_id, a.id, a.seq, a.partition_id, a.payload, a.encrypted, p_producer
         FROM unnest(accepted) a ORDER BY a.transaction_id COLLATE "C", a.idx
         ON CONFLICT DO NOTHING;
     ELSE
         -- Ids made here (UUIDv7, random in 74 bits) are new: a plain insert, without the
         -- conflict check of each row against the primary key first and the second WAL
         -- record that ON CONFLICT costs (2 of 16 us per row).
-        INSERT INTO queen.messages (transaction_id, id, seq, partition_id, payload, encrypted)
+        INSERT INTO queen.messages (transaction_id, id, seq, partition_id, payload, encrypted, producer)
         OVERRIDING SYSTEM VALUE
-        SELECT a.transaction_id, a.id, a.seq, a.partition_id, a.payload, a.encrypted
+        SELECT a.transaction_id, a.id, a.seq, a.partition_id, a.payload, a.encrypted, p_producer
         FROM unnest(accepted) a;
     END IF;
     GET DIAGNOSTICS stored = ROW_COUNT;
@@ -1118,7 +1119,7 @@ $$;
 -- plans do not depend on the values (a partition, a lease, a batch of keys; the claim's
 -- index walk is pinned by enable_bitmapscan = off), so they are planned once per session.
 -- (Not pop_filtered: its "namespace IS NULL OR namespace = ..." needs the value to use an index.)
-ALTER FUNCTION queen.push(jsonb) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.push(jsonb, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.pop_queue(text, integer, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.pop_queue_id(uuid, integer, text) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.pop_partition(text, text, integer, text) SET plan_cache_mode = force_generic_plan;
@@ -1946,3 +1947,24 @@ BEGIN
     RETURN cleared;
 END
 $$;
+
+-- ---------------------------------------------------------------------------
+-- API tokens (migration 0005)
+-- ---------------------------------------------------------------------------
+
+-- One row per token made by `queen token create`. Only a SHA-256 hash of the token is
+-- kept (the token itself is shown once); requests find their token by that hash.
+-- A revoked token keeps its row, so its name stays taken and the producer recorded on
+-- its messages keeps naming one token.
+CREATE TABLE queen.tokens (
+    name        text COLLATE "C" PRIMARY KEY,
+    token_hash  bytea NOT NULL UNIQUE CHECK (length(token_hash) = 32),
+    role        text NOT NULL CHECK (role IN ('admin', 'producer', 'consumer', 'reader')),
+    queues      text NOT NULL DEFAULT '*',            -- comma-separated fnmatch globs
+    rate        double precision CHECK (rate > 0),    -- requests per second; NULL: no limit
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    revoked_at  timestamptz
+);
+
+-- The name of the token each message was pushed with (NULL without authentication).
+ALTER TABLE queen.messages ADD COLUMN producer text;

@@ -9,7 +9,7 @@ import falcon
 import orjson
 
 from queen.analytics import STATUSES
-from queen.api import send_json, validation
+from queen.api import auth, send_json, validation
 from queen.errors import InvalidInput
 from queen.models import iso
 from queen.store import Store
@@ -107,10 +107,13 @@ class MessageResource:
         self.store = store
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
-        send_json(resp, message_json(self.store.admin.get(transaction_id(txid))))
+        message = self.store.admin.get(transaction_id(txid))
+        auth.check_queue(req, message.queue)
+        send_json(resp, {**message_json(message), "producer": message.producer})
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
         txid = transaction_id(txid)
+        auth.check_messages(req, self.store, [txid])
         self.store.admin.delete(txid)
         send_json(resp, {"deleted": True, "transactionId": txid})
 
@@ -123,6 +126,7 @@ class MessageRetryResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
         txid = transaction_id(txid)
+        auth.check_messages(req, self.store, [txid])
         self.store.admin.retry(txid)
         send_json(resp, {"retried": True, "transactionId": txid})
 
@@ -135,6 +139,7 @@ class MessageDeadLetterResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
         txid = transaction_id(txid)
+        auth.check_messages(req, self.store, [txid])
         self.store.admin.dead_letter(txid)
         send_json(resp, {"movedToDLQ": True, "transactionId": txid})
 
@@ -147,7 +152,9 @@ class RelatedMessagesResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, txid: str) -> None:
         limit = validation.int_param(req.params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
-        related = self.store.admin.related(transaction_id(txid), limit)
+        txid = transaction_id(txid)
+        auth.check_messages(req, self.store, [txid])
+        related = self.store.admin.related(txid, limit)
         send_json(resp, {"messages": [related_json(m) for m in related]})
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import falcon
 import orjson
 
-from queen.api import read_body, send_json, validation
+from queen.api import auth, read_body, send_json, validation
 from queen.dashboard import formats
 from queen.dashboard.hub import SILENT, Publisher
 from queen.errors import NotFound, QueueFull
@@ -28,7 +28,11 @@ class PushResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         raw = read_body(req)
         items = validation.push_items(validation.parse_json_object(raw), raw, self.max_batch)
-        results = self.store.messages.push(raw, items)
+        principal = auth.principal_of(req)
+        if principal is not None:
+            auth.check_queues(req, (item["queue"] for item in items))
+        producer = principal.name if principal is not None else None
+        results = self.store.messages.push(raw, items, producer)
         self.hub.publish(formats.PUSHED, items, results)
         statuses = [r.status for r in results]
         if statuses.count("rejected") == len(statuses):
@@ -157,6 +161,7 @@ class AckResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         ack = validation.acknowledgment(validation.parse_json_object(read_body(req)))
+        auth.check_messages(req, self.store, [ack["transactionId"]])
         (result,) = self.store.messages.ack([ack])
         if result.status == "not_found":
             raise NotFound(f"message {result.transaction_id!r} not found")
@@ -174,6 +179,7 @@ class AckBatchResource:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         doc = validation.parse_json_object(read_body(req))
         acks = validation.acknowledgments(doc, self.max_batch)
+        auth.check_messages(req, self.store, [a["transactionId"] for a in acks])
         results = self.store.messages.ack(acks)
         self.hub.publish(formats.ACKED, acks, results)
         found = [r for r in results if r.status != "not_found"]

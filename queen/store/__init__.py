@@ -11,6 +11,7 @@ from queen.store.messages import Messages
 from queen.store.polling import Polling
 from queen.store.queues import Queues
 from queen.store.reads import Reads
+from queen.store.tokens import Tokens
 
 
 class Store:
@@ -26,6 +27,7 @@ class Store:
         self.reads = Reads(db)
         self.analytics = Analytics(self.reads)
         self.admin = Admin(db, self.reads, encryption_key)
+        self.tokens = Tokens(db)
 
     @classmethod
     def from_settings(cls, settings: Settings, application_name: str = "queen") -> Store:

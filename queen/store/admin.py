@@ -91,6 +91,7 @@ class StoredMessage:
     retry_count: int
     lease_expires_at: dt.datetime | None
     options: dict[str, Any] | None = None
+    producer: str | None = None  # the pushing token's name; only for a single get
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,6 +140,7 @@ class Admin:
             retry_count=row["retry_count"],
             lease_expires_at=row["lease_expires_at"],
             options=options_from_row(row) if with_options else None,
+            producer=row.get("producer"),
         )
 
     def page(self, where: MessageFilter, limit: int, offset: int) -> list[StoredMessage]:

@@ -73,12 +73,17 @@ class Messages:
         # Wakes long polls once a push committed (the session defers it: see db.py).
         self.after_push = PushWakeups(db).pushed
 
-    def push(self, body: bytes | str, items: list[dict[str, Any]]) -> list[PushResult]:
-        """Store validated items; body is the raw request ({"items": [...]}) they came from."""
+    def push(
+        self, body: bytes | str, items: list[dict[str, Any]], producer: str | None = None
+    ) -> list[PushResult]:
+        """Store validated items; body is the raw request ({"items": [...]}) they came from.
+
+        producer: the name of the token that pushed them, kept on each message.
+        """
         secret = self._secret_items(items) if self.queues.any_encrypted() else None
         if secret is not None or _claims_encrypted(body, items):
             body = self._seal(items, secret)
-        params = {"body": body if isinstance(body, str) else body.decode()}
+        params = {"body": body if isinstance(body, str) else body.decode(), "producer": producer}
         results = self.db.fetch("push", params, _push_results)
         self.after_push(items)
         return results

@@ -1,7 +1,8 @@
 -- Runtime statements, by name. DDL and the functions they call live in sql/.
 
 -- push: insert the items of a push body ({"items": [...]}), one row per item --
-SELECT idx, message_id, transaction_id, status FROM queen.push(%(body)s::jsonb -> 'items')
+SELECT idx, message_id, transaction_id, status
+FROM queen.push(%(body)s::jsonb -> 'items', %(producer)s)
 
 -- pop_partition: claim up to batch messages from one named partition --
 SELECT * FROM queen.pop_partition(%(queue)s, %(partition)s, %(batch)s, %(worker)s)
@@ -415,7 +416,7 @@ LIMIT %(limit)s OFFSET %(offset)s
 SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
        m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
        m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at,
-       q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
+       m.producer, q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
        q.delayed_processing, q.window_buffer, q.retention_seconds,
        q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
        q.max_wait_time_seconds
@@ -459,3 +460,21 @@ SELECT queen.set_message_status(%(transaction_id)s, %(from)s::text[], %(to)s) AS
 
 -- clear_messages: delete the messages of a queue or of one of its partitions; NULL when it does not exist --
 SELECT queen.clear_messages(%(queue)s, %(partition)s) AS cleared
+
+-- token_create: store a new token's hash under its name; no row when the name is taken --
+INSERT INTO queen.tokens (name, token_hash, role, queues, rate)
+VALUES (%(name)s, %(token_hash)s, %(role)s, %(queues)s, %(rate)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name
+
+-- token_find: the live token with this hash (no row: unknown or revoked) --
+SELECT name, token_hash, role, queues, rate FROM queen.tokens
+WHERE token_hash = %(token_hash)s AND revoked_at IS NULL
+
+-- token_list: every token, live and revoked, by name --
+SELECT name, role, queues, rate, created_at, revoked_at FROM queen.tokens ORDER BY name
+
+-- token_revoke: revoke a live token by name; no row when there is none --
+UPDATE queen.tokens SET revoked_at = now()
+WHERE name = %(name)s AND revoked_at IS NULL
+RETURNING name

@@ -24,6 +24,7 @@ CORS = {
     "Access-Control-Allow-Headers": "Content-Type, Authorization",
     "Access-Control-Max-Age": "86400",
 }
+JSON = {"Content-Type": "application/json"}
 DEFAULT_OPTIONS = {
     "leaseTime": 300,
     "retryLimit": 3,
@@ -678,7 +679,7 @@ def test_bad_ack_is_refused_and_changes_nothing(
     push(url, [{"queue": name, "payload": 1, "transactionId": f"{name}-tx"}])
     _pop_one(url, name)
     if isinstance(body, bytes):
-        r = requests.post(f"{url}/{path}", data=body, timeout=10)
+        r = requests.post(f"{url}/{path}", data=body, headers=JSON, timeout=10)
     else:
         r = requests.post(f"{url}/{path}", json=_fill(body, "{tx}", f"{name}-tx"), timeout=10)
     assert_json_error(r, status)
@@ -715,7 +716,7 @@ BAD_CONFIGURE: list[tuple[str, Any]] = [
 def test_bad_configure_is_refused_and_creates_nothing(url: str, api_db: str, body: Any) -> None:
     before = db_state(api_db)
     if isinstance(body, bytes):
-        r = requests.post(f"{url}/configure", data=body, timeout=10)
+        r = requests.post(f"{url}/configure", data=body, headers=JSON, timeout=10)
     else:
         r = requests.post(f"{url}/configure", json=_fill(body, "{q}", q()), timeout=10)
     assert_json_error(r, 400)

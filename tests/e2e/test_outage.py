@@ -105,7 +105,9 @@ def test_503_while_the_database_is_away_then_recovery(
             break
         time.sleep(0.5)
     # Bad input is still answered 400 without the database.
-    assert requests.post(f"{api}/push", data=b"{", timeout=15).status_code == 400
+    assert requests.post(
+        f"{api}/push", data=b"{", headers={"Content-Type": "application/json"}, timeout=15
+    ).status_code == 400
 
     unblock(server_dsn, _dbname(db_dsn))
     back = time.monotonic()

@@ -249,7 +249,9 @@ def test_push_into_existing_partitions(explained: Explained) -> None:
     items = [
         {"queue": "big", "partition": f"p{n % 5 + 90:04d}", "payload": {"n": n}} for n in range(10)
     ]
-    rows, plans = explained.run("push", {"body": orjson.dumps({"items": items}).decode()})
+    rows, plans = explained.run(
+        "push", {"body": orjson.dumps({"items": items}).decode(), "producer": None}
+    )
     assert [r[3] for r in rows] == ["queued"] * 10
     # The backlog and the heads are checked here: push still resolves queue and
     # partition names with hash joins over those tables when they are small (see
@@ -280,7 +282,7 @@ def test_plans_made_on_an_empty_table_stay_on_indexes(server_dsn: str, template_
             body = orjson.dumps({"items": [item]}).decode()
 
             def cycle() -> list[Plan]:
-                _, plans = e.run("push", {"body": body})
+                _, plans = e.run("push", {"body": body, "producer": None})
                 popped, more = e.run("pop_queue", _pop_params(queue="q", batch=1))
                 assert len(popped) == 1
                 acks = [{"transactionId": popped[0][1], "status": "completed"}]

@@ -4,6 +4,8 @@
   "use strict";
 
   const WS_URL = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/dashboard`;
+  const TOKEN_KEY = "queen.token"; // sessionStorage, or localStorage when remembered
+  const REFUSED = new Set([4401, 4403]); // the socket's close codes for 401 and 403
   const THROUGHPUT_URL = "/api/v1/analytics/throughput";
   const PING_EVERY_MS = 30000;
   const CHART_REFRESH_MS = 15000;
@@ -27,6 +29,43 @@
     renderQueued: false,
   };
 
+  // ---------------------------------------------------------------- token
+
+  // With QUEEN_AUTH=on every data request needs a token: the page asks for one when the
+  // server refuses, keeps it in the browser only, and sends it as a Bearer header (and as
+  // ?token= on the socket, since browsers cannot set headers on a WebSocket).
+  const token = () => sessionStorage.getItem(TOKEN_KEY) || localStorage.getItem(TOKEN_KEY);
+  const authHeaders = () => (token() ? { Authorization: `Bearer ${token()}` } : {});
+  let signedOut = false;
+
+  function askForToken(reason) {
+    signedOut = true;
+    sessionStorage.removeItem(TOKEN_KEY);
+    localStorage.removeItem(TOKEN_KEY);
+    if (reason) $("login-reason").textContent = reason;
+    $("login").hidden = false;
+    $("sign-out").hidden = true;
+    setStatus("closed", "sign in to continue");
+  }
+
+  $("login").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const value = $("login-token").value.trim();
+    if (!value) return;
+    ($("login-remember").checked ? localStorage : sessionStorage).setItem(TOKEN_KEY, value);
+    $("login-token").value = "";
+    $("login").hidden = true;
+    signedOut = false;
+    retryMs = 500;
+    if (socket) socket.close();
+    else connect();
+    loadThroughput();
+  });
+  $("sign-out").addEventListener("click", () => {
+    askForToken("Signed out.");
+    if (socket) socket.close();
+  });
+
   // ---------------------------------------------------------------- WebSocket
 
   let socket = null;
@@ -34,11 +73,14 @@
   let pingTimer = null;
 
   function connect() {
+    if (signedOut) return;
     setStatus("connecting", "connecting…");
-    socket = new WebSocket(WS_URL);
+    const query = token() ? `?token=${encodeURIComponent(token())}` : "";
+    socket = new WebSocket(WS_URL + query);
     socket.onopen = () => {
       retryMs = 500;
       setStatus("open", "live");
+      $("sign-out").hidden = !token();
       sendSubscription();
       pingTimer = setInterval(() => socket.readyState === 1 && socket.send("ping"), PING_EVERY_MS);
     };
@@ -52,8 +94,14 @@
       }
       handle(event);
     };
-    socket.onclose = () => {
+    socket.onclose = (e) => {
       clearInterval(pingTimer);
+      socket = null;
+      if (REFUSED.has(e.code)) {
+        askForToken(e.reason || "The server refused this token.");
+        return;
+      }
+      if (signedOut) return;
       setStatus("closed", `reconnecting in ${Math.round(retryMs / 1000)}s`);
       setTimeout(connect, retryMs);
       retryMs = Math.min(retryMs * 2, 10000);
@@ -326,7 +374,8 @@
     const params = new URLSearchParams();
     if (state.chartQueue) params.set("queue", state.chartQueue);
     try {
-      const resp = await fetch(`${THROUGHPUT_URL}?${params}`);
+      const resp = await fetch(`${THROUGHPUT_URL}?${params}`, { headers: authHeaders() });
+      if (resp.status === 401) askForToken("This server needs an API token.");
       if (!resp.ok) return;
       // Newest first, rates nested: chart oldest first, messages per minute.
       chartData = ((await resp.json()).throughput || []).slice(0, CHART_MINUTES).reverse()

@@ -1,0 +1,379 @@
+"""Every role against every route, on the app itself over a real database (QUEEN_AUTH=on).
+
+ROUTES holds one entry per (method, route) the app serves; the first test fails when the
+app gains a route this table does not list, so no route can be added without deciding
+who may call it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import falcon
+import pytest
+from falcon import inspect, testing
+
+from queen import auth
+from queen.api.auth import POLICY
+from queen.app import create_app
+from queen.config import Settings
+from queen.store import Store
+
+ALL_ROLES = frozenset(auth.ROLES)
+READERS = ALL_ROLES  # every role reads
+PUBLIC = None  # no token needed at all
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    path: str
+    allowed: frozenset[str] | None  # roles that get past authorization; None: public
+    body: Any = None
+
+
+def roles(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+ADMIN = roles("admin")
+A = "/api/v1"
+ROUTES: dict[tuple[str, str], Case] = {
+    ("POST", f"{A}/push"): Case(
+        f"{A}/push", roles("producer", "admin"), {"items": [{"queue": "qa", "payload": 1}]}
+    ),
+    ("GET", f"{A}/pop/queue/{{queue}}/partition/{{partition}}"): Case(
+        f"{A}/pop/queue/qa/partition/Default", roles("consumer", "admin")
+    ),
+    ("GET", f"{A}/pop/queue/{{queue}}"): Case(f"{A}/pop/queue/qa", roles("consumer", "admin")),
+    ("GET", f"{A}/pop"): Case(f"{A}/pop?namespace=n", roles("consumer", "admin")),
+    ("POST", f"{A}/ack"): Case(
+        f"{A}/ack", roles("consumer", "admin"), {"transactionId": "none", "status": "completed"}
+    ),
+    ("POST", f"{A}/ack/batch"): Case(
+        f"{A}/ack/batch",
+        roles("consumer", "admin"),
+        {"acknowledgments": [{"transactionId": "none", "status": "completed"}]},
+    ),
+    ("POST", f"{A}/configure"): Case(f"{A}/configure", ADMIN, {"queue": "qa"}),
+    ("GET", "/health"): Case("/health", PUBLIC),
+    ("GET", "/"): Case("/", PUBLIC),
+    ("HEAD", "/"): Case("/", PUBLIC),
+    ("GET", "/dashboard"): Case("/dashboard", PUBLIC),
+    ("HEAD", "/dashboard"): Case("/dashboard", PUBLIC),
+    ("GET", "/ws/dashboard"): Case("/ws/dashboard", READERS),
+    ("GET", f"{A}/analytics"): Case(f"{A}/analytics", READERS),
+    ("GET", f"{A}/analytics/queue/{{queue}}"): Case(f"{A}/analytics/queue/qa", READERS),
+    ("GET", f"{A}/analytics/queues"): Case(f"{A}/analytics/queues", READERS),
+    ("GET", f"{A}/analytics/queue-stats"): Case(f"{A}/analytics/queue-stats", READERS),
+    ("GET", f"{A}/analytics/queue-depths"): Case(f"{A}/analytics/queue-depths", READERS),
+    ("GET", f"{A}/analytics/throughput"): Case(f"{A}/analytics/throughput", READERS),
+    ("GET", f"{A}/analytics/queue-lag"): Case(f"{A}/analytics/queue-lag", READERS),
+    ("GET", f"{A}/messages"): Case(f"{A}/messages", READERS),
+    ("GET", f"{A}/messages/{{txid}}"): Case(f"{A}/messages/none", READERS),
+    ("DELETE", f"{A}/messages/{{txid}}"): Case(f"{A}/messages/none", ADMIN),
+    ("POST", f"{A}/messages/{{txid}}/retry"): Case(f"{A}/messages/none/retry", ADMIN),
+    ("POST", f"{A}/messages/{{txid}}/dlq"): Case(f"{A}/messages/none/dlq", ADMIN),
+    ("GET", f"{A}/messages/{{txid}}/related"): Case(f"{A}/messages/none/related", READERS),
+    ("DELETE", f"{A}/queues/{{queue}}/clear"): Case(f"{A}/queues/qa/clear", ADMIN),
+    ("GET", f"{A}/resources/queues"): Case(f"{A}/resources/queues", READERS),
+    ("GET", f"{A}/resources/queues/{{queue}}"): Case(f"{A}/resources/queues/qa", READERS),
+    ("GET", f"{A}/resources/partitions"): Case(f"{A}/resources/partitions", READERS),
+    ("GET", f"{A}/resources/namespaces"): Case(f"{A}/resources/namespaces", READERS),
+    ("GET", f"{A}/resources/tasks"): Case(f"{A}/resources/tasks", READERS),
+    ("GET", f"{A}/resources/overview"): Case(f"{A}/resources/overview", READERS),
+    ("GET", "/metrics"): Case("/metrics", READERS),
+    ("GET", "/metrics/prometheus"): Case("/metrics/prometheus", PUBLIC),
+    ("GET", f"{A}/openapi.json"): Case(f"{A}/openapi.json", READERS),
+}
+STATIC = "/dashboard/static/app.js"  # the dashboard's files are public
+
+
+def served(app: falcon.App) -> set[tuple[str, str]]:
+    """(method, route) of every route, responders falcon adds itself left out."""
+    return {
+        (m.method, route.path)
+        for route in inspect.inspect_routes(app)
+        for m in route.methods
+        if not m.internal and m.method != "OPTIONS"
+    }
+
+
+@dataclasses.dataclass
+class Tokens:
+    by_role: dict[str, str]
+    store: Store
+
+    def make(self, role: str, name: str, queues: str = "*", rate: float | None = None) -> str:
+        token = auth.make_token()
+        globs = ",".join(auth.parse_queues(queues))
+        assert self.store.tokens.create(name, auth.token_hash(token), role, globs, rate)
+        return token
+
+
+@pytest.fixture
+def tokens(store: Store) -> Tokens:
+    made = Tokens({}, store)
+    for role in auth.ROLES:
+        made.by_role[role] = made.make(role, f"{role}-token")
+    return made
+
+
+def client_for(store: Store, **env: str) -> testing.TestClient:
+    settings = Settings.from_env({"QUEEN_AUTH": "on", **env}, database_url=store.db.dsn)
+    return testing.TestClient(create_app(settings, store=store))
+
+
+@pytest.fixture
+def client(store: Store) -> Iterator[testing.TestClient]:
+    yield client_for(store)
+
+
+def call(client: testing.TestClient, method: str, case: Case, token: str | None) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return client.simulate_request(
+        method,
+        case.path.split("?")[0],
+        query_string=case.path.partition("?")[2] or None,
+        headers=headers,
+        body=json.dumps(case.body) if case.body is not None else None,
+        content_type=falcon.MEDIA_JSON if case.body is not None else None,
+    )
+
+
+def assert_refused(resp: Any, status: int) -> None:
+    assert resp.status_code == status, (resp.status_code, resp.text)
+    assert resp.headers["content-type"].startswith("application/json")
+    assert set(resp.json) == {"error"} and resp.json["error"]
+    if status == 401:
+        assert resp.headers["www-authenticate"] == "Bearer"
+
+
+def test_the_table_lists_every_route_and_nothing_else(client: testing.TestClient) -> None:
+    routes = served(client.app)
+    assert routes - set(ROUTES) == set(), "routes missing from ROUTES: who may call them?"
+    assert set(ROUTES) - routes == set(), "ROUTES lists routes the app does not serve"
+
+
+def test_the_policy_names_every_route(client: testing.TestClient) -> None:
+    for method, path in served(client.app):
+        assert method in POLICY.get(path, {}), f"{method} {path} has no rule in queen.api.auth"
+
+
+@pytest.mark.parametrize(("method", "route"), sorted(ROUTES))
+def test_every_role_against_every_route(
+    client: testing.TestClient, tokens: Tokens, method: str, route: str
+) -> None:
+    case = ROUTES[(method, route)]
+    without = call(client, method, case, None)
+    if case.allowed is None:
+        assert without.status_code not in (401, 403), without.text
+        return
+    assert_refused(without, 401)
+    for role, token in tokens.by_role.items():
+        resp = call(client, method, case, token)
+        if role in case.allowed:
+            assert resp.status_code not in (401, 403, 500), (role, resp.status_code, resp.text)
+        else:
+            assert_refused(resp, 403)
+
+
+def test_static_files_and_preflights_need_no_token(client: testing.TestClient) -> None:
+    assert client.simulate_get(STATIC).status_code == 200
+    preflight = client.simulate_options(f"{A}/push", headers={"Origin": "https://x.example"})
+    assert preflight.status_code == 204
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "",
+        "Bearer",
+        "Bearer ",
+        "Basic dXNlcjpwYXNz",
+        "Bearer qn_short",
+        "Bearer " + "qn_" + "a" * 5000,
+        "Bearer qn_" + "A" * 43,  # well formed, unknown
+        "Bearer qn_" + "\u00e9" * 43,
+        "bearer  qn_" + "!" * 43,
+    ],
+    ids=["empty", "scheme", "blank", "basic", "short", "long", "unknown", "latin1", "symbols"],
+)
+def test_bad_tokens_are_401_json(client: testing.TestClient, tokens: Tokens, header: str) -> None:
+    resp = client.simulate_get(f"{A}/resources/overview", headers={"Authorization": header})
+    assert_refused(resp, 401)
+
+
+def test_a_scoped_producer_pushes_only_to_its_queues(
+    client: testing.TestClient, tokens: Tokens, store: Store
+) -> None:
+    token = tokens.make("producer", "orders-producer", "orders-*,audit")
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def push(*queues: str) -> Any:
+        items = [{"queue": q, "payload": q} for q in queues]
+        return client.simulate_post(f"{A}/push", json={"items": items}, headers=headers)
+
+    assert push("orders-1", "audit").status_code == 201
+    assert_refused(push("orders-1", "billing"), 403)
+    assert_refused(push("audits"), 403)
+    with store.db.connection() as conn:  # nothing of the refused pushes was stored
+        row = conn.execute("SELECT count(*) FROM queen.messages").fetchone()
+    assert row == (2,)
+
+
+def test_producer_is_recorded_on_each_message(client: testing.TestClient, tokens: Tokens) -> None:
+    producer = {"Authorization": f"Bearer {tokens.by_role['producer']}"}
+    reader = {"Authorization": f"Bearer {tokens.by_role['reader']}"}
+    item = {"queue": "qp", "payload": 1, "transactionId": "tx-producer"}
+    assert (
+        client.simulate_post(f"{A}/push", json={"items": [item]}, headers=producer).status_code
+        == 201
+    )
+    doc = client.simulate_get(f"{A}/messages/tx-producer", headers=reader).json
+    assert doc["producer"] == "producer-token"
+
+
+def test_a_scoped_consumer_pops_and_acks_only_its_queues(
+    client: testing.TestClient, tokens: Tokens
+) -> None:
+    admin = {"Authorization": f"Bearer {tokens.by_role['admin']}"}
+    scoped = {"Authorization": f"Bearer {tokens.make('consumer', 'c-orders', 'orders-*')}"}
+    items = [
+        {"queue": "orders-1", "payload": 1, "transactionId": "tx-mine"},
+        {"queue": "billing", "payload": 2, "transactionId": "tx-other"},
+    ]
+    assert (
+        client.simulate_post(f"{A}/push", json={"items": items}, headers=admin).status_code == 201
+    )
+    popped = client.simulate_get(f"{A}/pop/queue/orders-1", headers=scoped)
+    assert popped.status_code == 200
+    assert_refused(client.simulate_get(f"{A}/pop/queue/billing", headers=scoped), 403)
+    assert_refused(client.simulate_get(f"{A}/pop", params={"namespace": "n"}, headers=scoped), 403)
+    assert client.simulate_get(f"{A}/pop/queue/billing", headers=admin).status_code == 200
+    other = {"transactionId": "tx-other", "status": "completed"}
+    assert_refused(client.simulate_post(f"{A}/ack", json=other, headers=scoped), 403)
+    batch = {"acknowledgments": [{"transactionId": "tx-mine", "status": "completed"}, other]}
+    assert_refused(client.simulate_post(f"{A}/ack/batch", json=batch, headers=scoped), 403)
+    mine = {"transactionId": "tx-mine", "status": "completed"}
+    assert client.simulate_post(f"{A}/ack", json=mine, headers=scoped).status_code == 200
+
+
+def test_a_scoped_reader_must_name_its_queues(client: testing.TestClient, tokens: Tokens) -> None:
+    admin = {"Authorization": f"Bearer {tokens.by_role['admin']}"}
+    scoped = {"Authorization": f"Bearer {tokens.make('reader', 'r-orders', 'orders-*')}"}
+    items = [
+        {"queue": "orders-1", "payload": 1, "transactionId": "r-mine"},
+        {"queue": "billing", "payload": 2, "transactionId": "r-other"},
+    ]
+    client.simulate_post(f"{A}/push", json={"items": items}, headers=admin)
+
+    def get(path: str, **params: str) -> Any:
+        return client.simulate_get(path, params=params or None, headers=scoped)
+
+    assert get(f"{A}/messages", queue="orders-1").status_code == 200
+    assert get(f"{A}/messages/r-mine").status_code == 200
+    assert get(f"{A}/resources/queues/orders-1").status_code == 200
+    assert get(f"{A}/analytics/throughput", queue="orders-1").status_code == 200
+    assert get("/metrics").status_code == 200
+    for refused in (
+        get(f"{A}/messages"),
+        get(f"{A}/messages", queue="billing"),
+        get(f"{A}/messages/r-other"),
+        get(f"{A}/messages/r-other/related"),
+        get(f"{A}/resources/queues/billing"),
+        get(f"{A}/resources/overview"),
+        get(f"{A}/analytics/queues"),
+        get("/ws/dashboard"),
+    ):
+        assert_refused(refused, 403)
+
+
+def test_a_scoped_admin_manages_only_its_queues(client: testing.TestClient, tokens: Tokens) -> None:
+    admin = {"Authorization": f"Bearer {tokens.by_role['admin']}"}
+    scoped = {"Authorization": f"Bearer {tokens.make('admin', 'a-orders', 'orders-*')}"}
+    client.simulate_post(
+        f"{A}/push",
+        json={"items": [{"queue": "billing", "payload": 1, "transactionId": "a-other"}]},
+        headers=admin,
+    )
+    assert (
+        client.simulate_post(
+            f"{A}/configure", json={"queue": "orders-x"}, headers=scoped
+        ).status_code
+        == 200
+    )
+    for refused in (
+        client.simulate_post(f"{A}/configure", json={"queue": "billing"}, headers=scoped),
+        client.simulate_delete(f"{A}/queues/billing/clear", headers=scoped),
+        client.simulate_delete(f"{A}/messages/a-other", headers=scoped),
+        client.simulate_post(f"{A}/messages/a-other/dlq", headers=scoped),
+    ):
+        assert_refused(refused, 403)
+
+
+def test_revoked_tokens_are_refused_once_the_cache_expires(
+    client: testing.TestClient, tokens: Tokens, store: Store
+) -> None:
+    token = tokens.make("reader", "short-lived")
+    headers = {"Authorization": f"Bearer {token}"}
+    assert client.simulate_get("/metrics", headers=headers).status_code == 200
+    assert store.tokens.revoke("short-lived")
+    assert not store.tokens.revoke("short-lived")
+    time.sleep(0.6)  # longer than queen.auth_cache.TOKEN_TTL_S
+    assert_refused(client.simulate_get("/metrics", headers=headers), 401)
+
+
+def test_rate_limited_tokens_get_429_with_retry_after(
+    client: testing.TestClient, tokens: Tokens
+) -> None:
+    headers = {"Authorization": f"Bearer {tokens.make('reader', 'slow', rate=1)}"}
+    statuses = [client.simulate_get("/metrics", headers=headers) for _ in range(5)]
+    limited = [r for r in statuses if r.status_code == 429]
+    assert statuses[0].status_code == 200
+    assert limited, [r.status_code for r in statuses]
+    assert int(limited[0].headers["retry-after"]) >= 1
+    assert set(limited[0].json) == {"error"}
+    other = {"Authorization": f"Bearer {tokens.by_role['reader']}"}
+    assert client.simulate_get("/metrics", headers=other).status_code == 200  # per token
+
+
+def test_metrics_auth_puts_prometheus_behind_a_token(store: Store, tokens: Tokens) -> None:
+    client = client_for(store, QUEEN_METRICS_AUTH="on")
+    assert_refused(client.simulate_get("/metrics/prometheus"), 401)
+    headers = {"Authorization": f"Bearer {tokens.by_role['reader']}"}
+    assert client.simulate_get("/metrics/prometheus", headers=headers).status_code == 200
+    assert client.simulate_get("/health").status_code == 200
+
+
+def test_bodies_must_be_json(store: Store, tokens: Tokens) -> None:
+    for client, headers in (
+        (testing.TestClient(create_app(Settings(database_url=store.db.dsn), store=store)), {}),
+        (client_for(store), {"Authorization": f"Bearer {tokens.by_role['admin']}"}),
+    ):
+        body = json.dumps({"items": [{"queue": "qj", "payload": 1}]})
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+            resp = client.simulate_post(
+                f"{A}/push", body=body, content_type=content_type, headers=headers
+            )
+            assert_refused(resp, 415)
+        for content_type in ("application/json", "application/json; charset=utf-8"):
+            resp = client.simulate_post(
+                f"{A}/push", body=body, content_type=content_type, headers=headers
+            )
+            assert resp.status_code == 201, resp.text
+        resp = client.simulate_post(
+            f"{A}/configure", body='{"queue": "qj"}', content_type="text/plain", headers=headers
+        )
+        assert_refused(resp, 415)
+
+
+def test_auth_off_changes_nothing(store: Store) -> None:
+    client = testing.TestClient(create_app(Settings(database_url=store.db.dsn), store=store))
+    item = {"queue": "open", "payload": 1, "transactionId": "open-1"}
+    assert client.simulate_post(f"{A}/push", json={"items": [item]}).status_code == 201
+    assert client.simulate_get(f"{A}/messages/open-1").json["producer"] is None
+    assert client.simulate_get(f"{A}/resources/overview").status_code == 200
