@@ -23,6 +23,8 @@ import pytest
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parents[1]
+# What `queen serve` runs; ROOT / "gunicorn.conf.py" imports the same settings.
+GUNICORN_CONFIG = "python:queen.gunicorn_conf"
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -123,7 +125,7 @@ def free_port() -> int:
 
 
 class Server:
-    """A real gunicorn (Queen's gunicorn.conf.py) on a free port, as a subprocess."""
+    """A real gunicorn (Queen's settings, queen/gunicorn_conf.py) on a free port, as a subprocess."""
 
     def __init__(self, dsn: str, workers: int = 1, **env: str) -> None:
         self.port = free_port()
@@ -136,8 +138,7 @@ class Server:
 
     def start(self, timeout: float = 20.0) -> Server:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
-            env=self.env, cwd=ROOT,
+            [sys.executable, "-m", "gunicorn", "-c", GUNICORN_CONFIG], env=self.env, cwd=ROOT
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
