@@ -1,55 +1,7 @@
-"""gunicorn settings for Queen; values come from queen.config (environment variables).
+"""gunicorn settings for Queen, from the package: `gunicorn -c gunicorn.conf.py` in a checkout.
 
-Run: gunicorn -c gunicorn.conf.py   (or `queen serve`, which also runs maintenance).
-Nothing here imports psycopg: the gevent worker patches the standard library after
-fork, and each worker then builds its own pool and LISTEN connection (no preload).
+The settings and hooks live in queen/gunicorn_conf.py, which the installed package carries:
+`gunicorn -c python:queen.gunicorn_conf` runs the same from any folder (`queen serve` does).
 """
 
-import sys
-
-from queen import multiproc
-from queen.config import SettingError, Settings, check_exposure
-
-_settings = Settings.from_env()
-try:
-    check_exposure(_settings)
-except SettingError as exc:
-    sys.exit(f"queen: {exc}")
-_metrics_dir = multiproc.prepare()  # before any worker imports prometheus_client
-
-wsgi_app = "queen.wsgi:get_app()"
-bind = [f"{_settings.host}:{_settings.port}"]
-workers = _settings.workers
-worker_class = "queen.worker.Worker"  # geventwebsocket's gevent worker; see queen/worker.py
-worker_connections = _settings.worker_connections
-preload_app = False
-control_socket_disable = True
-timeout = 60  # seconds without a heartbeat before a worker is replaced
-graceful_timeout = 10  # seconds for in-flight requests on shutdown; parked polls end at once
-# (the worker's SIGTERM handler releases them: queen/worker.py)
-keepalive = 75  # seconds, longer than common load balancer idle timeouts
-backlog = 2048
-accesslog = None
-errorlog = "-"
-loglevel = _settings.log_level
-
-
-def worker_int(worker):
-    from queen import wsgi
-
-    wsgi.shutdown()
-
-
-def worker_exit(server, worker):
-    from queen import wsgi
-
-    wsgi.shutdown()
-    wsgi.close()
-
-
-def child_exit(server, worker):
-    multiproc.forget_worker(worker.pid)
-
-
-def on_exit(server):
-    multiproc.remove(_metrics_dir)
+from queen.gunicorn_conf import *  # noqa: F403

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from queen import tokens_cli
 from queen.config import SettingError, Settings, check_exposure, env_table
 
 log = logging.getLogger("queen")
 
-ROOT = Path(__file__).resolve().parents[1]
 STOP_TIMEOUT = 15.0  # seconds children get to stop before they are killed
+# Both run from the installed package, whatever the current folder.
+GUNICORN_CONFIG = "python:queen.gunicorn_conf"
+MAINTENANCE_MODULE = "queen.workers.maintenance"
 
 
 def _database_env(settings: Settings) -> dict[str, str]:
@@ -25,12 +27,23 @@ def _database_env(settings: Settings) -> dict[str, str]:
     env = dict(os.environ)
     if settings.database_configured:
         return env
-    from queen.embedded import default_data_dir, start_embedded
+    from queen.embedded import default_data_dir, is_initialised, setup_log, start_embedded
 
     data_dir = settings.embedded_dir or str(default_data_dir())
-    log.info("no database configured: starting embedded PostgreSQL in %s", data_dir)
+    log.info(
+        "no database configured: %s embedded PostgreSQL in %s (its log: %s)",
+        "starting" if is_initialised(data_dir) else "creating",
+        data_dir,
+        setup_log(data_dir),
+    )
     env["DATABASE_URL"] = start_embedded(data_dir)
     return env
+
+
+def browser_url(host: str, port: int) -> str:
+    """Return the URL of a server listening on host:port, as a browser here can open it."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -55,19 +68,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("migrations applied: %s", applied or "none pending")
 
     children: list[subprocess.Popen[bytes]] = []
-    if args.maintenance and (ROOT / "workers" / "maintenance.py").exists():
-        children.append(
-            subprocess.Popen([sys.executable, "-m", "workers.maintenance"], env=env, cwd=ROOT)
-        )
+    if args.maintenance:
+        children.append(subprocess.Popen([sys.executable, "-m", MAINTENANCE_MODULE], env=env))
     children.append(
-        subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
-            env=env,
-            cwd=ROOT,
-        )
+        subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", GUNICORN_CONFIG], env=env)
     )
+    url = browser_url(settings.host, settings.port)
+    everywhere = settings.host in ("", "0.0.0.0", "::")
     log.info(
-        "serving on http://%s:%s with %d workers", settings.host, settings.port, settings.workers
+        "serving on %s (dashboard %s/dashboard) with %d workers%s",
+        url,
+        url,
+        settings.workers,
+        f"; listening on every interface ({settings.host or '*'})" if everywhere else "",
     )
     return _supervise(children)
 
@@ -99,9 +112,9 @@ def _supervise(children: list[subprocess.Popen[bytes]]) -> int:
 
 
 def cmd_maintenance(args: argparse.Namespace) -> int:
-    from workers.maintenance import main as maintenance_main
-
-    return maintenance_main(args.extra)
+    # Imported by name: setup.cfg maps workers/ to queen.workers, which mypy cannot follow.
+    maintenance = importlib.import_module(MAINTENANCE_MODULE)
+    return int(maintenance.main(args.extra))
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -126,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
     sub.add_parser("migrate", help="apply pending migrations").set_defaults(func=cmd_migrate)
-    sub.add_parser(  # its flags (and --help) are parsed by workers.maintenance
+    sub.add_parser(  # its flags (and --help) are parsed by queen.workers.maintenance
         "maintenance", help="run the maintenance process", add_help=False
     ).set_defaults(func=cmd_maintenance)
     sub.add_parser("env", help="list the environment variables").set_defaults(func=cmd_env)
@@ -144,10 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     if extra and args.func is not cmd_maintenance:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from queen.embedded import EmbeddedError
+    from queen.store.migrate import MigrationsNotFound
+
     try:
         return int(args.func(args))
     except SettingError as exc:
         parser.exit(2, f"queen: {exc}\n")
+    except (MigrationsNotFound, EmbeddedError) as exc:
+        parser.exit(1, f"queen: {exc}\n")
 
 
 if __name__ == "__main__":

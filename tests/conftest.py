@@ -23,6 +23,8 @@ import pytest
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parents[1]
+# What `queen serve` runs; ROOT / "gunicorn.conf.py" imports the same settings.
+GUNICORN_CONFIG = "python:queen.gunicorn_conf"
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -123,7 +125,7 @@ def free_port() -> int:
 
 
 class Server:
-    """A real gunicorn (Queen's gunicorn.conf.py) on a free port, as a subprocess."""
+    """A real gunicorn (Queen's settings, queen/gunicorn_conf.py) on a free port, as a subprocess."""
 
     def __init__(
         self, dsn: str, workers: int = 1, log_path: Path | None = None, **env: str
@@ -141,7 +143,7 @@ class Server:
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py")],
+                [sys.executable, "-m", "gunicorn", "-c", GUNICORN_CONFIG],
                 env=self.env, cwd=ROOT, stdout=log, stderr=log,
             )
         finally:

@@ -1,6 +1,7 @@
 """The maintenance process: time-driven work, done by one leader among any number of these.
 
-Run it as `queen maintenance` or `python -m workers.maintenance` (flags: `--help`).
+Run it as `queen maintenance` or `python -m queen.workers.maintenance` (in a checkout also
+`python -m workers.maintenance`; flags: `--help`).
 Every process connects and tries the leader lock (a PostgreSQL session advisory lock);
 the one that gets it works, the others retry every QUEEN_LEADER_POLL seconds. When the
 leader dies its session ends, the lock is free and a standby takes over; a leader whose

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import psycopg
 
+from queen.errors import QueenError
 from queen.store.db import translate_errors
 
 log = logging.getLogger(__name__)
@@ -14,18 +15,38 @@ log = logging.getLogger(__name__)
 MIGRATIONS_LOCK = 0x5155_4545_4E00  # pg_advisory_lock key ("QUEEN")
 
 
+class MigrationsNotFound(QueenError):
+    """No migration files found."""
+
+
 def sql_dir() -> Path:
-    """Return the sql/ directory (beside the package in a checkout or an editable install)."""
-    return Path(__file__).resolve().parents[2] / "sql"
+    """Return the directory of Queen's SQL (schema.sql, migrations/, function files).
+
+    An installed package carries it as queen/_sql/ (setup.cfg maps sql/ there); a
+    checkout or an editable install has it as sql/ beside the package.
+    """
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "_sql", package.parent / "sql"):
+        if candidate.is_dir():
+            return candidate
+    raise MigrationsNotFound(
+        f"Queen's SQL is missing: neither {package / '_sql'} nor {package.parent / 'sql'} exists"
+    )
 
 
 def migration_files(directory: Path | None = None) -> list[Path]:
+    """Return the migration files of directory (default sql/migrations/) in order; raise
+    MigrationsNotFound when there are none."""
     directory = directory or sql_dir() / "migrations"
-    return sorted(directory.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    files = sorted(directory.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    if not files:
+        raise MigrationsNotFound(f"no migration files (NNNN_*.sql) in {directory}")
+    return files
 
 
 def migrate(dsn: str, directory: Path | None = None) -> list[str]:
     """Apply pending migrations; return the names applied."""
+    files = migration_files(directory)  # before connecting: none is an error, not "none pending"
     applied: list[str] = []
     with translate_errors(), psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATIONS_LOCK,))
@@ -36,7 +57,7 @@ def migrate(dsn: str, directory: Path | None = None) -> list[str]:
                 " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
             )
             done = {r[0] for r in conn.execute("SELECT name FROM queen.schema_migrations")}
-            for path in migration_files(directory):
+            for path in files:
                 if path.name in done:
                     continue
                 log.info("applying migration %s", path.name)

