@@ -459,3 +459,6 @@ SELECT queen.set_message_status(%(transaction_id)s, %(from)s::text[], %(to)s) AS
 
 -- clear_messages: delete the messages of a queue or of one of its partitions; NULL when it does not exist --
 SELECT queen.clear_messages(%(queue)s, %(partition)s) AS cleared
+
+-- extend_lease: move a live lease's expiry to now() + seconds (NULL: the queue's leaseTime); NULL when it is unknown, ended or expired --
+SELECT queen.extend_lease(%(lease)s::uuid, %(seconds)s::integer) AS lease_expires_at
