@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -35,6 +34,7 @@ class DroppingProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -50,6 +50,8 @@ class DroppingProxy:
 
     def _serve(self, client: socket.socket, drop: bool) -> None:
         upstream = socket.create_connection(self.upstream)
+        with self._lock:
+            self._sockets += [client, upstream]
         threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
         with contextlib.suppress(OSError):
             while data := upstream.recv(65536):
@@ -66,9 +68,14 @@ class DroppingProxy:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
                 target.sendall(data)
+            target.shutdown(socket.SHUT_WR)  # the client is gone: so is its connection
 
     def close(self) -> None:
         self.listener.close()
+        with self._lock:
+            for s in self._sockets:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
 
 
 def consume(queen: Queen, queue: str, handler, guard: float = 60.0, **options) -> int:
