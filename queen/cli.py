@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from queen.client.cli import add_client_commands
 from queen.config import SettingError, Settings, env_table
 
 log = logging.getLogger("queen")
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "maintenance", help="run the maintenance process", add_help=False
     ).set_defaults(func=cmd_maintenance)
     sub.add_parser("env", help="list the environment variables").set_defaults(func=cmd_env)
+    add_client_commands(sub)
     return parser
 
 
