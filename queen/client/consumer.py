@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,33 +19,73 @@ log = logging.getLogger("queen.client")
 Handler = Callable[[Message], Any]
 
 
-class Renewal:
-    """A thread that extends one lease until stopped."""
+class Renewer:
+    """One thread per consumer that extends the leases of the batches being handled.
 
-    def __init__(self, client: Queen, messages: list[Message]) -> None:
+    A batch registers its lease (a dict entry, no thread of its own); the thread starts
+    with the first one and sleeps until the next renewal is due.
+    """
+
+    def __init__(self, client: Queen) -> None:
         self.client = client
-        self.lease = messages[0].lease_id
-        self.seconds = consuming.lease_seconds(messages)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="queen-renew", daemon=True)
-        if self.lease:
-            self._thread.start()
+        self._due: dict[str, tuple[float, int]] = {}  # lease -> (monotonic due time, seconds)
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self, messages: list[Message]) -> str | None:
+        """Keep the lease of messages alive until forget(); return the lease."""
+        lease = messages[0].lease_id
+        if lease is None:
+            return None
+        seconds = consuming.lease_seconds(messages)
+        with self._cond:
+            self._due[lease] = (time.monotonic() + consuming.renew_every(seconds), seconds)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="queen-renew", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return lease
+
+    def forget(self, lease: str | None) -> None:
+        if lease is not None:
+            with self._cond:
+                self._due.pop(lease, None)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _next(self) -> tuple[str, int] | None:
+        """Wait for the next lease due; None once closed."""
+        with self._cond:
+            while not self._closed:
+                if self._due:
+                    lease, (due, seconds) = min(self._due.items(), key=lambda kv: kv[1][0])
+                    left = due - time.monotonic()
+                    if left <= 0:
+                        self._due[lease] = (due + consuming.renew_every(seconds), seconds)
+                        return lease, seconds
+                    self._cond.wait(left)
+                else:
+                    self._cond.wait()
+            return None
 
     def _run(self) -> None:
-        assert self.lease is not None
-        while not self._done.wait(consuming.renew_every(self.seconds)):
+        while (due := self._next()) is not None:
+            lease, seconds = due
             try:
-                self.client.extend(self.lease, self.seconds)
+                self.client.extend(lease, seconds)
             except NotFound:
-                log.warning("lease %s ended before its messages were handled", self.lease)
-                return
+                with self._cond:
+                    watched = self._due.pop(lease, None) is not None
+                if watched:  # (not just acked meanwhile)
+                    log.warning("lease %s ended before its messages were handled", lease)
             except QueenError as exc:
-                log.warning("renewing lease %s failed: %s", self.lease, exc)
-
-    def stop(self) -> None:
-        self._done.set()
-        if self._thread.is_alive():
-            self._thread.join()
+                log.warning("renewing lease %s failed: %s", lease, exc)
 
 
 class Consumer:
@@ -78,6 +119,7 @@ class Consumer:
         self.handle_signals = handle_signals
         self.poll_timeout = poll_timeout
         self.budget = consuming.Budget(limit)
+        self.renewer = Renewer(client)
         self._stop = threading.Event()
         self._fatal: QueenError | None = None
 
@@ -107,6 +149,8 @@ class Consumer:
                 for loop in loops:
                     loop.join()
                 raise
+            finally:
+                self.renewer.close()
         if self._fatal is not None:
             raise self._fatal
         return self.handled
@@ -143,12 +187,11 @@ class Consumer:
                 self._process(messages)
 
     def _process(self, messages: list[Message]) -> None:
-        renewal = Renewal(self.client, messages) if self.renew else None
+        lease = self.renewer.watch(messages) if self.renew else None
         try:
             outcomes = [(m, self._handle(m)) for m in messages]
         finally:
-            if renewal is not None:
-                renewal.stop()
+            self.renewer.forget(lease)
         try:
             self.client.ack_many(outcomes)
         except QueenError as exc:
