@@ -16,14 +16,15 @@ if TYPE_CHECKING:
     from queen.client.sync import Queen
 
 log = logging.getLogger("queen.client")
+TICK = 0.1  # seconds between the renewal thread's looks at the leases in hand
 Handler = Callable[[Message], Any]
 
 
 class Renewer:
     """One thread per consumer that extends the leases of the batches being handled.
 
-    A batch registers its lease (a dict entry, no thread of its own); the thread starts
-    with the first one and sleeps until the next renewal is due.
+    A batch registers its lease (a dict entry: no thread, no wake-up of its own); the
+    thread starts with the first one and looks at the leases at least every TICK seconds.
     """
 
     def __init__(self, client: Queen) -> None:
@@ -44,7 +45,6 @@ class Renewer:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="queen-renew", daemon=True)
                 self._thread.start()
-            self._cond.notify()
         return lease
 
     def forget(self, lease: str | None) -> None:
@@ -63,15 +63,14 @@ class Renewer:
         """Wait for the next lease due; None once closed."""
         with self._cond:
             while not self._closed:
+                left = TICK
                 if self._due:
                     lease, (due, seconds) = min(self._due.items(), key=lambda kv: kv[1][0])
-                    left = due - time.monotonic()
+                    left = min(left, due - time.monotonic())
                     if left <= 0:
                         self._due[lease] = (due + consuming.renew_every(seconds), seconds)
                         return lease, seconds
-                    self._cond.wait(left)
-                else:
-                    self._cond.wait()
+                self._cond.wait(left)
             return None
 
     def _run(self) -> None:
