@@ -9,7 +9,7 @@ from typing import Any
 
 import falcon
 
-from queen.api import admin, analytics, resources, send_json
+from queen.api import admin, analytics, leases, resources, send_json
 from queen.api.auth import AuthMiddleware, JSONBodyMiddleware
 from queen.api.dashboard import (
     DashboardPageResource,
@@ -142,6 +142,7 @@ def create_app(
     app.add_route(f"{API}/ack", AckResource(store, hub))
     app.add_route(f"{API}/ack/batch", AckBatchResource(store, batch, hub))
     app.add_route(f"{API}/configure", ConfigureResource(store))
+    app.add_route(f"{API}/lease/{{lease}}/extend", leases.LeaseExtendResource(store))
     app.add_route("/health", HealthResource(store, events, clock))
     _add_dashboard_routes(app, hub)
     _add_read_routes(app, store, measure)

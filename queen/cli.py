@@ -12,6 +12,7 @@ import sys
 import time
 
 from queen import tokens_cli
+from queen.client.cli import add_client_commands
 from queen.config import SettingError, Settings, check_exposure, env_table
 
 log = logging.getLogger("queen")
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     ).set_defaults(func=cmd_maintenance)
     sub.add_parser("env", help="list the environment variables").set_defaults(func=cmd_env)
     tokens_cli.add_parser(sub)
+    add_client_commands(sub)
     return parser
 
 

@@ -50,6 +50,7 @@ POLICY: dict[str, dict[str, Rule]] = {
     f"{API}/ack": {"POST": (Permission.CONSUME, Scope.RESOURCE)},
     f"{API}/ack/batch": {"POST": (Permission.CONSUME, Scope.RESOURCE)},
     f"{API}/configure": {"POST": ADMIN_RESOURCE},
+    f"{API}/lease/{{lease}}/extend": {"POST": (Permission.CONSUME, Scope.RESOURCE)},
     "/health": {"GET": PUBLIC},
     "/": {"GET": PUBLIC, "HEAD": PUBLIC},
     "/dashboard": {"GET": PUBLIC, "HEAD": PUBLIC},

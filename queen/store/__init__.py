@@ -7,6 +7,7 @@ from queen.store.admin import Admin
 from queen.store.analytics import Analytics
 from queen.store.dashboard import Dashboard
 from queen.store.db import Database
+from queen.store.leases import Leases
 from queen.store.messages import Messages
 from queen.store.polling import Polling
 from queen.store.queues import Queues
@@ -25,6 +26,7 @@ class Store:
         self.messages.after_push = self.polling.push_wakeups.pushed
         self.dashboard = Dashboard(db)
         self.reads = Reads(db)
+        self.leases = Leases(db)
         self.analytics = Analytics(self.reads)
         self.admin = Admin(db, self.reads, encryption_key)
         self.tokens = Tokens(db)

@@ -478,3 +478,10 @@ SELECT name, role, queues, rate, created_at, revoked_at FROM queen.tokens ORDER 
 UPDATE queen.tokens SET revoked_at = now()
 WHERE name = %(name)s AND revoked_at IS NULL
 RETURNING name
+
+-- extend_lease: move a live lease's expiry to now() + seconds (NULL: the queue's leaseTime); NULL when it is unknown, ended or expired --
+SELECT queen.extend_lease(%(lease)s::uuid, %(seconds)s::integer) AS lease_expires_at
+
+-- lease_queue: the queue of the partition a lease is on (no row: no such lease) --
+SELECT q.name FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+WHERE p.lease_id = %(lease)s::uuid

@@ -59,6 +59,11 @@ ROUTES: dict[tuple[str, str], Case] = {
         {"acknowledgments": [{"transactionId": "none", "status": "completed"}]},
     ),
     ("POST", f"{A}/configure"): Case(f"{A}/configure", ADMIN, {"queue": "qa"}),
+    ("POST", f"{A}/lease/{{lease}}/extend"): Case(
+        f"{A}/lease/00000000-0000-0000-0000-000000000000/extend",
+        roles("consumer", "admin"),
+        {"seconds": 5},
+    ),
     ("GET", "/health"): Case("/health", PUBLIC),
     ("GET", "/"): Case("/", PUBLIC),
     ("HEAD", "/"): Case("/", PUBLIC),
@@ -260,6 +265,28 @@ def test_a_scoped_consumer_pops_and_acks_only_its_queues(
     assert_refused(client.simulate_post(f"{A}/ack/batch", json=batch, headers=scoped), 403)
     mine = {"transactionId": "tx-mine", "status": "completed"}
     assert client.simulate_post(f"{A}/ack", json=mine, headers=scoped).status_code == 200
+
+
+def test_a_scoped_consumer_extends_only_leases_on_its_queues(
+    client: testing.TestClient, tokens: Tokens
+) -> None:
+    admin = {"Authorization": f"Bearer {tokens.by_role['admin']}"}
+    scoped = {"Authorization": f"Bearer {tokens.make('consumer', 'c-ext', 'orders-*')}"}
+    items = [{"queue": "orders-1", "payload": 1}, {"queue": "billing", "payload": 2}]
+    assert (
+        client.simulate_post(f"{A}/push", json={"items": items}, headers=admin).status_code == 201
+    )
+    mine = client.simulate_get(f"{A}/pop/queue/orders-1", headers=scoped).json["messages"][0]
+    other = client.simulate_get(f"{A}/pop/queue/billing", headers=admin).json["messages"][0]
+    body = {"seconds": 30}
+    extended = client.simulate_post(
+        f"{A}/lease/{mine['leaseId']}/extend", json=body, headers=scoped
+    )
+    assert extended.status_code == 200
+    refused = client.simulate_post(
+        f"{A}/lease/{other['leaseId']}/extend", json=body, headers=scoped
+    )
+    assert_refused(refused, 403)
 
 
 def test_a_scoped_reader_must_name_its_queues(client: testing.TestClient, tokens: Tokens) -> None:

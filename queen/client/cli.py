@@ -1,0 +1,363 @@
+"""`queen push | pop | tail | stats | queues | dlq | groups`: the client for people.
+
+Exit codes: 0 ok, 1 bad input (or any other 4xx), 2 server unreachable or 5xx,
+4 nothing to pop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from queen.client.errors import APIError, QueenError, ServerError, TransportError
+from queen.client.models import Message
+from queen.client.sync import Queen
+from queen.client.transport import DEFAULT_URL
+
+OK, BAD_INPUT, UNREACHABLE, NOTHING = 0, 1, 2, 4
+Command = Callable[[Queen, argparse.Namespace], int]
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+class BadInput(Exception):
+    """Input the command cannot use."""
+
+
+# --- output ---------------------------------------------------------------------------
+def emit_json(docs: Iterable[Any]) -> None:
+    """One JSON document per line (NDJSON), flushed as it goes (for pipes and -f)."""
+    for doc in docs:
+        sys.stdout.write(json.dumps(doc, separators=(",", ":"), default=str) + "\n")
+        sys.stdout.flush()
+
+
+def table(rows: list[dict[str, Any]], columns: list[Column]) -> str:
+    """Rows as aligned text columns under a header."""
+    cells = [[header for header, _ in columns]]
+    cells += [["" if (v := get(row)) is None else str(v) for _, get in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
+    )
+
+
+def show(args: argparse.Namespace, rows: list[dict[str, Any]], columns: list[Column]) -> None:
+    if args.output == "json":
+        emit_json(rows)
+    else:
+        print(table(rows, columns))
+
+
+COUNTS: list[Column] = [
+    ("PENDING", lambda r: r["pending"]),
+    ("PROCESSING", lambda r: r["processing"]),
+    ("COMPLETED", lambda r: r["completed"]),
+    ("FAILED", lambda r: r["failed"]),
+    ("DEAD", lambda r: r["deadLetter"]),
+    ("TOTAL", lambda r: r["total"]),
+]
+
+
+# --- commands -------------------------------------------------------------------------
+def payloads(args: argparse.Namespace) -> Iterator[Any]:
+    """The JSON arguments, or NDJSON lines from stdin when there are none."""
+    lines = args.json if args.json else sys.stdin
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except ValueError as exc:
+            where = f"argument {n}" if args.json else f"stdin line {n}"
+            raise BadInput(f"{where} is not JSON: {exc}") from None
+
+
+def cmd_push(queen: Queen, args: argparse.Namespace) -> int:
+    data = list(payloads(args))
+    if not data:
+        raise BadInput("nothing to push (give JSON arguments or NDJSON on stdin)")
+    results = []
+    for start in range(0, len(data), args.batch):
+        results += queen.push(args.queue, data[start : start + args.batch], args.partition)
+    rows = [{"transactionId": r.transaction_id, "id": r.id, "status": r.status} for r in results]
+    show(
+        args,
+        rows,
+        [("TRANSACTION ID", lambda r: r["transactionId"]), ("STATUS", lambda r: r["status"])],
+    )
+    return OK
+
+
+def message_columns() -> list[Column]:
+    return [
+        ("TRANSACTION ID", lambda r: r["transactionId"]),
+        ("PARTITION", lambda r: r["partition"]),
+        ("RETRIES", lambda r: r["retryCount"]),
+        ("DATA", lambda r: json.dumps(r.get("data", r.get("payload")))),
+    ]
+
+
+def cmd_pop(queen: Queen, args: argparse.Namespace) -> int:
+    messages = queen.pop(
+        args.queue,
+        args.partition,
+        batch=args.n,
+        wait=args.wait > 0,
+        timeout=args.wait,
+        group=args.group,
+    )
+    if not messages:
+        print("nothing to pop", file=sys.stderr)
+        return NOTHING
+    if args.ack:
+        queen.ack_many(messages)
+    show(args, [m.as_json() for m in messages], message_columns())
+    return OK
+
+
+def cmd_tail(queen: Queen, args: argparse.Namespace) -> int:
+    if args.group:
+        return _tail_group(queen, args)
+    seen: set[str] = set()
+    while True:
+        fresh = [
+            m
+            for m in reversed(queen.messages(args.queue, limit=args.n))
+            if m["transactionId"] not in seen
+        ]
+        seen.update(m["transactionId"] for m in fresh)
+        emit_json(fresh)
+        if not args.follow:
+            return OK
+        time.sleep(args.interval)
+
+
+def _tail_group(queen: Queen, args: argparse.Namespace) -> int:
+    """Read the queue as a consumer group: pop, print, ack (other groups are untouched)."""
+    while True:
+        messages: list[Message] = queen.pop(
+            args.queue, batch=args.n, wait=args.follow, timeout=args.interval * 10, group=args.group
+        )
+        if messages:
+            emit_json(m.as_json() for m in messages)
+            queen.ack_many(messages)
+        elif not args.follow:
+            return OK
+
+
+def cmd_stats(queen: Queen, args: argparse.Namespace) -> int:
+    if args.queue:
+        doc = queen.stats(args.queue)
+        rows = [{"name": p["name"], **p["stats"]} for p in doc["partitions"]]
+        rows.append({"name": "(all)", **doc["totals"]})
+        show(args, rows, [("PARTITION", lambda r: r["name"]), *COUNTS])
+    else:
+        rows = [{"name": q["queue"], **q["totals"]} for q in queen.stats()]
+        show(args, rows, [("QUEUE", lambda r: r["name"]), *COUNTS])
+    return OK
+
+
+def cmd_queues(queen: Queen, args: argparse.Namespace) -> int:
+    rows = [
+        {"name": q["name"], "partitions": q["partitions"], **q["messages"]} for q in queen.queues()
+    ]
+    show(
+        args,
+        rows,
+        [("QUEUE", lambda r: r["name"]), ("PARTITIONS", lambda r: r["partitions"]), *COUNTS],
+    )
+    return OK
+
+
+def cmd_dlq_list(queen: Queen, args: argparse.Namespace) -> int:
+    rows = queen.dead_letters(args.queue, args.n)
+    show(
+        args,
+        rows,
+        [
+            *message_columns()[:3],
+            ("FAILED AT", lambda r: r["failedAt"]),
+            ("ERROR", lambda r: r["errorMessage"]),
+        ],
+    )
+    return OK
+
+
+def cmd_dlq_retry(queen: Queen, args: argparse.Namespace) -> int:
+    if args.transaction_ids:
+        for txid in args.transaction_ids:
+            queen.retry_message(txid)
+        retried = list(args.transaction_ids)
+    else:
+        retried = queen.retry_dead_letters(args.queue, args.n)
+    show(
+        args,
+        [{"transactionId": t, "retried": True} for t in retried],
+        [("TRANSACTION ID", lambda r: r["transactionId"]), ("RETRIED", lambda r: "yes")],
+    )
+    return OK
+
+
+def cmd_groups_list(queen: Queen, args: argparse.Namespace) -> int:
+    rows = queen.consumer_groups()
+    show(
+        args,
+        rows,
+        [
+            ("GROUP", lambda r: r["name"]),
+            ("QUEUE", lambda r: r["queue"]),
+            ("PARTITIONS", lambda r: r.get("partitions")),
+            ("PENDING", lambda r: r.get("pending")),
+            ("LAG (S)", lambda r: r.get("lagSeconds")),
+        ],
+    )
+    return OK
+
+
+def cmd_groups_seek(queen: Queen, args: argparse.Namespace) -> int:
+    doc = queen.seek(args.group, args.queue, args.to)
+    show(
+        args,
+        [doc if isinstance(doc, dict) else {"result": doc}],
+        [
+            ("GROUP", lambda r: args.group),
+            ("QUEUE", lambda r: args.queue),
+            ("TO", lambda r: args.to),
+        ],
+    )
+    return OK
+
+
+# --- wiring ---------------------------------------------------------------------------
+def run(command: Command, args: argparse.Namespace) -> int:
+    """Run a command with a client; turn errors into exit codes."""
+    try:
+        with Queen(args.url, token=args.token) as queen:
+            return command(queen, args)
+    except BadInput as exc:
+        print(f"queen: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    except (TransportError, ServerError) as exc:
+        print(f"queen: {exc.message}", file=sys.stderr)
+        return UNREACHABLE
+    except APIError as exc:
+        print(f"queen: {exc.message} (HTTP {exc.status})", file=sys.stderr)
+        return BAD_INPUT
+    except QueenError as exc:
+        print(f"queen: {exc.message}", file=sys.stderr)
+        return UNREACHABLE
+    except KeyboardInterrupt:
+        return OK
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (| head): nothing left to say
+        return OK
+
+
+class IntermixedParser(argparse.ArgumentParser):
+    """Options may come between positionals: `queen push orders --partition eu '{}' '{}'`."""
+
+    _mixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._mixing:  # parse_known_intermixed_args calls back here
+            return super().parse_known_args(args, namespace)
+        self._mixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._mixing = False
+
+    def error(self, message: str) -> Any:  # bad input exits 1 (argparse's own default: 2)
+        self.print_usage(sys.stderr)
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _common(output: str) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=os.environ.get("QUEEN_URL") or DEFAULT_URL,
+        help=f"server base URL(s), comma-separated (env QUEEN_URL, default {DEFAULT_URL})",
+    )
+    common.add_argument(
+        "--token", default=os.environ.get("QUEEN_TOKEN"), help="bearer token (env QUEEN_TOKEN)"
+    )
+    common.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default=output,
+        help=f"output format (default {output}; json: one document per line)",
+    )
+    return common
+
+
+def _add(sub: Any, name: str, command: Command, output: str, help: str) -> Any:
+    parser = sub.add_parser(name, help=help, description=help, parents=[_common(output)])
+    parser.set_defaults(func=lambda args: run(command, args))
+    parser.__class__ = IntermixedParser  # made by the `queen` parser's own class
+    return parser
+
+
+def add_client_commands(sub: Any) -> None:
+    """Add the client verbs to the `queen` command's subparsers."""
+    p = _add(sub, "push", cmd_push, "json", "push JSON payloads (arguments, or NDJSON on stdin)")
+    p.add_argument("queue")
+    p.add_argument("json", nargs="*", metavar="JSON", help="one payload each")
+    p.add_argument("--partition", help="partition (default: Default)")
+    p.add_argument("--batch", type=int, default=500, help="payloads per request (default 500)")
+
+    p = _add(sub, "pop", cmd_pop, "json", "lease messages and print them (exit 4: none)")
+    p.add_argument("queue")
+    p.add_argument("-n", type=int, default=1, help="at most this many (default 1)")
+    p.add_argument("--partition")
+    p.add_argument("--group", help="consumer group")
+    p.add_argument("--wait", type=float, default=0.0, help="long-poll seconds (default 0)")
+    p.add_argument("--ack", action="store_true", help="acknowledge them as completed")
+
+    p = _add(
+        sub,
+        "tail",
+        cmd_tail,
+        "json",
+        "print a queue's latest messages as NDJSON (with --group: consume them as that group)",
+    )
+    p.add_argument("queue")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new messages")
+    p.add_argument("-n", type=int, default=10, help="messages per read (default 10)")
+    p.add_argument("--group", help="read as this consumer group (pop and ack)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
+
+    p = _add(sub, "stats", cmd_stats, "table", "message counts per queue, or per partition")
+    p.add_argument("queue", nargs="?")
+    _add(sub, "queues", cmd_queues, "table", "list queues")
+
+    dlq = sub.add_parser("dlq", help="dead letters: list | retry").add_subparsers(
+        dest="dlq_command", required=True
+    )
+    p = _add(dlq, "list", cmd_dlq_list, "table", "list a queue's dead letters")
+    p.add_argument("queue")
+    p.add_argument("-n", type=int, default=100, help="at most this many (default 100)")
+    p = _add(dlq, "retry", cmd_dlq_retry, "table", "make dead letters pending again")
+    p.add_argument("queue")
+    p.add_argument(
+        "transaction_ids",
+        nargs="*",
+        metavar="TRANSACTION_ID",
+        help="these only (default: every dead letter of the queue, up to -n)",
+    )
+    p.add_argument("-n", type=int, default=1000)
+
+    groups = sub.add_parser("groups", help="consumer groups: list | seek").add_subparsers(
+        dest="groups_command", required=True
+    )
+    _add(groups, "list", cmd_groups_list, "table", "list consumer groups")
+    p = _add(groups, "seek", cmd_groups_seek, "table", "move a group's position in a queue")
+    p.add_argument("group")
+    p.add_argument("queue")
+    p.add_argument("--to", required=True, help="beginning | end | an ISO-8601 time")

@@ -1,0 +1,174 @@
+"""The sync client: Queen."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from queen.client import calls
+from queen.client.calls import AckItem, Call, MessageOrId, segment
+from queen.client.consumer import Consumer, Handler, Worker
+from queen.client.models import AckResult, Message, PushResult
+from queen.client.producer import Producer
+from queen.client.transaction import Transaction
+from queen.client.transport import RetryPolicy, Transport
+
+T = TypeVar("T")
+
+
+class Queen:
+    """A client of one Queen service (several base URLs: failover). Thread-safe.
+
+    url: a base URL, a list of them, or a comma-separated string (default: QUEEN_URL,
+    else http://127.0.0.1:6632); token: a bearer token (default: QUEEN_TOKEN).
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | None = None,
+        *,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+        transport: Transport | None = None,
+    ) -> None:
+        self.transport = transport or Transport(url, token, retry)
+        self.policy = self.transport.policy
+
+    def __enter__(self) -> Queen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def send(self, call: Call[T]) -> T:
+        """Send one Call (retries and failover included)."""
+        return self.transport.send(call)
+
+    # --- messages -------------------------------------------------------------------
+    def push(
+        self,
+        queue: str,
+        payloads: Any,
+        partition: str | None = None,
+        transaction_ids: Sequence[str] | None = None,
+    ) -> list[PushResult]:
+        """Push payloads (a list or tuple: many; anything else: one) to a queue."""
+        return self.send(calls.push(calls.push_items(queue, payloads, partition, transaction_ids)))
+
+    def pop(
+        self,
+        queue: str,
+        partition: str | None = None,
+        batch: int = 1,
+        wait: bool = False,
+        timeout: float = 30.0,
+        group: str | None = None,
+        subscription: str | dt.datetime | None = None,
+    ) -> list[Message]:
+        """Lease up to batch messages ([] when none); wait: long poll up to timeout seconds."""
+        return self.send(calls.pop(queue, partition, batch, wait, timeout, group, subscription))
+
+    def ack(
+        self, target: MessageOrId, error: str | None = None, group: str | None = None
+    ) -> AckResult:
+        """Acknowledge a message (or a transactionId): completed, or failed with error."""
+        return self.send(calls.ack(calls.ack_item(target, error, group)))
+
+    def ack_many(self, acks: Iterable[AckItem], error: str | None = None) -> list[AckResult]:
+        """Acknowledge messages or ids (error applies to all) or (message, error) pairs."""
+        items = calls.ack_items(acks, error)
+        return self.send(calls.ack_many(items)) if items else []
+
+    def extend(self, target: Message | str, seconds: float | None = None) -> str:
+        """Renew the lease of a message (or a leaseId); return the new leaseExpiresAt."""
+        return self.send(calls.extend(target, seconds))
+
+    def configure(
+        self, queue: str, namespace: str | None = None, task: str | None = None, **options: Any
+    ) -> dict[str, Any]:
+        """Set queue options (snake_case: lease_time=60, retry_limit=5); return all of them."""
+        return self.send(calls.configure(queue, namespace, task, **options))
+
+    def transaction(self) -> Transaction:
+        """A builder: queen.transaction().ack(m).push("next", [doc]).commit()."""
+        return Transaction(self.send)
+
+    # --- consumers and producers ------------------------------------------------------
+    def consume(self, queue: str, handler: Handler, **options: Any) -> int:
+        """Run handler on each message until stopped (SIGTERM/SIGINT) or limit handled.
+
+        Options: batch=1, concurrency=1, group=None, partition=None, renew=True,
+        limit=None, handle_signals=True, poll_timeout=2.0. Returns messages handled.
+        """
+        return Consumer(self, queue, handler, **options).run()
+
+    def consumer(self, queue: str, handler: Handler, **options: Any) -> Consumer:
+        """A Consumer to run() (and stop() from another thread)."""
+        return Consumer(self, queue, handler, **options)
+
+    def worker(self, queue: str, **options: Any) -> Callable[[Handler], Worker]:
+        """Decorator: @queen.worker("orders", batch=10) def handle(message): ...; handle.run()."""
+        return lambda handler: Worker(self, queue, handler, options)
+
+    def producer(self, linger_ms: float = 5, max_items: int = 500) -> Producer:
+        """A buffered, thread-safe producer; close it (or use with) to flush."""
+        return Producer(self.send, linger_ms, max_items)
+
+    # --- admin reads ----------------------------------------------------------------
+    def messages(
+        self,
+        queue: str | None = None,
+        partition: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """One page of messages, newest first."""
+        return self.send(calls.messages(queue, partition, status, limit, offset))
+
+    def message(self, transaction_id: str) -> dict[str, Any]:
+        return self.send(calls.get(f"/messages/{segment(transaction_id)}"))
+
+    def delete_message(self, transaction_id: str) -> dict[str, Any]:
+        return self.send(calls.delete(f"/messages/{segment(transaction_id)}"))
+
+    def retry_message(self, transaction_id: str) -> dict[str, Any]:
+        """Make a failed or dead-lettered message pending again."""
+        return self.send(calls.post(f"/messages/{segment(transaction_id)}/retry"))
+
+    def dead_letters(self, queue: str, limit: int = 100) -> list[dict[str, Any]]:
+        return self.messages(queue, status="dead_letter", limit=limit)
+
+    def retry_dead_letters(self, queue: str, limit: int = 1000) -> list[str]:
+        """Retry the queue's dead letters (up to limit); return their transactionIds."""
+        retried = [m["transactionId"] for m in self.dead_letters(queue, limit)]
+        for txid in retried:
+            self.retry_message(txid)
+        return retried
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self.send(calls.get("/resources/queues", "queues"))
+
+    def queue(self, name: str) -> dict[str, Any]:
+        return self.send(calls.get(f"/resources/queues/{segment(name)}"))
+
+    def stats(self, queue: str | None = None) -> Any:
+        """Analytics of one queue (a dict), or of every queue (a list)."""
+        return self.send(calls.stats(queue))
+
+    def consumer_groups(self) -> list[dict[str, Any]]:
+        return self.send(calls.get("/consumer-groups", "consumerGroups"))
+
+    def consumer_group(self, name: str) -> dict[str, Any]:
+        return self.send(calls.get(f"/consumer-groups/{segment(name)}"))
+
+    def seek(self, group: str, queue: str, to: str | dt.datetime) -> dict[str, Any]:
+        """Move a group's position in a queue: 'beginning', 'end' or a time."""
+        return self.send(calls.seek(group, queue, to))
+
+    def delete_consumer_group(self, group: str, queue: str | None = None) -> dict[str, Any]:
+        return self.send(calls.delete(f"/consumer-groups/{segment(group)}", queue=queue))
