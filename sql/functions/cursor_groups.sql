@@ -79,15 +79,15 @@ CREATE OR REPLACE FUNCTION queen.cursor_seek(p_queue text, p_group text, p_to te
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    queue_id uuid;
+    target   uuid;
     moved    integer;
 BEGIN
-    SELECT q.id INTO queue_id FROM queen.queues q WHERE q.name = p_queue;
-    IF queue_id IS NULL THEN
+    SELECT q.id INTO target FROM queen.queues q WHERE q.name = p_queue;
+    IF target IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM queen.cursor_join(queue_id, p_group, 'all', NULL);
-    PERFORM queen.cursor_ensure(queue_id, p_group);
+    PERFORM queen.cursor_join(target, p_group, 'all', NULL);
+    PERFORM queen.cursor_ensure(target, p_group);
     UPDATE queen.cursor_consumers c SET
         cursor_id = CASE p_to WHEN 'beginning' THEN 0
                               WHEN 'end' THEN queen.cursor_before(c.partition_id, 'infinity')
@@ -95,7 +95,7 @@ BEGIN
         done_ids = '{}', retried_max = 0, not_before = NULL,
         lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
         lease_size = NULL, lease_acked = '{}', updated_at = now()
-    WHERE c.queue_id = queue_id AND c.consumer_group = p_group;
+    WHERE c.queue_id = target AND c.consumer_group = p_group;
     GET DIAGNOSTICS moved = ROW_COUNT;
     RETURN moved;
 END

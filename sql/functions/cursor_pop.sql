@@ -170,16 +170,16 @@ CREATE OR REPLACE FUNCTION queen.cursor_pop_queue(
 RETURNS SETOF queen.cursor_popped
 LANGUAGE plpgsql AS $$
 DECLARE
-    queue_id  uuid;
+    target    uuid;
     candidate uuid;
 BEGIN
-    SELECT q.id INTO queue_id FROM queen.queues q WHERE q.name = p_queue;
-    IF queue_id IS NULL THEN
+    SELECT q.id INTO target FROM queen.queues q WHERE q.name = p_queue;
+    IF target IS NULL THEN
         RETURN;
     END IF;
-    PERFORM queen.cursor_join(queue_id, p_group, p_mode, p_from);
-    PERFORM queen.cursor_ensure(queue_id, p_group);
-    FOR candidate IN SELECT x FROM queen.cursor_candidates(queue_id, p_group, 32) x LOOP
+    PERFORM queen.cursor_join(target, p_group, p_mode, p_from);
+    PERFORM queen.cursor_ensure(target, p_group);
+    FOR candidate IN SELECT x FROM queen.cursor_candidates(target, p_group, 32) x LOOP
         PERFORM 1 FROM queen.cursor_consumers c
         WHERE c.partition_id = candidate AND c.consumer_group = p_group
         FOR UPDATE SKIP LOCKED;
