@@ -57,6 +57,11 @@ BEGIN
     END IF;
     IF c.lease_id IS NOT NULL THEN
         PERFORM queen.cursor_release(p_partition, p_group);
+        SELECT * INTO c FROM queen.cursor_consumers x
+        WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+        IF c.not_before > now() THEN
+            RETURN;  -- (retryDelay, started by the release)
+        END IF;
     END IF;
     SELECT * INTO q FROM queen.queues x WHERE x.id = c.queue_id;
     IF q.window_buffer > 0 AND (SELECT m.created_at FROM queen.cursor_messages m
@@ -65,11 +70,13 @@ BEGIN
                                > now() - make_interval(secs => q.window_buffer) THEN
         RETURN;
     END IF;
-    FOR pass IN 1..10 LOOP
-        EXIT WHEN q.ttl = 0 OR queen.cursor_expire_ttl(p_partition, p_group, q.ttl, p_batch) < p_batch;
-    END LOOP;
-    SELECT * INTO c FROM queen.cursor_consumers x
-    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    IF q.ttl > 0 THEN
+        FOR pass IN 1..10 LOOP  -- (a batch's worth at a time, while whole batches expire)
+            EXIT WHEN queen.cursor_expire_ttl(p_partition, p_group, q.ttl, p_batch) < p_batch;
+        END LOOP;
+        SELECT * INTO c FROM queen.cursor_consumers x
+        WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    END IF;
     picked := ARRAY(SELECT m.id FROM queen.cursor_messages m
                     WHERE m.partition_id = p_partition AND m.id > c.cursor_id
                       AND m.id <> ALL (c.done_ids)

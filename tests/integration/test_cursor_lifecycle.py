@@ -362,3 +362,11 @@ def test_calls_compose_in_one_transaction(conn: Conn) -> None:
         ack_all(conn, [got])
         cursors.push(conn, [{"queue": "out", "payload": 1, "transactionId": "o"}])
     assert [d.transaction_id for d in cursors.pop(conn, "out")] == ["o"]
+
+
+def test_pop_taking_over_an_expired_lease_skips_what_it_dead_lettered(conn: Conn) -> None:
+    make_queue(conn, "q", retry_limit=0)
+    push_n(conn, "q", 3)
+    cursors.pop(conn, "q", batch=2)
+    expire_leases_now(conn)
+    assert numbers(cursors.pop(conn, "q", batch=10)) == [2]

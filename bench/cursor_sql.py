@@ -1,0 +1,253 @@
+"""The cursor store's SQL beside the current functions and a naive lifecycle, over plain psycopg.
+
+    python -m bench.cursor_sql [--dsn DSN] [--seconds 20] [--out bench/results/cursor-sql.md]
+
+Each system gets a database of its own on the server of --dsn, built by `queen migrate`'s
+code, seeded with a backlog and ANALYZEd (a server with autovacuum off never would), then
+2 producers (batch 100 into one of 16 partitions) and 4 consumers (pop by queue, batch
+100, ack the batch) run for --seconds, each thread on its own connection. Reported:
+messages pushed and consumed per second, and WAL bytes per consumed message
+(pg_current_wal_lsn before and after: other work on the server counts too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from queen.store import cursors
+from queen.store.migrate import migrate
+
+PARTITIONS = 16
+BATCH = 100
+PRODUCERS = 2
+CONSUMERS = 4
+SEED_PER_PARTITION = 500
+
+Conn = psycopg.Connection[Any]
+
+
+@dataclass
+class System:
+    """One lifecycle: how to push a batch, and pop and ack one."""
+
+    name: str
+    push: Callable[[Conn, int, int], None]  # (conn, partition, first number)
+    consume: Callable[[Conn, str], int]  # (conn, worker) -> messages acked
+
+
+def _items(partition: int, first: int) -> list[dict[str, Any]]:
+    return [{"queue": "bench", "partition": f"p{partition}", "payload": {"n": first + i}}
+            for i in range(BATCH)]
+
+
+def cursor_push(conn: Conn, partition: int, first: int) -> None:
+    cursors.push(conn, _items(partition, first))
+
+
+def cursor_consume(conn: Conn, worker: str) -> int:
+    got = cursors.pop(conn, "bench", batch=BATCH, worker=worker)
+    if got:
+        lease = str(got[0].lease_id)
+        cursors.ack(conn, [{"transactionId": d.transaction_id, "status": "completed",
+                            "leaseId": lease} for d in got])
+    return len(got)
+
+
+def current_push(conn: Conn, partition: int, first: int) -> None:
+    conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)",
+                 (orjson.dumps(_items(partition, first)).decode(),))
+
+
+def current_consume(conn: Conn, worker: str) -> int:
+    rows = conn.execute("SELECT transaction_id FROM queen.pop_queue('bench', %s, %s)",
+                        (BATCH, worker)).fetchall()
+    if rows:
+        acks = [{"transactionId": r[0], "status": "completed"} for r in rows]
+        conn.execute("SELECT count(*) FROM queen.ack(%s::jsonb)", (orjson.dumps(acks).decode(),))
+    return len(rows)
+
+
+NAIVE_TABLE = """
+CREATE TABLE bench_naive (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, part text NOT NULL,
+    payload jsonb NOT NULL, status text NOT NULL DEFAULT 'pending', worker text,
+    locked_at timestamptz, completed_at timestamptz, created_at timestamptz NOT NULL DEFAULT now());
+CREATE INDEX bench_naive_pending ON bench_naive (id) WHERE status = 'pending';
+"""
+
+
+def naive_push(conn: Conn, partition: int, first: int) -> None:
+    conn.execute(
+        "INSERT INTO bench_naive (part, payload) SELECT x.partition, x.payload"
+        " FROM jsonb_to_recordset(%s::jsonb) x(partition text, payload jsonb)",
+        (orjson.dumps(_items(partition, first)).decode(),))
+
+
+def naive_consume(conn: Conn, worker: str) -> int:
+    rows = conn.execute(
+        "UPDATE bench_naive SET status = 'processing', worker = %s, locked_at = now()"
+        " WHERE id = ANY (ARRAY(SELECT id FROM bench_naive WHERE status = 'pending'"
+        " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)) RETURNING id",
+        (worker, BATCH)).fetchall()
+    if rows:
+        conn.execute("UPDATE bench_naive SET status = 'completed', completed_at = now()"
+                     " WHERE id = ANY (%s)", ([r[0] for r in rows],))
+    return len(rows)
+
+
+SYSTEMS = [
+    System("cursor store (queen.cursor_*)", cursor_push, cursor_consume),
+    System("current functions (queen.push / pop_queue / ack)", current_push, current_consume),
+    System("naive lifecycle (insert, claim UPDATE, UPDATE)", naive_push, naive_consume),
+]
+
+
+@contextlib.contextmanager
+def bench_database(dsn: str) -> Iterator[str]:
+    """A new database migrated for Queen; dropped afterwards."""
+    name = f"queen_bench_cursor_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    target = psycopg.conninfo.make_conninfo(dsn, dbname=name)
+    try:
+        migrate(target)
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute(NAIVE_TABLE)  # type: ignore[arg-type]
+        yield target
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+
+def connect(dsn: str) -> Conn:
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SELECT set_config('queen.push_notify', 'after_commit', false)")
+    return conn
+
+
+def seed(dsn: str, system: System) -> None:
+    """A backlog in every partition, then statistics for the planner."""
+    with connect(dsn) as conn:
+        for p in range(PARTITIONS):
+            for b in range(SEED_PER_PARTITION // BATCH):
+                system.push(conn, p, b * BATCH)
+        conn.execute("ANALYZE")
+
+
+def run(dsn: str, system: System, seconds: float) -> dict[str, float]:
+    """Producers and consumers for seconds; msg/s pushed and consumed, WAL per message."""
+    stop = threading.Event()
+    pushed = [0] * PRODUCERS
+    consumed = [0] * CONSUMERS
+    errors: list[BaseException] = []
+
+    def producer(i: int) -> None:
+        with connect(dsn) as conn:
+            while not stop.is_set():
+                system.push(conn, random.randrange(PARTITIONS), pushed[i])
+                pushed[i] += BATCH
+
+    def consumer(i: int) -> None:
+        with connect(dsn) as conn:
+            while not stop.is_set():
+                got = system.consume(conn, f"c{i}")
+                consumed[i] += got
+                if not got:
+                    time.sleep(0.001)
+
+    def guarded(target: Callable[[int], None], i: int) -> Callable[[], None]:
+        def go() -> None:
+            try:
+                target(i)
+            except BaseException as exc:  # noqa: BLE001 - reported after the run
+                errors.append(exc)
+                stop.set()
+        return go
+
+    with connect(dsn) as conn:
+        (start_lsn,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()  # type: ignore[misc]
+        threads = [threading.Thread(target=guarded(producer, i)) for i in range(PRODUCERS)]
+        threads += [threading.Thread(target=guarded(consumer, i)) for i in range(CONSUMERS)]
+        began = time.monotonic()
+        for t in threads:
+            t.start()
+        stop.wait(seconds)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        elapsed = time.monotonic() - began
+        (wal,) = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)",  # type: ignore[misc]
+                              (start_lsn,)).fetchone()
+    if errors:
+        raise errors[0]
+    done = sum(consumed)
+    return {"pushed": sum(pushed) / elapsed, "consumed": done / elapsed,
+            "wal": float(wal) / max(1, done)}
+
+
+def report(results: list[tuple[System, dict[str, float]]], seconds: float, server: str) -> str:
+    naive = next(r for s, r in results if s.name.startswith("naive"))["consumed"]
+    lines = [
+        "# Cursor store SQL beside the current functions and a naive lifecycle",
+        "",
+        f"`python -m bench.cursor_sql --seconds {seconds:g}`: {PRODUCERS} producers (batch "
+        f"{BATCH} into one of {PARTITIONS} partitions) and {CONSUMERS} consumers (pop by queue, "
+        f"batch {BATCH}, ack), plain psycopg, one thread and connection each; a backlog of "
+        f"{SEED_PER_PARTITION} per partition seeded and ANALYZEd first. Server: {server}.",
+        "",
+        "| system | pushed msg/s | consumed msg/s | consumed vs naive | WAL bytes / msg |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for system, r in results:
+        lines.append(f"| {system.name} | {r['pushed']:,.0f} | {r['consumed']:,.0f} | "
+                     f"{r['consumed'] / naive:.2f}x | {r['wal']:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/cursor-sql.md"))
+    args = parser.parse_args(argv)
+    results = []
+    with psycopg.connect(args.dsn) as conn:
+        settings = dict(conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name IN"
+            " ('server_version', 'autovacuum', 'synchronous_commit')").fetchall())
+    server = (f"PostgreSQL {settings['server_version']}, autovacuum {settings['autovacuum']}, "
+              f"synchronous_commit {settings['synchronous_commit']}")
+    for n, system in enumerate(SYSTEMS, 1):
+        print(f"[{n}/{len(SYSTEMS)}] {system.name}: seeding", file=sys.stderr, flush=True)
+        with bench_database(args.dsn) as dsn:
+            seed(dsn, system)
+            print(f"[{n}/{len(SYSTEMS)}] {system.name}: running {args.seconds:g} s",
+                  file=sys.stderr, flush=True)
+            result = run(dsn, system, args.seconds)
+        print(f"[{n}/{len(SYSTEMS)}] {system.name}: {result['consumed']:,.0f} msg/s consumed, "
+              f"{result['wal']:,.0f} WAL bytes/msg", file=sys.stderr, flush=True)
+        results.append((system, result))
+    text = report(results, args.seconds, server)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
