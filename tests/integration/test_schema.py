@@ -153,7 +153,8 @@ def test_migrations_build_what_schema_sql_builds(db_dsn: str, empty_dsn: str) ->
 def test_migrate_reinstalls_changed_functions(empty_dsn: str) -> None:
     migrate(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        conn.execute("CREATE OR REPLACE FUNCTION queen.cursor_push_lock_key(p uuid) RETURNS bigint"
+        conn.execute("CREATE OR REPLACE FUNCTION queen.cursor_push_lock_key(p_partition uuid)"
+                     " RETURNS bigint"
                      " LANGUAGE sql AS 'SELECT 0::bigint'")
     assert migrate(empty_dsn) == []
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
