@@ -28,7 +28,6 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from queen.store import cursors
 from queen.store.migrate import migrate
 
 PARTITIONS = 16
@@ -55,16 +54,21 @@ def _items(partition: int, first: int) -> list[dict[str, Any]]:
 
 
 def cursor_push(conn: Conn, partition: int, first: int) -> None:
-    cursors.push(conn, _items(partition, first))
+    conn.execute("SELECT count(*) FROM queen.cursor_push(%s::jsonb, NULL)",
+                 (orjson.dumps(_items(partition, first)).decode(),))
 
 
 def cursor_consume(conn: Conn, worker: str) -> int:
-    got = cursors.pop(conn, "bench", batch=BATCH, worker=worker)
-    if got:
-        lease = str(got[0].lease_id)
-        cursors.ack(conn, [{"transactionId": d.transaction_id, "status": "completed",
-                            "leaseId": lease} for d in got])
-    return len(got)
+    # (The statements of queen.store.cursors, reading only what the ack needs, as the
+    # other two systems do.)
+    rows = conn.execute("SELECT transaction_id, lease_id FROM queen.cursor_pop_queue("
+                        "'bench', '__queue__', %s, %s)", (BATCH, worker)).fetchall()
+    if rows:
+        lease = str(rows[0][1])
+        acks = [{"transactionId": r[0], "status": "completed", "leaseId": lease} for r in rows]
+        conn.execute("SELECT count(*) FROM queen.cursor_ack(%s::jsonb)",
+                     (orjson.dumps(acks).decode(),))
+    return len(rows)
 
 
 def current_push(conn: Conn, partition: int, first: int) -> None:

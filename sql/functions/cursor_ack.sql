@@ -22,7 +22,9 @@ BEGIN
                          i.error, d.applied)::queen.cursor_ack_outcome)
     INTO decided
     FROM (SELECT DISTINCT ON (x.id) x.*,
-                 queen.cursor_retries(p_partition, p_group, x.id, c.retried_max) AS tries
+                 CASE WHEN x.id > c.retried_max THEN 0  -- (no retry record: no lookup)
+                      ELSE queen.cursor_retries(p_partition, p_group, x.id, c.retried_max)
+                 END AS tries
           FROM jsonb_to_recordset(p_items) x(idx integer, txid text, id bigint, wanted text,
                                              error text, lease uuid)
           ORDER BY x.id, x.idx DESC) i
@@ -46,7 +48,14 @@ BEGIN
             (SELECT max(d.message_id) FROM unnest(decided) d
              WHERE d.applied AND d.status = 'retry_scheduled'));
     END IF;
-    RETURN decided;
+    IF cardinality(decided) = jsonb_array_length(p_items) THEN
+        RETURN decided;
+    END IF;
+    -- A message acked more than once in the call: each of its items gets the outcome.
+    RETURN ARRAY(SELECT ROW(x.idx, d.transaction_id, d.consumer_group, d.message_id, d.status,
+                            d.retry_count, d.error, d.applied)::queen.cursor_ack_outcome
+                 FROM jsonb_to_recordset(p_items) x(idx integer, id bigint)
+                 JOIN unnest(decided) d ON d.message_id = x.id);
 END
 $$;
 
@@ -109,10 +118,7 @@ BEGIN
     SELECT t.ord::integer, t.a ->> 'transactionId', coalesce(t.a ->> 'consumerGroup', '__queue__'),
            coalesce(o.status, 'not_found'), o.retry_count
     FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
-    LEFT JOIN LATERAL (
-        SELECT o.* FROM unnest(outcomes) o
-        WHERE o.transaction_id = t.a ->> 'transactionId'
-          AND o.consumer_group = coalesce(t.a ->> 'consumerGroup', '__queue__') LIMIT 1) o ON true
+    LEFT JOIN unnest(outcomes) o ON o.idx = t.ord
     ORDER BY t.ord;
 END
 $$;

@@ -49,8 +49,10 @@ LANGUAGE sql AS $$
     ON CONFLICT DO NOTHING
 $$;
 
--- The groups reading a queue (or every queue): partitions with a cursor, messages not
--- yet done for the group (pending, including those leased), and the age of the oldest.
+-- The groups reading a queue (or every queue): partitions where they have a cursor,
+-- messages not yet done for them in any partition (pending, including those leased;
+-- where a group has no cursor yet, from where its subscription would start), and the age
+-- of the oldest of those.
 CREATE OR REPLACE FUNCTION queen.cursor_group_list(p_queue text DEFAULT NULL)
 RETURNS TABLE (consumer_group text, queue text, subscription_mode text, partitions integer,
                pending bigint, lag_seconds double precision)
@@ -60,12 +62,16 @@ LANGUAGE sql STABLE AS $$
            coalesce(extract(epoch FROM now() - min(n.oldest)), 0)::double precision
     FROM queen.cursor_groups g
     JOIN queen.queues q ON q.id = g.queue_id
+    LEFT JOIN queen.partitions p ON p.queue_id = q.id
     LEFT JOIN queen.cursor_consumers c
-           ON c.queue_id = g.queue_id AND c.consumer_group = g.consumer_group
-    LEFT JOIN LATERAL (SELECT count(*) AS pending, min(m.created_at) AS oldest
-                       FROM queen.cursor_messages m
-                       WHERE m.partition_id = c.partition_id AND m.id > c.cursor_id
-                         AND m.id <> ALL (c.done_ids)) n ON true
+           ON c.partition_id = p.id AND c.consumer_group = g.consumer_group
+    LEFT JOIN LATERAL (
+        SELECT count(*) AS pending, min(m.created_at) AS oldest
+        FROM queen.cursor_messages m
+        WHERE m.partition_id = p.id
+          AND m.id > coalesce(c.cursor_id, CASE WHEN g.subscription_from IS NULL THEN 0
+                                                ELSE queen.cursor_before(p.id, g.subscription_from) END)
+          AND m.id <> ALL (coalesce(c.done_ids, '{}'))) n ON true
     WHERE p_queue IS NULL OR q.name = p_queue
     GROUP BY g.consumer_group, q.name, g.subscription_mode
     ORDER BY q.name, g.consumer_group

@@ -114,7 +114,9 @@ BEGIN
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
     RETURN QUERY
     SELECT m.id, m.transaction_id, q.name, p.name, p_group, m.payload, m.encrypted, m.producer,
-           m.trace_id, queen.cursor_retries(p_partition, p_group, m.id, c.retried_max),
+           m.trace_id,
+           CASE WHEN m.id > c.retried_max THEN 0  -- (no retry record: no lookup)
+                ELSE queen.cursor_retries(p_partition, p_group, m.id, c.retried_max) END,
            m.created_at, c.lease_id, c.lease_expires_at
     FROM unnest(claimed) m
     JOIN queen.partitions p ON p.id = p_partition
@@ -152,16 +154,19 @@ END
 $$;
 
 -- Partitions of a queue a group may pop now (no live lease, not held back), those with
--- the oldest next message first, up to p_limit: one probe per partition of the queue.
+-- the oldest next message first, up to p_limit: one probe per partition of the queue. A
+-- partition where the group has no cursor yet counts from its first message.
 CREATE OR REPLACE FUNCTION queen.cursor_candidates(p_queue uuid, p_group text, p_limit integer)
 RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
-    SELECT c.partition_id
-    FROM queen.cursor_consumers c
+    SELECT p.id
+    FROM queen.partitions p
+    LEFT JOIN queen.cursor_consumers c
+           ON c.partition_id = p.id AND c.consumer_group = p_group
     CROSS JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
-                        WHERE m.partition_id = c.partition_id AND m.id > c.cursor_id
+                        WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
                         ORDER BY m.id LIMIT 1) m
-    WHERE c.queue_id = p_queue AND c.consumer_group = p_group
+    WHERE p.queue_id = p_queue
       AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
       AND (c.not_before IS NULL OR c.not_before <= now())
     ORDER BY m.id
@@ -185,12 +190,18 @@ BEGIN
         RETURN;
     END IF;
     PERFORM queen.cursor_join(target, p_group, p_mode, p_from);
-    PERFORM queen.cursor_ensure(target, p_group);
     FOR candidate IN SELECT x FROM queen.cursor_candidates(target, p_group, 32) x LOOP
         PERFORM 1 FROM queen.cursor_consumers c
         WHERE c.partition_id = candidate AND c.consumer_group = p_group
         FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
+        IF NOT FOUND THEN
+            -- No cursor yet, or another pop holds it: make one (a no-op for the latter).
+            PERFORM queen.cursor_ensure(target, p_group, candidate);
+            PERFORM 1 FROM queen.cursor_consumers c
+            WHERE c.partition_id = candidate AND c.consumer_group = p_group
+            FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+        END IF;
         RETURN QUERY SELECT * FROM queen.cursor_deliver(candidate, p_group, p_batch, p_worker);
         IF FOUND THEN
             RETURN;

@@ -139,6 +139,16 @@ BEGIN
         RETURNING id
     )
     SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
+    IF cardinality(stored) = cardinality(accepted) THEN
+        -- Every item stored (the common case): nothing to look up.
+        PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a));
+        RETURN QUERY
+        SELECT a.idx, a.id, a.transaction_id, 'queued' FROM unnest(accepted) a
+        UNION ALL
+        SELECT r, NULL, NULL, 'rejected' FROM unnest(rejected) r
+        ORDER BY 1;
+        RETURN;
+    END IF;
     PERFORM queen.cursor_wake(ARRAY(SELECT a.partition_id FROM unnest(accepted) a
                                     WHERE a.id = ANY (stored)));
     RETURN QUERY

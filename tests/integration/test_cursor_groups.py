@@ -65,8 +65,9 @@ def test_groups_list_partitions_pending_and_lag(conn: Conn) -> None:
     listed = {g.consumer_group: g for g in cursors.groups(conn)}
     assert set(listed) == {"__queue__", "g"}
     queue_mode, g = listed["__queue__"], listed["g"]
-    assert (queue_mode.queue, queue_mode.partitions, queue_mode.pending) == ("q", 1, 1)
-    assert (g.partitions, g.pending) == (1, 2)
+    # Pending counts every partition, also those where the group has no cursor yet.
+    assert (queue_mode.queue, queue_mode.partitions, queue_mode.pending) == ("q", 1, 3)
+    assert (g.partitions, g.pending) == (1, 5)
     assert 3500 < g.lag_seconds < 3700
     assert cursors.groups(conn, "other") == []
 
