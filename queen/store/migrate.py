@@ -38,11 +38,14 @@ def install_functions(conn: psycopg.Connection[Any], directory: Path | None = No
     """Create or replace the functions of sql/functions/, in one transaction.
 
     Bodies are checked when called, not when created, so files may use each other's
-    functions in any order.
+    functions in any order. No file at all is an error (a package built without them).
     """
+    files = function_files(directory)
+    if not files:
+        raise RuntimeError(f"no SQL function files in {directory or sql_dir() / 'functions'}")
     with conn.transaction():
         conn.execute("SET LOCAL check_function_bodies = off")
-        for path in function_files(directory):
+        for path in files:
             conn.execute(path.read_text(encoding="utf-8"))  # type: ignore[arg-type]
 
 

@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 from queen.errors import QueenError
-from queen.store.migrate import migrate, migration_files
+from queen.store.migrate import install_functions, migrate, migration_files
 from tests.conftest import dsn_for
 
 # Each entry: a name and a query returning sorted rows that describe one kind of object
@@ -160,6 +160,13 @@ def test_migrate_reinstalls_changed_functions(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         key = conn.execute("SELECT queen.cursor_push_lock_key(gen_random_uuid())").fetchone()
     assert key is not None and key[0] != 0
+
+
+def test_installing_functions_from_an_empty_folder_fails_loudly(
+    empty_dsn: str, tmp_path: Any
+) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn, pytest.raises(RuntimeError):
+        install_functions(conn, tmp_path)
 
 
 def test_migrate_is_idempotent(empty_dsn: str) -> None:
