@@ -1,11 +1,12 @@
 """The cursor store's SQL beside the current functions and a naive lifecycle, over plain psycopg.
 
-    python -m bench.cursor_sql [--dsn DSN] [--seconds 20] [--out bench/results/cursor-sql.md]
+    python -m bench.cursor_sql [--dsn DSN] [--seconds 7] [--rounds 3] [--out FILE]
 
 Each system gets a database of its own on the server of --dsn, built by `queen migrate`'s
 code, seeded with a backlog and ANALYZEd (a server with autovacuum off never would), then
 2 producers (batch 100 into one of 16 partitions) and 4 consumers (pop by queue, batch
-100, ack the batch) run for --seconds, each thread on its own connection. Reported:
+100, ack the batch) run for --seconds, each thread on its own connection; the systems
+take turns, --rounds times, so that load from elsewhere falls on all. Reported (medians):
 messages pushed and consumed per second, and WAL bytes per consumed message
 (pg_current_wal_lsn before and after: other work on the server counts too).
 """
@@ -204,49 +205,68 @@ def run(dsn: str, system: System, seconds: float) -> dict[str, float]:
             "wal": float(wal) / max(1, done)}
 
 
-def report(results: list[tuple[System, dict[str, float]]], seconds: float, server: str) -> str:
-    naive = next(r for s, r in results if s.name.startswith("naive"))["consumed"]
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def report(rounds: list[dict[str, dict[str, float]]], seconds: float, server: str) -> str:
+    """The markdown table: each system's median over the rounds, and its median ratio."""
+    naive = SYSTEMS[-1].name
     lines = [
         "# Cursor store SQL beside the current functions and a naive lifecycle",
         "",
-        f"`python -m bench.cursor_sql --seconds {seconds:g}`: {PRODUCERS} producers (batch "
-        f"{BATCH} into one of {PARTITIONS} partitions) and {CONSUMERS} consumers (pop by queue, "
-        f"batch {BATCH}, ack), plain psycopg, one thread and connection each; a backlog of "
-        f"{SEED_PER_PARTITION} per partition seeded and ANALYZEd first. Server: {server}.",
+        f"`python -m bench.cursor_sql --seconds {seconds:g} --rounds {len(rounds)}`: "
+        f"{PRODUCERS} producers (batch {BATCH} into one of {PARTITIONS} partitions) and "
+        f"{CONSUMERS} consumers (pop by queue, batch {BATCH}, ack), plain psycopg, one thread "
+        f"and connection each; a backlog of {SEED_PER_PARTITION} per partition seeded and "
+        f"ANALYZEd first; the systems take turns, {seconds:g} s each, round after round "
+        f"(medians of the rounds; the ratio is the median of each round's ratio). "
+        f"Server: {server}.",
         "",
         "| system | pushed msg/s | consumed msg/s | consumed vs naive | WAL bytes / msg |",
         "|---|---:|---:|---:|---:|",
     ]
-    for system, r in results:
-        lines.append(f"| {system.name} | {r['pushed']:,.0f} | {r['consumed']:,.0f} | "
-                     f"{r['consumed'] / naive:.2f}x | {r['wal']:,.0f} |")
+    for system in SYSTEMS:
+        runs = [r[system.name] for r in rounds]
+        ratio = median([r[system.name]["consumed"] / r[naive]["consumed"] for r in rounds])
+        lines.append(
+            f"| {system.name} | {median([x['pushed'] for x in runs]):,.0f} | "
+            f"{median([x['consumed'] for x in runs]):,.0f} | {ratio:.2f}x | "
+            f"{median([x['wal'] for x in runs]):,.0f} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=7.0, help="per system and round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results/cursor-sql.md"))
     args = parser.parse_args(argv)
-    results = []
     with psycopg.connect(args.dsn) as conn:
         settings = dict(conn.execute(
             "SELECT name, setting FROM pg_settings WHERE name IN"
             " ('server_version', 'autovacuum', 'synchronous_commit')").fetchall())
     server = (f"PostgreSQL {settings['server_version']}, autovacuum {settings['autovacuum']}, "
               f"synchronous_commit {settings['synchronous_commit']}")
-    for n, system in enumerate(SYSTEMS, 1):
-        print(f"[{n}/{len(SYSTEMS)}] {system.name}: seeding", file=sys.stderr, flush=True)
-        with bench_database(args.dsn) as dsn:
-            seed(dsn, system)
-            print(f"[{n}/{len(SYSTEMS)}] {system.name}: running {args.seconds:g} s",
-                  file=sys.stderr, flush=True)
-            result = run(dsn, system, args.seconds)
-        print(f"[{n}/{len(SYSTEMS)}] {system.name}: {result['consumed']:,.0f} msg/s consumed, "
-              f"{result['wal']:,.0f} WAL bytes/msg", file=sys.stderr, flush=True)
-        results.append((system, result))
-    text = report(results, args.seconds, server)
+    rounds: list[dict[str, dict[str, float]]] = []
+    with contextlib.ExitStack() as stack:
+        dsns = {}
+        for system in SYSTEMS:
+            print(f"seeding {system.name}", file=sys.stderr, flush=True)
+            dsns[system.name] = stack.enter_context(bench_database(args.dsn))
+            seed(dsns[system.name], system)
+        for n in range(1, args.rounds + 1):
+            rounds.append({})
+            for system in SYSTEMS:
+                result = run(dsns[system.name], system, args.seconds)
+                rounds[-1][system.name] = result
+                print(f"[round {n}/{args.rounds}] {system.name}: "
+                      f"{result['consumed']:,.0f} msg/s consumed, "
+                      f"{result['wal']:,.0f} WAL bytes/msg", file=sys.stderr, flush=True)
+    text = report(rounds, args.seconds, server)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
     print(text)

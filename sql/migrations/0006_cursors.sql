@@ -66,9 +66,9 @@ CREATE TABLE queen.cursor_consumers (
     PRIMARY KEY (partition_id, consumer_group)
 ) WITH (fillfactor = 50);
 CREATE INDEX cursor_consumers_group ON queen.cursor_consumers (queue_id, consumer_group);
--- Live leases, found by id (extension) and walked by maintenance for expiry.
-CREATE INDEX cursor_consumers_lease ON queen.cursor_consumers (lease_id)
-    WHERE lease_id IS NOT NULL;
+-- No index covers a lease column: a pop and the ack that ends its lease then change no
+-- indexed value, and PostgreSQL updates the row in place (HOT), with no index entry.
+-- Lease extension and expiry read the table (one row per partition and group) instead.
 
 -- A message's failures for one group, one row updated in place: status 'retry' while it
 -- waits for redelivery with retry_count retries, 'dead_letter' or 'failed' for good.
