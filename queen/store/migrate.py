@@ -1,9 +1,13 @@
-"""Apply sql/migrations/ in order, once each, under an advisory lock (hosts may start together)."""
+"""Apply sql/migrations/ in order, once each, under an advisory lock (hosts may start together).
+
+Then install the functions of sql/functions/ (CREATE OR REPLACE, on every start).
+"""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -44,8 +48,32 @@ def migration_files(directory: Path | None = None) -> list[Path]:
     return files
 
 
+def function_files(directory: Path | None = None) -> list[Path]:
+    """Return the files of sql/functions/ (or directory), in name order."""
+    directory = directory or sql_dir() / "functions"
+    return sorted(directory.glob("*.sql"))
+
+
+def install_functions(conn: psycopg.Connection[Any], directory: Path | None = None) -> None:
+    """Create or replace the functions of sql/functions/, in one transaction.
+
+    Bodies are checked when called, not when created, so files may use each other's
+    functions in any order. No file at all is an error (a package built without them).
+    """
+    files = function_files(directory)
+    if not files:
+        raise RuntimeError(f"no SQL function files in {directory or sql_dir() / 'functions'}")
+    with conn.transaction():
+        conn.execute("SET LOCAL check_function_bodies = off")
+        for path in files:
+            conn.execute(path.read_text(encoding="utf-8"))  # type: ignore[arg-type]
+
+
 def migrate(dsn: str, directory: Path | None = None) -> list[str]:
-    """Apply pending migrations; return the names applied."""
+    """Apply pending migrations, then install the functions; return the migrations applied.
+
+    directory: migrations of another folder, and no functions (tests of migrate itself).
+    """
     files = migration_files(directory)  # before connecting: none is an error, not "none pending"
     applied: list[str] = []
     with translate_errors(), psycopg.connect(dsn, autocommit=True) as conn:
@@ -67,6 +95,8 @@ def migrate(dsn: str, directory: Path | None = None) -> list[str]:
                         "INSERT INTO queen.schema_migrations (name) VALUES (%s)", (path.name,)
                     )
                 applied.append(path.name)
+            if directory is None:
+                install_functions(conn)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATIONS_LOCK,))
     return applied

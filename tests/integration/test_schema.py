@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 from queen.errors import QueenError
-from queen.store.migrate import migrate, migration_files
+from queen.store.migrate import install_functions, migrate, migration_files
 from tests.conftest import dsn_for
 
 # Each entry: a name and a query returning sorted rows that describe one kind of object
@@ -129,6 +129,9 @@ def test_catalog_query_sees_the_schema(db_dsn: str) -> None:
     assert {"queues", "partitions", "messages", "partition_heads"} <= relations
     functions = {row[0] for row in described["functions"]}
     assert {"push", "ack", "claim", "pop_queue", "pop_partition", "pop_filtered"} <= functions
+    # The cursor store: tables from migration 0006, functions from sql/functions/.
+    assert {"cursor_messages", "cursor_consumers", "cursor_groups"} <= relations
+    assert {"cursor_push", "cursor_pop_queue", "cursor_ack", "cursor_extend"} <= functions
     assert described["triggers"]
     assert described["indexes"]
 
@@ -145,6 +148,25 @@ def test_migrations_build_what_schema_sql_builds(db_dsn: str, empty_dsn: str) ->
             f"only in migrations {only_migrations!r}"
         )
         assert from_schema[kind] == from_migrations[kind], f"{kind} differ in order"
+
+
+def test_migrate_reinstalls_changed_functions(empty_dsn: str) -> None:
+    migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE OR REPLACE FUNCTION queen.cursor_push_lock_key(p_partition uuid)"
+                     " RETURNS bigint"
+                     " LANGUAGE sql AS 'SELECT 0::bigint'")
+    assert migrate(empty_dsn) == []
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        key = conn.execute("SELECT queen.cursor_push_lock_key(gen_random_uuid())").fetchone()
+    assert key is not None and key[0] != 0
+
+
+def test_installing_functions_from_an_empty_folder_fails_loudly(
+    empty_dsn: str, tmp_path: Any
+) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn, pytest.raises(RuntimeError):
+        install_functions(conn, tmp_path)
 
 
 def test_migrate_is_idempotent(empty_dsn: str) -> None:

@@ -1,0 +1,174 @@
+"""The cursor store: immutable messages, one cursor and lease per (partition, consumer group).
+
+Beside the message-row store of queen.store.messages, not yet behind the API. Every
+function runs one statement on the connection it is given, so that a caller can hold
+several in one transaction (`with conn.transaction(): ...`); on an autocommit
+connection each one commits by itself. Items are validated (and sealed, for encrypted
+queues) by the caller, as for queen.store.messages. docs/STORAGE.md describes the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import psycopg
+from psycopg.rows import tuple_row
+
+from queen.store.db import translate_errors
+from queen.store.sqlfile import load_queries
+
+QUEUE_MODE = "__queue__"  # the built-in group of pops without consumerGroup
+
+QUERIES = load_queries(Path(__file__).with_name("cursors.sql"))
+
+SubscriptionMode = Literal["all", "new"]
+SeekTarget = Literal["beginning", "end", "time"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PushOutcome:
+    """What a push did with one item."""
+
+    position: int  # 1-based position in the request
+    id: int | None
+    transaction_id: str | None
+    status: str  # queued | duplicate | rejected
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message of a pop, under the lease of its partition for its group."""
+
+    id: int
+    transaction_id: str
+    queue: str
+    partition: str
+    consumer_group: str
+    payload: Any
+    encrypted: bool
+    producer: str | None
+    trace_id: str | None
+    retry_count: int
+    created_at: dt.datetime
+    lease_id: uuid.UUID
+    lease_expires_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AckOutcome:
+    """What an acknowledgment did."""
+
+    position: int  # 1-based position in the request
+    transaction_id: str
+    consumer_group: str
+    status: str  # completed | retry_scheduled | dead_letter | failed | lease_expired | not_found
+    retry_count: int | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A consumer group reading a queue."""
+
+    consumer_group: str
+    queue: str
+    subscription_mode: str  # all | new | from
+    partitions: int  # partitions it has a cursor in
+    pending: int  # messages it has not acked yet (leased ones included)
+    lag_seconds: float  # age of the oldest of them
+
+
+Connection = psycopg.Connection[Any]
+
+
+def _rows(conn: Connection, name: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    with translate_errors(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(QUERIES[name], params)  # type: ignore[arg-type]
+        return cur.fetchall()
+
+
+def _scalar(conn: Connection, name: str, params: Mapping[str, Any]) -> Any:
+    (row,) = _rows(conn, name, params)
+    return row[0]
+
+
+def push(
+    conn: Connection, items: Sequence[Mapping[str, Any]], producer: str | None = None
+) -> list[PushOutcome]:
+    """Store items ({queue, partition?, payload, transactionId?, traceId?}); one outcome each."""
+    params = {"items": orjson.dumps(list(items)).decode(), "producer": producer}
+    return [PushOutcome(*row) for row in _rows(conn, "cursor_push", params)]
+
+
+def pop(
+    conn: Connection,
+    queue: str,
+    *,
+    partition: str | None = None,
+    group: str = QUEUE_MODE,
+    batch: int = 1,
+    worker: str = "",
+    mode: SubscriptionMode | None = None,
+    since: dt.datetime | None = None,
+) -> list[Delivery]:
+    """Lease a partition of queue for group and return up to batch messages, in order.
+
+    mode / since (subscriptionMode / subscriptionFrom) apply at the group's first pop of
+    the queue and are ignored afterwards.
+    """
+    params = {
+        "queue": queue, "partition": partition, "group": group, "batch": batch,
+        "worker": worker, "mode": mode, "since": since,
+    }
+    name = "cursor_pop_queue" if partition is None else "cursor_pop_partition"
+    return [Delivery(*row) for row in _rows(conn, name, params)]
+
+
+def ack(conn: Connection, acks: Sequence[Mapping[str, Any]]) -> list[AckOutcome]:
+    """Apply acknowledgments ({transactionId, status, error?, consumerGroup?, leaseId?})."""
+    params = {"acks": orjson.dumps(list(acks), default=str).decode()}
+    return [AckOutcome(*row) for row in _rows(conn, "cursor_ack", params)]
+
+
+def extend(conn: Connection, lease_id: uuid.UUID, seconds: int) -> dt.datetime | None:
+    """Extend a live lease to seconds from now; its new expiry, None when it has ended."""
+    return _scalar(conn, "cursor_extend", {"lease": lease_id, "seconds": seconds})  # type: ignore[no-any-return]
+
+
+def expire_leases(conn: Connection, limit: int = 1000) -> int:
+    """End up to limit expired leases; return how many."""
+    return int(_scalar(conn, "cursor_expire_leases", {"limit": limit}))
+
+
+def groups(conn: Connection, queue: str | None = None) -> list[GroupInfo]:
+    """List the consumer groups of queue (or of every queue), queue mode included."""
+    return [GroupInfo(*row) for row in _rows(conn, "cursor_groups", {"queue": queue})]
+
+
+def seek(
+    conn: Connection, queue: str, group: str, to: SeekTarget, at: dt.datetime | None = None
+) -> int | None:
+    """Move group's cursors on queue; the partitions moved, None when queue is unknown."""
+    if (to == "time") != (at is not None):
+        raise ValueError("a seek to a time takes the time, and only that one")
+    return _scalar(conn, "cursor_seek", {"queue": queue, "group": group, "to": to, "at": at})  # type: ignore[no-any-return]
+
+
+def delete_group(conn: Connection, queue: str, group: str) -> int:
+    """Forget group on queue (it starts over at its next pop); the cursors dropped."""
+    return int(_scalar(conn, "cursor_delete_group", {"queue": queue, "group": group}))
+
+
+def retention(conn: Connection, limit: int = 10000) -> int:
+    """Delete up to limit messages past their queue's retention; return how many."""
+    return int(_scalar(conn, "cursor_retention", {"limit": limit}))
+
+
+def analyze(conn: Connection, min_changes: int = 1000) -> list[str]:
+    """ANALYZE the cursor tables changed by more than a tenth; return their names."""
+    return list(_scalar(conn, "cursor_analyze", {"min_changes": min_changes}))

@@ -1,0 +1,135 @@
+-- Consumer groups of the cursor store: subscription at the first pop, listing, seek, delete.
+-- Queue mode is the built-in group '__queue__'.
+
+-- Register a group on a queue at its first pop (later modes are ignored): 'all' starts
+-- at the oldest retained message, 'new' after what exists now, 'from' at p_from.
+CREATE OR REPLACE FUNCTION queen.cursor_join(p_queue uuid, p_group text, p_mode text,
+                                             p_from timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    mode text := CASE WHEN p_from IS NOT NULL THEN 'from' ELSE coalesce(p_mode, 'all') END;
+BEGIN
+    IF EXISTS (SELECT 1 FROM queen.cursor_groups g
+               WHERE g.queue_id = p_queue AND g.consumer_group = p_group) THEN
+        RETURN;
+    END IF;
+    INSERT INTO queen.cursor_groups (queue_id, consumer_group, subscription_mode, subscription_from)
+    VALUES (p_queue, p_group, mode,
+            CASE mode WHEN 'new' THEN now() WHEN 'from' THEN p_from END)
+    ON CONFLICT DO NOTHING;
+END
+$$;
+
+-- The highest id of a partition created before p_time (0: none), where a cursor starting
+-- at p_time stands.
+CREATE OR REPLACE FUNCTION queen.cursor_before(p_partition uuid, p_time timestamptz)
+RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(max(m.id), 0) FROM queen.cursor_messages m
+    WHERE m.partition_id = p_partition AND m.created_at < p_time
+$$;
+
+-- Give a group a cursor in each partition of a queue (or the one named) that has none
+-- yet, where its subscription says.
+CREATE OR REPLACE FUNCTION queen.cursor_ensure(p_queue uuid, p_group text,
+                                               p_partition uuid DEFAULT NULL)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO queen.cursor_consumers (partition_id, consumer_group, queue_id, cursor_id)
+    SELECT p.id, p_group, p.queue_id,
+           CASE WHEN g.subscription_from IS NULL THEN 0
+                ELSE queen.cursor_before(p.id, g.subscription_from) END
+    FROM queen.partitions p
+    JOIN queen.cursor_groups g ON g.queue_id = p.queue_id AND g.consumer_group = p_group
+    WHERE p.queue_id = p_queue AND (p_partition IS NULL OR p.id = p_partition)
+      AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+                      WHERE c.partition_id = p.id AND c.consumer_group = p_group)
+    ORDER BY p.id
+    ON CONFLICT DO NOTHING
+$$;
+
+-- The groups reading a queue (or every queue): partitions where they have a cursor,
+-- messages not yet done for them in any partition (pending, including those leased;
+-- where a group has no cursor yet, from where its subscription would start), and the age
+-- of the oldest of those.
+CREATE OR REPLACE FUNCTION queen.cursor_group_list(p_queue text DEFAULT NULL)
+RETURNS TABLE (consumer_group text, queue text, subscription_mode text, partitions integer,
+               pending bigint, lag_seconds double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT g.consumer_group, q.name, g.subscription_mode, count(c.partition_id)::integer,
+           coalesce(sum(n.pending), 0)::bigint,
+           coalesce(extract(epoch FROM now() - min(n.oldest)), 0)::double precision
+    FROM queen.cursor_groups g
+    JOIN queen.queues q ON q.id = g.queue_id
+    LEFT JOIN queen.partitions p ON p.queue_id = q.id
+    LEFT JOIN queen.cursor_consumers c
+           ON c.partition_id = p.id AND c.consumer_group = g.consumer_group
+    LEFT JOIN LATERAL (
+        SELECT count(*) AS pending, min(m.created_at) AS oldest
+        FROM queen.cursor_messages m
+        WHERE m.partition_id = p.id
+          AND m.id > coalesce(c.cursor_id, CASE WHEN g.subscription_from IS NULL THEN 0
+                                                ELSE queen.cursor_before(p.id, g.subscription_from) END)
+          AND m.id <> ALL (coalesce(c.done_ids, '{}'))) n ON true
+    WHERE p_queue IS NULL OR q.name = p_queue
+    GROUP BY g.consumer_group, q.name, g.subscription_mode
+    ORDER BY q.name, g.consumer_group
+$$;
+
+-- Move a group's cursors on a queue to the beginning, the end, or p_time ('time'); ends
+-- its leases (their acks then answer lease_expired) and forgets its retry state. Returns
+-- the number of partitions moved; NULL when the queue does not exist.
+CREATE OR REPLACE FUNCTION queen.cursor_seek(p_queue text, p_group text, p_to text,
+                                             p_time timestamptz DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    target   uuid;
+    moved    integer;
+BEGIN
+    SELECT q.id INTO target FROM queen.queues q WHERE q.name = p_queue;
+    IF target IS NULL THEN
+        RETURN NULL;
+    END IF;
+    PERFORM queen.cursor_join(target, p_group, 'all', NULL);
+    PERFORM queen.cursor_ensure(target, p_group);
+    UPDATE queen.cursor_consumers c SET
+        cursor_id = CASE p_to WHEN 'beginning' THEN 0
+                              WHEN 'end' THEN queen.cursor_before(c.partition_id, 'infinity')
+                              ELSE queen.cursor_before(c.partition_id, p_time) END,
+        done_ids = '{}', retried_max = 0, not_before = NULL,
+        lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
+        lease_size = NULL, lease_acked = '{}', updated_at = now()
+    WHERE c.queue_id = target AND c.consumer_group = p_group;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+    RETURN moved;
+END
+$$;
+
+-- Forget a group on a queue (cursors, failures, completions, subscription): its next pop
+-- starts over as a new group. Returns the number of cursors dropped.
+CREATE OR REPLACE FUNCTION queen.cursor_group_delete(p_queue text, p_group text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    dropped integer;
+BEGIN
+    WITH gone AS (
+        DELETE FROM queen.cursor_consumers c
+        USING queen.queues q
+        WHERE q.name = p_queue AND c.queue_id = q.id AND c.consumer_group = p_group
+        RETURNING c.partition_id
+    ), failures AS (
+        DELETE FROM queen.cursor_failures f USING gone
+        WHERE f.partition_id = gone.partition_id AND f.consumer_group = p_group
+    ), completions AS (
+        DELETE FROM queen.cursor_completions k USING gone
+        WHERE k.partition_id = gone.partition_id AND k.consumer_group = p_group
+    )
+    SELECT count(*) INTO dropped FROM gone;
+    DELETE FROM queen.cursor_groups g USING queen.queues q
+    WHERE q.name = p_queue AND g.queue_id = q.id AND g.consumer_group = p_group;
+    RETURN dropped;
+END
+$$;

@@ -1,0 +1,164 @@
+-- Leases of the cursor store: a partition leased to one consumer of a group at a time,
+-- its end (all acked, or expired) and what moves the cursor.
+
+-- The retries a message has had for a group (0 unless a failure record says otherwise;
+-- looked up only at or below the group's retried_max in the partition).
+CREATE OR REPLACE FUNCTION queen.cursor_retries(p_partition uuid, p_group text, p_id bigint,
+                                                p_retried_max bigint)
+RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_retried_max IS NULL OR p_id > p_retried_max THEN 0
+                ELSE coalesce((SELECT f.retry_count FROM queen.cursor_failures f
+                               WHERE f.partition_id = p_partition AND f.consumer_group = p_group
+                                 AND f.message_id = p_id AND f.status = 'retry'), 0) END
+$$;
+
+-- Where a cursor can move: past every message of the partition done for the group (at or
+-- below p_cursor, or in p_done) up to the first one that is not. Only committed messages
+-- are seen, and a message committing later has a higher id than all of them.
+CREATE OR REPLACE FUNCTION queen.cursor_next(p_partition uuid, p_cursor bigint, p_done bigint[])
+RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    undone bigint;
+BEGIN
+    IF cardinality(p_done) = 0 THEN
+        RETURN p_cursor;
+    END IF;
+    SELECT m.id INTO undone FROM queen.cursor_messages m
+    WHERE m.partition_id = p_partition AND m.id > p_cursor AND m.id <> ALL (p_done)
+    ORDER BY m.id LIMIT 1;
+    IF undone IS NULL THEN
+        RETURN greatest(p_cursor, (SELECT max(d) FROM unnest(p_done) d));
+    END IF;
+    RETURN greatest(p_cursor, undone - 1);
+END
+$$;
+
+-- Record messages done (p_done) and acked (p_acked) for a group's partition, whose row
+-- the caller has locked; end the lease when all its messages are acked (or p_expired),
+-- move the cursor over what is done, and start retryDelay when a message of the ended
+-- lease waits for a retry. Wakes a poll when the partition is free with work. Returns
+-- whether the lease ended.
+CREATE OR REPLACE FUNCTION queen.cursor_settle(p_partition uuid, p_group text, p_done bigint[],
+                                               p_acked bigint[], p_retried bigint,
+                                               p_expired boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    c        queen.cursor_consumers;
+    ended    boolean;
+    retrying boolean;
+    delay_ms integer;
+BEGIN
+    SELECT * INTO c FROM queen.cursor_consumers x
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    c.done_ids := c.done_ids || p_done;
+    c.lease_acked := c.lease_acked || p_acked;
+    c.retried_max := greatest(c.retried_max, coalesce(p_retried, 0));
+    ended := c.lease_id IS NOT NULL AND (p_expired OR cardinality(c.lease_acked) >= c.lease_size);
+    -- A message retried in this lease: acked (failed) but not done.
+    retrying := p_retried IS NOT NULL
+                OR EXISTS (SELECT 1 FROM unnest(c.lease_acked) a WHERE a <> ALL (c.done_ids));
+    IF ended AND NOT retrying THEN
+        c.cursor_id := greatest(c.cursor_id, c.lease_last_id);  -- every message of it done
+        c.done_ids := ARRAY(SELECT d FROM unnest(c.done_ids) d WHERE d > c.cursor_id);
+    END IF;
+    c.cursor_id := queen.cursor_next(p_partition, c.cursor_id, c.done_ids);
+    SELECT q.retry_delay INTO delay_ms FROM queen.queues q WHERE q.id = c.queue_id;
+    UPDATE queen.cursor_consumers x SET
+        cursor_id = c.cursor_id,
+        done_ids = ARRAY(SELECT d FROM unnest(c.done_ids) d WHERE d > c.cursor_id ORDER BY d),
+        retried_max = c.retried_max,
+        lease_acked = CASE WHEN ended THEN '{}' ELSE c.lease_acked END,
+        lease_id = CASE WHEN ended THEN NULL ELSE x.lease_id END,
+        leased_by = CASE WHEN ended THEN NULL ELSE x.leased_by END,
+        lease_expires_at = CASE WHEN ended THEN NULL ELSE x.lease_expires_at END,
+        lease_last_id = CASE WHEN ended THEN NULL ELSE x.lease_last_id END,
+        lease_size = CASE WHEN ended THEN NULL ELSE x.lease_size END,
+        not_before = CASE WHEN ended AND retrying AND delay_ms > 0
+                          THEN now() + make_interval(secs => delay_ms / 1000.0)
+                          ELSE x.not_before END,
+        updated_at = now()
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    IF ended AND (delay_ms = 0 OR NOT retrying) THEN
+        PERFORM queen.cursor_wake(ARRAY[p_partition]);
+    END IF;
+    RETURN ended;
+END
+$$;
+
+-- End an expired lease of a group's partition (the caller holds its row lock): its
+-- un-acked messages get retryCount + 1, or go to dead_letter / failed past the queue's
+-- retryLimit; the cursor moves over what is done. Returns the messages given back.
+CREATE OR REPLACE FUNCTION queen.cursor_release(p_partition uuid, p_group text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    c       queen.cursor_consumers;
+    unacked bigint[];
+    final   bigint[];
+BEGIN
+    SELECT * INTO c FROM queen.cursor_consumers x
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    IF c.lease_id IS NULL THEN
+        RETURN 0;
+    END IF;
+    unacked := ARRAY(SELECT m.id FROM queen.cursor_messages m
+                     WHERE m.partition_id = p_partition AND m.id > c.cursor_id
+                       AND m.id <= c.lease_last_id AND m.id <> ALL (c.done_ids)
+                       AND m.id <> ALL (c.lease_acked)
+                     ORDER BY m.id);
+    final := queen.cursor_fail(p_partition, p_group, unacked,
+                               array_fill('lease expired'::text, ARRAY[cardinality(unacked)]),
+                               c.retried_max);
+    PERFORM queen.cursor_settle(p_partition, p_group, final, '{}',
+                                CASE WHEN cardinality(final) < cardinality(unacked)
+                                     THEN c.lease_last_id END,
+                                p_expired => true);
+    RETURN cardinality(unacked);
+END
+$$;
+
+-- Record one more failure of each of p_ids (with p_errors) for a group: status 'retry' with the count
+-- of retries, or 'dead_letter' / 'failed' (dlqAfterMaxRetries) past the retryLimit.
+-- Returns the ids now done for good.
+CREATE OR REPLACE FUNCTION queen.cursor_fail(p_partition uuid, p_group text, p_ids bigint[],
+                                             p_errors text[], p_retried_max bigint)
+RETURNS bigint[]
+LANGUAGE sql AS $$
+    WITH q AS (
+        SELECT q.retry_limit, q.dlq_after_max_retries
+        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+        WHERE p.id = p_partition
+    ), tried AS (
+        SELECT i.id, i.error, queen.cursor_retries(p_partition, p_group, i.id, p_retried_max) AS n
+        FROM unnest(p_ids, p_errors) i(id, error)
+    ), recorded AS (
+        INSERT INTO queen.cursor_failures AS f
+            (partition_id, consumer_group, message_id, status, retry_count, error)
+        SELECT p_partition, p_group, t.id,
+               CASE WHEN t.n + 1 <= q.retry_limit THEN 'retry'
+                    WHEN q.dlq_after_max_retries THEN 'dead_letter' ELSE 'failed' END,
+               CASE WHEN t.n + 1 <= q.retry_limit THEN t.n + 1 ELSE t.n END, t.error
+        FROM tried t CROSS JOIN q
+        ORDER BY t.id
+        ON CONFLICT (partition_id, consumer_group, message_id) DO UPDATE
+        SET status = EXCLUDED.status, retry_count = EXCLUDED.retry_count,
+            error = EXCLUDED.error, failed_at = now()
+        RETURNING f.message_id, f.status
+    )
+    SELECT coalesce(array_agg(r.message_id ORDER BY r.message_id)
+                    FILTER (WHERE r.status <> 'retry'), '{}')
+    FROM recorded r
+$$;
+
+-- Extend a live lease to p_seconds from now; the new expiry, or NULL when the lease is
+-- unknown or has ended (or expired).
+CREATE OR REPLACE FUNCTION queen.cursor_extend(p_lease uuid, p_seconds integer)
+RETURNS timestamptz
+LANGUAGE sql AS $$
+    UPDATE queen.cursor_consumers c
+    SET lease_expires_at = now() + make_interval(secs => p_seconds), updated_at = now()
+    WHERE c.lease_id = p_lease AND c.lease_id IS NOT NULL AND c.lease_expires_at > now()
+    RETURNING c.lease_expires_at
+$$;

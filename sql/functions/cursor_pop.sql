@@ -1,0 +1,211 @@
+-- Pops of the cursor store: lease a partition for a group and read the messages after its
+-- cursor, in order.
+
+-- Dead-letter the leading messages past a group's cursor that are older than the queue's
+-- ttl (never delivered: error 'ttl expired'), up to p_limit of them; the caller holds the
+-- group's row lock. Returns how many.
+CREATE OR REPLACE FUNCTION queen.cursor_expire_ttl(p_partition uuid, p_group text, p_ttl integer,
+                                                   p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    c       queen.cursor_consumers;
+    expired bigint[];
+BEGIN
+    SELECT * INTO c FROM queen.cursor_consumers x
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    expired := ARRAY(
+        SELECT n.id FROM (
+            SELECT h.id, bool_and(h.created_at < now() - make_interval(secs => p_ttl))
+                             OVER (ORDER BY h.id) AS old
+            FROM (SELECT m.id, m.created_at FROM queen.cursor_messages m
+                  WHERE m.partition_id = p_partition AND m.id > c.cursor_id
+                    AND m.id <> ALL (c.done_ids)
+                  ORDER BY m.id LIMIT p_limit) h) n
+        WHERE n.old ORDER BY n.id);
+    IF cardinality(expired) > 0 THEN
+        INSERT INTO queen.cursor_failures AS f
+            (partition_id, consumer_group, message_id, status, retry_count, error)
+        SELECT p_partition, p_group, e, 'dead_letter',
+               queen.cursor_retries(p_partition, p_group, e, c.retried_max), 'ttl expired'
+        FROM unnest(expired) e ORDER BY e
+        ON CONFLICT (partition_id, consumer_group, message_id) DO UPDATE
+        SET status = 'dead_letter', error = 'ttl expired', failed_at = now();
+        PERFORM queen.cursor_settle(p_partition, p_group, expired, '{}', NULL);
+    END IF;
+    RETURN cardinality(expired);
+END
+$$;
+
+-- Lease a group's partition (its row locked by the caller) and return up to p_batch
+-- messages after the cursor, unless it is leased, held back (retryDelay) or windowed
+-- (windowBuffer); an expired lease is ended first. delayedProcessing hides messages
+-- younger than it; messages past the ttl are dead-lettered, not delivered.
+CREATE OR REPLACE FUNCTION queen.cursor_claim(p_partition uuid, p_group text, p_batch integer,
+                                              p_worker text)
+RETURNS SETOF queen.cursor_messages
+LANGUAGE plpgsql AS $$
+DECLARE
+    c      queen.cursor_consumers;
+    q      queen.queues;
+    picked bigint[];
+BEGIN
+    SELECT * INTO c FROM queen.cursor_consumers x
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    IF c.lease_expires_at > now() OR c.not_before > now() THEN
+        RETURN;
+    END IF;
+    IF c.lease_id IS NOT NULL THEN
+        PERFORM queen.cursor_release(p_partition, p_group);
+        SELECT * INTO c FROM queen.cursor_consumers x
+        WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+        IF c.not_before > now() THEN
+            RETURN;  -- (retryDelay, started by the release)
+        END IF;
+    END IF;
+    SELECT * INTO q FROM queen.queues x WHERE x.id = c.queue_id;
+    IF q.window_buffer > 0 AND (SELECT m.created_at FROM queen.cursor_messages m
+                                WHERE m.partition_id = p_partition
+                                ORDER BY m.id DESC LIMIT 1)
+                               > now() - make_interval(secs => q.window_buffer) THEN
+        RETURN;
+    END IF;
+    IF q.ttl > 0 THEN
+        FOR pass IN 1..10 LOOP  -- (a batch's worth at a time, while whole batches expire)
+            EXIT WHEN queen.cursor_expire_ttl(p_partition, p_group, q.ttl, p_batch) < p_batch;
+        END LOOP;
+        SELECT * INTO c FROM queen.cursor_consumers x
+        WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    END IF;
+    picked := ARRAY(SELECT m.id FROM queen.cursor_messages m
+                    WHERE m.partition_id = p_partition AND m.id > c.cursor_id
+                      AND m.id <> ALL (c.done_ids)
+                      AND (q.delayed_processing = 0
+                           OR m.created_at <= now() - make_interval(secs => q.delayed_processing))
+                    ORDER BY m.id LIMIT p_batch);
+    IF cardinality(picked) = 0 THEN
+        RETURN;
+    END IF;
+    UPDATE queen.cursor_consumers x SET
+        lease_id = queen.uuid_v7(), leased_by = p_worker,
+        lease_expires_at = now() + make_interval(secs => q.lease_time),
+        lease_last_id = picked[cardinality(picked)], lease_size = cardinality(picked),
+        lease_acked = '{}', not_before = NULL, updated_at = now()
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    RETURN QUERY SELECT m.* FROM queen.cursor_messages m
+                 WHERE m.partition_id = p_partition AND m.id = ANY (picked) ORDER BY m.id;
+END
+$$;
+
+-- What a pop returns for each message of a claim.
+CREATE OR REPLACE FUNCTION queen.cursor_deliver(p_partition uuid, p_group text, p_batch integer,
+                                                p_worker text)
+RETURNS SETOF queen.cursor_popped
+LANGUAGE plpgsql AS $$
+DECLARE
+    claimed queen.cursor_messages[];
+    c       queen.cursor_consumers;
+BEGIN
+    claimed := ARRAY(SELECT m FROM queen.cursor_claim(p_partition, p_group, p_batch, p_worker) m);
+    IF cardinality(claimed) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT * INTO c FROM queen.cursor_consumers x
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    RETURN QUERY
+    SELECT m.id, m.transaction_id, q.name, p.name, p_group, m.payload, m.encrypted, m.producer,
+           m.trace_id,
+           CASE WHEN m.id > c.retried_max THEN 0  -- (no retry record: no lookup)
+                ELSE queen.cursor_retries(p_partition, p_group, m.id, c.retried_max) END,
+           m.created_at, c.lease_id, c.lease_expires_at
+    FROM unnest(claimed) m
+    JOIN queen.partitions p ON p.id = p_partition
+    JOIN queen.queues q ON q.id = p.queue_id
+    ORDER BY m.id;
+END
+$$;
+
+-- Pop from one named partition as a group (queue mode: '__queue__'); nothing when it is
+-- leased, empty, or the queue or partition does not exist. p_mode / p_from: the group's
+-- subscription, applied at its first pop of the queue.
+CREATE OR REPLACE FUNCTION queen.cursor_pop_partition(
+    p_queue text, p_partition text, p_group text, p_batch integer, p_worker text,
+    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL)
+RETURNS SETOF queen.cursor_popped
+LANGUAGE plpgsql AS $$
+DECLARE
+    target record;
+BEGIN
+    SELECT q.id AS queue_id, p.id AS partition_id INTO target
+    FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE q.name = p_queue AND p.name = p_partition;
+    IF target IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM queen.cursor_join(target.queue_id, p_group, p_mode, p_from);
+    PERFORM queen.cursor_ensure(target.queue_id, p_group, target.partition_id);
+    PERFORM 1 FROM queen.cursor_consumers c
+    WHERE c.partition_id = target.partition_id AND c.consumer_group = p_group
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN QUERY SELECT * FROM queen.cursor_deliver(target.partition_id, p_group, p_batch, p_worker);
+    END IF;
+END
+$$;
+
+-- Partitions of a queue a group may pop now (no live lease, not held back), those with
+-- the oldest next message first, up to p_limit: one probe per partition of the queue. A
+-- partition where the group has no cursor yet counts from its first message.
+CREATE OR REPLACE FUNCTION queen.cursor_candidates(p_queue uuid, p_group text, p_limit integer)
+RETURNS SETOF uuid
+LANGUAGE sql STABLE AS $$
+    SELECT p.id
+    FROM queen.partitions p
+    LEFT JOIN queen.cursor_consumers c
+           ON c.partition_id = p.id AND c.consumer_group = p_group
+    CROSS JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
+                        WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
+                        ORDER BY m.id LIMIT 1) m
+    WHERE p.queue_id = p_queue
+      AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
+      AND (c.not_before IS NULL OR c.not_before <= now())
+    ORDER BY m.id
+    LIMIT p_limit
+$$;
+
+-- Pop from a queue as a group: the free partition whose next message is oldest, up to
+-- p_batch messages of it in order (another consumer's pop skips a partition being
+-- claimed and tries the next).
+CREATE OR REPLACE FUNCTION queen.cursor_pop_queue(
+    p_queue text, p_group text, p_batch integer, p_worker text,
+    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL)
+RETURNS SETOF queen.cursor_popped
+LANGUAGE plpgsql AS $$
+DECLARE
+    target    uuid;
+    candidate uuid;
+BEGIN
+    SELECT q.id INTO target FROM queen.queues q WHERE q.name = p_queue;
+    IF target IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM queen.cursor_join(target, p_group, p_mode, p_from);
+    FOR candidate IN SELECT x FROM queen.cursor_candidates(target, p_group, 32) x LOOP
+        PERFORM 1 FROM queen.cursor_consumers c
+        WHERE c.partition_id = candidate AND c.consumer_group = p_group
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            -- No cursor yet, or another pop holds it: make one (a no-op for the latter).
+            PERFORM queen.cursor_ensure(target, p_group, candidate);
+            PERFORM 1 FROM queen.cursor_consumers c
+            WHERE c.partition_id = candidate AND c.consumer_group = p_group
+            FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+        END IF;
+        RETURN QUERY SELECT * FROM queen.cursor_deliver(candidate, p_group, p_batch, p_worker);
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;

@@ -1,0 +1,182 @@
+-- The cursor store's push: immutable messages, ids in commit order within a partition.
+
+-- The key of a partition's push lock: held by a push from before it draws ids until it
+-- commits, so the ids of a partition commit in order (see queen.cursor_messages).
+CREATE OR REPLACE FUNCTION queen.cursor_push_lock_key(p_partition uuid) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT hashtextextended(p_partition::text, 23)
+$$;
+
+-- The partitions a push writes to, in (queue, partition) order: created as needed
+-- (partition 'Default' when none is named) and kept from removal until the transaction
+-- ends. One probe of the unique indexes per name, whatever the statistics.
+CREATE OR REPLACE FUNCTION queen.cursor_targets(p_items jsonb) RETURNS queen.push_target[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    names   queen.push_target[];
+    targets queen.push_target[];
+BEGIN
+    SELECT array_agg(ROW(n.queue, n.partition, NULL, NULL)::queen.push_target
+                     ORDER BY n.queue, n.partition)
+    INTO names
+    FROM (SELECT DISTINCT i ->> 'queue' AS queue, coalesce(i ->> 'partition', 'Default') AS partition
+          FROM jsonb_array_elements(p_items) i) n;
+    LOOP
+        SELECT array_agg(ROW(n.queue, n.partition, p.id, q.id)::queen.push_target)
+        INTO targets
+        FROM unnest(names) n
+        CROSS JOIN LATERAL (SELECT q.id FROM queen.queues q WHERE q.name = n.queue LIMIT 1) q
+        CROSS JOIN LATERAL (SELECT p.id FROM queen.partitions p
+                            WHERE p.queue_id = q.id AND p.name = n.partition
+                            FOR KEY SHARE) p;
+        IF cardinality(targets) = cardinality(names) THEN
+            RETURN targets;
+        END IF;
+        INSERT INTO queen.queues (name)
+        SELECT DISTINCT n.queue FROM unnest(names) n ORDER BY 1
+        ON CONFLICT (name) DO NOTHING;
+        INSERT INTO queen.partitions (queue_id, name)
+        SELECT q.id, n.partition FROM unnest(names) n JOIN queen.queues q ON q.name = n.queue
+        ORDER BY 1, 2
+        ON CONFLICT (queue_id, name) DO NOTHING;
+    END LOOP;
+END
+$$;
+
+-- Messages of a queue that queue mode has not consumed yet, counted up to p_cap.
+CREATE OR REPLACE FUNCTION queen.cursor_pending(p_queue uuid, p_cap integer) RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT count(*)::integer FROM (
+        SELECT 1 FROM queen.partitions p
+        LEFT JOIN queen.cursor_consumers c
+               ON c.partition_id = p.id AND c.consumer_group = '__queue__'
+        JOIN queen.cursor_messages m
+          ON m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
+             AND m.id <> ALL (coalesce(c.done_ids, '{}'))
+        WHERE p.queue_id = p_queue
+        LIMIT p_cap) pending
+$$;
+
+-- maxSize: the positions of the items past a queue's room (pushes to a limited queue
+-- are serialised on the queue, so each counts what the one before stored).
+CREATE OR REPLACE FUNCTION queen.cursor_rejected(p_items jsonb, p_targets queen.push_target[])
+RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    limited  record;
+    rejected integer[] := '{}';
+BEGIN
+    FOR limited IN
+        SELECT q.id, q.max_size
+        FROM (SELECT DISTINCT t.queue_id FROM unnest(p_targets) t) t
+        JOIN queen.queues q ON q.id = t.queue_id
+        WHERE q.max_size > 0
+        ORDER BY q.id
+    LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended(limited.id::text, 13));
+        rejected := rejected || ARRAY(
+            SELECT x.ord::integer
+            FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
+            JOIN unnest(p_targets) t ON t.queue = x.i ->> 'queue'
+                                    AND t.partition = coalesce(x.i ->> 'partition', 'Default')
+            WHERE t.queue_id = limited.id
+            ORDER BY x.ord
+            OFFSET greatest(0, limited.max_size
+                               - queen.cursor_pending(limited.id, limited.max_size)));
+    END LOOP;
+    RETURN rejected;
+END
+$$;
+
+-- The accepted items with their ids, drawn in item order (the caller holds the push
+-- locks of their partitions).
+CREATE OR REPLACE FUNCTION queen.cursor_number(p_items jsonb, p_targets queen.push_target[],
+                                               p_rejected integer[])
+RETURNS queen.cursor_push_item[]
+LANGUAGE sql AS $$
+    SELECT coalesce(array_agg(ROW(r.idx, nextval('queen.cursor_messages_id_seq'::regclass),
+                                  coalesce(r.i ->> 'transactionId', queen.uuid_v7()::text),
+                                  r.partition_id, r.queue_id, r.i -> 'payload',
+                                  coalesce((r.i ->> 'encrypted')::boolean, false),
+                                  r.i ->> 'traceId')::queen.cursor_push_item), '{}')
+    FROM (SELECT x.ord::integer AS idx, x.i, t.partition_id, t.queue_id
+          FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
+          JOIN unnest(p_targets) t ON t.queue = x.i ->> 'queue'
+                                  AND t.partition = coalesce(x.i ->> 'partition', 'Default')
+          WHERE x.ord <> ALL (p_rejected)
+          ORDER BY x.ord) r
+$$;
+
+-- Push a batch (the body's "items" array) in one call: queued / duplicate (its
+-- transactionId is stored already, or earlier in the batch) / rejected (maxSize), one row
+-- per item in item order. One wake-up per queue, sent at commit, while polls are parked.
+CREATE OR REPLACE FUNCTION queen.cursor_push(p_items jsonb, p_producer text DEFAULT NULL)
+RETURNS TABLE (idx integer, message_id bigint, transaction_id text, status text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    targets  queen.push_target[];
+    rejected integer[];
+    accepted queen.cursor_push_item[];
+    stored   bigint[];
+BEGIN
+    IF jsonb_array_length(p_items) = 0 THEN
+        RETURN;
+    END IF;
+    targets := queen.cursor_targets(p_items);
+    PERFORM pg_advisory_xact_lock(queen.cursor_push_lock_key(t.partition_id))
+    FROM unnest(targets) t ORDER BY t.partition_id;
+    rejected := queen.cursor_rejected(p_items, targets);
+    accepted := queen.cursor_number(p_items, targets, rejected);
+    -- In transactionId order: pushes sharing ids wait for each other, never deadlock.
+    WITH inserted AS (
+        INSERT INTO queen.cursor_messages
+            (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
+        OVERRIDING SYSTEM VALUE
+        SELECT a.id, a.partition_id, a.transaction_id, a.payload, a.encrypted, p_producer, a.trace_id
+        FROM unnest(accepted) a ORDER BY a.transaction_id COLLATE "C", a.idx
+        ON CONFLICT (transaction_id) DO NOTHING
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
+    IF cardinality(stored) = cardinality(accepted) THEN
+        -- Every item stored (the common case): nothing to look up.
+        PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a));
+        RETURN QUERY
+        SELECT a.idx, a.id, a.transaction_id, 'queued' FROM unnest(accepted) a
+        UNION ALL
+        SELECT r, NULL, NULL, 'rejected' FROM unnest(rejected) r
+        ORDER BY 1;
+        RETURN;
+    END IF;
+    PERFORM queen.cursor_wake(ARRAY(SELECT a.partition_id FROM unnest(accepted) a
+                                    WHERE a.id = ANY (stored)));
+    RETURN QUERY
+    SELECT a.idx, CASE WHEN a.id = ANY (stored) THEN a.id ELSE m.id END, a.transaction_id,
+           CASE WHEN a.id = ANY (stored) THEN 'queued' ELSE 'duplicate' END
+    FROM unnest(accepted) a
+    LEFT JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
+                       WHERE m.transaction_id = a.transaction_id AND NOT a.id = ANY (stored)
+                       LIMIT 1) m ON true
+    UNION ALL
+    SELECT r, NULL, NULL, 'rejected' FROM unnest(rejected) r
+    ORDER BY 1;
+END
+$$;
+
+-- Wake long polls for work in these partitions: one notification per queue (payload
+-- queen.wake_payload, naming its first partition), sent at commit; nothing while no
+-- worker has a poll parked (queen.waiting_workers).
+CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(p_partitions) = 0
+       OR NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        RETURN;
+    END IF;
+    PERFORM pg_notify('queen', queen.wake_payload(q.name, n.partition, q.namespace, q.task))
+    FROM (SELECT p.queue_id, min(p.name) AS partition
+          FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
+    JOIN queen.queues q ON q.id = n.queue_id;
+END
+$$;
