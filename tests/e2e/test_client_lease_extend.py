@@ -80,4 +80,5 @@ def test_bad_input_is_400(server, http):
         resp = http.post(url, json=body)
         assert resp.status_code == 400, body
         assert "error" in resp.json()
-    assert http.post(url, data=b"{not json").status_code == 400
+    json_type = {"Content-Type": "application/json"}
+    assert http.post(url, data=b"{not json", headers=json_type).status_code == 400

@@ -100,16 +100,24 @@ def queue_rows(dsn: str, queue: str) -> list[tuple[object, ...]]:
 
 def test_long_polls_through_nginx_are_woken_by_pushes_through_nginx(balanced):
     url, port, dsn = balanced
-    polls = []
-    for i in range(n := 10):  # nginx alternates between the hosts
-        path = f"/api/v1/pop/queue/woken/partition/p{i}?wait=true&timeout=20000"
-        polls.append(Poll(port, path))
-    time.sleep(PARK + 0.5)
-    pushed_at = push(url, [item("woken", f"p{i}") for i in range(n)])
-    assert gather(polls, 15) == []
-    assert [p.status for p in polls] == [200] * n
-    assert max(p.done_at for p in polls) - pushed_at < PROMPT  # type: ignore[type-var]
-    assert len({row[2] for row in queue_rows(dsn, "woken")}) == 2  # both hosts answered
+    answered_by = []
+    for round_ in range(3):  # nginx alternates between the hosts, as a rule: see below
+        queue = f"woken{round_}"
+        polls = []
+        for i in range(n := 10):
+            path = f"/api/v1/pop/queue/{queue}/partition/p{i}?wait=true&timeout=20000"
+            polls.append(Poll(port, path))
+        time.sleep(PARK + 0.5)
+        pushed_at = push(url, [item(queue, f"p{i}") for i in range(n)])
+        assert gather(polls, 15) == []
+        assert [p.status for p in polls] == [200] * n
+        assert max(p.done_at for p in polls) - pushed_at < PROMPT  # type: ignore[type-var]
+        answered_by.append(len({row[2] for row in queue_rows(dsn, queue)}))
+        if answered_by[-1] == 2:
+            break
+    # Once in a full run on a loaded machine nginx sent all ten polls to one host; a round
+    # in which both hosts answered shows the pushes' wake-ups crossing between them.
+    assert 2 in answered_by, answered_by
 
 
 def test_an_empty_long_poll_through_nginx_answers_204_at_its_timeout(balanced):
