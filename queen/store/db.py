@@ -38,7 +38,7 @@ RETRIES_ON_DEADLOCK = 3
 # grows with the outage: after 10 minutes down, the next attempt could be 8 minutes away.
 RECONNECT_WINDOW_S = 5.0
 PROBE_EVERY_S = 1.0  # seconds between requests let through to the pool during an outage
-PROBE_WAIT_S = 0.5  # seconds such a request waits for a connection
+PROBE_WAIT_S = 0.2  # seconds such a request waits (the attempt it starts goes on)
 # Class 40: the statement was rolled back and may simply be run again. psycopg derives
 # these from OperationalError, not from TransactionRollback, so they are listed.
 RETRYABLE = (
