@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from select import POLLIN
 from typing import Any
 
 import psycopg
@@ -20,14 +21,14 @@ from queen.errors import InvalidInput, Unavailable
 from queen.store.bounds import WATCHDOG, bounded_conninfo, call_deadline_s
 from queen.store.sqlfile import load_queries
 
-try:  # the unpatched select: a zero-timeout look must not yield to the gevent hub
+try:  # the unpatched poll: a zero-timeout look must not yield to the gevent hub
     from gevent.monkey import get_original
 
-    _select = get_original("select", "select")
+    _poll = get_original("select", "poll")
 except ImportError:  # pragma: no cover - gevent is a dependency
     import select
 
-    _select = select.select
+    _poll = select.poll
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +130,11 @@ def closed_by_server(conn: psycopg.Connection[Any]) -> bool:
     round trip.
     """
     try:
-        readable, _, _ = _select([conn.pgconn.socket], [], [], 0)
-    except (OSError, ValueError, psycopg.Error):
+        poller = _poll()
+        poller.register(conn.pgconn.socket, POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, psycopg.Error):
         return True
-    return bool(readable)
 
 
 class LifoPool(ConnectionPool):
