@@ -82,13 +82,17 @@ def test_pooled_connections_the_server_ended_are_replaced_before_use(db_dsn: str
         held = [database.pool.getconn() for _ in range(4)]  # four backends in the pool
         for conn in held:
             database.pool.putconn(conn)
+        ours = (
+            "FROM pg_stat_activity"
+            " WHERE application_name = 'queen-ended' AND datname = current_database()"
+        )
         with psycopg.connect(db_dsn, autocommit=True) as admin:
-            ended = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE application_name = 'queen-ended' AND datname = current_database()"
-            ).fetchone()
-        assert ended == (4,)
-        time.sleep(0.3)  # the backends send their goodbye and exit
+            ended = admin.execute(f"SELECT count(pg_terminate_backend(pid)) {ours}").fetchone()
+            assert ended == (4,)
+            deadline = time.monotonic() + 10
+            while admin.execute(f"SELECT count(*) {ours}").fetchone() != (0,):
+                assert time.monotonic() < deadline  # they send their goodbye, then exit
+                time.sleep(0.05)
         for _ in range(10):
             assert database.fetch("ping")  # no Unavailable: none of the dead ones is used
     finally:
