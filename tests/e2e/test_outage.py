@@ -162,3 +162,27 @@ def test_during_an_outage_requests_after_the_first_answer_503_at_once(
     finally:
         unblock(server_dsn, _dbname(db_dsn))
         srv.stop()
+
+
+def test_after_the_pools_backends_are_terminated_the_next_requests_succeed(
+    server: Server, db_dsn: str
+) -> None:
+    api = f"{server.url}/api/v1"
+    with requests.Session() as http:
+        for n in range(5):
+            push = {"items": [{"queue": "t", "payload": n}]}
+            assert http.post(f"{api}/push", json=push, timeout=10).status_code == 201
+        ours = (
+            "FROM pg_stat_activity WHERE application_name = 'queen'"
+            " AND datname = current_database()"
+        )
+        with psycopg.connect(db_dsn, autocommit=True) as admin:
+            assert admin.execute(f"SELECT count(pg_terminate_backend(pid)) {ours}").fetchone()
+            deadline = time.monotonic() + 10
+            while admin.execute(f"SELECT count(*) {ours}").fetchone() != (0,):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        for n in range(10):  # PostgreSQL is healthy: no 503
+            push = {"items": [{"queue": "t", "payload": n}]}
+            r = http.post(f"{api}/push", json=push, timeout=10)
+            assert r.status_code == 201, r.text
