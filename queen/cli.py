@@ -7,17 +7,15 @@ import importlib
 import logging
 import os
 import signal
-import subprocess
 import sys
-import time
 
 from queen import tokens_cli
 from queen.client.cli import add_client_commands
 from queen.config import SettingError, Settings, check_exposure, env_table
+from queen.supervisor import Supervisor
 
 log = logging.getLogger("queen")
 
-STOP_TIMEOUT = 15.0  # seconds children get to stop before they are killed
 # Both run from the installed package, whatever the current folder.
 GUNICORN_CONFIG = "python:queen.gunicorn_conf"
 MAINTENANCE_MODULE = "queen.workers.maintenance"
@@ -68,12 +66,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     applied = migrate(dsn)
     log.info("migrations applied: %s", applied or "none pending")
 
-    children: list[subprocess.Popen[bytes]] = []
+    children: list[tuple[str, list[str]]] = []
     if args.maintenance:
-        children.append(subprocess.Popen([sys.executable, "-m", MAINTENANCE_MODULE], env=env))
-    children.append(
-        subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", GUNICORN_CONFIG], env=env)
-    )
+        children.append(("maintenance", [sys.executable, "-m", MAINTENANCE_MODULE]))
+    children.append(("gunicorn", [sys.executable, "-m", "gunicorn", "-c", GUNICORN_CONFIG]))
+    supervisor = Supervisor(children, env)
+    signal.signal(signal.SIGTERM, supervisor.stop)
+    signal.signal(signal.SIGINT, supervisor.stop)
     url = browser_url(settings.host, settings.port)
     everywhere = settings.host in ("", "0.0.0.0", "::")
     log.info(
@@ -83,33 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.workers,
         f"; listening on every interface ({settings.host or '*'})" if everywhere else "",
     )
-    return _supervise(children)
-
-
-def _supervise(children: list[subprocess.Popen[bytes]]) -> int:
-    """Wait for any child to exit or a stop signal; then stop them all."""
-    stopping = False
-
-    def stop(sig: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    while not stopping and all(child.poll() is None for child in children):
-        time.sleep(0.2)
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT
-    for child in children:
-        try:
-            child.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-    failed = [c.returncode for c in children if c.returncode not in (0, -signal.SIGTERM)]
-    return 0 if stopping or not failed else 1
+    return supervisor.run()
 
 
 def cmd_maintenance(args: argparse.Namespace) -> int:

@@ -34,13 +34,13 @@ import psycopg
 from psycopg import sql
 
 from queen.models import PopRoute
+from queen.store.bounds import WATCHDOG, bounded_conninfo
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "queen"
 APPLICATION_NAME = "queen-listener"
 KEEPALIVE = 5.0  # seconds between keepalive queries on an idle listener
-CONNECT_TIMEOUT = 5  # seconds
 MIN_BACKOFF = 0.1  # seconds before the first reconnect attempt
 MAX_BACKOFF = 5.0  # seconds, between reconnect attempts
 # Most waiters one fallback period wakes in this process: the fallback is a safety net
@@ -269,9 +269,13 @@ class Events:
     def _presence(self) -> None:
         while self._running:
             time.sleep(PRESENCE_REFRESH_S)
-            hook = self.while_waiting
-            if self._running and self._registered and hook is not None:
-                hook()
+            if self._running:
+                self._relist()
+
+    def _relist(self) -> None:
+        hook = self.while_waiting
+        if self._registered and hook is not None:
+            hook()
 
     def _fallback(self) -> None:
         while self._running:
@@ -289,6 +293,10 @@ class Events:
                     self.connected.set()
                     self.reconnects = connections
                     connections += 1
+                    # A new session may face a server that crashed and restarted, with
+                    # queen.waiting_workers (unlogged) emptied: list this worker again at
+                    # once, or pushes send no wake-ups until the next refresh.
+                    self._relist()
                     # Polls parked before this moment may have missed notifications.
                     woken = self.wake_all()
                     if woken:
@@ -306,14 +314,7 @@ class Events:
 
     def _connect(self) -> psycopg.Connection[object]:
         return psycopg.connect(
-            self.dsn or "",
-            autocommit=True,
-            application_name=APPLICATION_NAME,
-            connect_timeout=CONNECT_TIMEOUT,
-            keepalives=1,
-            keepalives_idle=10,
-            keepalives_interval=5,
-            keepalives_count=3,
+            bounded_conninfo(self.dsn or ""), autocommit=True, application_name=APPLICATION_NAME
         )
 
     def _listen(self, conn: psycopg.Connection[object]) -> None:
@@ -321,5 +322,6 @@ class Events:
             for note in conn.notifies(timeout=KEEPALIVE):
                 self.notifications += 1
                 self.notify(note.payload)
-            if self._running:
-                conn.execute("SELECT 1")  # keepalive: notices a dead server or a killed backend
+            if self._running:  # keepalive: notices a dead server, a killed backend, a stall
+                with WATCHDOG.guard(conn, KEEPALIVE):
+                    conn.execute("SELECT 1")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from select import POLLIN
 from typing import Any
 
 import psycopg
@@ -12,9 +15,20 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.rows import RowFactory, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool.pool import AddConnection
 
 from queen.errors import InvalidInput, Unavailable
+from queen.store.bounds import WATCHDOG, bounded_conninfo, call_deadline_s
 from queen.store.sqlfile import load_queries
+
+try:  # the unpatched poll: a zero-timeout look must not yield to the gevent hub
+    from gevent.monkey import get_original
+
+    _poll = get_original("select", "poll")
+except ImportError:  # pragma: no cover - gevent is a dependency
+    import select
+
+    _poll = select.poll
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +38,8 @@ RETRIES_ON_DEADLOCK = 3
 # until the next request asks again (and starts over at 1 s). Without a bound the pause
 # grows with the outage: after 10 minutes down, the next attempt could be 8 minutes away.
 RECONNECT_WINDOW_S = 5.0
+PROBE_EVERY_S = 1.0  # seconds between requests let through to the pool during an outage
+PROBE_WAIT_S = 0.2  # seconds such a request waits (the attempt it starts goes on)
 # Class 40: the statement was rolled back and may simply be run again. psycopg derives
 # these from OperationalError, not from TransactionRollback, so they are listed.
 RETRYABLE = (
@@ -61,24 +77,104 @@ def returns_rows(cursor: psycopg.Cursor[Any]) -> bool:
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
+class Outage:
+    """Fail fast while the database is known to be unreachable (a circuit breaker).
+
+    Opened when a connection attempt fails (or no connection came within the timeout
+    with none in the pool), closed when a connection is made. While open, requests
+    answer 503 at once, except one every PROBE_EVERY_S, which asks the pool (and so makes
+    it try to reconnect) for PROBE_WAIT_S at most.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.since: float | None = None  # when the outage began; None: no outage known
+        self._probe_at = 0.0
+        self._lock = threading.Lock()
+
+    def failed(self) -> None:
+        with self._lock:
+            if self.since is None:
+                self.since = self.clock()
+                self._probe_at = self.since + PROBE_EVERY_S
+                log.warning("database unreachable: failing fast until a connection succeeds")
+
+    def recovered(self) -> None:
+        if self.since is None:
+            return
+        with self._lock:
+            if self.since is not None:
+                log.warning("database reachable again after %.1fs", self.clock() - self.since)
+                self.since = None
+
+    def admit(self, wait_s: float) -> float | None:
+        """Return how long this request may wait for a connection (wait_s, unless an
+        outage is known); None: fail now."""
+        if self.since is None:
+            return wait_s
+        with self._lock:
+            now = self.clock()
+            if self.since is None:
+                return wait_s
+            if now < self._probe_at:
+                return None
+            self._probe_at = now + PROBE_EVERY_S
+            return min(wait_s, PROBE_WAIT_S)
+
+
+def closed_by_server(conn: psycopg.Connection[Any]) -> bool:
+    """Tell whether an idle connection has something to read: the server ended it (or said so).
+
+    An idle pooled connection receives nothing (it does not LISTEN); a backend that was
+    terminated or crashed leaves an error message or EOF behind. One system call, no
+    round trip.
+    """
+    try:
+        poller = _poll()
+        poller.register(conn.pgconn.socket, POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, psycopg.Error):
+        return True
+
+
 class LifoPool(ConnectionPool):
-    """A ConnectionPool that hands out the connection returned last.
+    """A ConnectionPool that hands out the connection returned last, alive.
 
     psycopg_pool hands out the connection idle longest, so consecutive requests rotate
     through every pooled backend, and at low load each one finds its backend asleep
     and its caches cold: a pop function call every 5 ms through a pool of 10 took
     0.58-0.87 ms p50 that way, against 0.36 ms on the connection used last. Idle
     connections still close oldest first (max_idle), from the other end.
-    tests/integration/test_lifo_pool.py fails if psycopg_pool stops calling this method.
+    A connection the server closed while it was idle is replaced, not handed out.
+    Connection attempts open and close `outage`.
+    tests/integration/test_lifo_pool.py fails if psycopg_pool stops calling these methods.
     """
 
+    outage: Outage | None = None
+
     def _get_ready_connection(self, timeout: float | None) -> Any:
-        if self._pool and (timeout is None or timeout > 0.0):
+        while self._pool and (timeout is None or timeout > 0.0):
             conn = self._pool.pop()  # the newest, where the base class takes the oldest
             if len(self._pool) < self._nconns_min:
                 self._nconns_min = len(self._pool)
-            return conn
+            if not closed_by_server(conn):
+                return conn
+            log.warning("replacing a pooled connection the server closed")
+            self._stats[self._CONNECTIONS_LOST] += 1
+            self._close_connection(conn)
+            self.run_task(AddConnection(self))
         return super()._get_ready_connection(timeout)
+
+    def _connect(self, timeout: float | None = None) -> Any:
+        try:
+            conn = super()._connect(timeout)
+        except Exception:
+            if self.outage is not None:
+                self.outage.failed()
+            raise
+        if self.outage is not None:
+            self.outage.recovered()
+        return conn
 
 
 class Database:
@@ -96,8 +192,10 @@ class Database:
         self.dsn = dsn
         self.queries = QUERIES
         self._statement_timeout_ms = statement_timeout_ms
+        self._deadline_s = call_deadline_s(statement_timeout_ms)
+        self.outage = Outage()
         self.pool = LifoPool(
-            dsn,
+            bounded_conninfo(dsn),
             min_size=1,
             max_size=max(1, pool_size),
             timeout=timeout_s,
@@ -107,6 +205,7 @@ class Database:
             configure=self._configure,
             reconnect_timeout=RECONNECT_WINDOW_S,
         )
+        self.pool.outage = self.outage
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute(
@@ -128,9 +227,30 @@ class Database:
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """Borrow an autocommit connection, with errors translated."""
-        with translate_errors(), self.pool.connection() as conn:
-            yield conn
+        """Borrow an autocommit connection, with errors translated and the borrow bounded.
+
+        During a known outage this raises Unavailable at once (see Outage).
+        """
+        wait_s = self.outage.admit(self.pool.timeout)
+        if wait_s is None:
+            raise Unavailable("database unavailable (failing fast until it answers)")
+        with translate_errors():
+            conn = self._getconn(wait_s)
+            try:
+                with conn, WATCHDOG.guard(conn, self._deadline_s):
+                    yield conn
+            finally:
+                self.pool.putconn(conn)
+
+    def _getconn(self, wait_s: float) -> psycopg.Connection[Any]:
+        try:
+            conn = self.pool.getconn(wait_s)
+        except PoolTimeout:
+            if not self.pool.get_stats().get("pool_size"):
+                self.outage.failed()  # no connection came, and none is left: down
+            raise
+        self.outage.recovered()
+        return conn
 
     def fetch(
         self,

@@ -25,13 +25,13 @@ import psycopg
 from psycopg import sql
 
 from queen.errors import Unavailable
+from queen.store.bounds import DEADLINE_MARGIN_S, WATCHDOG, bounded_conninfo, call_deadline_s
 from queen.store.db import QUERIES, RETRYABLE, returns_rows, translate_errors
 
 log = logging.getLogger(__name__)
 
 LEADER_LOCK = 0x5155_4545_4E01  # pg_advisory_lock key of the maintenance leader
 CHANNEL = "queen"  # the channel the triggers notify (queen.notify_partitions)
-CONNECT_TIMEOUT = 5  # seconds
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,7 +83,7 @@ def vacuum_apart(dsn: str, name: str, application_name: str) -> None:
     """VACUUM one (large) table on a connection of its own, with no statement timeout."""
     try:
         with psycopg.connect(
-            dsn, autocommit=True, application_name=application_name, connect_timeout=CONNECT_TIMEOUT
+            bounded_conninfo(dsn), autocommit=True, application_name=application_name
         ) as conn:
             conn.execute("SET statement_timeout = 0")
             conn.execute(table_statement("VACUUM (SKIP_LOCKED)", name))
@@ -107,6 +107,9 @@ class MaintenanceSession:
         self._statement_timeout_ms = statement_timeout_ms
         self._lock_timeout_ms = lock_timeout_ms
         self._conn: psycopg.Connection[Any] | None = None
+        # Every call ends within this bound, or the session is severed (the leader steps
+        # down): see "Maintenance fencing" in docs/DECISIONS.md.
+        self._deadline_s = call_deadline_s(statement_timeout_ms)
 
     # -- connection ----------------------------------------------------------------
 
@@ -120,14 +123,7 @@ class MaintenanceSession:
         self.close()
         with translate_errors():
             conn = psycopg.connect(
-                self.dsn,
-                autocommit=True,
-                application_name=self.application_name,
-                connect_timeout=CONNECT_TIMEOUT,
-                keepalives=1,
-                keepalives_idle=10,
-                keepalives_interval=3,
-                keepalives_count=3,
+                bounded_conninfo(self.dsn), autocommit=True, application_name=self.application_name
             )
             try:
                 conn.execute(
@@ -154,7 +150,7 @@ class MaintenanceSession:
     def _rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         if self._conn is None:
             raise Unavailable("maintenance session is not connected")
-        with translate_errors():
+        with translate_errors(), WATCHDOG.guard(self._conn, self._deadline_s):
             try:
                 cur = self._conn.execute(QUERIES[name], params)
                 return cur.fetchall() if returns_rows(cur) else []
@@ -165,7 +161,7 @@ class MaintenanceSession:
         """Run a statement that is not a named query (ANALYZE, VACUUM) on the session."""
         if self._conn is None:
             raise Unavailable("maintenance session is not connected")
-        with translate_errors():
+        with translate_errors(), WATCHDOG.guard(self._conn, self._deadline_s):
             self._conn.execute(statement)
 
     def _value(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
@@ -188,17 +184,16 @@ class MaintenanceSession:
         if self._conn is None:
             raise Unavailable("maintenance session is not connected")
         statement = sql.SQL("LISTEN {}" if on else "UNLISTEN {}")
-        with translate_errors():
+        with translate_errors(), WATCHDOG.guard(self._conn, self._deadline_s):
             self._conn.execute(statement.format(sql.Identifier(CHANNEL)))
 
     def wait(self, timeout_s: float) -> list[str]:
         """Sleep up to timeout_s, returning as soon as notifications arrive (their payloads)."""
         if self._conn is None:
             raise Unavailable("maintenance session is not connected")
-        with translate_errors():
-            return [
-                n.payload for n in self._conn.notifies(timeout=max(0.0, timeout_s), stop_after=1)
-            ]
+        timeout_s = max(0.0, timeout_s)
+        with translate_errors(), WATCHDOG.guard(self._conn, timeout_s + DEADLINE_MARGIN_S):
+            return [n.payload for n in self._conn.notifies(timeout=timeout_s, stop_after=1)]
 
     # -- work ------------------------------------------------------------------------
 

@@ -222,3 +222,24 @@ def test_a_client_that_leaves_mid_poll_leaves_nothing_stuck(quiet_server, db_dsn
     response = requests.get(f"{url}/api/v1/pop/queue/q", timeout=5)
     assert response.status_code == 200
     assert response.json()["messages"][0]["retryCount"] == 0
+
+
+def test_wakeups_resume_at_once_when_crash_recovery_emptied_the_worker_list(
+    quiet_server, db_dsn
+):
+    """Crash recovery empties the unlogged queen.waiting_workers and ends every session;
+    simulated here by emptying it and ending the listener's session."""
+    (old,) = wait_for(lambda: listener_pids(db_dsn))
+    parked = Poll(quiet_server.port, "/api/v1/pop/queue/q?wait=true&timeout=20000")
+    wait_for(lambda: sql(db_dsn, "SELECT 1 FROM queen.waiting_workers"))
+
+    sql(db_dsn, "TRUNCATE queen.waiting_workers")
+    sql(db_dsn, "SELECT pg_terminate_backend(%s)", (old,))
+    wait_for(lambda: [pid for pid in listener_pids(db_dsn) if pid != old])
+    # Listed again on reconnect, not on the periodic refresh (10 s).
+    wait_for(lambda: sql(db_dsn, "SELECT 1 FROM queen.waiting_workers"), timeout_s=PROMPT)
+    time.sleep(PARK)  # the reconnect woke the poll once; let it park again
+    pushed_at = push(quiet_server.url, [item()])
+    assert gather([parked], 20) == []
+    assert parked.status == 200
+    assert parked.done_at - pushed_at < PROMPT  # type: ignore[operator]

@@ -126,3 +126,63 @@ def test_503_while_the_database_is_away_then_recovery(
     assert popped.status_code == 200
     assert [m["transactionId"] for m in popped.json()["messages"]] == ["before", "after"]
     assert requests.get(f"{outage_server.url}/health", timeout=15).status_code == 200
+
+
+FAST_503_S = 1.0  # seconds: a known outage answers at once, not after DB_TIMEOUT (5 s here)
+
+
+def test_during_an_outage_requests_after_the_first_answer_503_at_once(
+    db_dsn: str, server_dsn: str
+) -> None:
+    srv = Server(db_dsn, DB_TIMEOUT="5000").start()
+    api = f"{srv.url}/api/v1"
+    try:
+        block(server_dsn, _dbname(db_dsn))
+        first = requests.get(f"{api}/pop/queue/o", timeout=15)  # finds the outage
+        _assert_503(first)
+        slowest = 0.0
+        for n in range(20):
+            t0 = time.monotonic()
+            if n % 2:
+                push = {"items": [{"queue": "o", "payload": n}]}
+                _assert_503(requests.post(f"{api}/push", json=push, timeout=15))
+            else:
+                health = requests.get(f"{srv.url}/health", timeout=15)
+                assert health.status_code == 503
+                assert health.json()["status"] == "unhealthy" and health.json()["reason"]
+            slowest = max(slowest, time.monotonic() - t0)
+            time.sleep(0.1)
+        assert slowest < FAST_503_S, slowest
+
+        unblock(server_dsn, _dbname(db_dsn))
+        back = time.monotonic()
+        while requests.get(f"{srv.url}/health", timeout=15).status_code != 200:
+            assert time.monotonic() - back < RECOVERY_S, "did not recover after the outage"
+            time.sleep(0.2)
+    finally:
+        unblock(server_dsn, _dbname(db_dsn))
+        srv.stop()
+
+
+def test_after_the_pools_backends_are_terminated_the_next_requests_succeed(
+    server: Server, db_dsn: str
+) -> None:
+    api = f"{server.url}/api/v1"
+    with requests.Session() as http:
+        for n in range(5):
+            push = {"items": [{"queue": "t", "payload": n}]}
+            assert http.post(f"{api}/push", json=push, timeout=10).status_code == 201
+        ours = (
+            "FROM pg_stat_activity WHERE application_name = 'queen'"
+            " AND datname = current_database()"
+        )
+        with psycopg.connect(db_dsn, autocommit=True) as admin:
+            assert admin.execute(f"SELECT count(pg_terminate_backend(pid)) {ours}").fetchone()
+            deadline = time.monotonic() + 10
+            while admin.execute(f"SELECT count(*) {ours}").fetchone() != (0,):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        for n in range(10):  # PostgreSQL is healthy: no 503
+            push = {"items": [{"queue": "t", "payload": n}]}
+            r = http.post(f"{api}/push", json=push, timeout=10)
+            assert r.status_code == 201, r.text
