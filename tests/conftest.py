@@ -100,7 +100,9 @@ def store(db_dsn: str) -> Iterator[object]:
     from queen.store import Store
     from queen.store.db import Database
 
-    s = Store(Database(db_dsn, pool_size=8, timeout_s=5))
+    # QUEEN_STORAGE picks the message model, as it does for the servers the e2e tests start.
+    s = Store(Database(db_dsn, pool_size=8, timeout_s=5),
+              storage=os.environ.get("QUEEN_STORAGE", "rows"))
     s.db.pool.open(wait=True)
     yield s
     s.close()

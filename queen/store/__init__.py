@@ -18,8 +18,9 @@ from queen.store.tokens import Tokens
 class Store:
     """Everything the API and the workers ask of PostgreSQL."""
 
-    def __init__(self, db: Database, encryption_key: str = "") -> None:
+    def __init__(self, db: Database, encryption_key: str = "", storage: str = "rows") -> None:
         self.db = db
+        self.storage = storage  # rows | cursors: which model the families below run on
         self.queues = Queues(db)
         self.messages = Messages(db, self.queues, encryption_key)
         self.polling = Polling(db)
@@ -40,7 +41,7 @@ class Store:
             statement_timeout_ms=settings.statement_timeout_ms,
             application_name=application_name,
         )
-        return cls(db, settings.encryption_key)
+        return cls(db, settings.encryption_key, settings.storage)
 
     def open(self) -> None:
         self.db.open()
