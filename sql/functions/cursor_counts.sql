@@ -1,0 +1,202 @@
+-- Rollups of the cursor store for the read endpoints, kept by maintenance: queue mode's
+-- counts per partition (queen.cursor_counts) and activity per minute
+-- (queen.cursor_metrics_minute). Each step walks only what arrived or was consumed since
+-- the last one, from a watermark, a bounded number of messages at a time.
+
+-- Move queue mode's cursor watermark of a partition (its count row locked by the
+-- caller) towards the cursor, by at most p_step messages: the messages passed are
+-- counted, and recorded per minute as completed (by their ack time, with the time from
+-- push to ack) or failed / dead-lettered (by their failure record). Returns the new
+-- watermark.
+CREATE OR REPLACE FUNCTION queen.cursor_count_consumed(p_partition uuid, k queen.cursor_counts,
+                                                       p_target bigint, p_step integer)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    n_passed bigint;
+    reached  bigint;
+    n_failed bigint;
+    n_dead   bigint;
+BEGIN
+    WITH judged AS MATERIALIZED (
+        SELECT w.id, date_trunc('minute', coalesce(f.failed_at, a.acked_at, now())) AS minute,
+               f.status AS final,
+               greatest(extract(epoch FROM coalesce(a.acked_at, now()) - w.created_at) * 1000,
+                        0)::double precision AS ms
+        FROM (SELECT m.id, m.created_at FROM queen.cursor_messages m
+              WHERE m.partition_id = p_partition AND m.id > k.cursor_counted
+                AND m.id <= p_target
+              ORDER BY m.id LIMIT p_step) w
+        LEFT JOIN queen.cursor_failures f
+               ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
+              AND f.message_id = w.id AND f.status <> 'retry'
+        LEFT JOIN LATERAL (SELECT x.acked_at FROM queen.cursor_completions x
+                           WHERE f.status IS NULL AND x.partition_id = p_partition
+                             AND x.consumer_group = '__queue__'
+                             AND x.last_id >= w.id AND x.first_id <= w.id
+                           ORDER BY x.last_id LIMIT 1) a ON true
+    ), buckets AS (
+        SELECT j.minute, queen.cursor_lag_bucket(j.ms) AS bucket, count(*)::integer AS n
+        FROM judged j WHERE j.final IS NULL GROUP BY 1, 2
+    ), per_minute AS (
+        INSERT INTO queen.cursor_metrics_minute AS t
+            (minute, partition_id, completed, failed, dead_letter, lag_ms, lag_hist)
+        SELECT j.minute, p_partition, count(*) FILTER (WHERE j.final IS NULL),
+               count(*) FILTER (WHERE j.final = 'failed'),
+               count(*) FILTER (WHERE j.final = 'dead_letter'),
+               coalesce(sum(j.ms) FILTER (WHERE j.final IS NULL), 0)::bigint,
+               ARRAY(SELECT coalesce(b.n, 0) FROM generate_series(0, 63) i
+                     LEFT JOIN buckets b ON b.minute = j.minute AND b.bucket = i ORDER BY i)
+        FROM judged j GROUP BY j.minute
+        ON CONFLICT (minute, partition_id) DO UPDATE SET
+            completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed,
+            dead_letter = t.dead_letter + EXCLUDED.dead_letter,
+            lag_ms = t.lag_ms + EXCLUDED.lag_ms,
+            lag_hist = queen.cursor_hist_add(t.lag_hist, EXCLUDED.lag_hist)
+    )
+    SELECT count(*), max(j.id), count(*) FILTER (WHERE j.final = 'failed'),
+           count(*) FILTER (WHERE j.final = 'dead_letter')
+    INTO n_passed, reached, n_failed, n_dead FROM judged j;
+    UPDATE queen.cursor_counts x SET
+        below = x.below + n_passed, failed = x.failed + n_failed,
+        dead_letter = x.dead_letter + n_dead,
+        cursor_counted = CASE WHEN n_passed < p_step THEN p_target ELSE reached END
+    WHERE x.partition_id = p_partition
+    RETURNING x.cursor_counted INTO reached;
+    RETURN reached;
+END
+$$;
+
+-- Bring a partition's count row up to date by at most p_step messages each way (new
+-- messages; messages queue mode's cursor passed, or left behind when it moved back).
+-- Returns whether it is caught up.
+CREATE OR REPLACE FUNCTION queen.cursor_count_partition(p_partition uuid, p_step integer)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    k      queen.cursor_counts;
+    target bigint;
+    n      bigint;
+    newest bigint;
+BEGIN
+    INSERT INTO queen.cursor_counts (partition_id) VALUES (p_partition) ON CONFLICT DO NOTHING;
+    -- Locked first: the statements below see every delete that committed before (the
+    -- delete trigger waits for this lock, and adjusts what is counted by then).
+    SELECT * INTO k FROM queen.cursor_counts x WHERE x.partition_id = p_partition FOR UPDATE;
+    WITH walked AS (
+        SELECT m.id, m.created_at FROM queen.cursor_messages m
+        WHERE m.partition_id = p_partition AND m.id > k.counted_id
+        ORDER BY m.id LIMIT p_step
+    ), per_minute AS (
+        INSERT INTO queen.cursor_metrics_minute AS t (minute, partition_id, incoming)
+        SELECT date_trunc('minute', w.created_at), p_partition, count(*) FROM walked w GROUP BY 1
+        ON CONFLICT (minute, partition_id) DO UPDATE SET incoming = t.incoming + EXCLUDED.incoming
+    )
+    SELECT count(*), max(w.id) INTO n, newest FROM walked w;
+    target := coalesce((SELECT c.cursor_id FROM queen.cursor_consumers c
+                        WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'), 0);
+    IF target > k.cursor_counted THEN
+        target := queen.cursor_count_consumed(p_partition, k, target, p_step);
+    ELSIF target < k.cursor_counted THEN  -- moved back (a seek): forget what it left
+        UPDATE queen.cursor_counts x SET
+            below = x.below - queen.cursor_count_range(p_partition, target, k.cursor_counted,
+                                                       2147483647),
+            failed = x.failed - (SELECT count(*) FROM queen.cursor_failures f
+                                 WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
+                                   AND f.message_id > target AND f.message_id <= k.cursor_counted
+                                   AND f.status = 'failed'),
+            dead_letter = x.dead_letter - (SELECT count(*) FROM queen.cursor_failures f
+                                 WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
+                                   AND f.message_id > target AND f.message_id <= k.cursor_counted
+                                   AND f.status = 'dead_letter'),
+            cursor_counted = target
+        WHERE x.partition_id = p_partition;
+    END IF;
+    UPDATE queen.cursor_counts x SET
+        total = x.total + n, counted_id = coalesce(newest, x.counted_id), refreshed_at = now()
+    WHERE x.partition_id = p_partition;
+    RETURN n < p_step AND (SELECT x.cursor_counted FROM queen.cursor_counts x
+                           WHERE x.partition_id = p_partition) >= target;
+END
+$$;
+
+-- One maintenance step: refresh the count rows of up to p_partitions partitions, those
+-- refreshed longest ago first, by at most p_step messages each. Returns how many are
+-- not caught up yet (run again soon when some are).
+CREATE OR REPLACE FUNCTION queen.cursor_count_refresh(p_partitions integer, p_step integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    picked uuid;
+    behind integer := 0;
+BEGIN
+    FOR picked IN
+        SELECT p.id FROM queen.partitions p
+        LEFT JOIN queen.cursor_counts k ON k.partition_id = p.id
+        ORDER BY k.refreshed_at NULLS FIRST, p.id
+        LIMIT p_partitions
+    LOOP
+        IF NOT queen.cursor_count_partition(picked, p_step) THEN
+            behind := behind + 1;
+        END IF;
+    END LOOP;
+    RETURN behind;
+END
+$$;
+
+-- Delete per-minute activity older than p_days, at most p_limit rows; returns how many.
+CREATE OR REPLACE FUNCTION queen.cursor_metrics_prune(p_days integer, p_limit integer)
+RETURNS integer
+LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM queen.cursor_metrics_minute m
+        USING (SELECT minute, partition_id FROM queen.cursor_metrics_minute
+               WHERE minute < date_trunc('minute', now()) - make_interval(days => p_days)
+               ORDER BY minute LIMIT p_limit) old
+        WHERE m.minute = old.minute AND m.partition_id = old.partition_id
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM gone
+$$;
+
+-- After a delete of messages: their failure records go (nothing can act on them any
+-- more), and the counts forget those they held. Locks the count rows first, in order,
+-- so that a refresh running meanwhile is seen whole.
+CREATE OR REPLACE FUNCTION queen.cursor_messages_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    recorded boolean;  -- whether the partitions have failure records at all
+BEGIN
+    recorded := EXISTS (SELECT 1 FROM (SELECT DISTINCT g.partition_id FROM gone g) g
+                        WHERE EXISTS (SELECT 1 FROM queen.cursor_failures f
+                                      WHERE f.partition_id = g.partition_id));
+    PERFORM 1 FROM queen.cursor_counts k
+    WHERE k.partition_id IN (SELECT DISTINCT g.partition_id FROM gone g)
+    ORDER BY k.partition_id FOR UPDATE;
+    WITH dropped AS (
+        DELETE FROM queen.cursor_failures f
+        USING gone g, queen.cursor_consumers c
+        WHERE recorded AND c.partition_id = g.partition_id AND f.partition_id = g.partition_id
+          AND f.consumer_group = c.consumer_group AND f.message_id = g.id
+        RETURNING f.partition_id, f.consumer_group, f.message_id, f.status
+    ), messages AS (
+        SELECT g.partition_id, count(*) FILTER (WHERE g.id <= k.counted_id) AS total,
+               count(*) FILTER (WHERE g.id <= k.cursor_counted) AS below
+        FROM gone g JOIN queen.cursor_counts k ON k.partition_id = g.partition_id
+        GROUP BY g.partition_id
+    ), failures AS (
+        SELECT d.partition_id, count(*) FILTER (WHERE d.status = 'failed') AS failed,
+               count(*) FILTER (WHERE d.status = 'dead_letter') AS dead_letter
+        FROM dropped d JOIN queen.cursor_counts k ON k.partition_id = d.partition_id
+        WHERE d.consumer_group = '__queue__' AND d.message_id <= k.cursor_counted
+        GROUP BY d.partition_id
+    )
+    UPDATE queen.cursor_counts k SET
+        total = k.total - m.total, below = k.below - m.below,
+        failed = k.failed - coalesce(f.failed, 0),
+        dead_letter = k.dead_letter - coalesce(f.dead_letter, 0)
+    FROM messages m LEFT JOIN failures f ON f.partition_id = m.partition_id
+    WHERE k.partition_id = m.partition_id;
+    RETURN NULL;
+END
+$$;
