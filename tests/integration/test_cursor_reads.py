@@ -279,3 +279,22 @@ def test_throughput_lag_and_dashboard_from_the_rollup(conn: Conn, reads: Store) 
     span = reads.analytics.message_span("q")
     (only,) = span.values()
     assert only.oldest is not None and only.oldest <= only.newest  # type: ignore[operator]
+
+
+def test_maintenance_keeps_the_cursor_rollups_instead_of_the_rows_ones(conn: Conn, db_dsn: str) -> None:
+    from queen.config import Settings
+    from workers.maintenance import ROWS_ROLLUPS, Maintenance
+
+    mixed(conn)
+    rows = Maintenance(Settings(database_url=db_dsn))
+    assert {"fold", "reconcile", "prune"} <= {t.name for t in rows.tasks}
+    m = Maintenance(Settings(database_url=db_dsn, storage="cursors"))
+    names = {t.name for t in m.tasks}
+    assert "counts" in names and not names & set(ROWS_ROLLUPS)
+    m.session.connect()
+    try:
+        assert m._cursor_counts() is None  # caught up in one step
+    finally:
+        m.session.close()
+    (row,) = conn.execute("SELECT total, below, dead_letter FROM queen.cursor_counts").fetchall()
+    assert row == (10, 2, 1)  # the cursor passed the completed and the dead-lettered one
