@@ -65,25 +65,42 @@ SELECT (SELECT count(*) FROM queen.queues) AS queues,
        now() AS at
 FROM queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
 
--- read_throughput: activity per minute over the last hour (60 rows, newest first, zero-filled) for the queues matching the filters, as maintenance counted it; popped: deliveries that ended (completed, failed or dead-lettered) --
+-- read_throughput: activity per minute over the last hour (60 rows, newest first, zero-filled) for the queues matching the filters: what maintenance counted plus what lies past its watermarks; popped: deliveries that ended for good (completed, failed, dead-lettered) and those leased now, by the lease's start --
 WITH minutes AS (
     SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
                            date_trunc('minute', now()), interval '1 minute') AS minute
+), picked AS (
+    SELECT p.id, q.lease_time FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE %(any)s OR ((%(queue)s::text IS NULL OR q.name = %(queue)s)
+                      AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+                      AND (%(task)s::text IS NULL OR q.task = %(task)s))
+), activity AS (
+    SELECT a.minute, a.incoming, a.completed, a.failed, a.dead_letter, a.lag_ms, 0 AS leased
+    FROM queen.cursor_metrics_minute a JOIN picked t ON t.id = a.partition_id
+    WHERE a.minute >= date_trunc('minute', now()) - interval '59 minutes'
+    UNION ALL
+    SELECT x.minute, x.incoming, x.completed, x.failed, x.dead_letter, x.lag_ms, 0
+    FROM picked t
+    LEFT JOIN queen.cursor_counts k ON k.partition_id = t.id
+    LEFT JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+    CROSS JOIN LATERAL queen.cursor_activity(t.id, coalesce(k.counted_id, 0),
+                                             coalesce(k.cursor_counted, 0),
+                                             coalesce(c.cursor_id, 0), 10000) x
+    UNION ALL
+    SELECT date_trunc('minute', c.lease_expires_at - make_interval(secs => t.lease_time)),
+           0, 0, 0, 0, 0, c.lease_size - cardinality(c.lease_acked)
+    FROM picked t
+    JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+    WHERE c.lease_id IS NOT NULL AND c.lease_expires_at > now()
 ), per_minute AS (
     SELECT a.minute, sum(a.incoming) AS incoming, sum(a.completed) AS completed,
-           sum(a.failed) AS failed, sum(a.dead_letter) AS dead_letter, sum(a.lag_ms) AS lag_ms
-    FROM queen.cursor_metrics_minute a
-    JOIN queen.partitions p ON p.id = a.partition_id
-    JOIN queen.queues q ON q.id = p.queue_id
-    WHERE a.minute >= date_trunc('minute', now()) - interval '59 minutes'
-      AND (%(any)s OR ((%(queue)s::text IS NULL OR q.name = %(queue)s)
-                       AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
-                       AND (%(task)s::text IS NULL OR q.task = %(task)s)))
-    GROUP BY a.minute
+           sum(a.failed) AS failed, sum(a.dead_letter) AS dead_letter, sum(a.lag_ms) AS lag_ms,
+           sum(a.leased) AS leased
+    FROM activity a GROUP BY a.minute
 )
 SELECT m.minute, coalesce(a.incoming, 0)::bigint AS incoming,
-       (coalesce(a.completed, 0) + coalesce(a.failed, 0) + coalesce(a.dead_letter, 0))::bigint
-           AS popped,
+       (coalesce(a.completed, 0) + coalesce(a.failed, 0) + coalesce(a.dead_letter, 0)
+        + coalesce(a.leased, 0))::bigint AS popped,
        coalesce(a.completed, 0)::bigint AS completed,
        coalesce(a.failed, 0)::bigint AS failed,
        coalesce(a.dead_letter, 0)::bigint AS dead_letter,
@@ -91,7 +108,7 @@ SELECT m.minute, coalesce(a.incoming, 0)::bigint AS incoming,
 FROM minutes m LEFT JOIN per_minute a ON a.minute = m.minute
 ORDER BY m.minute DESC
 
--- read_lag: backlog and processing times of the last 24 h per partition of the queues matching the filters --
+-- read_lag: backlog and processing times of the last 24 h per partition of the queues matching the filters (what maintenance counted plus what lies past its watermarks) --
 WITH picked AS (
     SELECT q.name AS queue, q.namespace, q.task, p.id, p.name
     FROM queen.queues q
@@ -105,11 +122,20 @@ SELECT t.queue, t.namespace, t.task, t.name AS partition, s.pending, s.processin
        w.lag_hist
 FROM picked t
 JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM picked)) s ON s.partition_id = t.id
+LEFT JOIN queen.cursor_counts k ON k.partition_id = t.id
+LEFT JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
 LEFT JOIN LATERAL (
     SELECT sum(a.completed) AS completed, sum(a.lag_ms) AS lag_ms,
            queen.hist_sum(a.lag_hist) AS lag_hist
-    FROM queen.cursor_metrics_minute a
-    WHERE a.partition_id = t.id AND a.minute >= date_trunc('hour', now()) - interval '24 hours'
+    FROM (SELECT r.completed, r.lag_ms, r.lag_hist FROM queen.cursor_metrics_minute r
+          WHERE r.partition_id = t.id
+            AND r.minute >= date_trunc('hour', now()) - interval '24 hours'
+          UNION ALL
+          SELECT x.completed, x.lag_ms, x.lag_hist
+          FROM queen.cursor_activity(t.id, coalesce(k.counted_id, 0),
+                                     coalesce(k.cursor_counted, 0),
+                                     coalesce(c.cursor_id, 0), 10000) x
+          WHERE x.completed > 0) a
 ) w ON true
 ORDER BY t.queue, t.name
 

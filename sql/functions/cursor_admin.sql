@@ -55,32 +55,66 @@ BEGIN
 END
 $$;
 
--- Retry a message failed or dead-lettered for queue mode: it is written again at the
--- tail of its partition (same transactionId, payload and created_at; a new id) and is
--- delivered to queue mode again, with retryCount 0. The other groups keep what they had:
--- where it was done it is done again, their failure records move along. Returns queue
--- mode's status before (only failed / dead_letter ones move); NULL: no such message.
-CREATE OR REPLACE FUNCTION queen.cursor_retry_message(p_txid text) RETURNS text
+-- Put message m (failed or dead-lettered for queue mode, its consumer row c locked) back
+-- in its place for queue mode: its record goes (retryCount 0), it leaves the done ids,
+-- and a cursor past it moves back before it, the done messages it steps back over
+-- joining the done ids (at most p_max of them: else nothing changes and it returns
+-- false). Within a lease's range it counts as a message of the lease acked for a retry,
+-- so it comes first once the lease ends.
+CREATE OR REPLACE FUNCTION queen.cursor_retry_in_place(m queen.cursor_messages,
+                                                       c queen.cursor_consumers, p_max integer)
+RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    m       queen.cursor_messages;
-    status  text;
+    passed bigint[] := '{}';
+    back_to bigint := c.cursor_id;
+    ranged boolean;
+BEGIN
+    IF m.id <= c.cursor_id THEN
+        passed := ARRAY(SELECT x.id FROM queen.cursor_messages x
+                        WHERE x.partition_id = m.partition_id AND x.id > m.id
+                          AND x.id <= c.cursor_id
+                        ORDER BY x.id LIMIT p_max + 1);
+        IF cardinality(passed) > p_max THEN
+            RETURN false;
+        END IF;
+        back_to := m.id - 1;
+    END IF;
+    ranged := c.lease_id IS NOT NULL AND m.id <= c.lease_last_id AND m.id <> ALL (c.lease_acked);
+    WITH gone AS (
+        DELETE FROM queen.cursor_failures f
+        WHERE f.partition_id = m.partition_id AND f.consumer_group = '__queue__'
+          AND f.message_id = m.id
+        RETURNING f.status
+    )
+    UPDATE queen.cursor_counts k SET
+        failed = k.failed - (SELECT count(*) FROM gone WHERE gone.status = 'failed'),
+        dead_letter = k.dead_letter - (SELECT count(*) FROM gone WHERE gone.status = 'dead_letter')
+    WHERE k.partition_id = m.partition_id AND m.id <= k.cursor_counted;
+    UPDATE queen.cursor_consumers x SET
+        cursor_id = back_to,
+        done_ids = ARRAY(SELECT d FROM unnest(passed || x.done_ids) d WHERE d <> m.id ORDER BY d),
+        lease_acked = CASE WHEN ranged THEN x.lease_acked || m.id ELSE x.lease_acked END,
+        lease_size = CASE WHEN ranged THEN x.lease_size + 1 ELSE x.lease_size END,
+        updated_at = now()
+    WHERE x.partition_id = m.partition_id AND x.consumer_group = '__queue__';
+    RETURN true;
+END
+$$;
+
+-- Write message m again at the tail of its partition for queue mode (a retry too far
+-- back to make in place): same transactionId, payload and created_at, a new id. The
+-- other groups keep what they had: where it was done it is done again, their failure
+-- records move along.
+CREATE OR REPLACE FUNCTION queen.cursor_retry_at_tail(m queen.cursor_messages) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
     fresh   bigint;
     kept    queen.cursor_failures[];
     done_in text[];
 BEGIN
-    SELECT * INTO m FROM queen.cursor_messages x WHERE x.transaction_id = p_txid;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
     -- A new id of the partition, drawn as a push draws one (docs/STORAGE.md, push lock).
     PERFORM pg_advisory_xact_lock(queen.cursor_push_lock_key(m.partition_id));
-    PERFORM 1 FROM queen.cursor_consumers c WHERE c.partition_id = m.partition_id
-    ORDER BY c.consumer_group FOR UPDATE;
-    status := queen.cursor_status_of(m.partition_id, m.id);
-    IF status IS NULL OR status NOT IN ('failed', 'dead_letter') THEN
-        RETURN status;
-    END IF;
     kept := ARRAY(SELECT f FROM queen.cursor_consumers c
                   JOIN queen.cursor_failures f
                     ON f.partition_id = c.partition_id AND f.consumer_group = c.consumer_group
@@ -108,6 +142,37 @@ BEGIN
                            THEN fresh ELSE c.retried_max END
     WHERE c.partition_id = m.partition_id AND c.consumer_group <> '__queue__';
     PERFORM queen.cursor_forget(m.partition_id, m.id);
+END
+$$;
+
+-- Retry a message failed or dead-lettered for queue mode: it is delivered to queue mode
+-- again, retryCount 0, in its place (before the messages after it that are not done),
+-- unless more than p_in_place messages after it are done: then it is written again at
+-- the tail. Returns queue mode's status before (only failed / dead_letter ones move);
+-- NULL: no such message.
+CREATE OR REPLACE FUNCTION queen.cursor_retry_message(p_txid text, p_in_place integer DEFAULT 1000)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    m      queen.cursor_messages;
+    c      queen.cursor_consumers;
+    status text;
+BEGIN
+    SELECT * INTO m FROM queen.cursor_messages x WHERE x.transaction_id = p_txid;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM queen.cursor_consumers x WHERE x.partition_id = m.partition_id
+    ORDER BY x.consumer_group FOR UPDATE;
+    status := queen.cursor_status_of(m.partition_id, m.id);
+    IF status IS NULL OR status NOT IN ('failed', 'dead_letter') THEN
+        RETURN status;
+    END IF;
+    SELECT * INTO c FROM queen.cursor_consumers x
+    WHERE x.partition_id = m.partition_id AND x.consumer_group = '__queue__';
+    IF NOT queen.cursor_retry_in_place(m, c, p_in_place) THEN
+        PERFORM queen.cursor_retry_at_tail(m);
+    END IF;
     PERFORM queen.cursor_wake(ARRAY[m.partition_id]);
     RETURN status;
 END

@@ -3,120 +3,131 @@
 -- (queen.cursor_metrics_minute). Each step walks only what arrived or was consumed since
 -- the last one, from a watermark, a bounded number of messages at a time.
 
--- Move queue mode's cursor watermark of a partition (its count row locked by the
--- caller) towards the cursor, by at most p_step messages: the messages passed are
--- counted, and recorded per minute as completed (by their ack time, with the time from
--- push to ack) or failed / dead-lettered (by their failure record). Returns the new
--- watermark.
-CREATE OR REPLACE FUNCTION queen.cursor_count_consumed(p_partition uuid, k queen.cursor_counts,
-                                                       p_target bigint, p_step integer)
-RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    n_passed bigint;
-    reached  bigint;
-    n_failed bigint;
-    n_dead   bigint;
-BEGIN
-    WITH judged AS MATERIALIZED (
-        SELECT w.id, date_trunc('minute', coalesce(f.failed_at, a.acked_at, now())) AS minute,
-               f.status AS final,
-               greatest(extract(epoch FROM coalesce(a.acked_at, now()) - w.created_at) * 1000,
-                        0)::double precision AS ms
-        FROM (SELECT m.id, m.created_at FROM queen.cursor_messages m
-              WHERE m.partition_id = p_partition AND m.id > k.cursor_counted
-                AND m.id <= p_target
-              ORDER BY m.id LIMIT p_step) w
-        LEFT JOIN queen.cursor_failures f
-               ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
-              AND f.message_id = w.id AND f.status <> 'retry'
-        LEFT JOIN LATERAL (SELECT x.acked_at FROM queen.cursor_completions x
-                           WHERE f.status IS NULL AND x.partition_id = p_partition
-                             AND x.consumer_group = '__queue__'
-                             AND x.last_id >= w.id AND x.first_id <= w.id
-                           ORDER BY x.last_id LIMIT 1) a ON true
-    ), buckets AS (
-        SELECT j.minute, queen.cursor_lag_bucket(j.ms) AS bucket, count(*)::integer AS n
-        FROM judged j WHERE j.final IS NULL GROUP BY 1, 2
-    ), per_minute AS (
-        INSERT INTO queen.cursor_metrics_minute AS t
-            (minute, partition_id, completed, failed, dead_letter, lag_ms, lag_hist)
-        SELECT j.minute, p_partition, count(*) FILTER (WHERE j.final IS NULL),
-               count(*) FILTER (WHERE j.final = 'failed'),
-               count(*) FILTER (WHERE j.final = 'dead_letter'),
-               coalesce(sum(j.ms) FILTER (WHERE j.final IS NULL), 0)::bigint,
-               ARRAY(SELECT coalesce(b.n, 0) FROM generate_series(0, 63) i
-                     LEFT JOIN buckets b ON b.minute = j.minute AND b.bucket = i ORDER BY i)
-        FROM judged j GROUP BY j.minute
-        ON CONFLICT (minute, partition_id) DO UPDATE SET
-            completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed,
-            dead_letter = t.dead_letter + EXCLUDED.dead_letter,
-            lag_ms = t.lag_ms + EXCLUDED.lag_ms,
-            lag_hist = queen.cursor_hist_add(t.lag_hist, EXCLUDED.lag_hist)
-    )
-    SELECT count(*), max(j.id), count(*) FILTER (WHERE j.final = 'failed'),
-           count(*) FILTER (WHERE j.final = 'dead_letter')
-    INTO n_passed, reached, n_failed, n_dead FROM judged j;
-    UPDATE queen.cursor_counts x SET
-        below = x.below + n_passed, failed = x.failed + n_failed,
-        dead_letter = x.dead_letter + n_dead,
-        cursor_counted = CASE WHEN n_passed < p_step THEN p_target ELSE reached END
-    WHERE x.partition_id = p_partition
-    RETURNING x.cursor_counted INTO reached;
-    RETURN reached;
-END
+-- Messages of a partition that arrived after id p_after: up to p_step, in id order,
+-- with the minute they were created.
+CREATE OR REPLACE FUNCTION queen.cursor_arrived(p_partition uuid, p_after bigint, p_step integer)
+RETURNS TABLE (id bigint, minute timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT m.id, date_trunc('minute', m.created_at) FROM queen.cursor_messages m
+    WHERE m.partition_id = p_partition AND m.id > p_after
+    ORDER BY m.id LIMIT p_step
 $$;
 
--- Bring a partition's count row up to date by at most p_step messages each way (new
--- messages; messages queue mode's cursor passed, or left behind when it moved back).
--- Returns whether it is caught up.
+-- Messages of a partition queue mode's cursor passed from p_after to p_upto: up to
+-- p_step, in id order, each with its end: completed (final NULL) at the time of the ack
+-- that completed it, with the ms from push to ack; or failed / dead_letter at the time
+-- of its failure record.
+CREATE OR REPLACE FUNCTION queen.cursor_passed(p_partition uuid, p_after bigint, p_upto bigint,
+                                               p_step integer)
+RETURNS TABLE (id bigint, minute timestamptz, final text, ms double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT w.id, date_trunc('minute', coalesce(f.failed_at, a.acked_at, now())), f.status,
+           CASE WHEN f.status IS NULL THEN
+               greatest(extract(epoch FROM coalesce(a.acked_at, now()) - w.created_at) * 1000, 0)
+           END
+    FROM (SELECT m.id, m.created_at FROM queen.cursor_messages m
+          WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
+          ORDER BY m.id LIMIT p_step) w
+    LEFT JOIN queen.cursor_failures f
+           ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
+          AND f.message_id = w.id AND f.status <> 'retry'
+    LEFT JOIN LATERAL (SELECT x.acked_at FROM queen.cursor_completions x
+                       WHERE f.status IS NULL AND x.partition_id = p_partition
+                         AND x.consumer_group = '__queue__'
+                         AND x.last_id >= w.id AND x.first_id <= w.id
+                       ORDER BY x.last_id LIMIT 1) a ON true
+    ORDER BY w.id
+$$;
+
+-- Activity per minute of a partition past its watermarks (p_counted: arrivals counted
+-- up to there; p_cursor_counted: the cursor's last counted position; p_cursor: where it
+-- stands), each walk up to p_step messages. Maintenance adds it to
+-- queen.cursor_metrics_minute; reads add it to what maintenance added.
+CREATE OR REPLACE FUNCTION queen.cursor_activity(p_partition uuid, p_counted bigint,
+                                                 p_cursor_counted bigint, p_cursor bigint,
+                                                 p_step integer)
+RETURNS TABLE (minute timestamptz, incoming bigint, completed bigint, failed bigint,
+               dead_letter bigint, lag_ms bigint, lag_hist integer[])
+LANGUAGE sql STABLE AS $$
+    WITH passed AS MATERIALIZED (
+        SELECT * FROM queen.cursor_passed(p_partition, p_cursor_counted, p_cursor, p_step)
+    ), buckets AS (
+        SELECT x.minute, queen.cursor_lag_bucket(x.ms) AS bucket, count(*)::integer AS n
+        FROM passed x WHERE x.final IS NULL GROUP BY 1, 2
+    ), events AS (
+        SELECT a.minute, 1 AS incoming, NULL::text AS final, NULL::double precision AS ms,
+               false AS ended
+        FROM queen.cursor_arrived(p_partition, p_counted, p_step) a
+        UNION ALL
+        SELECT x.minute, 0, x.final, x.ms, true FROM passed x
+    )
+    SELECT e.minute, sum(e.incoming)::bigint,
+           count(*) FILTER (WHERE e.ended AND e.final IS NULL),
+           count(*) FILTER (WHERE e.final = 'failed'),
+           count(*) FILTER (WHERE e.final = 'dead_letter'),
+           coalesce(sum(e.ms) FILTER (WHERE e.ended AND e.final IS NULL), 0)::bigint,
+           ARRAY(SELECT coalesce(b.n, 0) FROM generate_series(0, 63) i
+                 LEFT JOIN buckets b ON b.minute = e.minute AND b.bucket = i ORDER BY i)
+    FROM events e GROUP BY e.minute
+$$;
+
+-- Bring a partition's count row and activity up to date by at most p_step messages each
+-- way (new messages; messages queue mode's cursor passed, or left behind when it moved
+-- back). Returns whether it is caught up.
 CREATE OR REPLACE FUNCTION queen.cursor_count_partition(p_partition uuid, p_step integer)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    k      queen.cursor_counts;
-    target bigint;
-    n      bigint;
-    newest bigint;
+    k       queen.cursor_counts;
+    target  bigint;
+    arrived bigint;
+    newest  bigint;
+    passed  bigint;
+    reached bigint;
+    n_failed bigint;
+    n_dead  bigint;
 BEGIN
     INSERT INTO queen.cursor_counts (partition_id) VALUES (p_partition) ON CONFLICT DO NOTHING;
     -- Locked first: the statements below see every delete that committed before (the
     -- delete trigger waits for this lock, and adjusts what is counted by then).
     SELECT * INTO k FROM queen.cursor_counts x WHERE x.partition_id = p_partition FOR UPDATE;
-    WITH walked AS (
-        SELECT m.id, m.created_at FROM queen.cursor_messages m
-        WHERE m.partition_id = p_partition AND m.id > k.counted_id
-        ORDER BY m.id LIMIT p_step
-    ), per_minute AS (
-        INSERT INTO queen.cursor_metrics_minute AS t (minute, partition_id, incoming)
-        SELECT date_trunc('minute', w.created_at), p_partition, count(*) FROM walked w GROUP BY 1
-        ON CONFLICT (minute, partition_id) DO UPDATE SET incoming = t.incoming + EXCLUDED.incoming
-    )
-    SELECT count(*), max(w.id) INTO n, newest FROM walked w;
     target := coalesce((SELECT c.cursor_id FROM queen.cursor_consumers c
                         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'), 0);
-    IF target > k.cursor_counted THEN
-        target := queen.cursor_count_consumed(p_partition, k, target, p_step);
-    ELSIF target < k.cursor_counted THEN  -- moved back (a seek): forget what it left
-        UPDATE queen.cursor_counts x SET
-            below = x.below - queen.cursor_count_range(p_partition, target, k.cursor_counted,
-                                                       2147483647),
-            failed = x.failed - (SELECT count(*) FROM queen.cursor_failures f
-                                 WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
-                                   AND f.message_id > target AND f.message_id <= k.cursor_counted
-                                   AND f.status = 'failed'),
-            dead_letter = x.dead_letter - (SELECT count(*) FROM queen.cursor_failures f
-                                 WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
-                                   AND f.message_id > target AND f.message_id <= k.cursor_counted
-                                   AND f.status = 'dead_letter'),
-            cursor_counted = target
-        WHERE x.partition_id = p_partition;
+    INSERT INTO queen.cursor_metrics_minute AS t
+        (minute, partition_id, incoming, completed, failed, dead_letter, lag_ms, lag_hist)
+    SELECT a.minute, p_partition, a.incoming, a.completed, a.failed, a.dead_letter, a.lag_ms,
+           a.lag_hist
+    FROM queen.cursor_activity(p_partition, k.counted_id, k.cursor_counted, target, p_step) a
+    ON CONFLICT (minute, partition_id) DO UPDATE SET
+        incoming = t.incoming + EXCLUDED.incoming, completed = t.completed + EXCLUDED.completed,
+        failed = t.failed + EXCLUDED.failed, dead_letter = t.dead_letter + EXCLUDED.dead_letter,
+        lag_ms = t.lag_ms + EXCLUDED.lag_ms,
+        lag_hist = queen.cursor_hist_add(t.lag_hist, EXCLUDED.lag_hist);
+    SELECT count(*), max(a.id) INTO arrived, newest
+    FROM queen.cursor_arrived(p_partition, k.counted_id, p_step) a;
+    SELECT count(*), max(x.id), count(*) FILTER (WHERE x.final = 'failed'),
+           count(*) FILTER (WHERE x.final = 'dead_letter')
+    INTO passed, reached, n_failed, n_dead
+    FROM queen.cursor_passed(p_partition, k.cursor_counted, target, p_step) x;
+    IF target < k.cursor_counted THEN  -- moved back (a seek, a retry): forget what it left
+        passed := -queen.cursor_count_range(p_partition, target, k.cursor_counted, 2147483647);
+        SELECT -count(*) FILTER (WHERE f.status = 'failed'),
+               -count(*) FILTER (WHERE f.status = 'dead_letter')
+        INTO n_failed, n_dead
+        FROM queen.cursor_failures f
+        WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
+          AND f.message_id > target AND f.message_id <= k.cursor_counted;
+        reached := target;
+    ELSIF passed < p_step THEN
+        reached := target;
     END IF;
     UPDATE queen.cursor_counts x SET
-        total = x.total + n, counted_id = coalesce(newest, x.counted_id), refreshed_at = now()
+        counted_id = coalesce(newest, x.counted_id), total = x.total + arrived,
+        cursor_counted = coalesce(reached, x.cursor_counted), below = x.below + passed,
+        failed = x.failed + n_failed, dead_letter = x.dead_letter + n_dead,
+        refreshed_at = now()
     WHERE x.partition_id = p_partition;
-    RETURN n < p_step AND (SELECT x.cursor_counted FROM queen.cursor_counts x
-                           WHERE x.partition_id = p_partition) >= target;
+    RETURN arrived < p_step AND coalesce(reached, k.cursor_counted) >= target;
 END
 $$;
 

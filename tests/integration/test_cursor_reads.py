@@ -259,10 +259,17 @@ def test_deletes_by_retention_leave_the_counts(conn: Conn, reads: Store) -> None
 
 def test_throughput_lag_and_dashboard_from_the_rollup(conn: Conn, reads: Store) -> None:
     mixed(conn)
+    def busy() -> list[Any]:
+        return [m for m in reads.analytics.throughput(Filters(queue="q")) if m.incoming or m.popped]
+
+    live = busy()  # nothing rolled up yet
+    live_lag = reads.analytics.lag(Filters(queue="q"))
     refresh(conn)
-    (minute,) = [m for m in reads.analytics.throughput(Filters(queue="q")) if m.incoming]
+    assert busy() == live
+    assert reads.analytics.lag(Filters(queue="q")) == live_lag
+    (minute,) = [m for m in live if m.incoming]
     assert (minute.incoming, minute.completed, minute.dead_letter) == (10, 1, 1)
-    assert minute.popped == 2
+    assert minute.popped == 4  # 2 ended, 2 leased now
     assert all(m.incoming == 0 for m in reads.analytics.throughput(Filters(queue="other")))
     (lag,) = reads.analytics.lag(Filters(queue="q"))
     assert (lag.pending, lag.processing, lag.completed) == (6, 2, 1)
@@ -298,3 +305,43 @@ def test_maintenance_keeps_the_cursor_rollups_instead_of_the_rows_ones(conn: Con
         m.session.close()
     (row,) = conn.execute("SELECT total, below, dead_letter FROM queen.cursor_counts").fetchall()
     assert row == (10, 2, 1)  # the cursor passed the completed and the dead-lettered one
+
+
+def test_retry_keeps_its_place_even_under_a_live_lease(conn: Conn, reads: Store) -> None:
+    make_queue(conn, "q", retry_limit=0, dlq_after_max_retries=True)
+    push_n(conn, "q", 4)
+    got = cursors.pop(conn, "q", partition="Default", batch=3)
+    ack_all(conn, got[:1], status="failed")  # dead letter; the lease goes on
+    refresh(conn)
+    reads.admin.retry("q-Default-0")
+    assert reads.admin.get("q-Default-0").status == "pending"
+    assert counts_of(reads, "q")["Default"] == Counts(pending=2, processing=2)
+    ack_all(conn, got[1:])  # the lease ends: the retried one comes first, then the rest
+    again = cursors.pop(conn, "q", partition="Default", batch=10)
+    assert [d.transaction_id for d in again] == ["q-Default-0", "q-Default-3"]
+    ack_all(conn, again)
+    refresh(conn)
+    assert counts_of(reads, "q")["Default"] == Counts(completed=4)
+
+
+def test_retry_far_back_writes_the_message_again_at_the_tail(conn: Conn, reads: Store) -> None:
+    make_queue(conn, "q", retry_limit=0, dlq_after_max_retries=True)
+    push_n(conn, "q", 3)
+    ack_all(conn, cursors.pop(conn, "q", partition="Default", batch=3, group="audit"))
+    got = cursors.pop(conn, "q", partition="Default", batch=3)
+    ack_all(conn, got[:1], status="failed")
+    ack_all(conn, got[1:])
+    refresh(conn)
+    before = reads.admin.get("q-Default-0")
+    (status,) = conn.execute("SELECT queen.cursor_retry_message('q-Default-0', 1)").fetchone()
+    assert status == "dead_letter"  # two done messages after it: more than 1
+    after = reads.admin.get("q-Default-0")
+    assert (after.status, after.created_at) == ("pending", before.created_at)
+    assert after.id != before.id  # a new id: the tail of the partition
+    push_n(conn, "q", 1, start=3)
+    again = cursors.pop(conn, "q", partition="Default", batch=10)
+    assert [d.transaction_id for d in again] == ["q-Default-0", "q-Default-3"]
+    audit = cursors.pop(conn, "q", partition="Default", batch=10, group="audit")
+    assert [d.transaction_id for d in audit] == ["q-Default-3"]  # it had it done already
+    ack_all(conn, again)
+    assert counts_of(reads, "q")["Default"] == Counts(completed=4)
