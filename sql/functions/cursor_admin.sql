@@ -81,6 +81,7 @@ BEGIN
         back_to := m.id - 1;
     END IF;
     ranged := c.lease_id IS NOT NULL AND m.id <= c.lease_last_id AND m.id <> ALL (c.lease_acked);
+    PERFORM queen.cursor_counts_lock(ARRAY[m.partition_id]);
     WITH gone AS (
         DELETE FROM queen.cursor_failures f
         WHERE f.partition_id = m.partition_id AND f.consumer_group = '__queue__'
@@ -199,6 +200,7 @@ BEGIN
     WHERE c.partition_id = m.partition_id AND c.consumer_group = '__queue__' FOR UPDATE;
     status := queen.cursor_status_of(m.partition_id, m.id);
     IF status = 'failed' THEN
+        PERFORM queen.cursor_counts_lock(ARRAY[m.partition_id]);
         UPDATE queen.cursor_failures f SET status = 'dead_letter'
         WHERE f.partition_id = m.partition_id AND f.consumer_group = '__queue__'
           AND f.message_id = m.id;
@@ -238,8 +240,7 @@ BEGIN
     END IF;
     PERFORM 1 FROM queen.cursor_consumers c WHERE c.partition_id = ANY (targets)
     ORDER BY c.partition_id, c.consumer_group FOR UPDATE;
-    PERFORM 1 FROM queen.cursor_counts k WHERE k.partition_id = ANY (targets)
-    ORDER BY k.partition_id FOR UPDATE;
+    PERFORM queen.cursor_counts_lock(targets);
     -- Failure records first, in bulk (the delete trigger then has none to look up).
     DELETE FROM queen.cursor_failures f WHERE f.partition_id = ANY (targets);
     UPDATE queen.cursor_counts k SET failed = 0, dead_letter = 0

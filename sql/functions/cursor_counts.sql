@@ -170,6 +170,19 @@ LANGUAGE sql AS $$
     SELECT count(*)::integer FROM gone
 $$;
 
+-- Make sure partitions have count rows, and lock them (in order) for a change of what
+-- they count: one a refresh is creating is waited for, not missed.
+CREATE OR REPLACE FUNCTION queen.cursor_counts_lock(p_partitions uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO queen.cursor_counts (partition_id)
+    SELECT p.id FROM queen.partitions p WHERE p.id = ANY (p_partitions) ORDER BY p.id
+    ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM queen.cursor_counts k WHERE k.partition_id = ANY (p_partitions)
+    ORDER BY k.partition_id FOR UPDATE;
+END
+$$;
+
 -- After a delete of messages: their failure records go (nothing can act on them any
 -- more), and the counts forget those they held. Locks the count rows first, in order,
 -- so that a refresh running meanwhile is seen whole.
@@ -181,9 +194,7 @@ BEGIN
     recorded := EXISTS (SELECT 1 FROM (SELECT DISTINCT g.partition_id FROM gone g) g
                         WHERE EXISTS (SELECT 1 FROM queen.cursor_failures f
                                       WHERE f.partition_id = g.partition_id));
-    PERFORM 1 FROM queen.cursor_counts k
-    WHERE k.partition_id IN (SELECT DISTINCT g.partition_id FROM gone g)
-    ORDER BY k.partition_id FOR UPDATE;
+    PERFORM queen.cursor_counts_lock(ARRAY(SELECT DISTINCT g.partition_id FROM gone g));
     WITH dropped AS (
         DELETE FROM queen.cursor_failures f
         USING gone g, queen.cursor_consumers c

@@ -345,3 +345,55 @@ def test_retry_far_back_writes_the_message_again_at_the_tail(conn: Conn, reads: 
     assert [d.transaction_id for d in audit] == ["q-Default-3"]  # it had it done already
     ack_all(conn, again)
     assert counts_of(reads, "q")["Default"] == Counts(completed=4)
+
+
+def test_encrypted_payloads_are_shown_decrypted(conn: Conn, db_dsn: str) -> None:
+    import orjson
+
+    from queen import crypto
+
+    key = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+    envelope = crypto.encrypt(crypto.load_key(key), orjson.dumps({"card": "4242"}))
+    cursors.push(conn, [{"queue": "secret", "payload": envelope, "encrypted": True,
+                         "transactionId": "s1"}])
+    store = Store(Database(db_dsn, pool_size=2, timeout_s=5), key, storage="cursors")
+    store.db.pool.open(wait=True)
+    try:
+        assert orjson.loads(store.admin.get("s1").payload) == {"card": "4242"}
+        (listed_one,) = store.admin.page(MessageFilter(queue="secret"), 10, 0)
+        assert orjson.loads(listed_one.payload) == {"card": "4242"}
+    finally:
+        store.close()
+
+
+def test_deletes_racing_with_refreshes_leave_exact_counts(conn: Conn, db_dsn: str,
+                                                          reads: Store) -> None:
+    import threading
+
+    make_queue(conn, "q", retry_limit=0, dlq_after_max_retries=True)
+    push_n(conn, "q", 400)
+    got = cursors.pop(conn, "q", partition="Default", batch=200)
+    ack_all(conn, got[:150])
+    ack_all(conn, got[150:], status="failed")
+    stop = threading.Event()
+
+    def refresher() -> None:
+        with psycopg.connect(db_dsn, autocommit=True) as own:
+            while not stop.is_set():
+                own.execute("SELECT queen.cursor_count_refresh(10, 7)")
+
+    thread = threading.Thread(target=refresher)
+    thread.start()
+    try:
+        for i in range(0, 400, 3):  # completed, dead-lettered and pending ones
+            conn.execute("DELETE FROM queen.cursor_messages WHERE transaction_id = %s",
+                         (f"q-Default-{i}",))
+        push_n(conn, "q", 50, start=1000)
+    finally:
+        stop.set()
+        thread.join()
+    counts = counts_of(reads, "q")["Default"]
+    assert counts == as_counts(listed(reads, "q"))
+    assert counts.total == 400 - len(range(0, 400, 3)) + 50
+    refresh(conn)
+    assert counts_of(reads, "q")["Default"] == counts
