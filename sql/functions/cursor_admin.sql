@@ -82,6 +82,7 @@ BEGIN
     END IF;
     ranged := c.lease_id IS NOT NULL AND m.id <= c.lease_last_id AND m.id <> ALL (c.lease_acked);
     PERFORM queen.cursor_counts_lock(ARRAY[m.partition_id]);
+    PERFORM queen.cursor_counts_step_back(m.partition_id, back_to);
     WITH gone AS (
         DELETE FROM queen.cursor_failures f
         WHERE f.partition_id = m.partition_id AND f.consumer_group = '__queue__'

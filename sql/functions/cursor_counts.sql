@@ -71,6 +71,29 @@ LANGUAGE sql STABLE AS $$
     FROM events e GROUP BY e.minute
 $$;
 
+-- Move a partition's cursor watermark back to p_to (its count row locked by the caller):
+-- what it counted above p_to is forgotten. Whoever moves queue mode's cursor back (a
+-- retry in place, a seek) calls it, in the same transaction: a cursor that moved back and
+-- forward again between two refreshes would otherwise leave the failure records written
+-- meanwhile below the watermark uncounted.
+CREATE OR REPLACE FUNCTION queen.cursor_counts_step_back(p_partition uuid, p_to bigint)
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE queen.cursor_counts k SET
+        below = k.below - queen.cursor_count_range(p_partition, p_to, k.cursor_counted,
+                                                   2147483647),
+        failed = k.failed - (SELECT count(*) FROM queen.cursor_failures f
+                             WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
+                               AND f.message_id > p_to AND f.message_id <= k.cursor_counted
+                               AND f.status = 'failed'),
+        dead_letter = k.dead_letter - (SELECT count(*) FROM queen.cursor_failures f
+                             WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
+                               AND f.message_id > p_to AND f.message_id <= k.cursor_counted
+                               AND f.status = 'dead_letter'),
+        cursor_counted = p_to
+    WHERE k.partition_id = p_partition AND p_to < k.cursor_counted
+$$;
+
 -- Bring a partition's count row and activity up to date by at most p_step messages each
 -- way (new messages; messages queue mode's cursor passed, or left behind when it moved
 -- back). Returns whether it is caught up.
@@ -109,14 +132,11 @@ BEGIN
            count(*) FILTER (WHERE x.final = 'dead_letter')
     INTO passed, reached, n_failed, n_dead
     FROM queen.cursor_passed(p_partition, k.cursor_counted, target, p_step) x;
-    IF target < k.cursor_counted THEN  -- moved back (a seek, a retry): forget what it left
-        passed := -queen.cursor_count_range(p_partition, target, k.cursor_counted, 2147483647);
-        SELECT -count(*) FILTER (WHERE f.status = 'failed'),
-               -count(*) FILTER (WHERE f.status = 'dead_letter')
-        INTO n_failed, n_dead
-        FROM queen.cursor_failures f
-        WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
-          AND f.message_id > target AND f.message_id <= k.cursor_counted;
+    IF target < k.cursor_counted THEN  -- moved back (a seek): forget what it left
+        PERFORM queen.cursor_counts_step_back(p_partition, target);
+        passed := 0;
+        n_failed := 0;
+        n_dead := 0;
         reached := target;
     ELSIF passed < p_step THEN
         reached := target;

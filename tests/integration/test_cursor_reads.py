@@ -397,3 +397,21 @@ def test_deletes_racing_with_refreshes_leave_exact_counts(conn: Conn, db_dsn: st
     assert counts.total == 400 - len(range(0, 400, 3)) + 50
     refresh(conn)
     assert counts_of(reads, "q")["Default"] == counts
+
+
+def test_a_retried_message_failing_again_before_a_refresh_is_counted(conn: Conn,
+                                                                     reads: Store) -> None:
+    make_queue(conn, "q", retry_limit=0, dlq_after_max_retries=True)
+    push_n(conn, "q", 5)
+    got = cursors.pop(conn, "q", partition="Default", batch=5)
+    ack_all(conn, got[:2], status="failed")
+    ack_all(conn, got[2:])
+    refresh(conn)  # the watermark passed both dead letters
+    reads.admin.retry("q-Default-1")
+    again = cursors.pop(conn, "q", partition="Default", batch=5)
+    assert [d.transaction_id for d in again] == ["q-Default-1"]
+    ack_all(conn, again, status="failed")  # dead again: the cursor is back where it was
+    expected = Counts(completed=3, dead_letter=2)
+    assert counts_of(reads, "q")["Default"] == expected
+    refresh(conn)
+    assert counts_of(reads, "q")["Default"] == expected == as_counts(listed(reads, "q"))
