@@ -31,10 +31,10 @@ LANGUAGE sql STABLE AS $$
     LEFT JOIN queen.cursor_failures f
            ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
           AND f.message_id = w.id AND f.status <> 'retry'
-    LEFT JOIN LATERAL (SELECT x.acked_at FROM queen.cursor_completions x
+    LEFT JOIN LATERAL (SELECT CASE WHEN x.first_id <= w.id THEN x.acked_at END AS acked_at
+                       FROM queen.cursor_completions x
                        WHERE f.status IS NULL AND x.partition_id = p_partition
-                         AND x.consumer_group = '__queue__'
-                         AND x.last_id >= w.id AND x.first_id <= w.id
+                         AND x.consumer_group = '__queue__' AND x.last_id >= w.id
                        ORDER BY x.last_id LIMIT 1) a ON true
     ORDER BY w.id
 $$;

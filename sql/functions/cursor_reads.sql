@@ -171,7 +171,9 @@ $$;
 -- The messages (p_partitions[i], p_ids[i]) as the API shows them, in that order:
 -- queue mode's status, its lease (workerId, lockedAt: the lease's start as leaseTime
 -- before its expiry, leaseExpiresAt) while processing, completedAt from the completion
--- record holding it, failure fields and retryCount from its failure record.
+-- record holding it (the first ending at or after it: one probe; NULL when that one does
+-- not start by it, as for messages a seek passed), failure fields and retryCount from
+-- its failure record.
 CREATE OR REPLACE FUNCTION queen.cursor_message_rows(p_partitions uuid[], p_ids bigint[])
 RETURNS TABLE (id uuid, message_id bigint, transaction_id text, queue text, partition text,
                namespace text, task text, payload jsonb, encrypted boolean, status text,
@@ -185,9 +187,10 @@ LANGUAGE sql STABLE AS $$
            CASE WHEN s.status = 'processing'
                 THEN c.lease_expires_at - make_interval(secs => q.lease_time) END,
            CASE WHEN s.status = 'completed' THEN
-               (SELECT k.acked_at FROM queen.cursor_completions k
+               (SELECT CASE WHEN k.first_id <= m.id THEN k.acked_at END
+                FROM queen.cursor_completions k
                 WHERE k.partition_id = m.partition_id AND k.consumer_group = '__queue__'
-                  AND k.last_id >= m.id AND k.first_id <= m.id
+                  AND k.last_id >= m.id
                 ORDER BY k.last_id LIMIT 1) END,
            CASE WHEN s.status <> 'completed' OR f.status <> 'retry' THEN f.failed_at END,
            CASE WHEN s.status <> 'completed' OR f.status <> 'retry' THEN f.error END,
@@ -209,7 +212,9 @@ $$;
 
 -- The messages of the same partition nearest in time to message p_txid (within an hour
 -- either side, itself left out), up to p_limit, oldest first: (partition, id) pairs; no
--- row at all when it does not exist, one with id NULL when it has no neighbour.
+-- row at all when it does not exist, one with id NULL when it has no neighbour. The
+-- candidates are the p_limit nearest by id either side (ids follow time within a
+-- partition), so that a walk never goes further than that.
 CREATE OR REPLACE FUNCTION queen.cursor_related(p_txid text, p_limit integer)
 RETURNS TABLE (partition_id uuid, id bigint)
 LANGUAGE sql STABLE AS $$
@@ -220,14 +225,14 @@ LANGUAGE sql STABLE AS $$
         SELECT r.* FROM anchor a CROSS JOIN LATERAL (
             SELECT x.id, x.created_at FROM queen.cursor_messages x
             WHERE x.partition_id = a.partition_id AND x.id < a.id
-              AND x.created_at >= a.created_at - interval '1 hour'
             ORDER BY x.id DESC LIMIT p_limit) r
+        WHERE r.created_at >= a.created_at - interval '1 hour'
         UNION ALL
         SELECT r.* FROM anchor a CROSS JOIN LATERAL (
             SELECT x.id, x.created_at FROM queen.cursor_messages x
             WHERE x.partition_id = a.partition_id AND x.id > a.id
-              AND x.created_at <= a.created_at + interval '1 hour'
             ORDER BY x.id LIMIT p_limit) r
+        WHERE r.created_at <= a.created_at + interval '1 hour'
     ), nearest AS (
         SELECT n.* FROM near n, anchor a
         ORDER BY abs(extract(epoch FROM n.created_at - a.created_at)), n.id
