@@ -75,8 +75,12 @@ LANGUAGE sql STABLE AS $$
                END AS below,
                (SELECT count(*) FROM unnest(c.done_ids) d
                 JOIN queen.cursor_messages m ON m.partition_id = p.id AND m.id = d) AS done,
-               CASE WHEN c.lease_id IS NOT NULL AND c.lease_expires_at > now()
-                    THEN c.lease_size - cardinality(c.lease_acked) ELSE 0 END AS leased,
+               CASE WHEN c.lease_id IS NOT NULL AND c.lease_expires_at > now() THEN
+                   (SELECT count(*) FROM queen.cursor_messages m
+                    WHERE m.partition_id = p.id AND m.id > c.cursor_id
+                      AND m.id <= c.lease_last_id AND m.id <> ALL (c.done_ids)
+                      AND m.id <> ALL (c.lease_acked))
+               ELSE 0 END AS leased,
                coalesce(k.failed, 0) + f.failed AS failed,
                coalesce(k.dead_letter, 0) + f.dead_letter AS dead_letter
     ) n

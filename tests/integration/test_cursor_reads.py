@@ -415,3 +415,11 @@ def test_a_retried_message_failing_again_before_a_refresh_is_counted(conn: Conn,
     assert counts_of(reads, "q")["Default"] == expected
     refresh(conn)
     assert counts_of(reads, "q")["Default"] == expected == as_counts(listed(reads, "q"))
+
+
+def test_a_leased_message_deleted_by_retention_leaves_exact_counts(conn: Conn, reads: Store) -> None:
+    mixed(conn)
+    conn.execute("DELETE FROM queen.cursor_messages WHERE transaction_id = 'q-Default-2'")
+    counts = counts_of(reads, "q")["Default"]
+    assert counts == Counts(pending=6, processing=1, completed=1, dead_letter=1)
+    assert counts == as_counts(listed(reads, "q"))
