@@ -21,6 +21,9 @@ when it wants to run next:
 - cleanup: remove partitions that stayed empty and idle for QUEEN_PARTITION_CLEANUP;
 - reconcile: recount a few partitions and correct drift in the folded counts;
 - prune: drop per-minute metrics older than METRICS_RETENTION_DAYS.
+- counts (QUEEN_STORAGE=cursors, instead of fold, reconcile and prune, the rollups of
+  the message rows): move the cursor store's count rollup and per-minute activity over
+  what arrived and was consumed since its last step; cursor prune drops old minutes.
 - analyze: ANALYZE hot tables that doubled since their statistics (cached plans follow);
 - vacuum: VACUUM the small tables rewritten by every batch when they fill with dead row
   versions (autovacuum comes by once a minute at best), and messages too when autovacuum
@@ -58,6 +61,9 @@ FOLD_BATCH = 20000  # status deltas folded per statement
 RECONCILE_PARTITIONS = 100  # partitions recounted per reconcile run, at most
 RECONCILE_BUDGET = 20_000  # rows recounted per run (bigger partitions: pending/processing only)
 PRUNE_EVERY = 300.0  # seconds between metric pruning runs
+COUNT_PARTITIONS = 200  # partitions whose count rows one counts step refreshes
+COUNT_STEP = 5000  # messages a counts step walks per partition and watermark, at most
+ROWS_ROLLUPS = ("fold", "reconcile", "prune")  # tasks that roll up the message rows
 MORE_DELAY = 0.02  # seconds before the next batch of a task that filled its batch
 MIN_DELAY = 0.05  # seconds: the soonest the lease task looks again at a lease it skipped
 DUE_MARGIN = 0.002  # seconds past a due time before the scan that wakes it
@@ -120,6 +126,16 @@ class Maintenance:
         self.tasks = self._make_tasks()
 
     def _make_tasks(self) -> list[Task]:
+        tasks = self._tasks()
+        if self.settings.storage != "cursors":
+            return tasks
+        cycle = self.settings.maintenance_interval_s
+        return [t for t in tasks if t.name not in ROWS_ROLLUPS] + [
+            Task("counts", self._cursor_counts, cycle),
+            Task("cursor prune", self._prune_cursor_metrics, max(PRUNE_EVERY, cycle)),
+        ]
+
+    def _tasks(self) -> list[Task]:
         s = self.settings
         cycle = s.maintenance_interval_s
         return [
@@ -372,6 +388,18 @@ class Maintenance:
             log.warning("corrected count drift in %d partition(s)", result.drifted)
         self._count("partitions recounted", result.looked_at)
         return None
+
+    def _cursor_counts(self) -> float | None:
+        behind = self.session.refresh_cursor_counts(COUNT_PARTITIONS, COUNT_STEP)
+        self._count("partitions behind in counts", behind)
+        return MORE_DELAY if behind else None
+
+    def _prune_cursor_metrics(self) -> float | None:
+        limit = self.settings.maintenance_batch
+        days = self.settings.metrics_retention_days
+        return self._batch(
+            lambda: self.session.prune_cursor_metrics(days, limit), "metric rows pruned", limit
+        )
 
     def _prune_metrics(self) -> float | None:
         limit = self.settings.maintenance_batch

@@ -5,6 +5,7 @@ from __future__ import annotations
 from queen.config import Settings
 from queen.store.admin import Admin
 from queen.store.analytics import Analytics
+from queen.store.cursor_admin import CURSOR_READ_QUERIES, CursorAdmin, cursor_reads
 from queen.store.dashboard import Dashboard
 from queen.store.db import Database
 from queen.store.leases import Leases
@@ -25,11 +26,16 @@ class Store:
         self.messages = Messages(db, self.queues, encryption_key)
         self.polling = Polling(db)
         self.messages.after_push = self.polling.push_wakeups.pushed
-        self.dashboard = Dashboard(db)
-        self.reads = Reads(db)
         self.leases = Leases(db)
+        if storage == "cursors":  # the read side over cursor_* (statuses derived)
+            self.dashboard = Dashboard(db, queries=CURSOR_READ_QUERIES)
+            self.reads = cursor_reads(db)
+            self.admin: Admin = CursorAdmin(db, self.reads, encryption_key)
+        else:
+            self.dashboard = Dashboard(db)
+            self.reads = Reads(db)
+            self.admin = Admin(db, self.reads, encryption_key)
         self.analytics = Analytics(self.reads)
-        self.admin = Admin(db, self.reads, encryption_key)
         self.tokens = Tokens(db)
 
     @classmethod

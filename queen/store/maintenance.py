@@ -26,6 +26,7 @@ from psycopg import sql
 
 from queen.errors import Unavailable
 from queen.store.bounds import DEADLINE_MARGIN_S, WATCHDOG, bounded_conninfo, call_deadline_s
+from queen.store.cursor_admin import CURSOR_READ_QUERIES
 from queen.store.db import QUERIES, RETRYABLE, returns_rows, translate_errors
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ class MaintenanceSession:
             raise Unavailable("maintenance session is not connected")
         with translate_errors(), WATCHDOG.guard(self._conn, self._deadline_s):
             try:
-                cur = self._conn.execute(QUERIES[name], params)
+                cur = self._conn.execute(CURSOR_READ_QUERIES[name], params)  # queries.sql too
                 return cur.fetchall() if returns_rows(cur) else []
             except RETRYABLE as exc:
                 raise Unavailable(f"{name}: {type(exc).__name__}, retry") from exc
@@ -262,3 +263,12 @@ class MaintenanceSession:
 
     def prune_metrics(self, days: int, limit: int) -> int:
         return int(self._value("maintenance_prune_metrics", {"days": days, "limit": limit}))
+
+    def refresh_cursor_counts(self, partitions: int, step: int) -> int:
+        """Bring the cursor store's count rollup up to date by a bounded step; return how
+        many partitions are still behind."""
+        params = {"partitions": partitions, "step": step}
+        return int(self._value("cursor_count_refresh", params))
+
+    def prune_cursor_metrics(self, days: int, limit: int) -> int:
+        return int(self._value("cursor_metrics_prune", {"days": days, "limit": limit}))
