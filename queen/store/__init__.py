@@ -7,12 +7,14 @@ from queen.store.admin import Admin
 from queen.store.analytics import Analytics
 from queen.store.dashboard import Dashboard
 from queen.store.db import Database
+from queen.store.groups import ConsumerGroups
 from queen.store.leases import Leases
 from queen.store.messages import Messages
 from queen.store.polling import Polling
 from queen.store.queues import Queues
 from queen.store.reads import Reads
 from queen.store.tokens import Tokens
+from queen.store.transactions import Transactions
 
 
 class Store:
@@ -31,6 +33,10 @@ class Store:
         self.analytics = Analytics(self.reads)
         self.admin = Admin(db, self.reads, encryption_key)
         self.tokens = Tokens(db)
+        # The cursor store's consumer groups and transactions (QUEEN_STORAGE=cursors only).
+        self.groups = ConsumerGroups(db)
+        self.transactions = Transactions(db, self.queues, encryption_key)
+        self.transactions.after_push = self.polling.push_wakeups.pushed
 
     @classmethod
     def from_settings(cls, settings: Settings, application_name: str = "queen") -> Store:
