@@ -36,7 +36,8 @@ def group_name(value: Any, field: str = "consumer group") -> str:
 
 
 def queue_param(req: falcon.Request) -> str | None:
-    raw = req.get_param("queue")
+    """Read ?queue= (given once: the token's scope is checked against one name)."""
+    raw = req.params.get("queue")
     if raw is not None and not isinstance(raw, str):
         raise InvalidInput("queue must be given once")
     return validation.name(raw, "queue", required=False)
