@@ -36,6 +36,14 @@ def cursor_server(cursor_dsn: str) -> Iterator[Server]:
 
 
 @pytest.fixture
+def cursor_store_server(db_dsn: str) -> Iterator[Server]:
+    """A server of its own on the cursor store, on this test's fresh database."""
+    srv = Server(db_dsn, QUEEN_STORAGE="cursors").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
 def conn(cursor_dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to the server's database (pops of the cursor store)."""
     with psycopg.connect(cursor_dsn, autocommit=True) as connection:
