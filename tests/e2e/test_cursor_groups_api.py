@@ -7,11 +7,14 @@ messages come through the transaction endpoint's push operations.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import requests
 
 from queen.store import cursors
+from tests.conftest import Server
 from tests.e2e.cursor_server import (
     API,
     assert_error,
@@ -208,8 +211,16 @@ def test_bad_query_parameters_are_400(cursor_server) -> None:
     assert_error(get(cursor_server, "/consumer-groups/bad%20group"), 400)
 
 
-def test_the_routes_need_the_cursor_store(server) -> None:
-    """A server on the default storage (rows) refuses them with 400, naming the setting."""
+@pytest.fixture
+def rows_server(db_dsn: str) -> Iterator[Server]:
+    srv = Server(db_dsn, QUEEN_STORAGE="rows").start()
+    yield srv
+    srv.stop()
+
+
+def test_the_routes_need_the_cursor_store(rows_server: Server) -> None:
+    """A server on the message-row store refuses them with 400, naming the setting."""
+    server = rows_server
     calls = [
         requests.get(f"{server.url}{API}/consumer-groups", timeout=30),
         requests.get(f"{server.url}{API}/consumer-groups/g", timeout=30),
