@@ -30,7 +30,7 @@ from queen.errors import (
     QueueFull,
 )
 from queen.store import Store
-from queen.store.cursors import CheckedAck, PushOutcome
+from queen.store.cursors import QUEUE_MODE, CheckedAck, PushOutcome
 from queen.store.transactions import AckOperation, Operation, PushOperation, Result
 
 # The HTTP status of a failed operation, by the error it is (as queen.app maps them).
@@ -89,13 +89,13 @@ def operations(doc: dict[str, Any], raw: bytes, max_items: int) -> list[Operatio
     if len(ops) > max_items:
         raise PayloadTooLarge(f"at most {max_items} operations per transaction, got {len(ops)}")
     parsed: list[Operation] = []
-    acked: dict[tuple[str, str | None], int] = {}
+    acked: dict[tuple[str, str], int] = {}
     size = 0
     for index, op in enumerate(ops):
         kind = op.get("type") if isinstance(op, dict) else None
         if kind == "ack":
             ack = _ack(op, index)
-            key = (ack.ack["transactionId"], ack.ack.get("consumerGroup"))
+            key = (ack.ack["transactionId"], ack.ack.get("consumerGroup") or QUEUE_MODE)
             if key in acked:
                 raise OperationFailed(
                     index,
