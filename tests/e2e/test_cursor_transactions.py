@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import select
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -226,6 +228,21 @@ BAD_BODIES: list[tuple[str, Any, int]] = [
         400,
     ),
     (
+        "the same ack twice, once as queue mode by name",
+        {
+            "operations": [
+                {"type": "ack", "transactionId": "t", "status": "completed"},
+                {
+                    "type": "ack",
+                    "transactionId": "t",
+                    "status": "completed",
+                    "consumerGroup": "__queue__",
+                },
+            ]
+        },
+        400,
+    ),
+    (
         "too many operations",
         {
             "operations": [
@@ -320,3 +337,19 @@ def test_long_polls_are_woken_after_commit_and_not_after_a_rollback(
             assert any(q in p for p in wakeups(listener, 20.0))
         finally:
             conn.execute("DELETE FROM queen.waiting_workers WHERE worker = 'parked-test'")
+
+
+def test_racing_copies_of_a_stage_commit_once(cursor_server, conn, q) -> None:
+    """Four copies of each stage at once (different output ids): one commits, three get 409."""
+    popped = push_and_pop(cursor_server, conn, f"{q}-in", n=10)
+
+    def stage(d: cursors.Delivery, copy: int) -> int:
+        out = push_op(f"{q}-out", {"n": d.payload["n"]}, txids=[f"{d.transaction_id}-{copy}"])
+        return transaction(cursor_server, ack_op(d), out).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(
+            pool.map(lambda args: stage(*args), [(d, c) for d in popped for c in range(4)])
+        )
+    assert Counter(statuses) == {200: 10, 409: 30}
+    assert sorted(p["n"] for p in stored(conn, f"{q}-out")) == list(range(10))
