@@ -62,15 +62,17 @@ def _ack(op: dict[str, Any], index: int) -> AckOperation:
             raise OperationFailed(index, InvalidInput, _where(index, exc.message)) from None
     lease = op.get("leaseId")
     if lease is not None:
-        try:
-            ack["leaseId"] = str(uuid.UUID(lease)) if isinstance(lease, str) else None
-        except ValueError:
-            ack["leaseId"] = None
-        if ack["leaseId"] is None:
-            raise OperationFailed(
-                index, InvalidInput, f"operations[{index}].leaseId must be a UUID"
-            )
+        ack["leaseId"] = _lease_id(lease, index)
     return AckOperation(index, ack)
+
+
+def _lease_id(value: Any, index: int) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except (TypeError, ValueError, AttributeError):
+        raise OperationFailed(
+            index, InvalidInput, f"operations[{index}].leaseId must be a UUID"
+        ) from None
 
 
 def _push(op: dict[str, Any], index: int, raw: bytes, max_items: int) -> PushOperation:
