@@ -43,6 +43,9 @@ STATUS_OF: dict[type[QueenError], int] = {
 }
 
 
+ACK_FIELDS = ("transactionId", "status", "error")
+
+
 def _where(index: int, message: str) -> str:
     """Put an operation's place in front of a validation message ("body.x ..." / "items[..")."""
     rest = message.removeprefix("body")
@@ -51,7 +54,8 @@ def _where(index: int, message: str) -> str:
 
 def _ack(op: dict[str, Any], index: int) -> AckOperation:
     try:
-        ack = validation.acknowledgment({k: v for k, v in op.items() if k != "type"})
+        # The plain fields as an ack checks them; group and lease are checked here.
+        ack = validation.acknowledgment({k: op.get(k) for k in ACK_FIELDS})
     except InvalidInput as exc:
         raise OperationFailed(index, InvalidInput, _where(index, exc.message)) from None
     group = op.get("consumerGroup")
