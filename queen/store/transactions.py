@@ -80,7 +80,7 @@ class Transactions:
         """
         acks = [op for op in operations if isinstance(op, AckOperation)]
         pushes = [op for op in operations if isinstance(op, PushOperation)]
-        items = self._sealed([item for op in pushes for item in op.items])
+        items = [item for op in pushes for item in self._sealed(op)]
         for attempt in range(RETRIES_ON_DEADLOCK):
             try:
                 results = self._apply(operations, acks, pushes, items, producer)
@@ -122,19 +122,24 @@ class Transactions:
         with self.db.connection() as conn:
             return set(cursors.queues_of(conn, transaction_ids).values())
 
-    def _sealed(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _sealed(self, push: PushOperation) -> list[dict[str, Any]]:
         """Encrypt the payloads bound for encrypted queues (as queen.store.messages does).
 
         Only this sets `encrypted`: a client's own marker is dropped.
         """
         encrypted = self.queues.any_encrypted()
         sealed = []
-        for item in items:
+        for item in push.items:
             clean = {k: v for k, v in item.items() if k != "encrypted"}
             flags = self.queues.flags(item["queue"]) if encrypted else None
             if flags is not None and flags.encrypted:
                 if self._key is None:
-                    raise InvalidInput("queue is encrypted but QUEEN_ENCRYPTION_KEY is not set")
+                    raise OperationFailed(
+                        push.index,
+                        InvalidInput,
+                        f"operations[{push.index}]: queue {item['queue']!r} is encrypted"
+                        " but QUEEN_ENCRYPTION_KEY is not set",
+                    )
                 clean["payload"] = crypto.encrypt(self._key, orjson.dumps(item["payload"]))
                 clean["encrypted"] = True
             sealed.append(clean)
