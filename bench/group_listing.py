@@ -6,8 +6,9 @@ For each backlog size, a database of its own on the server of --dsn (built by `q
 migrate`'s code): one queue of 16 partitions holding --per-partition messages each, 4
 groups that popped one batch, statistics taken and the table vacuumed. Then, side by side,
 the median of --rounds calls of: the full count (queen.cursor_group_list, every message
-past each cursor), the listing (queen.cursor_group_summaries, 1,000 a partition at most)
-and one group's description (queen.cursor_group_partitions, 10,000 at most).
+past each cursor), the listing (queen.cursor_group_summaries: at most 1,000 a partition
+and 50,000 in all) and one group's description (queen.cursor_group_partitions: 10,000 a
+partition, 200,000 in all), with the limits queen.store.groups uses.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ PARTITIONS = 16
 GROUPS = 4
 STATEMENTS = {
     "full count": "SELECT * FROM queen.cursor_group_list('big')",
-    "listing (cap 1,000)": "SELECT * FROM queen.cursor_group_summaries('big', NULL, 1000)",
-    "one group (cap 10,000)": "SELECT * FROM queen.cursor_group_partitions('big', 'g0', 10000)",
+    "listing": "SELECT * FROM queen.cursor_group_summaries('big', NULL, 1000, 50000)",
+    "one group": "SELECT * FROM queen.cursor_group_partitions('big', 'g0', 10000, 200000)",
 }
 
 

@@ -212,19 +212,28 @@ def groups(conn: Connection, queue: str | None = None) -> list[GroupInfo]:
 
 
 def group_summaries(
-    conn: Connection, queue: str | None = None, group: str | None = None, cap: int = 1000
+    conn: Connection,
+    queue: str | None = None,
+    group: str | None = None,
+    cap: int = 1000,
+    budget: int = 50_000,
 ) -> list[GroupSummary]:
     """List groups per queue (None: every queue, every group), pending counted up to cap
-    messages per partition (the work is at most that many index entries a partition)."""
-    params = {"queue": queue, "group": group, "cap": cap}
+    messages a partition and budget in all (at least 10 a partition)."""
+    params = {"queue": queue, "group": group, "cap": cap, "budget": budget}
     return [GroupSummary(*row) for row in _rows(conn, "cursor_group_summaries", params)]
 
 
 def group_partitions(
-    conn: Connection, group: str, queue: str | None = None, cap: int = 10000
+    conn: Connection,
+    group: str,
+    queue: str | None = None,
+    cap: int = 10_000,
+    budget: int = 200_000,
 ) -> list[GroupPartition]:
-    """Describe group in every partition of its queues (or of queue), pending up to cap."""
-    params = {"queue": queue, "group": group, "cap": cap}
+    """Describe group in every partition of its queues (or of queue), pending counted up
+    to cap messages a partition and budget in all (at least 10 a partition)."""
+    params = {"queue": queue, "group": group, "cap": cap, "budget": budget}
     return [GroupPartition(*row) for row in _rows(conn, "cursor_group_partitions", params)]
 
 

@@ -43,13 +43,13 @@ FROM queen.cursor_ack_checked(%(acks)s::jsonb)
 -- cursor_group_summaries: groups of a queue (or every queue, or one group) with bounded backlogs --
 SELECT consumer_group, queue, subscription_mode, subscription_from, joined_at, partitions,
        leased, pending, capped, lag_seconds
-FROM queen.cursor_group_summaries(%(queue)s, %(group)s, %(cap)s)
+FROM queen.cursor_group_summaries(%(queue)s, %(group)s, %(cap)s, %(budget)s)
 
 -- cursor_group_partitions: a group's cursor, bounded backlog and lease per partition --
 SELECT consumer_group, queue, subscription_mode, subscription_from, joined_at, partition,
        cursor_id, pending, capped, lag_seconds, lease_id, leased_by, lease_expires_at,
        lease_size, updated_at
-FROM queen.cursor_group_partitions(%(queue)s, %(group)s, %(cap)s)
+FROM queen.cursor_group_partitions(%(queue)s, %(group)s, %(cap)s, %(budget)s)
 
 -- cursor_group_queues: the queues a group reads (has joined), by name --
 SELECT q.name FROM queen.cursor_groups g JOIN queen.queues q ON q.id = g.queue_id

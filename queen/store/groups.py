@@ -1,8 +1,9 @@
 """Consumer groups of the cursor store: list, describe, seek, delete (over the pool).
 
-Backlogs are counted, never estimated, but only up to a cap of messages per partition
-(queen.cursor_backlog): a request reads at most partitions x cap index entries, however
-long the backlog. Past the cap a count is a lower bound and says so (`capped`).
+Backlogs are counted, never estimated, but only up to a cap of messages per (group,
+partition) and a budget per request, shared among its pairs (queen.cursor_backlog): a
+request reads at most max(budget, pairs x 10) index entries however long the backlog.
+Past its cap a count is a lower bound and says so (`capped`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import datetime as dt
 from queen.store import cursors
 from queen.store.db import Database
 
-LIST_CAP = 1_000  # messages counted per partition and group in a listing
-DETAIL_CAP = 10_000  # ... in the description of one group
+LIST_CAP = 1_000  # messages counted per partition and group in a listing, at most
+LIST_BUDGET = 50_000  # ... in all, shared among its (group, partition) pairs
+DETAIL_CAP = 10_000  # the same for the description of one group
+DETAIL_BUDGET = 200_000
 
 
 class ConsumerGroups:
@@ -27,12 +30,12 @@ class ConsumerGroups:
     ) -> list[cursors.GroupSummary]:
         """One summary per (group, queue), of one queue or every queue."""
         with self.db.connection() as conn:
-            return cursors.group_summaries(conn, queue, group, LIST_CAP)
+            return cursors.group_summaries(conn, queue, group, LIST_CAP, LIST_BUDGET)
 
     def partitions(self, group: str, queue: str | None = None) -> list[cursors.GroupPartition]:
         """The group in every partition of its queues (or of queue); [] when unknown there."""
         with self.db.connection() as conn:
-            return cursors.group_partitions(conn, group, queue, DETAIL_CAP)
+            return cursors.group_partitions(conn, group, queue, DETAIL_CAP, DETAIL_BUDGET)
 
     def seek(
         self, queue: str, group: str, to: cursors.SeekTarget, at: dt.datetime | None = None

@@ -27,6 +27,18 @@ def test_backlogs_are_counted_up_to_the_cap(conn: Conn) -> None:
     assert (rows["b"].pending, rows["b"].capped, rows["b"].cursor_id) == (5, False, None)
 
 
+def test_a_request_shares_its_budget_among_its_partitions(conn: Conn) -> None:
+    for partition in "abcd":
+        push_n(conn, "q", 30, partition=partition)
+    cursors.pop(conn, "q", group="g", partition="a", batch=1)
+    (shared,) = cursors.group_summaries(conn, "q", cap=100, budget=80)  # 20 a partition
+    assert (shared.pending, shared.capped) == (80, True)
+    (least,) = cursors.group_summaries(conn, "q", cap=100, budget=1)  # never under 10
+    assert (least.pending, least.capped) == (40, True)
+    (enough,) = cursors.group_summaries(conn, "q", cap=100, budget=1000)
+    assert (enough.pending, enough.capped) == (120, False)
+
+
 def test_a_group_counts_from_where_its_subscription_starts(conn: Conn) -> None:
     push_n(conn, "q", 3, partition="old")
     assert cursors.pop(conn, "q", group="late", mode="new") == []
