@@ -20,6 +20,8 @@ import falcon
 from queen.api import auth, read_body, send_json, validation
 from queen.api.groups import group_name, require_cursors
 from queen.auth import Permission
+from queen.dashboard import formats
+from queen.dashboard.hub import SILENT, Publisher
 from queen.errors import (
     Conflict,
     InvalidInput,
@@ -170,9 +172,10 @@ def push_json(r: PushOutcome) -> dict[str, Any]:
 class TransactionResource:
     """POST /transaction"""
 
-    def __init__(self, store: Store, max_batch: int) -> None:
+    def __init__(self, store: Store, max_batch: int, hub: Publisher = SILENT) -> None:
         self.store = store
         self.max_batch = max_batch
+        self.hub = hub
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         raw = read_body(req)
@@ -187,6 +190,18 @@ class TransactionResource:
             doc = {"error": exc.message, "operation": exc.index}
             send_json(resp, doc, STATUS_OF.get(exc.reason, 400))
             return
+        self._publish(ops, results)
         pushed = [r for res in results if isinstance(res, list) for r in res]
         req.context.messages = ("pushed", sum(r.status == "queued" for r in pushed))
         send_json(resp, {"committed": True, "results": [result_json(r) for r in results]})
+
+    def _publish(self, ops: list[Operation], results: list[Result]) -> None:
+        """Tell dashboards what the transaction did, as a push and an ack batch would."""
+        items = [item for op in ops if isinstance(op, PushOperation) for item in op.items]
+        if items:
+            pushed = [r for res in results if isinstance(res, list) for r in res]
+            self.hub.publish(formats.PUSHED, items, pushed)
+        acks = [op.ack for op in ops if isinstance(op, AckOperation)]
+        if acks:
+            acked = [r for r in results if isinstance(r, CheckedAck)]
+            self.hub.publish(formats.ACKED, acks, acked)

@@ -29,6 +29,7 @@ from tests.e2e.cursor_server import (
     stored,
     transaction,
 )
+from tests.e2e.test_dashboard import connect, wait_for
 
 __all__ = ["conn", "cursor_dsn", "cursor_server", "q"]  # fixtures
 
@@ -353,3 +354,25 @@ def test_racing_copies_of_a_stage_commit_once(cursor_server, conn, q) -> None:
         )
     assert Counter(statuses) == {200: 10, 409: 30}
     assert sorted(p["n"] for p in stored(conn, f"{q}-out")) == list(range(10))
+
+
+def test_dashboards_see_a_transactions_pushes_and_acks(cursor_server, conn, q) -> None:
+    (got,) = push_and_pop(cursor_server, conn, f"{q}-in")
+    ws = connect(cursor_server)
+    try:
+        out = push_op(f"{q}-out", {"n": 1}, txids=[f"{q}-out-1"])
+        assert transaction(cursor_server, ack_op(got), out).status_code == 200
+        pushed = wait_for(
+            ws,
+            lambda e: e["event"] == "message.pushed" and e["data"]["transactionId"] == f"{q}-out-1",
+        )
+        assert pushed["data"]["queue"] == f"{q}-out"
+        wait_for(
+            ws,
+            lambda e: (
+                e["event"] == "message.completed"
+                and e["data"]["transactionId"] == got.transaction_id
+            ),
+        )
+    finally:
+        ws.close()
