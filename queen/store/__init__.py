@@ -8,12 +8,14 @@ from queen.store.analytics import Analytics
 from queen.store.cursor_admin import CURSOR_READ_QUERIES, CursorAdmin, cursor_reads
 from queen.store.dashboard import Dashboard
 from queen.store.db import Database
+from queen.store.groups import ConsumerGroups
 from queen.store.leases import Leases
 from queen.store.messages import Messages
 from queen.store.polling import Polling
 from queen.store.queues import Queues
 from queen.store.reads import Reads
 from queen.store.tokens import Tokens
+from queen.store.transactions import Transactions
 
 
 class Store:
@@ -37,6 +39,10 @@ class Store:
             self.admin = Admin(db, self.reads, encryption_key)
         self.analytics = Analytics(self.reads)
         self.tokens = Tokens(db)
+        # The cursor store's consumer groups and transactions (QUEEN_STORAGE=cursors only).
+        self.groups = ConsumerGroups(db)
+        self.transactions = Transactions(db, self.queues, encryption_key)
+        self.transactions.after_push = self.polling.push_wakeups.pushed
 
     @classmethod
     def from_settings(cls, settings: Settings, application_name: str = "queen") -> Store:
