@@ -94,6 +94,11 @@ BEGIN
     END IF;
     PERFORM queen.cursor_join(target, p_group, 'all', NULL);
     PERFORM queen.cursor_ensure(target, p_group);
+    IF p_group = '__queue__' THEN  -- queue mode's counts (cursor_counts) follow its cursor
+        PERFORM queen.cursor_counts_lock(ARRAY(
+            SELECT c.partition_id FROM queen.cursor_consumers c
+            WHERE c.queue_id = target AND c.consumer_group = p_group));
+    END IF;
     UPDATE queen.cursor_consumers c SET
         cursor_id = CASE p_to WHEN 'beginning' THEN 0
                               WHEN 'end' THEN queen.cursor_before(c.partition_id, 'infinity')
@@ -103,6 +108,10 @@ BEGIN
         lease_size = NULL, lease_acked = '{}', updated_at = now()
     WHERE c.queue_id = target AND c.consumer_group = p_group;
     GET DIAGNOSTICS moved = ROW_COUNT;
+    IF p_group = '__queue__' THEN  -- moved back: what the counts held past it is forgotten
+        PERFORM queen.cursor_counts_step_back(c.partition_id, c.cursor_id)
+        FROM queen.cursor_consumers c WHERE c.queue_id = target AND c.consumer_group = p_group;
+    END IF;
     RETURN moved;
 END
 $$;

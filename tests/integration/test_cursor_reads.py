@@ -423,3 +423,21 @@ def test_a_leased_message_deleted_by_retention_leaves_exact_counts(conn: Conn, r
     counts = counts_of(reads, "q")["Default"]
     assert counts == Counts(pending=6, processing=1, completed=1, dead_letter=1)
     assert counts == as_counts(listed(reads, "q"))
+
+
+def test_a_seek_of_queue_mode_back_and_forward_between_refreshes_keeps_exact_counts(
+    conn: Conn, reads: Store
+) -> None:
+    make_queue(conn, "q", retry_limit=0, dlq_after_max_retries=True)
+    push_n(conn, "q", 4)
+    ack_all(conn, cursors.pop(conn, "q", partition="Default", batch=4))
+    refresh(conn)
+    assert counts_of(reads, "q")["Default"] == Counts(completed=4)
+    cursors.seek(conn, "q", cursors.QUEUE_MODE, "beginning")
+    again = cursors.pop(conn, "q", partition="Default", batch=4)
+    assert len(again) == 4  # delivered again from the start
+    ack_all(conn, again, status="failed")  # dead letters now, the cursor where it was
+    refresh(conn)
+    counts = counts_of(reads, "q")["Default"]
+    assert counts == as_counts(listed_partition(reads, "q", "Default"))
+    assert counts.dead_letter == 4
