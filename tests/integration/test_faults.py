@@ -165,3 +165,41 @@ def test_the_outage_ends_with_the_first_connection(db_dsn: str) -> None:
         assert database.fetch("ping")
     finally:
         database.close()
+
+
+@contextlib.contextmanager
+def slow_refusal(after_s: float) -> Iterator[str]:
+    """Yield a DSN whose server accepts a connection, says nothing for after_s, then hangs up."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def refuse() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            threading.Timer(after_s, client.close).start()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{listener.getsockname()[1]}/none"
+    finally:
+        listener.close()
+
+
+def test_a_request_already_waiting_when_a_connection_attempt_fails_answers_then() -> None:
+    timeout_s = 10.0
+    with slow_refusal(after_s=0.5) as dsn:
+        database = Database(dsn, pool_size=2, timeout_s=timeout_s)
+        database.open()  # the first attempt is under way, not failed yet
+        try:
+            assert database.outage.since is None
+            started = time.monotonic()
+            with pytest.raises(Unavailable):
+                database.fetch("ping")  # waits: no outage known when it asked
+            elapsed = time.monotonic() - started
+            assert database.outage.since is not None
+            # It ends with the attempt (0.5 s), not with timeout_s.
+            assert elapsed < timeout_s / 2, elapsed
+        finally:
+            database.close()
