@@ -40,6 +40,10 @@ RETRIES_ON_DEADLOCK = 3
 RECONNECT_WINDOW_S = 5.0
 PROBE_EVERY_S = 1.0  # seconds between requests let through to the pool during an outage
 PROBE_WAIT_S = 0.2  # seconds such a request waits (the attempt it starts goes on)
+# libpq keeps a connection's buffers as large as the largest message they carried: a call
+# that sent or received more than this closes its connection afterwards (the pool makes a
+# new one), so a worker does not keep a huge body's worth of memory per pooled connection.
+LARGE_CALL_BYTES = 4 * 1024 * 1024
 # Class 40: the statement was rolled back and may simply be run again. psycopg derives
 # these from OperationalError, not from TransactionRollback, so they are listed.
 RETRYABLE = (
@@ -122,6 +126,13 @@ class Outage:
             return min(wait_s, PROBE_WAIT_S)
 
 
+def _sent_bytes(params: Mapping[str, Any] | None) -> int:
+    """Return about how much the text and bytes parameters of a call weigh."""
+    if not params:
+        return 0
+    return sum(len(value) for value in params.values() if isinstance(value, str | bytes))
+
+
 def closed_by_server(conn: psycopg.Connection[Any]) -> bool:
     """Tell whether an idle connection has something to read: the server ended it (or said so).
 
@@ -179,6 +190,10 @@ class LifoPool(ConnectionPool):
             self.outage.recovered()
         return conn
 
+
+    def retire(self, conn: psycopg.Connection[Any]) -> None:
+        """Close conn when it is given back instead of pooling it again (a new one replaces it)."""
+        conn._expire_at = float("-inf")  # type: ignore[attr-defined]  # psycopg_pool's own
 
     def _fail_waiting(self) -> None:
         """Fail every request waiting for a connection: the database refused a new one."""
@@ -279,10 +294,13 @@ class Database:
         *,
         raw_json: bool = False,
         on_lost: Callable[[int], None] | None = None,
+        large: Callable[[list[Any]], bool] | None = None,
     ) -> list[Any]:
         """Run the named query and return all rows; retry deadlocks (each call is atomic).
 
         on_lost: called as in connection() when the answer is lost with the connection.
+        large: tells whether the rows hold a value over LARGE_CALL_BYTES (parameters are
+        weighed here), after which the connection is retired.
         """
         for attempt in range(RETRIES_ON_DEADLOCK):
             try:
@@ -291,7 +309,10 @@ class Database:
                     if raw_json:
                         cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
                     cur.execute(QUERIES[name], params)
-                    return cur.fetchall() if returns_rows(cur) else []
+                    rows = cur.fetchall() if returns_rows(cur) else []
+                    if _sent_bytes(params) > LARGE_CALL_BYTES or (large and large(rows)):
+                        self.pool.retire(conn)
+                    return rows
             except RETRYABLE as exc:
                 if attempt == RETRIES_ON_DEADLOCK - 1:
                     raise Unavailable("database busy (deadlock), retry") from exc

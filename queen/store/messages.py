@@ -13,7 +13,7 @@ from psycopg.rows import RowMaker
 from queen import crypto
 from queen.errors import InvalidInput
 from queen.models import AckResult, Popped, PopRoute, PushResult
-from queen.store.db import Database
+from queen.store.db import LARGE_CALL_BYTES, Database
 from queen.store.giveback import GiveBacks
 from queen.store.polling import PushWakeups
 from queen.store.queues import Queues
@@ -57,6 +57,11 @@ def _popped(cursor: Cursor[Any]) -> RowMaker[Popped]:
     if names == POPPED_COLUMNS:
         return _records(Popped, cursor)
     return lambda values: Popped(**dict(zip(names, values, strict=True)))
+
+
+def _large_payload(rows: list[Popped]) -> bool:
+    """Tell whether a popped message is over LARGE_CALL_BYTES (its connection is then retired)."""
+    return any(len(row.payload) > LARGE_CALL_BYTES for row in rows)
 
 
 def _claims_encrypted(body: bytes | str, items: list[dict[str, Any]]) -> bool:
@@ -134,7 +139,9 @@ class Messages:
             "lease": lease,
         }
         lost = functools.partial(self.give_backs.add, lease)
-        rows = self.db.fetch(query, params, _popped, raw_json=True, on_lost=lost)
+        rows = self.db.fetch(
+            query, params, _popped, raw_json=True, on_lost=lost, large=_large_payload
+        )
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
     def _decrypt(self, message: Popped) -> Popped:
