@@ -18,7 +18,7 @@ from typing import IO, Any
 import requests
 
 POP_WAIT_MS = 1000
-ACK_TRIES_S = 10.0  # seconds an ack is retried (longer than the suite's leases)
+ACK_TRIES_S = 60.0  # seconds an ack is retried: until its outcome is known, past any fault
 
 
 class Consumer:

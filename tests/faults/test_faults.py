@@ -37,11 +37,12 @@ def running(dsn: str, tmp_path: Path, **kwargs: int) -> Iterator[Run]:
 def test_kill_9_of_a_worker(db_dsn: str, tmp_path: Path) -> None:
     with running(db_dsn, tmp_path) as run:
         before = run.stack.workers()
-        killed = run.stack.kill_worker()
+        killed_at, killed = time.monotonic(), run.stack.kill_worker()
         deadline = time.monotonic() + 30
         while killed in (now := run.stack.workers()) or len(now) < len(before):
             assert time.monotonic() < deadline, "the worker was not replaced"
             time.sleep(0.05)
+        run.notes["replaced_s"] = round(time.monotonic() - killed_at, 2)
         run.fault_over()
         assert_survived(run.finish("kill -9 of a worker"))
 
@@ -80,10 +81,12 @@ def test_kill_9_of_the_maintenance_leader(db_dsn: str, tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "no maintenance leader"
             time.sleep(0.1)
         run.consumers[0].kill()  # its leases need the leader (or a claim) to expire
+        killed_at = time.monotonic()
         old.kill()
         while (new := run.stack.leader(db_dsn)) is None or new is old:
             assert time.monotonic() < deadline + 20, "the standby did not take over"
             time.sleep(0.1)
+        run.notes["takeover_s"] = round(time.monotonic() - killed_at, 2)
         run.fault_over()
         assert_survived(run.finish("kill -9 of the maintenance leader", after_s=LEASE_S + 3))
 

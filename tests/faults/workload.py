@@ -177,6 +177,7 @@ class Report:
     recovery_s: float | None
     longest_gap_s: float
     seconds: float
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def server_errors(self) -> int:
@@ -188,7 +189,8 @@ class Report:
         return {"fault": self.fault, **self.verdict.summary(), "5xx": self.server_errors,
                 "503": self.statuses.get("503", 0), "no_answer": self.statuses.get("conn", 0),
                 "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
-                "longest_gap_s": round(self.longest_gap_s, 2), "seconds": round(self.seconds, 1)}
+                "longest_gap_s": round(self.longest_gap_s, 2), "seconds": round(self.seconds, 1),
+                **self.notes}
 
 
 class Run:
@@ -211,6 +213,7 @@ class Run:
         self.consumers: list[ConsumerProcess] = []
         self.started = time.monotonic()
         self.fault_ended: float | None = None
+        self.notes: dict[str, Any] = {}  # figures of the fault itself, for the report
 
     def start(self) -> Run:
         r = requests.post(f"{self.stack.url}/api/v1/configure", timeout=15, json={
@@ -270,7 +273,7 @@ class Run:
         statuses = Counter(self.tally.statuses)
         statuses.update(str(e["s"]) for e in events if "s" in e)
         return Report(fault, verdict, dict(statuses), self._recovery(), self._longest_gap(),
-                      time.monotonic() - self.started)
+                      time.monotonic() - self.started, self.notes)
 
     def _recovery(self) -> float | None:
         """Seconds from the end of the fault to the first push answered 201 after it."""
