@@ -54,6 +54,11 @@ class Verdict:
     unfinished: list[str] = dataclasses.field(default_factory=list)
     redelivered: int = 0
     first_seen_retried: int = 0
+    acked_at: dict[str, float] = dataclasses.field(default_factory=dict)  # of the duplicated
+
+    def duplicated_acked_before(self, moment: float) -> list[str]:
+        """Return the duplicated ids whose first confirmed ack came before moment."""
+        return [mid for mid in self.duplicated if self.acked_at[mid] < moment]
 
     @property
     def ok(self) -> bool:
@@ -101,6 +106,7 @@ def check(
         acked_at = first_ack.get(mid)
         if acked_at is not None and any(d.at > acked_at for d in seen):
             verdict.duplicated.append(mid)
+            verdict.acked_at[mid] = acked_at
     verdict.duplicated.sort()
     verdict.order_violations = _order_violations(by_id, pushed)
     return verdict

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.faults.cluster import Cluster
 from tests.faults.conftest import through
@@ -24,9 +25,9 @@ from tests.faults.workload import LEASE_S, Run, Stack, assert_survived
 
 
 @contextlib.contextmanager
-def running(dsn: str, tmp_path: Path, **kwargs: int) -> Iterator[Run]:
-    stack = Stack(dsn, tmp_path).start()
-    run = Run(stack, tmp_path, **kwargs)
+def running(dsn: str, tmp_path: Path, **env: str) -> Iterator[Run]:
+    stack = Stack(dsn, tmp_path, **env).start()
+    run = Run(stack, tmp_path)
     try:
         yield run.start()
     finally:
@@ -109,13 +110,54 @@ def test_postgresql_stopped_for_10_s(cluster: Cluster, cluster_db: str, tmp_path
         assert_survived(run.finish("PostgreSQL stopped for 10 s"))
 
 
+def _wake_s(url: str, queue: str) -> float:
+    """Park a long poll on queue, push one message, return how long until the poll has it."""
+    answered: list[float] = []
+
+    def poll() -> None:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            r = requests.get(f"{url}/api/v1/pop/queue/{queue}",
+                             params={"wait": "true", "timeout": 30000}, timeout=40)
+            if r.status_code == 200:
+                answered.append(time.monotonic())
+                return
+            time.sleep(0.05)  # 503 while recovering: ask again
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    time.sleep(1.0)  # parked
+    push = {"items": [{"queue": queue, "payload": "wake"}]}
+    while requests.post(f"{url}/api/v1/push", json=push, timeout=15).status_code != 201:
+        time.sleep(0.05)
+    pushed = time.monotonic()
+    waiter.join(45)
+    return answered[0] - pushed
+
+
+def _healthy(url: str, timeout: float = 30) -> None:
+    """Wait until /health answers 200 several times in a row (both workers, likely)."""
+    deadline, streak = time.monotonic() + timeout, 0
+    while streak < 6:
+        assert time.monotonic() < deadline, "not healthy after the fault"
+        streak = streak + 1 if requests.get(f"{url}/health", timeout=15).status_code == 200 else 0
+        time.sleep(0.05)
+
+
 @pytest.mark.faults
 def test_postgresql_crash(cluster: Cluster, cluster_db: str, tmp_path: Path) -> None:
-    with running(cluster_db, tmp_path) as run:
+    # No fallback re-check for 20 s: a wake-up within a second came through the listener.
+    with running(cluster_db, tmp_path, QUEEN_POLL_FALLBACK="20") as run:
+        crashed_at = time.time()
         cluster.crash()
-        cluster.start()  # crash recovery
+        cluster.start()  # crash recovery: queen.waiting_workers (unlogged) is emptied
         run.fault_over()
-        assert_survived(run.finish("PostgreSQL crash (immediate stop, recovery)"))
+        _healthy(run.stack.url)
+        wakes = [_wake_s(run.stack.url, f"wake-{n}") for n in range(3)]
+        run.notes["wake_after_crash_s"] = [round(w, 3) for w in wakes]
+        report = run.finish("PostgreSQL crash (immediate stop, recovery)")
+        assert_survived(report, crashed_at=crashed_at)
+        assert wakes[-1] < 1.0, wakes
 
 
 @pytest.mark.faults

@@ -41,6 +41,8 @@ def test_a_redelivery_after_a_confirmed_ack_is_a_duplicate() -> None:
     deliveries = [_delivered("a.0", 1), _delivered("a.0", 3, retry=1)]
     verdict = check([], pushed, deliveries, [Acked("a.0", 2)])
     assert verdict.duplicated == ["a.0"] and not verdict.ok
+    assert verdict.duplicated_acked_before(2.5) == ["a.0"]
+    assert verdict.duplicated_acked_before(1.5) == []  # acked after: may be forgotten
 
 
 def test_a_redelivery_of_what_was_never_acked_is_allowed_and_counted() -> None:
