@@ -12,7 +12,9 @@ consumers record each delivery and each ack the server confirmed. After a full d
 - order violations: within a partition the first deliveries must follow push order;
 - unfinished: delivered, never acked by the end of the drain.
 Redeliveries before any confirmed ack are counted, not faulted, and so are first
-deliveries already carrying a retry (a claim that counted an attempt nobody saw).
+deliveries already carrying a retry (a claim that counted an attempt nobody saw). A
+delivery received after its lease expired (stale) is counted and left out of the
+duplicate and order checks: the partition may have moved on while it was in transit.
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ class Pushed:
 class Delivery:
     id: str
     partition: str
-    at: float  # wall-clock seconds, comparable across the processes of one machine
+    at: float  # when the consumer received it, wall-clock seconds
     retry_count: int
+    lease_expires: float = float("inf")  # leaseExpiresAt, same clock
+
+    @property
+    def stale(self) -> bool:
+        """Received after its lease expired: the message may be someone else's by then."""
+        return self.at > self.lease_expires
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +62,7 @@ class Verdict:
     unfinished: list[str] = dataclasses.field(default_factory=list)
     redelivered: int = 0
     first_seen_retried: int = 0
+    stale: int = 0
     acked_at: dict[str, float] = dataclasses.field(default_factory=dict)  # of the duplicated
 
     def duplicated_acked_before(self, moment: float) -> list[str]:
@@ -76,6 +85,7 @@ class Verdict:
             "unfinished": len(self.unfinished),
             "redelivered": self.redelivered,
             "first_seen_retried": self.first_seen_retried,
+            "stale": self.stale,
         }
 
 
@@ -103,8 +113,9 @@ def check(
     for mid, seen in by_id.items():
         verdict.redelivered += len(seen) - 1
         verdict.first_seen_retried += seen[0].retry_count > 0
+        verdict.stale += sum(d.stale for d in seen)
         acked_at = first_ack.get(mid)
-        if acked_at is not None and any(d.at > acked_at for d in seen):
+        if acked_at is not None and any(d.at > acked_at and not d.stale for d in seen):
             verdict.duplicated.append(mid)
             verdict.acked_at[mid] = acked_at
     verdict.duplicated.sort()
@@ -118,8 +129,9 @@ def _order_violations(
     """Return (partition, earlier id, later id) for each first delivery that went backwards."""
     firsts: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
     for mid, seen in by_id.items():
-        if mid in pushed:
-            firsts[pushed[mid].partition].append((seen[0].at, pushed[mid].seq, mid))
+        fresh = [d for d in seen if not d.stale]
+        if mid in pushed and fresh:
+            firsts[pushed[mid].partition].append((fresh[0].at, pushed[mid].seq, mid))
     violations = []
     for partition, ordered in firsts.items():
         ordered.sort()

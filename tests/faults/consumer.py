@@ -2,13 +2,16 @@
 
 `python -m tests.faults.consumer URL QUEUE LOG` appends one JSON line per event to LOG,
 flushed at once, so a consumer killed with SIGKILL leaves a true record:
-{"d": id, "p": partition, "r": retryCount, "t": time} for a delivery,
+{"d": id, "p": partition, "r": retryCount, "t": time, "x": leaseExpiresAt} for a
+delivery (a response can arrive after its lease expired, when the message may already
+be someone else's),
 {"a": id, "t": time} for an ack the server confirmed (status completed), and
 {"s": status} for each HTTP answer that was not 2xx (or "conn" for no answer).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import signal
 import sys
@@ -56,9 +59,9 @@ class Consumer:
             messages = r.json()["messages"]
             now = time.time()
             for m in messages:
-                self.record(
-                    {"d": m["transactionId"], "p": m["partition"], "r": m["retryCount"], "t": now}
-                )
+                expires = dt.datetime.fromisoformat(m["leaseExpiresAt"]).timestamp()
+                self.record({"d": m["transactionId"], "p": m["partition"], "r": m["retryCount"],
+                             "t": now, "x": expires})
             self.ack(messages)
 
     def ack(self, messages: list[dict[str, Any]]) -> None:

@@ -63,6 +63,9 @@ class Proxy:
             for sock in pair:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    # Wake the pipe blocked in recv (a close alone would not, and the socket
+                    # would stay open until it returned); the close then sends the RST.
+                    sock.shutdown(socket.SHUT_RD)
                     sock.close()
         self.resets += len(pairs)
         return len(pairs)

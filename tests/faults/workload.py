@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import requests
 
 from tests.conftest import ROOT, Server
@@ -35,7 +36,7 @@ STACK_ENV = {
     # A stalled call is cut at statement_timeout + 2 s; 5 s keeps a frozen-network run short.
     "QUEEN_STATEMENT_TIMEOUT": "5000",
     "QUEEN_POLL_FALLBACK": "1",
-    "LOG_LEVEL": "warning",
+    "LOG_LEVEL": os.environ.get("QUEEN_FAULTS_LOG_LEVEL", "warning"),
 }
 
 
@@ -267,13 +268,28 @@ class Run:
 
     def _report(self, fault: str) -> Report:
         events = [e for c in self.consumers for e in c.events()]
-        deliveries = [Delivery(e["d"], e["p"], e["t"], e["r"]) for e in events if "d" in e]
+        deliveries = [
+            Delivery(e["d"], e["p"], e["t"], e["r"], e["x"]) for e in events if "d" in e
+        ]
         acks = [Acked(e["a"], e["t"]) for e in events if "a" in e]
         verdict = check(self.tally.attempted, self.tally.acknowledged, deliveries, acks)
+        if verdict.unfinished:  # acked, with the confirmation lost (a consumer killed)?
+            done = self._completed(verdict.unfinished)
+            self.notes["acked_unconfirmed"] = len(done)
+            verdict.unfinished = [mid for mid in verdict.unfinished if mid not in done]
         statuses = Counter(self.tally.statuses)
         statuses.update(str(e["s"]) for e in events if "s" in e)
         return Report(fault, verdict, dict(statuses), self._recovery(), self._longest_gap(),
                       time.monotonic() - self.started, self.notes)
+
+    def _completed(self, ids: list[str]) -> set[str]:
+        """Return which of ids the database holds as completed."""
+        with psycopg.connect(self.stack.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT transaction_id FROM queen.messages"
+                " WHERE transaction_id = ANY (%s) AND status = 'completed'", (ids,)
+            ).fetchall()
+        return {row[0] for row in rows}
 
     def _recovery(self) -> float | None:
         """Seconds from the end of the fault to the first push answered 201 after it."""

@@ -22,6 +22,7 @@ def test_a_clean_run_has_nothing_to_report() -> None:
     assert verdict.summary() == {
         "acknowledged": 3, "delivered": 3, "lost": 0, "duplicated": 0, "unexpected": 0,
         "order_violations": 0, "unfinished": 0, "redelivered": 0, "first_seen_retried": 0,
+        "stale": 0,
     }
 
 
@@ -89,3 +90,14 @@ def test_unfinished_and_first_seen_retried_are_reported() -> None:
     deliveries = [_delivered("a.0", 1, retry=1), _delivered("a.1", 2)]
     verdict = check([], pushed, deliveries, [Acked("a.0", 3)])
     assert verdict.unfinished == ["a.1"] and verdict.first_seen_retried == 1
+
+
+def test_a_delivery_received_after_its_lease_expired_is_stale_not_a_duplicate() -> None:
+    pushed = _pushed("a", 2)
+    deliveries = [
+        Delivery("a.0", "a", 4.0, 1),  # the redelivery, acked at 4.5
+        Delivery("a.0", "a", 5.0, 0, lease_expires=3.0),  # the first claim's late answer
+        Delivery("a.1", "a", 4.2, 0),
+    ]
+    verdict = check([], pushed, deliveries, [Acked("a.0", 4.5), Acked("a.1", 4.6)])
+    assert verdict.ok and verdict.stale == 1 and verdict.duplicated == []
