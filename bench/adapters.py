@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import os
 import time
+import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -141,7 +142,8 @@ class QueenSqlClient:
 
     def pop(self, n: int) -> list[str]:
         cur = self.conn.execute(
-            self.queries["pop_queue"], {"queue": self.queue, "batch": n, "worker": self.worker}
+            self.queries["pop_queue"],
+            {"queue": self.queue, "batch": n, "worker": self.worker, "lease": uuid.uuid4()},
         )
         names = [c.name for c in cur.description or []]
         rows = cur.fetchall()

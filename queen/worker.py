@@ -83,8 +83,10 @@ class Worker(GeventWebSocketWorker):  # type: ignore[misc]
     def init_process(self) -> None:
         """Bound this process's client connections, then run (in the worker, after fork)."""
         from queen.config import Settings
+        from queen.memory import return_large_frees
 
         global _connections
+        return_large_frees()  # huge bodies do not leave the heap grown
         settings = Settings.from_env()
         limits = Limits(
             cap=int(self.cfg.worker_connections),

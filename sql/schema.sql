@@ -495,8 +495,10 @@ CREATE TYPE queen.popped AS (
 );
 
 -- Claim up to p_batch eligible messages of one partition whose row the caller has
--- locked and found free; lease the partition when anything was claimed.
-CREATE FUNCTION queen.claim(p_partition uuid, p_batch integer, p_worker text)
+-- locked and found free; lease the partition when anything was claimed, under p_lease.
+-- The caller draws the lease id, so that it can give the claim back when the answer is
+-- lost with the connection (queen.give_back_claim): the claim may have committed.
+CREATE FUNCTION queen.claim(p_partition uuid, p_batch integer, p_worker text, p_lease uuid)
 RETURNS SETOF queen.popped
 LANGUAGE plpgsql
 -- With stale statistics right after a burst of pushes the planner may pick a bitmap scan
@@ -508,7 +510,7 @@ SET enable_seqscan = off
 AS $$
 DECLARE
     part   record;
-    lease  uuid := gen_random_uuid();
+    lease  uuid := p_lease;
     head   bigint;
     ahead  boolean;
     newest timestamptz;
@@ -631,7 +633,8 @@ END
 $$;
 
 -- Pop from one named partition: 204-equivalent (no rows) when it is leased or empty.
-CREATE FUNCTION queen.pop_partition(p_queue text, p_partition text, p_batch integer, p_worker text)
+CREATE FUNCTION queen.pop_partition(
+    p_queue text, p_partition text, p_batch integer, p_worker text, p_lease uuid)
 RETURNS SETOF queen.popped
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -646,7 +649,7 @@ BEGIN
       AND (p.lease_id IS NULL OR p.lease_expires_at <= now())
     FOR NO KEY UPDATE OF p SKIP LOCKED;
     IF FOUND THEN
-        RETURN QUERY SELECT * FROM queen.claim(target, p_batch, p_worker);
+        RETURN QUERY SELECT * FROM queen.claim(target, p_batch, p_worker, p_lease);
     END IF;
 END
 $$;
@@ -654,7 +657,7 @@ $$;
 -- Pop from the free partition of a queue whose oldest pending message is oldest.
 -- Walks partition_heads in order (one row per partition with work), skipping the
 -- leased ones, so the cost follows the number of consumers, not the backlog.
-CREATE FUNCTION queen.pop_queue_id(p_queue uuid, p_batch integer, p_worker text)
+CREATE FUNCTION queen.pop_queue_id(p_queue uuid, p_batch integer, p_worker text, p_lease uuid)
 RETURNS SETOF queen.popped
 LANGUAGE plpgsql
 -- Index walks only, whatever the statistics the session's plans were made with: a bitmap
@@ -706,7 +709,7 @@ BEGIN
                 RETURN;
             END IF;
         END IF;
-        RETURN QUERY SELECT * FROM queen.claim(target, p_batch, p_worker);
+        RETURN QUERY SELECT * FROM queen.claim(target, p_batch, p_worker, p_lease);
         IF FOUND THEN
             RETURN;
         END IF;
@@ -715,7 +718,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION queen.pop_queue(p_queue text, p_batch integer, p_worker text)
+CREATE FUNCTION queen.pop_queue(p_queue text, p_batch integer, p_worker text, p_lease uuid)
 RETURNS SETOF queen.popped
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -723,7 +726,7 @@ DECLARE
 BEGIN
     SELECT q.id INTO target FROM queen.queues q WHERE q.name = p_queue;
     IF FOUND THEN
-        RETURN QUERY SELECT * FROM queen.pop_queue_id(target, p_batch, p_worker);
+        RETURN QUERY SELECT * FROM queen.pop_queue_id(target, p_batch, p_worker, p_lease);
     END IF;
 END
 $$;
@@ -733,19 +736,20 @@ $$;
 -- in one call (most such tries find the partition taken: every worker wakes a poll
 -- per notification, and one of them wins).
 CREATE FUNCTION queen.pop_queue_preferring(
-    p_queue text, p_partition text, p_batch integer, p_worker text)
+    p_queue text, p_partition text, p_batch integer, p_worker text, p_lease uuid)
 RETURNS SETOF queen.popped
 LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM queen.pop_partition(p_queue, p_partition, p_batch, p_worker);
+    RETURN QUERY SELECT * FROM queen.pop_partition(p_queue, p_partition, p_batch, p_worker, p_lease);
     IF NOT FOUND THEN
-        RETURN QUERY SELECT * FROM queen.pop_queue(p_queue, p_batch, p_worker);
+        RETURN QUERY SELECT * FROM queen.pop_queue(p_queue, p_batch, p_worker, p_lease);
     END IF;
 END
 $$;
 
 -- Pop across the queues matching namespace and/or task, highest priority first.
-CREATE FUNCTION queen.pop_filtered(p_namespace text, p_task text, p_batch integer, p_worker text)
+CREATE FUNCTION queen.pop_filtered(
+    p_namespace text, p_task text, p_batch integer, p_worker text, p_lease uuid)
 RETURNS SETOF queen.popped
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -760,11 +764,75 @@ BEGIN
           AND (SELECT true FROM queen.partition_heads h WHERE h.queue_id = q.id LIMIT 1)
         ORDER BY q.priority DESC, q.created_at
     LOOP
-        RETURN QUERY SELECT * FROM queen.pop_queue_id(candidate, p_batch, p_worker);
+        RETURN QUERY SELECT * FROM queen.pop_queue_id(candidate, p_batch, p_worker, p_lease);
         IF FOUND THEN
             RETURN;
         END IF;
     END LOOP;
+END
+$$;
+
+-- The pops of servers from before 0010, which let the claim draw the lease id: what is
+-- still running them during an upgrade keeps working. To be dropped by a later migration.
+CREATE FUNCTION queen.pop_partition(
+    p_queue text, p_partition text, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE sql AS $$
+    SELECT * FROM queen.pop_partition(p_queue, p_partition, p_batch, p_worker, gen_random_uuid())
+$$;
+
+CREATE FUNCTION queen.pop_queue(p_queue text, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE sql AS $$
+    SELECT * FROM queen.pop_queue(p_queue, p_batch, p_worker, gen_random_uuid())
+$$;
+
+CREATE FUNCTION queen.pop_queue_preferring(
+    p_queue text, p_partition text, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE sql AS $$
+    SELECT * FROM queen.pop_queue_preferring(p_queue, p_partition, p_batch, p_worker,
+                                             gen_random_uuid())
+$$;
+
+CREATE FUNCTION queen.pop_filtered(
+    p_namespace text, p_task text, p_batch integer, p_worker text)
+RETURNS SETOF queen.popped
+LANGUAGE sql AS $$
+    SELECT * FROM queen.pop_filtered(p_namespace, p_task, p_batch, p_worker, gen_random_uuid())
+$$;
+
+-- Give back the claim of a pop whose answer was lost with its connection: the claim may
+-- have committed, or may still be running. Once the backend that ran it (p_backend) is
+-- gone, the messages still under p_lease return to pending without counting a retry
+-- (queen.unclaim): the consumer never saw them. While that backend is there it is asked
+-- to end, waiting up to a second; NULL then means "not yet, call again".
+CREATE FUNCTION queen.give_back_claim(p_lease uuid, p_backend integer) RETURNS integer
+LANGUAGE plpgsql
+-- The lease's partition through partitions_leased, as in queen.extend_lease.
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+DECLARE
+    part record;
+BEGIN
+    IF p_backend <> pg_backend_pid()
+       AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p_backend)
+       AND NOT pg_terminate_backend(p_backend, 1000) THEN
+        RETURN NULL;
+    END IF;
+    SELECT p.id, p.lease_first_seq, p.lease_last_seq INTO part
+    FROM queen.partitions p
+    WHERE p.lease_id = p_lease
+    FOR NO KEY UPDATE OF p;
+    IF NOT FOUND THEN
+        RETURN 0;  -- nothing was claimed, or it was acked, expired or given back since
+    END IF;
+    RETURN queen.unclaim(p_lease, ARRAY(
+        SELECT m.transaction_id FROM queen.messages m
+        WHERE m.partition_id = part.id
+          AND m.seq BETWEEN part.lease_first_seq AND part.lease_last_seq
+          AND m.status = 'processing' AND m.lease_id = p_lease));
 END
 $$;
 
@@ -1120,12 +1188,13 @@ $$;
 -- index walk is pinned by enable_bitmapscan = off), so they are planned once per session.
 -- (Not pop_filtered: its "namespace IS NULL OR namespace = ..." needs the value to use an index.)
 ALTER FUNCTION queen.push(jsonb, text) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION queen.pop_queue(text, integer, text) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION queen.pop_queue_id(uuid, integer, text) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION queen.pop_partition(text, text, integer, text) SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION queen.pop_queue_preferring(text, text, integer, text)
+ALTER FUNCTION queen.pop_queue(text, integer, text, uuid) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.pop_queue_id(uuid, integer, text, uuid) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.pop_partition(text, text, integer, text, uuid)
     SET plan_cache_mode = force_generic_plan;
-ALTER FUNCTION queen.claim(uuid, integer, text) SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.pop_queue_preferring(text, text, integer, text, uuid)
+    SET plan_cache_mode = force_generic_plan;
+ALTER FUNCTION queen.claim(uuid, integer, text, uuid) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.ack(jsonb) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.release_lease(uuid, uuid, boolean) SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION queen.unclaim(uuid, text[]) SET plan_cache_mode = force_generic_plan;

@@ -40,6 +40,10 @@ RETRIES_ON_DEADLOCK = 3
 RECONNECT_WINDOW_S = 5.0
 PROBE_EVERY_S = 1.0  # seconds between requests let through to the pool during an outage
 PROBE_WAIT_S = 0.2  # seconds such a request waits (the attempt it starts goes on)
+# libpq keeps a connection's buffers as large as the largest message they carried: a call
+# that sent or received more than this closes its connection afterwards (the pool makes a
+# new one), so a worker does not keep a huge body's worth of memory per pooled connection.
+LARGE_CALL_BYTES = 4 * 1024 * 1024
 # Class 40: the statement was rolled back and may simply be run again. psycopg derives
 # these from OperationalError, not from TransactionRollback, so they are listed.
 RETRYABLE = (
@@ -122,6 +126,13 @@ class Outage:
             return min(wait_s, PROBE_WAIT_S)
 
 
+def _sent_bytes(params: Mapping[str, Any] | None) -> int:
+    """Return about how much the text and bytes parameters of a call weigh."""
+    if not params:
+        return 0
+    return sum(len(value) for value in params.values() if isinstance(value, str | bytes))
+
+
 def closed_by_server(conn: psycopg.Connection[Any]) -> bool:
     """Tell whether an idle connection has something to read: the server ended it (or said so).
 
@@ -146,7 +157,9 @@ class LifoPool(ConnectionPool):
     0.58-0.87 ms p50 that way, against 0.36 ms on the connection used last. Idle
     connections still close oldest first (max_idle), from the other end.
     A connection the server closed while it was idle is replaced, not handed out.
-    Connection attempts open and close `outage`.
+    Connection attempts open and close `outage`; a failed one also answers the requests
+    already waiting for a connection, which would otherwise wait their whole timeout
+    while the pool retries.
     tests/integration/test_lifo_pool.py fails if psycopg_pool stops calling these methods.
     """
 
@@ -171,10 +184,22 @@ class LifoPool(ConnectionPool):
         except Exception:
             if self.outage is not None:
                 self.outage.failed()
+                self._fail_waiting()
             raise
         if self.outage is not None:
             self.outage.recovered()
         return conn
+
+
+    def retire(self, conn: psycopg.Connection[Any]) -> None:
+        """Close conn when it is given back instead of pooling it again (a new one replaces it)."""
+        conn._expire_at = float("-inf")  # type: ignore[attr-defined]  # psycopg_pool's own
+
+    def _fail_waiting(self) -> None:
+        """Fail every request waiting for a connection: the database refused a new one."""
+        with self._lock:
+            while self._waiting:
+                self._waiting.popleft().fail(PoolTimeout("the database refused a connection"))
 
 
 class Database:
@@ -226,19 +251,28 @@ class Database:
         self.pool.close()
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(
+        self, on_lost: Callable[[int], None] | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
         """Borrow an autocommit connection, with errors translated and the borrow bounded.
 
-        During a known outage this raises Unavailable at once (see Outage).
+        During a known outage this raises Unavailable at once (see Outage). When the
+        connection breaks while borrowed, on_lost gets the id of its server process
+        before the error goes on: what was sent may have committed.
         """
         wait_s = self.outage.admit(self.pool.timeout)
         if wait_s is None:
             raise Unavailable("database unavailable (failing fast until it answers)")
         with translate_errors():
             conn = self._getconn(wait_s)
+            backend = conn.info.backend_pid
             try:
                 with conn, WATCHDOG.guard(conn, self._deadline_s):
                     yield conn
+            except Exception:
+                if on_lost is not None and conn.broken:
+                    on_lost(backend)
+                raise
             finally:
                 self.pool.putconn(conn)
 
@@ -259,16 +293,26 @@ class Database:
         row_factory: RowFactory[Any] = tuple_row,
         *,
         raw_json: bool = False,
+        on_lost: Callable[[int], None] | None = None,
+        large: Callable[[list[Any]], bool] | None = None,
     ) -> list[Any]:
-        """Run the named query and return all rows; retry deadlocks (each call is atomic)."""
+        """Run the named query and return all rows; retry deadlocks (each call is atomic).
+
+        on_lost: called as in connection() when the answer is lost with the connection.
+        large: tells whether the rows hold a value over LARGE_CALL_BYTES (parameters are
+        weighed here), after which the connection is retired.
+        """
         for attempt in range(RETRIES_ON_DEADLOCK):
             try:
-                with self.connection() as conn:
+                with self.connection(on_lost) as conn:
                     cur = conn.cursor(row_factory=row_factory)
                     if raw_json:
                         cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
                     cur.execute(QUERIES[name], params)
-                    return cur.fetchall() if returns_rows(cur) else []
+                    rows = cur.fetchall() if returns_rows(cur) else []
+                    if _sent_bytes(params) > LARGE_CALL_BYTES or (large and large(rows)):
+                        self.pool.retire(conn)
+                    return rows
             except RETRYABLE as exc:
                 if attempt == RETRIES_ON_DEADLOCK - 1:
                     raise Unavailable("database busy (deadlock), retry") from exc

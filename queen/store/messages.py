@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import uuid
 from typing import Any
 
 import orjson
@@ -12,7 +13,8 @@ from psycopg.rows import RowMaker
 from queen import crypto
 from queen.errors import InvalidInput
 from queen.models import AckResult, Popped, PopRoute, PushResult
-from queen.store.db import Database
+from queen.store.db import LARGE_CALL_BYTES, Database
+from queen.store.giveback import GiveBacks
 from queen.store.polling import PushWakeups
 from queen.store.queues import Queues
 
@@ -57,6 +59,11 @@ def _popped(cursor: Cursor[Any]) -> RowMaker[Popped]:
     return lambda values: Popped(**dict(zip(names, values, strict=True)))
 
 
+def _large_payload(rows: list[Popped]) -> bool:
+    """Tell whether a popped message is over LARGE_CALL_BYTES (its connection is then retired)."""
+    return any(len(row.payload) > LARGE_CALL_BYTES for row in rows)
+
+
 def _claims_encrypted(body: bytes | str, items: list[dict[str, Any]]) -> bool:
     """Tell whether a client sent the store's own `encrypted` marker (it must not count)."""
     marker = b'"encrypted"' if isinstance(body, bytes) else '"encrypted"'
@@ -72,6 +79,7 @@ class Messages:
         self._key = crypto.load_key(encryption_key) if encryption_key else None
         # Wakes long polls once a push committed (the session defers it: see db.py).
         self.after_push = PushWakeups(db).pushed
+        self.give_backs = GiveBacks(db)
 
     def push(
         self, body: bytes | str, items: list[dict[str, Any]], producer: str | None = None
@@ -113,7 +121,10 @@ class Messages:
         """Claim up to batch messages for route; an empty list when none is available.
 
         prefer: for a route by queue, a partition of it to try first (in the same call).
+        The lease id is drawn here, so that a claim whose answer is lost with the
+        connection can be given back without counting a retry (GiveBacks).
         """
+        lease = uuid.uuid4()
         query = POP_QUERIES[route.kind]
         partition = route.partition
         if prefer is not None and route.kind == "queue":
@@ -125,8 +136,12 @@ class Messages:
             "partition": partition,
             "namespace": route.namespace,
             "task": route.task,
+            "lease": lease,
         }
-        rows = self.db.fetch(query, params, _popped, raw_json=True)
+        lost = functools.partial(self.give_backs.add, lease)
+        rows = self.db.fetch(
+            query, params, _popped, raw_json=True, on_lost=lost, large=_large_payload
+        )
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
     def _decrypt(self, message: Popped) -> Popped:

@@ -5,16 +5,17 @@ SELECT idx, message_id, transaction_id, status
 FROM queen.push(%(body)s::jsonb -> 'items', %(producer)s)
 
 -- pop_partition: claim up to batch messages from one named partition --
-SELECT * FROM queen.pop_partition(%(queue)s, %(partition)s, %(batch)s, %(worker)s)
+SELECT * FROM queen.pop_partition(%(queue)s, %(partition)s, %(batch)s, %(worker)s, %(lease)s)
 
 -- pop_queue: claim up to batch messages from the oldest free partition of a queue --
-SELECT * FROM queen.pop_queue(%(queue)s, %(batch)s, %(worker)s)
+SELECT * FROM queen.pop_queue(%(queue)s, %(batch)s, %(worker)s, %(lease)s)
 
 -- pop_queue_preferring: claim from one partition of a queue if it is free, else from the queue --
-SELECT * FROM queen.pop_queue_preferring(%(queue)s, %(partition)s, %(batch)s, %(worker)s)
+SELECT * FROM queen.pop_queue_preferring(%(queue)s, %(partition)s, %(batch)s, %(worker)s,
+    %(lease)s)
 
 -- pop_filtered: claim up to batch messages across queues by namespace/task and priority --
-SELECT * FROM queen.pop_filtered(%(namespace)s, %(task)s, %(batch)s, %(worker)s)
+SELECT * FROM queen.pop_filtered(%(namespace)s, %(task)s, %(batch)s, %(worker)s, %(lease)s)
 
 -- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
 SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
@@ -24,6 +25,9 @@ SELECT queen.list_waiting_worker(%(worker)s, %(seconds)s)
 
 -- unclaim: give back a claim whose response never reached the client (no retry counted) --
 SELECT queen.unclaim(%(lease)s, %(transaction_ids)s::text[])
+
+-- give_back_claim: give back a claim whose answer was lost with its connection; NULL: not yet --
+SELECT queen.give_back_claim(%(lease)s, %(backend)s)
 
 -- ready_partitions: wake payloads of free partitions with pending work for the parked polls' routes --
 SELECT payload FROM queen.ready_partitions(

@@ -128,29 +128,28 @@ def test_503_while_the_database_is_away_then_recovery(
     assert requests.get(f"{outage_server.url}/health", timeout=15).status_code == 200
 
 
-FAST_503_S = 1.0  # seconds: a known outage answers at once, not after DB_TIMEOUT (5 s here)
+# seconds: an outage answers once the pool's first connection attempt fails, not after
+# DB_TIMEOUT (5 s here); the bound only tells the two apart on a loaded machine.
+FAST_503_S = 2.5
 
 
-@pytest.mark.slow  # one of 20 requests waited the whole DB_TIMEOUT in 1 of 4 loaded CI runs
-def test_during_an_outage_requests_after_the_first_answer_503_at_once(
-    db_dsn: str, server_dsn: str
-) -> None:
+def test_during_an_outage_requests_answer_503_at_once(db_dsn: str, server_dsn: str) -> None:
     srv = Server(db_dsn, DB_TIMEOUT="5000").start()
     api = f"{srv.url}/api/v1"
     try:
         block(server_dsn, _dbname(db_dsn))
-        first = requests.get(f"{api}/pop/queue/o", timeout=15)  # finds the outage
-        _assert_503(first)
         slowest = 0.0
-        for n in range(20):
+        for n in range(21):  # the first finds the outage, without waiting DB_TIMEOUT either
             t0 = time.monotonic()
             if n % 2:
                 push = {"items": [{"queue": "o", "payload": n}]}
                 _assert_503(requests.post(f"{api}/push", json=push, timeout=15))
-            else:
+            elif n % 4:
                 health = requests.get(f"{srv.url}/health", timeout=15)
                 assert health.status_code == 503
                 assert health.json()["status"] == "unhealthy" and health.json()["reason"]
+            else:
+                _assert_503(requests.get(f"{api}/pop/queue/o", timeout=15))
             slowest = max(slowest, time.monotonic() - t0)
             time.sleep(0.1)
         assert slowest < FAST_503_S, slowest

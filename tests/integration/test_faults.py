@@ -17,10 +17,11 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from queen.errors import Unavailable
-from queen.store import bounds, db
+from queen.store import Store, bounds, db
 from queen.store.bounds import bounded_conninfo
 from queen.store.db import Database
 from queen.store.maintenance import MaintenanceSession
+from tests.integration.helpers import pop, push
 
 
 class FrozenProxy:
@@ -32,6 +33,7 @@ class FrozenProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.dsn = make_conninfo(dsn, host="127.0.0.1", port=self.listener.getsockname()[1])
         self.frozen = threading.Event()
+        self.lose_answer = threading.Event()  # set: drop the next answer, cut that connection
         self.sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -43,14 +45,19 @@ class FrozenProxy:
                 return
             server = socket.create_connection(self.target)
             self.sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, answers in ((client, server, False), (server, client, True)):
+                threading.Thread(target=self._pipe, args=(a, b, answers), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
         with contextlib.suppress(OSError):
             while data := src.recv(65536):
                 while self.frozen.is_set():
                     time.sleep(0.05)
+                if answers and self.lose_answer.is_set():
+                    self.lose_answer.clear()
+                    for sock in (src, dst):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    return
                 dst.sendall(data)
 
     def close(self) -> None:
@@ -165,3 +172,67 @@ def test_the_outage_ends_with_the_first_connection(db_dsn: str) -> None:
         assert database.fetch("ping")
     finally:
         database.close()
+
+
+@contextlib.contextmanager
+def slow_refusal(after_s: float) -> Iterator[str]:
+    """Yield a DSN whose server accepts a connection, says nothing for after_s, then hangs up."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def refuse() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            threading.Timer(after_s, client.close).start()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{listener.getsockname()[1]}/none"
+    finally:
+        listener.close()
+
+
+def test_a_request_already_waiting_when_a_connection_attempt_fails_answers_then() -> None:
+    timeout_s = 10.0
+    with slow_refusal(after_s=0.5) as dsn:
+        database = Database(dsn, pool_size=2, timeout_s=timeout_s)
+        database.open()  # the first attempt is under way, not failed yet
+        try:
+            assert database.outage.since is None
+            started = time.monotonic()
+            with pytest.raises(Unavailable):
+                database.fetch("ping")  # waits: no outage known when it asked
+            elapsed = time.monotonic() - started
+            assert database.outage.since is not None
+            # It ends with the attempt (0.5 s), not with timeout_s.
+            assert elapsed < timeout_s / 2, elapsed
+        finally:
+            database.close()
+
+
+def test_a_pop_whose_answer_was_lost_with_the_connection_counts_no_retry(
+    proxy: FrozenProxy, store: Store
+) -> None:
+    # retryLimit 0: a claim that counted as an attempt would be dead-lettered undelivered.
+    store.queues.configure("lost", None, None, {"lease_time": 1, "retry_limit": 0})
+    push(store, [{"queue": "lost", "payload": n, "transactionId": f"lost-{n}"} for n in range(3)])
+    proxied = Store(Database(proxy.dsn, pool_size=2, timeout_s=5))
+    proxied.db.pool.open(wait=True)
+    try:
+        proxy.lose_answer.set()  # the claim commits; its answer never arrives
+        with pytest.raises(Unavailable):
+            pop(proxied, "lost", batch=10)
+        deadline = time.monotonic() + 20
+        while proxied.messages.give_backs.pending():
+            assert time.monotonic() < deadline, "the claim was not given back"
+            time.sleep(0.1)
+        assert proxied.messages.give_backs.given_back == 3  # it had committed
+        time.sleep(1.5)  # past the lease: it would have expired, with a retry, by now
+        again = pop(store, "lost", batch=10)
+        assert [(m.transaction_id, m.retry_count) for m in again] == [
+            (f"lost-{n}", 0) for n in range(3)
+        ]
+    finally:
+        proxied.close()

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+
+from queen.memory import return_large_frees
+from queen.store import Store, db
 from queen.store.db import Database, LifoPool
+from tests.integration.helpers import ack, pop, push
 
 
 def test_the_connection_returned_last_is_handed_out_first(db_dsn: str) -> None:
@@ -35,3 +40,38 @@ def _backend_pid(db: Database) -> int:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert row is not None
         return int(row[0])
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_connection_that_carried_a_huge_message_is_replaced(db_dsn: str) -> None:
+    assert return_large_frees()  # as each worker does (queen.worker)
+    store = Store(Database(db_dsn, pool_size=2))
+    store.db.pool.open(wait=True)
+    try:
+        size = 3 * db.LARGE_CALL_BYTES
+        items = [{"queue": "huge", "payload": "x" * size}]
+        push(store, items[:1])  # warm up allocations of the same shape
+        (warm,) = pop(store, "huge")
+        ack(store, warm.transaction_id)
+        del warm
+        gc.collect()
+        baseline, before = _rss_bytes(), _backend_pid(store.db)
+        push(store, items)
+        assert _backend_pid(store.db) != before  # libpq's buffers went with the old one
+        after_push = _backend_pid(store.db)
+        (message,) = pop(store, "huge")
+        assert len(message.payload) == size + 2
+        del message
+        assert _backend_pid(store.db) != after_push
+        gc.collect()
+        # Each kept connection would hold about `size` bytes more.
+        assert _rss_bytes() - baseline < size / 2, (_rss_bytes() - baseline) / 2**20
+    finally:
+        store.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,6 +191,7 @@ def _pop_params(**kw: Any) -> dict[str, Any]:
         "task": None,
         "batch": 10,
         "worker": "plans",
+        "lease": uuid.uuid4(),
     }
     params.update(kw)
     return params
