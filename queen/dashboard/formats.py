@@ -106,6 +106,42 @@ def expand(
     raise ValueError(f"unknown publication {kind!r}")
 
 
+def tally(
+    counts: dict[str, dict[str, int]],
+    kind: str,
+    records: Sequence[Any],
+    places: Mapping[str, MessagePlace],
+    other: str = "",
+) -> None:
+    """Count one publication's events per queue and name without building them.
+
+    Acknowledgments whose message was not located count under `other`.
+    """
+    pairs: Iterable[tuple[str, str]]
+    if kind == PUSHED:
+        items = records[0]
+        pairs = ((items[r.position - 1]["queue"], PUSHED) for r in records[1] if r.status == "queued")
+    elif kind == PROCESSING:
+        pairs = ((m.queue, PROCESSING) for m in records[0])
+    else:
+        pairs = (
+            (place.queue if (place := places.get(r.transaction_id)) else other, name)
+            for r in records[1]
+            if (name := _ack_event(r.status)) is not None
+        )
+    for queue, name in pairs:
+        by_name = counts.get(queue)
+        if by_name is None:
+            by_name = counts[queue] = {}
+        by_name[name] = by_name.get(name, 0) + 1
+
+
+def _ack_event(status: str) -> str | None:
+    if status == "completed":
+        return COMPLETED
+    return FAILED if status in FAILED_STATUSES else None
+
+
 def acked_ids(kind: str, records: Sequence[Any]) -> list[str]:
     """Return the transactionIds an ack publication needs located (none for others)."""
     if kind != ACKED:
