@@ -34,6 +34,11 @@ def now_iso() -> str:
     return iso(dt.datetime.now(dt.UTC)) or ""
 
 
+def iso_of(seconds: float) -> str:
+    """Format a time.time() value as ISO-8601 UTC with milliseconds."""
+    return iso(dt.datetime.fromtimestamp(seconds, dt.UTC)) or ""
+
+
 def encode(name: str, data: Mapping[str, Any], timestamp: str) -> str:
     """Serialise one event as the text frame clients receive."""
     return orjson.dumps({"event": name, "data": data, "timestamp": timestamp}).decode()

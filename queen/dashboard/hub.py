@@ -51,7 +51,7 @@ class Silent:
 
 
 SILENT = Silent()
-Publication = tuple[str, tuple[Sequence[Any], ...], str]  # (kind, records, timestamp)
+Publication = tuple[str, tuple[Sequence[Any], ...], float]  # (kind, records, time.time())
 
 
 class RateBudget:
@@ -137,7 +137,7 @@ class Hub:
         inbox = self._inbox
         if len(inbox) == INBOX_LIMIT:
             self._overflow += len(inbox[0][1][-1])
-        inbox.append((kind, records, formats.now_iso()))
+        inbox.append((kind, records, time.time()))  # formatted by the relay, off the request
 
     # -- connections ---------------------------------------------------------------
 
@@ -184,12 +184,16 @@ class Hub:
             queues = doc.get("queues")
             names = [q for q in queues if isinstance(q, str)] if isinstance(queues, list) else []
             client.queues = frozenset(names) if names else None
-            self._send(client, "subscribed", {"queues": sorted(names)})
+            client.batched = doc.get("batch") is True
+            answer: dict[str, Any] = {"queues": sorted(names)}
+            if client.batched:
+                answer["batch"] = True
+            self._send(client, "subscribed", answer)
         elif kind == "unsubscribe":
             client.queues = None
             self._send(client, "subscribed", {"queues": []})
         else:
-            error = 'expected \'ping\' or {"type": "subscribe", "queues": [...]}'
+            error = 'expected \'ping\' or {"type": "subscribe", "queues": [...], "batch": bool}'
             self._send(client, "error", {"error": error})
 
     def _send(self, client: DashboardClient, name: str, data: dict[str, Any]) -> None:
@@ -229,11 +233,16 @@ class Hub:
 
     # -- fan-out -------------------------------------------------------------------
 
-    def _fan_out(self, events: Iterable[Event], timestamp: str | None = None) -> None:
+    def _fan_out(
+        self,
+        events: Iterable[Event],
+        timestamp: str | None = None,
+        clients: Sequence[DashboardClient] | None = None,
+    ) -> None:
         """Copy each event to the outbox of every client whose subscription wants it."""
         for event in events:
             text = None
-            for client in self._clients:
+            for client in self._clients if clients is None else clients:
                 if client.wants(event.queue):
                     if text is None:
                         text = formats.encode(
@@ -276,9 +285,23 @@ class Hub:
                     self._watch()
         else:
             self.dropped_events += note.dropped
-            for event, timestamp in note.events:
-                self._fan_out([event], timestamp)
-            self._fan_out([Event("events.summary", relay.summary(note), None)])
+            self._forward(note)
+
+    def _forward(self, batch: relay.Batch) -> None:
+        """Copy a batch to every client: per event, or as one events.batch frame if asked."""
+        clients = self._clients
+        single = [c for c in clients if not c.batched]
+        if single:
+            for event, timestamp in batch.events:
+                self._fan_out([event], timestamp, single)
+            self._fan_out([Event("events.summary", relay.summary(batch), None)], None, single)
+        frames: dict[frozenset[str] | None, str] = {}  # one encoding per subscription
+        for client in clients:
+            if client.batched:
+                text = frames.get(client.queues)
+                if text is None:
+                    text = frames[client.queues] = relay.batch_frame(batch, client.wants)
+                client.send(text)
 
     def _note(self, payload: str) -> None:
         send = self.relay_note
@@ -321,9 +344,10 @@ class Hub:
         places = self._locate(ids)
         counts: relay.Counts = {}
         sample: list[tuple[Event, str]] = []
-        for (kind, records, timestamp), allowed in granted:
+        for (kind, records, at), allowed in granted:
             formats.tally(counts, kind, records, places, relay.OTHER)
             if allowed:
+                timestamp = formats.iso_of(at)
                 events = formats.expand(kind, records, places, self.worker_id)
                 sample.extend((e, timestamp) for e in itertools.islice(events, allowed))
         total = sum(n for by_name in counts.values() for n in by_name.values())

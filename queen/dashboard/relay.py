@@ -10,12 +10,12 @@ with a presence note every few seconds; a worker publishes only while a note is 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import orjson
 
-from queen.dashboard.formats import Event
+from queen.dashboard.formats import Event, now_iso
 
 FLUSH_INTERVAL_S = 0.25  # seconds between batches of one worker
 PRESENCE_INTERVAL_S = 2.0  # seconds between presence notes of a worker with sockets open
@@ -118,3 +118,14 @@ def summary(batch: Batch) -> dict[str, Any]:
         "dropped": batch.dropped,
     }
 
+
+def batch_frame(batch: Batch, wants: Callable[[str | None], bool]) -> str:
+    """Encode a batch as one events.batch frame, keeping the events `wants` accepts."""
+    events = [
+        {"event": event.name, "data": event.data, "timestamp": timestamp}
+        for event, timestamp in batch.events
+        if wants(event.queue)
+    ]
+    data = {**summary(batch), "events": events}
+    timestamp = batch.events[-1][1] if batch.events else now_iso()
+    return orjson.dumps({"event": "events.batch", "data": data, "timestamp": timestamp}).decode()
