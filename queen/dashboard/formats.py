@@ -120,25 +120,34 @@ def tally(
 ) -> None:
     """Count one publication's events per queue and name without building them.
 
-    Acknowledgments whose message was not located count under `other`.
+    Acknowledgments whose message was not located count under `other`. Plain loops: this
+    runs for every message while a dashboard is open.
     """
-    pairs: Iterable[tuple[str, str]]
     if kind == PUSHED:
         items = records[0]
-        pairs = ((items[r.position - 1]["queue"], PUSHED) for r in records[1] if r.status == "queued")
+        for r in records[1]:
+            if r.status == "queued":
+                _add(counts, items[r.position - 1]["queue"], PUSHED)
     elif kind == PROCESSING:
-        pairs = ((m.queue, PROCESSING) for m in records[0])
+        messages = records[0]
+        if messages and all(m.queue == messages[0].queue for m in messages):
+            _add(counts, messages[0].queue, PROCESSING, len(messages))
+        else:
+            for m in messages:
+                _add(counts, m.queue, PROCESSING)
     else:
-        pairs = (
-            (place.queue if (place := places.get(r.transaction_id)) else other, name)
-            for r in records[1]
-            if (name := _ack_event(r.status)) is not None
-        )
-    for queue, name in pairs:
-        by_name = counts.get(queue)
-        if by_name is None:
-            by_name = counts[queue] = {}
-        by_name[name] = by_name.get(name, 0) + 1
+        for r in records[1]:
+            name = COMPLETED if r.status == "completed" else _ack_event(r.status)
+            if name is not None:
+                place = places.get(r.transaction_id)
+                _add(counts, place.queue if place is not None else other, name)
+
+
+def _add(counts: dict[str, dict[str, int]], queue: str, name: str, n: int = 1) -> None:
+    by_name = counts.get(queue)
+    if by_name is None:
+        by_name = counts[queue] = {}
+    by_name[name] = by_name.get(name, 0) + n
 
 
 def _ack_event(status: str) -> str | None:

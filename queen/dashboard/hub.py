@@ -3,7 +3,7 @@
 Publishing costs one boolean check while no dashboard is open anywhere in the cluster.
 While one is (a socket here, or a fresh presence note from another worker), the API
 appends one record per request to an inbox and nothing more: no database work on the
-request path. A relay greenlet drains the inbox every FLUSH_INTERVAL_S, formats the
+request path. A relay greenlet drains the inbox every flush_interval_s, formats the
 events (locating acknowledged messages with one query per flush) and sends them as one
 NOTIFY (queen.dashboard.relay). Every worker's listener hands those batches, its own
 included, to `receive`, which copies each event to the clients' bounded outboxes; each
@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -34,6 +34,7 @@ from queen.store.dashboard import Dashboard, MessagePlace
 log = logging.getLogger(__name__)
 
 INBOX_LIMIT = 5000  # publications (requests) waiting for the next flush; oldest dropped
+LOCATE_LIMIT = 64  # acknowledgments located per flush: about what one notification lists
 MAX_CLIENT_MESSAGE = 64 * 1024  # bytes; longer client messages are refused
 
 
@@ -86,6 +87,7 @@ class Hub:
         client_buffer: int = 1000,
         max_events_per_s: int = 1000,
         relay_note: Callable[[str], None] | None = None,
+        flush_interval_s: float = relay.FLUSH_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """relay_note sends a dashboard notification to every worker (None: to this hub only)."""
@@ -95,6 +97,7 @@ class Hub:
         self.stats_interval_s = stats_interval_s
         self.client_buffer = client_buffer
         self.relay_note = relay_note
+        self.flush_interval_s = flush_interval_s
         self.clock = clock
         self.listening = False  # the one check publishers pay while nobody watches
         self.dropped_events = 0  # cluster-wide, as reported by the batches received
@@ -120,6 +123,7 @@ class Hub:
             stats_interval_s=settings.dashboard_stats_interval_s,
             client_buffer=settings.dashboard_client_buffer,
             max_events_per_s=settings.dashboard_max_events_per_s,
+            flush_interval_s=settings.dashboard_flush_interval_s,
         )
 
     def start_relay(self, relay_note: Callable[[str], None]) -> None:
@@ -327,7 +331,7 @@ class Hub:
                 self._announce_now = False
                 next_presence = now + relay.PRESENCE_INTERVAL_S
                 self._note(relay.presence(self.worker_id))
-            self._stopping.wait(relay.FLUSH_INTERVAL_S)
+            self._stopping.wait(self.flush_interval_s)
             self._flush()
 
     def _flush(self) -> None:
@@ -341,18 +345,23 @@ class Hub:
         ids = [
             i for (kind, recs, _), n in granted if n for i in formats.acked_ids(kind, recs)[:n]
         ]
-        places = self._locate(ids)
+        places = self._locate(ids[:LOCATE_LIMIT])
         counts: relay.Counts = {}
-        sample: list[tuple[Event, str]] = []
-        for (kind, records, at), allowed in granted:
+        for (kind, records, _), _n in granted:
             formats.tally(counts, kind, records, places, relay.OTHER)
+        total = sum(n for by_name in counts.values() for n in by_name.values())
+        sample = self._sample(granted, places)  # lazy: built only as far as the payload holds
+        self._note(relay.encode_batch(self.worker_id, sample, counts, total, overflow))
+
+    def _sample(
+        self, granted: list[tuple[Publication, int]], places: dict[str, MessagePlace]
+    ) -> Iterator[tuple[Event, str]]:
+        for (kind, records, at), allowed in granted:
             if allowed:
                 timestamp = formats.iso_of(at)
                 events = formats.expand(kind, records, places, self.worker_id)
-                sample.extend((e, timestamp) for e in itertools.islice(events, allowed))
-        total = sum(n for by_name in counts.values() for n in by_name.values())
-        dropped = overflow + max(0, total - len(sample))
-        self._note(relay.encode_batch(self.worker_id, sample, counts, dropped))
+                for event in itertools.islice(events, allowed):
+                    yield event, timestamp
 
     def _locate(self, transaction_ids: list[str]) -> dict[str, MessagePlace]:
         if not transaction_ids or self.store is None:

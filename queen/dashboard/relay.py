@@ -1,7 +1,7 @@
 """Cluster-wide dashboard events: the batches and presence notes workers exchange.
 
 Every worker with something to show sends one NOTIFY on the dashboard channel per
-flush period: counts of its message events per queue and kind, a bounded sample of the
+flush period (QUEEN_DASHBOARD_FLUSH_INTERVAL): counts of its message events per queue and kind, a bounded sample of the
 events themselves and how many were left out. Every worker's LISTEN connection receives
 every batch (its own too) and its hub forwards them to its sockets, so a dashboard sees
 the events of every worker and host, each once. Workers with open sockets announce it
@@ -17,8 +17,8 @@ import orjson
 
 from queen.dashboard.formats import Event, now_iso
 
-FLUSH_INTERVAL_S = 0.25  # seconds between batches of one worker
-PRESENCE_INTERVAL_S = 2.0  # seconds between presence notes of a worker with sockets open
+FLUSH_INTERVAL_S = 1.0  # default seconds between batches of one worker (each costs a NOTIFY)
+PRESENCE_INTERVAL_S = 5.0  # seconds between presence notes of a worker with sockets open
 PRESENCE_TTL_S = 3 * PRESENCE_INTERVAL_S  # a worker stops publishing this long after the last
 PAYLOAD_LIMIT = 7900  # bytes: PostgreSQL refuses NOTIFY payloads of 8000 bytes and more
 COUNTS_LIMIT = 3000  # bytes of the payload the counts may take; the rest go under "" (other)
@@ -42,21 +42,24 @@ def presence(worker_id: str) -> str:
 
 
 def encode_batch(
-    worker_id: str, sample: Iterable[tuple[Event, str]], counts: Counts, dropped: int
+    worker_id: str, sample: Iterable[tuple[Event, str]], counts: Counts, total: int, lost: int = 0
 ) -> str:
-    """Encode a flush within PAYLOAD_LIMIT: events that do not fit are counted as dropped."""
+    """Encode a flush within PAYLOAD_LIMIT, taking events from sample until one does not fit.
+
+    sample may be lazy: what is not taken is never built. total is the number of events
+    counted; those not listed, plus `lost` ones never counted, make `dropped`.
+    """
     head = {"type": "batch", "worker": worker_id, "counts": bounded_counts(counts)}
     prefix = orjson.dumps(head)[:-1] + b',"events":['
     parts: list[bytes] = []
     size = len(prefix) + 40  # the closing part and the dropped count
-    left_out = dropped
     for event, timestamp in sample:
         part = orjson.dumps([event.name, event.data, timestamp, event.queue])
         if size + len(part) + 1 > PAYLOAD_LIMIT:
-            left_out += 1
-            continue
+            break
         parts.append(part)
         size += len(part) + 1
+    left_out = lost + max(0, total - len(parts))
     tail = b'],"dropped":' + str(left_out).encode() + b"}"
     return (prefix + b",".join(parts) + tail).decode()
 

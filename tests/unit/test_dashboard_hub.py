@@ -182,7 +182,8 @@ def test_publishing_without_dashboards_does_nothing():
 
 
 def test_hub_serves_connect_ping_subscribe_and_disconnect():
-    hub = Hub(FakeStore(), "w1", depth_interval_s=60, stats_interval_s=60)  # type: ignore[arg-type]
+    hub = Hub(FakeStore(), "w1", depth_interval_s=60, stats_interval_s=60,  # type: ignore[arg-type]
+              flush_interval_s=0.05)
     sock = FakeSocket()
     thread = serve(hub, sock)
     assert hub.listening and hub.connections == 1
@@ -232,7 +233,7 @@ def test_ticker_reports_depths_changes_and_new_queues():
 
 
 def test_events_over_the_budget_are_dropped_and_counted():
-    hub = Hub(None, "w1", max_events_per_s=2)
+    hub = Hub(None, "w1", max_events_per_s=2, flush_interval_s=0.05)
     sock = FakeSocket()
     thread = serve(hub, sock)
     hub.publish(formats.PROCESSING, [popped(f"t{i}") for i in range(5)])
@@ -266,7 +267,7 @@ class Bus:
 def linked_hubs(*names: str, clock: Any = time.monotonic) -> tuple[Bus, list[Hub]]:
     bus = Bus()
     hubs = [Hub(FakeStore(), name, depth_interval_s=60, stats_interval_s=60,  # type: ignore[arg-type]
-                relay_note=bus.send, clock=clock) for name in names]
+                relay_note=bus.send, clock=clock, flush_interval_s=0.05) for name in names]
     bus.hubs = hubs
     return bus, hubs
 
@@ -276,7 +277,7 @@ def test_a_batch_stays_under_the_notify_limit_and_counts_what_it_leaves_out():
                                                 "partition": "p" * 40}, "q"), "ts")
               for i in range(1000)]
     counts = {"q": {"message.pushed": 1000}}
-    payload = relay.encode_batch("w1", events, counts, dropped=5)
+    payload = relay.encode_batch("w1", iter(events), counts, total=1000, lost=5)
     assert len(payload.encode()) <= relay.PAYLOAD_LIMIT
     batch = relay.decode(payload)
     assert isinstance(batch, relay.Batch)
@@ -340,7 +341,7 @@ def test_a_worker_stops_publishing_when_presence_notes_stop():
     bus.send(relay.presence("w1"))
     assert other.listening and not watched.listening  # a worker ignores its own notes
     now[0] += relay.PRESENCE_TTL_S - 1
-    bus.send(relay.encode_batch("w2", [], {"q": {"message.pushed": 1}}, 0))  # not a presence note
+    bus.send(relay.encode_batch("w2", [], {"q": {"message.pushed": 1}}, 1))  # not presence
     now[0] += 2
     deadline = time.monotonic() + 2
     while other.listening and time.monotonic() < deadline:

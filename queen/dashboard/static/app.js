@@ -156,7 +156,7 @@
 
   // ---------------------------------------------------------------- stats and queues
 
-  // One worker's events of a quarter second: the sample shown in the log, and counts that
+  // One worker's events of the last flush period (a second by default): the sample shown in the log, and counts that
   // stay complete when the per-worker cap left events out of the sample.
   function onBatch(batch) {
     for (const event of batch.events) handle(event, true);
