@@ -55,7 +55,10 @@ def sample(dsn: str) -> dict[str, str]:
             " (SELECT transaction_id FROM queen.messages WHERE status = 'dead_letter' LIMIT 1),"
             " (SELECT transaction_id FROM queen.messages WHERE status = 'completed' LIMIT 1)"
         ).fetchone() or ("", "", "")
-        last = conn.execute("SELECT max(name) FROM queen.queues").fetchone()
+        last = conn.execute(  # a queue that still has messages (an earlier run cleared one)
+            "SELECT q.name FROM queen.queues q WHERE q.name <> %s AND EXISTS (SELECT 1 FROM"
+            " queen.partitions p JOIN queen.messages m ON m.partition_id = p.id"
+            " WHERE p.queue_id = q.id) ORDER BY q.name DESC LIMIT 1", (queue,)).fetchone()
     return {"queue": queue, "partition": partition, "txid": txid, "dead": dead,
             "doomed": doomed, "clear": last[0] if last else ""}
 
@@ -64,6 +67,7 @@ def first_depth(url: str) -> tuple[float, bool]:
     """Open the dashboard socket; time until its first queue.depth event."""
     started = time.perf_counter()
     ws = websocket.create_connection(url.replace("http", "ws") + "/ws/dashboard", timeout=30)
+    ws.send(json.dumps({"type": "subscribe", "queues": [], "batch": True}))  # as the page does
     try:
         while True:
             event = json.loads(ws.recv())

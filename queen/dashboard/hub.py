@@ -34,6 +34,7 @@ from queen.store.dashboard import Dashboard, MessagePlace
 log = logging.getLogger(__name__)
 
 INBOX_LIMIT = 5000  # publications (requests) waiting for the next flush; oldest dropped
+PARTITION_DEPTH = "partition.depth"
 LOCATE_LIMIT = 64  # acknowledgments located per flush: about what one notification lists
 MAX_CLIENT_MESSAGE = 64 * 1024  # bytes; longer client messages are refused
 
@@ -243,11 +244,16 @@ class Hub:
         timestamp: str | None = None,
         clients: Sequence[DashboardClient] | None = None,
     ) -> None:
-        """Copy each event to the outbox of every client whose subscription wants it."""
+        """Copy each event to the outbox of every client whose subscription wants it.
+
+        Batched clients (the page) get no partition.depth: queue.depth carries the same
+        counts, and a thousand partitions would fill their outbox every snapshot.
+        """
         for event in events:
             text = None
+            per_partition = event.name == PARTITION_DEPTH
             for client in self._clients if clients is None else clients:
-                if client.wants(event.queue):
+                if client.wants(event.queue) and not (per_partition and client.batched):
                     if text is None:
                         text = formats.encode(
                             event.name, event.data, timestamp or formats.now_iso()

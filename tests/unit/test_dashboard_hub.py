@@ -349,3 +349,20 @@ def test_a_worker_stops_publishing_when_presence_notes_stop():
     assert not other.listening  # batches alone never keep workers publishing to each other
     other.publish(formats.PROCESSING, [popped("late")])
     assert not other._inbox
+
+
+def test_batched_clients_get_queue_depths_without_a_flood_of_partition_depths():
+    store = FakeStore()
+    store.rows = [depth("big", f"p{i:04}", 1) for i in range(1500)]
+    hub = Hub(store, "w1", depth_interval_s=60, stats_interval_s=60,  # type: ignore[arg-type]
+              client_buffer=1000, flush_interval_s=0.05)
+    sock = FakeSocket()
+    sock.incoming.put(json.dumps({"type": "subscribe", "queues": [], "batch": True}))
+    thread = serve(hub, sock)
+    depth_event = sock.wait_for("queue.depth")
+    assert len(depth_event["data"]["partitions"]) == 1500
+    with contextlib.suppress(queue.Empty):
+        while True:
+            assert sock.next_event(timeout=0.3)["event"] != "partition.depth"
+    sock.incoming.put(None)
+    thread.join(2)
