@@ -10,7 +10,7 @@ from typing import Any
 import falcon
 
 from queen.api import admin, analytics, groups, leases, resources, send_json, transactions
-from queen.api.auth import AuthMiddleware, JSONBodyMiddleware
+from queen.api.auth import AuthMiddleware, JSONBodyMiddleware, WhoAmIResource
 from queen.api.dashboard import (
     DashboardPageResource,
     DashboardSocketResource,
@@ -145,6 +145,7 @@ def create_app(
     app.add_route(f"{API}/lease/{{lease}}/extend", leases.LeaseExtendResource(store))
     app.add_route("/health", HealthResource(store, events, clock))
     _add_cursor_routes(app, store, batch, hub)
+    app.add_route(f"{API}/auth/me", WhoAmIResource())
     _add_dashboard_routes(app, hub)
     _add_read_routes(app, store, measure)
     return app

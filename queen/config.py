@@ -119,6 +119,12 @@ class Settings:
         "events queued per dashboard before the oldest drop",
         least=1,
     )
+    dashboard_flush_interval_s: float = _s(
+        "QUEEN_DASHBOARD_FLUSH_INTERVAL",
+        1.0,
+        "seconds between a worker's batches of dashboard events (one NOTIFY each)",
+        least=0.05,
+    )
     dashboard_max_events_per_s: int = _s(
         "QUEEN_DASHBOARD_MAX_EVENTS",
         1000,

@@ -35,6 +35,7 @@ from psycopg import sql
 
 from queen.models import PopRoute
 from queen.store.bounds import WATCHDOG, bounded_conninfo
+from queen.store.dashboard import DASHBOARD_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,8 @@ class Events:
         # Called every PRESENCE_REFRESH_S while polls are parked (LongPoller keeps this
         # worker listed in queen.waiting_workers with it).
         self.while_waiting: Callable[[], None] | None = None
+        # Receives every notification on the dashboard channel (the dashboard hub's batches).
+        self.on_dashboard: Callable[[str], None] | None = None
         self._armed: dict[RouteKey, dict[Waiter, None]] = {}  # per route, oldest first
         self._registered = 0
         self._lock = threading.Lock()
@@ -290,6 +293,7 @@ class Events:
             try:
                 with self._connect() as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(DASHBOARD_CHANNEL)))
                     self.connected.set()
                     self.reconnects = connections
                     connections += 1
@@ -312,6 +316,15 @@ class Events:
                 backoff = min(backoff * 2, MAX_BACKOFF)
         self.connected.clear()
 
+    def _to_dashboard(self, payload: str) -> None:
+        hook = self.on_dashboard
+        if hook is None:
+            return
+        try:
+            hook(payload)
+        except Exception:  # noqa: BLE001 - a dashboard bug must not stop the wake-ups
+            log.exception("dashboard notification handler failed")
+
     def _connect(self) -> psycopg.Connection[object]:
         return psycopg.connect(
             bounded_conninfo(self.dsn or ""), autocommit=True, application_name=APPLICATION_NAME
@@ -320,6 +333,9 @@ class Events:
     def _listen(self, conn: psycopg.Connection[object]) -> None:
         while self._running:
             for note in conn.notifies(timeout=KEEPALIVE):
+                if note.channel == DASHBOARD_CHANNEL:
+                    self._to_dashboard(note.payload)
+                    continue
                 self.notifications += 1
                 self.notify(note.payload)
             if self._running:  # keepalive: notices a dead server, a killed backend, a stall

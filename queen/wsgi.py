@@ -41,9 +41,11 @@ def get_app() -> Any:
     store = Store.from_settings(settings)
     store.open()
     events = Events(settings.dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)
+    hub = Hub.from_settings(settings, store.dashboard)
+    hub.start_relay(store.dashboard.notify)  # batches reach every worker through NOTIFY
+    events.on_dashboard = hub.receive
     events.start()
     store.polling.push_wakeups.start()
-    hub = Hub.from_settings(settings, store.dashboard)
     runtime.update(store=store, events=events, settings=settings, hub=hub)
     return create_app(settings, store=store, events=events, hub=hub)
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import falcon
 
-from queen.auth import Permission, Principal, well_formed
+from queen.api import send_json
+from queen.auth import EVERY_QUEUE, ROLES, Permission, Principal, well_formed
 from queen.auth_cache import RateLimiter, TokenVerifier, retry_after
 from queen.store import Store
 
@@ -86,6 +87,7 @@ POLICY: dict[str, dict[str, Rule]] = {
     f"{API}/resources/namespaces": {"GET": READ_ALL},
     f"{API}/resources/tasks": {"GET": READ_ALL},
     f"{API}/resources/overview": {"GET": READ_ALL},
+    f"{API}/auth/me": {"GET": (Permission.READ, Scope.NONE)},
     "/metrics": {"GET": (Permission.READ, Scope.NONE)},
     "/metrics/prometheus": {"GET": PUBLIC},  # READ with QUEEN_METRICS_AUTH=on
     f"{API}/openapi.json": {"GET": (Permission.READ, Scope.NONE)},
@@ -255,3 +257,27 @@ class JSONBodyMiddleware:
             raise falcon.HTTPUnsupportedMediaType(
                 description="request bodies must be application/json"
             )
+
+
+class WhoAmIResource:
+    """GET /api/v1/auth/me: the calling token's role, permissions and queues.
+
+    The dashboard asks it to show only the actions the token may take. With auth off
+    every caller may do everything.
+    """
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        principal = principal_of(req)
+        if principal is None:
+            role, name, queues = "admin", None, [EVERY_QUEUE]
+        else:
+            role, name, queues = principal.role, principal.name, list(principal.queues)
+        permissions = sorted(p.value for p in ROLES[role] if p is not Permission.PUBLIC)
+        doc = {
+            "auth": principal is not None,
+            "name": name,
+            "role": role,
+            "permissions": permissions,
+            "queues": queues,
+        }
+        send_json(resp, doc, 200)

@@ -34,6 +34,7 @@ class DashboardClient:
         self.id = str(uuid.uuid4())
         self.ws = ws
         self.queues: frozenset[str] | None = None  # None: every queue
+        self.batched = False  # True: one events.batch frame per worker batch, not one per event
         self.dropped = 0
         self.closed = False
         self._outbox: deque[str] = deque(maxlen=max(1, buffer_size))

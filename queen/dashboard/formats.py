@@ -34,6 +34,11 @@ def now_iso() -> str:
     return iso(dt.datetime.now(dt.UTC)) or ""
 
 
+def iso_of(seconds: float) -> str:
+    """Format a time.time() value as ISO-8601 UTC with milliseconds."""
+    return iso(dt.datetime.fromtimestamp(seconds, dt.UTC)) or ""
+
+
 def encode(name: str, data: Mapping[str, Any], timestamp: str) -> str:
     """Serialise one event as the text frame clients receive."""
     return orjson.dumps({"event": name, "data": data, "timestamp": timestamp}).decode()
@@ -104,6 +109,51 @@ def expand(
     if kind == ACKED:
         return acked(records[0], records[1], places)
     raise ValueError(f"unknown publication {kind!r}")
+
+
+def tally(
+    counts: dict[str, dict[str, int]],
+    kind: str,
+    records: Sequence[Any],
+    places: Mapping[str, MessagePlace],
+    other: str = "",
+) -> None:
+    """Count one publication's events per queue and name without building them.
+
+    Acknowledgments whose message was not located count under `other`. Plain loops: this
+    runs for every message while a dashboard is open.
+    """
+    if kind == PUSHED:
+        items = records[0]
+        for r in records[1]:
+            if r.status == "queued":
+                _add(counts, items[r.position - 1]["queue"], PUSHED)
+    elif kind == PROCESSING:
+        messages = records[0]
+        if messages and all(m.queue == messages[0].queue for m in messages):
+            _add(counts, messages[0].queue, PROCESSING, len(messages))
+        else:
+            for m in messages:
+                _add(counts, m.queue, PROCESSING)
+    else:
+        for r in records[1]:
+            name = COMPLETED if r.status == "completed" else _ack_event(r.status)
+            if name is not None:
+                place = places.get(r.transaction_id)
+                _add(counts, place.queue if place is not None else other, name)
+
+
+def _add(counts: dict[str, dict[str, int]], queue: str, name: str, n: int = 1) -> None:
+    by_name = counts.get(queue)
+    if by_name is None:
+        by_name = counts[queue] = {}
+    by_name[name] = by_name.get(name, 0) + n
+
+
+def _ack_event(status: str) -> str | None:
+    if status == "completed":
+        return COMPLETED
+    return FAILED if status in FAILED_STATUSES else None
 
 
 def acked_ids(kind: str, records: Sequence[Any]) -> list[str]:

@@ -1,11 +1,14 @@
-"""The per-process dashboard hub: connected sockets, event fan-out and periodic snapshots.
+"""The per-process dashboard hub: connected sockets, cluster-wide events and snapshots.
 
-Publishing costs one boolean check while no dashboard is connected to this process.
-With dashboards connected, the API appends one record per request to an inbox; a
-dispatcher greenlet formats the events (locating acknowledged messages with one
-query per batch) and copies each frame to the clients' bounded outboxes, which each
-client's own writer drains. A second greenlet takes one depth snapshot per period
-for all clients of the process.
+Publishing costs one boolean check while no dashboard is open anywhere in the cluster.
+While one is (a socket here, or a fresh presence note from another worker), the API
+appends one record per request to an inbox and nothing more: no database work on the
+request path. A relay greenlet drains the inbox every flush_interval_s, formats the
+events (locating acknowledged messages with one query per flush) and sends them as one
+NOTIFY (queen.dashboard.relay). Every worker's listener hands those batches, its own
+included, to `receive`, which copies each event to the clients' bounded outboxes; each
+client's own writer drains its outbox. So every socket gets every worker's events, once.
+A second greenlet takes one depth snapshot per period for the clients of the process.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import orjson
 
 from queen.config import Settings
-from queen.dashboard import formats
+from queen.dashboard import formats, relay
 from queen.dashboard.client import DashboardClient, Socket
 from queen.dashboard.formats import Event
 from queen.dashboard.ticker import Ticker
@@ -30,8 +33,9 @@ from queen.store.dashboard import Dashboard, MessagePlace
 
 log = logging.getLogger(__name__)
 
-INBOX_LIMIT = 1000  # publications (requests) waiting for the dispatcher; oldest dropped
-DISPATCH_BATCH = 50  # publications formatted per round (one lookup query for their acks)
+INBOX_LIMIT = 5000  # publications (requests) waiting for the next flush; oldest dropped
+PARTITION_DEPTH = "partition.depth"
+LOCATE_LIMIT = 64  # acknowledgments located per flush: about what one notification lists
 MAX_CLIENT_MESSAGE = 64 * 1024  # bytes; longer client messages are refused
 
 
@@ -49,6 +53,7 @@ class Silent:
 
 
 SILENT = Silent()
+Publication = tuple[str, tuple[Sequence[Any], ...], float]  # (kind, records, time.time())
 
 
 class RateBudget:
@@ -82,18 +87,28 @@ class Hub:
         stats_interval_s: float = 10.0,
         client_buffer: int = 1000,
         max_events_per_s: int = 1000,
+        relay_note: Callable[[str], None] | None = None,
+        flush_interval_s: float = relay.FLUSH_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """relay_note sends a dashboard notification to every worker (None: to this hub only)."""
         self.store = store
         self.worker_id = worker_id
         self.depth_interval_s = depth_interval_s
         self.stats_interval_s = stats_interval_s
         self.client_buffer = client_buffer
+        self.relay_note = relay_note
+        self.flush_interval_s = flush_interval_s
+        self.clock = clock
         self.listening = False  # the one check publishers pay while nobody watches
-        self.dropped_events = 0
+        self.dropped_events = 0  # cluster-wide, as reported by the batches received
         self._clients: tuple[DashboardClient, ...] = ()
         self._lock = threading.Lock()
-        self._inbox: deque[tuple[str, tuple[Sequence[Any], ...], str]] = deque(maxlen=INBOX_LIMIT)
-        self._inbox_ready = threading.Event()
+        self._inbox: deque[Publication] = deque(maxlen=INBOX_LIMIT)
+        self._overflow = 0  # events of publications pushed out of the full inbox
+        self._watched_until = float("-inf")  # another worker's presence note keeps us publishing
+        self._watched = threading.Event()  # set while listening: the relay loop runs
+        self._announce_now = True
         self._has_clients = threading.Event()
         self._stopping = threading.Event()
         self._started = False
@@ -109,7 +124,12 @@ class Hub:
             stats_interval_s=settings.dashboard_stats_interval_s,
             client_buffer=settings.dashboard_client_buffer,
             max_events_per_s=settings.dashboard_max_events_per_s,
+            flush_interval_s=settings.dashboard_flush_interval_s,
         )
+
+    def start_relay(self, relay_note: Callable[[str], None]) -> None:
+        """Send notifications through relay_note (a NOTIFY every worker receives)."""
+        self.relay_note = relay_note
 
     @property
     def connections(self) -> int:
@@ -119,15 +139,17 @@ class Hub:
         """Hand one request's records to the dispatcher (nothing happens while nobody watches)."""
         if not self.listening:
             return
-        self._inbox.append((kind, records, formats.now_iso()))
-        self._inbox_ready.set()
+        inbox = self._inbox
+        if len(inbox) == INBOX_LIMIT:
+            self._overflow += len(inbox[0][1][-1])
+        inbox.append((kind, records, time.time()))  # formatted by the relay, off the request
 
     # -- connections ---------------------------------------------------------------
 
     def serve(self, ws: Socket) -> None:
         """Run one dashboard connection until the peer goes away (blocks this greenlet)."""
         client = DashboardClient(ws, self.client_buffer)
-        connected = {"connectionId": client.id, "version": "v2"}
+        connected = {"connectionId": client.id, "version": "v2", "workerId": self.worker_id}
         client.send(formats.encode("connected", connected, formats.now_iso()))
         self._replay(client)
         client.start_writer()
@@ -167,12 +189,16 @@ class Hub:
             queues = doc.get("queues")
             names = [q for q in queues if isinstance(q, str)] if isinstance(queues, list) else []
             client.queues = frozenset(names) if names else None
-            self._send(client, "subscribed", {"queues": sorted(names)})
+            client.batched = doc.get("batch") is True
+            answer: dict[str, Any] = {"queues": sorted(names)}
+            if client.batched:
+                answer["batch"] = True
+            self._send(client, "subscribed", answer)
         elif kind == "unsubscribe":
             client.queues = None
             self._send(client, "subscribed", {"queues": []})
         else:
-            error = 'expected \'ping\' or {"type": "subscribe", "queues": [...]}'
+            error = 'expected \'ping\' or {"type": "subscribe", "queues": [...], "batch": bool}'
             self._send(client, "error", {"error": error})
 
     def _send(self, client: DashboardClient, name: str, data: dict[str, Any]) -> None:
@@ -189,37 +215,45 @@ class Hub:
     def _add(self, client: DashboardClient) -> None:
         with self._lock:
             self._clients = (*self._clients, client)
-            self.listening = True
+            self._announce_now = True
             self._has_clients.set()
-            if not self._started:
-                self._started = True
-                self._start_loops()
+            self._watch()
         self._fan_out([Event("client.connected", {"clientId": client.id}, None)])
 
     def _remove(self, client: DashboardClient) -> None:
         with self._lock:
             self._clients = tuple(c for c in self._clients if c is not client)
             if not self._clients:
-                self.listening = False
                 self._has_clients.clear()
+                self._still_watched()
         self._fan_out([Event("client.disconnected", {"clientId": client.id}, None)])
 
     def shutdown(self) -> None:
         """Close every dashboard connection and stop the loops (the worker is exiting)."""
         self._stopping.set()
         self._has_clients.set()
-        self._inbox_ready.set()
+        self._watched.set()
         for client in self._clients:
             client.close()
 
     # -- fan-out -------------------------------------------------------------------
 
-    def _fan_out(self, events: Iterable[Event], timestamp: str | None = None) -> None:
-        """Copy each event to the outbox of every client whose subscription wants it."""
+    def _fan_out(
+        self,
+        events: Iterable[Event],
+        timestamp: str | None = None,
+        clients: Sequence[DashboardClient] | None = None,
+    ) -> None:
+        """Copy each event to the outbox of every client whose subscription wants it.
+
+        Batched clients (the page) get no partition.depth: queue.depth carries the same
+        counts, and a thousand partitions would fill their outbox every snapshot.
+        """
         for event in events:
             text = None
-            for client in self._clients:
-                if client.wants(event.queue):
+            per_partition = event.name == PARTITION_DEPTH
+            for client in self._clients if clients is None else clients:
+                if client.wants(event.queue) and not (per_partition and client.batched):
                     if text is None:
                         text = formats.encode(
                             event.name, event.data, timestamp or formats.now_iso()
@@ -227,33 +261,113 @@ class Hub:
                     client.send(text)
 
     def _start_loops(self) -> None:
-        threading.Thread(target=self._dispatch_loop, name="dashboard-dispatch", daemon=True).start()
+        threading.Thread(target=self._relay_loop, name="dashboard-relay", daemon=True).start()
         if self._ticker is not None:
             threading.Thread(target=self._tick_loop, name="dashboard-ticker", daemon=True).start()
 
-    def _dispatch_loop(self) -> None:
-        while not self._stopping.is_set():
-            self._inbox_ready.wait()
-            self._inbox_ready.clear()
-            while self._inbox and not self._stopping.is_set():
-                count = min(len(self._inbox), DISPATCH_BATCH)
-                self._dispatch([self._inbox.popleft() for _ in range(count)])
-                time.sleep(0)  # let request greenlets run between rounds
+    # -- cluster relay ---------------------------------------------------------------
 
-    def _dispatch(self, batch: list[tuple[str, tuple[Sequence[Any], ...], str]]) -> None:
-        """Format and fan out a round of publications, within the per-second event budget."""
-        granted = []
-        for kind, records, timestamp in batch:
-            wanted = len(records[-1])  # one event per result or message, at most
-            allowed = self._budget.take(wanted)
-            self.dropped_events += wanted - allowed
+    def _watch(self) -> None:
+        """Start publishing: a dashboard is open here or elsewhere (the caller holds the lock)."""
+        self.listening = True
+        self._watched.set()
+        if not self._started:
+            self._started = True
+            self._start_loops()
+
+    def _still_watched(self) -> bool:
+        """Stop publishing once no socket is open here and no presence note is fresh."""
+        if self._clients or self.clock() < self._watched_until:
+            return True
+        self.listening = False
+        self._watched.clear()
+        return False
+
+    def receive(self, payload: str) -> None:
+        """Take one dashboard notification (from the listener): a presence note or a batch."""
+        note = relay.decode(payload)
+        if note is None:
+            log.debug("dashboard: ignoring notification %.80r", payload)
+        elif isinstance(note, str):
+            if note != self.worker_id:  # our own sockets are known without notes
+                with self._lock:
+                    self._watched_until = self.clock() + relay.PRESENCE_TTL_S
+                    self._watch()
+        else:
+            self.dropped_events += note.dropped
+            self._forward(note)
+
+    def _forward(self, batch: relay.Batch) -> None:
+        """Copy a batch to every client: per event, or as one events.batch frame if asked."""
+        clients = self._clients
+        single = [c for c in clients if not c.batched]
+        if single:
+            for event, timestamp in batch.events:
+                self._fan_out([event], timestamp, single)
+            self._fan_out([Event("events.summary", relay.summary(batch), None)], None, single)
+        frames: dict[frozenset[str] | None, str] = {}  # one encoding per subscription
+        for client in clients:
+            if client.batched:
+                text = frames.get(client.queues)
+                if text is None:
+                    text = frames[client.queues] = relay.batch_frame(batch, client.wants)
+                client.send(text)
+
+    def _note(self, payload: str) -> None:
+        send = self.relay_note
+        if send is None:
+            self.receive(payload)
+            return
+        try:
+            send(payload)
+        except QueenError as exc:
+            log.warning("dashboard: cannot send events: %s", exc.message)
+
+    def _relay_loop(self) -> None:
+        next_presence = 0.0
+        while not self._stopping.is_set():
+            with self._lock:
+                watched = self._still_watched()
+            if not watched:
+                self._inbox.clear()
+                self._watched.wait()
+                continue
+            now = self.clock()
+            if self._clients and (self._announce_now or now >= next_presence):
+                self._announce_now = False
+                next_presence = now + relay.PRESENCE_INTERVAL_S
+                self._note(relay.presence(self.worker_id))
+            self._stopping.wait(self.flush_interval_s)
+            self._flush()
+
+    def _flush(self) -> None:
+        """Send what the inbox holds as one batch, within the per-second event budget."""
+        inbox = self._inbox
+        batch = [inbox.popleft() for _ in range(len(inbox))]
+        overflow, self._overflow = self._overflow, 0
+        if not batch and not overflow:
+            return
+        granted = [(pub, self._budget.take(len(pub[1][-1]))) for pub in batch]
+        ids = [
+            i for (kind, recs, _), n in granted if n for i in formats.acked_ids(kind, recs)[:n]
+        ]
+        places = self._locate(ids[:LOCATE_LIMIT])
+        counts: relay.Counts = {}
+        for (kind, records, _), _n in granted:
+            formats.tally(counts, kind, records, places, relay.OTHER)
+        total = sum(n for by_name in counts.values() for n in by_name.values())
+        sample = self._sample(granted, places)  # lazy: built only as far as the payload holds
+        self._note(relay.encode_batch(self.worker_id, sample, counts, total, overflow))
+
+    def _sample(
+        self, granted: list[tuple[Publication, int]], places: dict[str, MessagePlace]
+    ) -> Iterator[tuple[Event, str]]:
+        for (kind, records, at), allowed in granted:
             if allowed:
-                granted.append((kind, records, timestamp, allowed))
-        ids = [i for kind, recs, _, n in granted for i in formats.acked_ids(kind, recs)[:n]]
-        places = self._locate(ids)
-        for kind, records, timestamp, allowed in granted:
-            events = formats.expand(kind, records, places, self.worker_id)
-            self._fan_out(itertools.islice(events, allowed), timestamp)
+                timestamp = formats.iso_of(at)
+                events = formats.expand(kind, records, places, self.worker_id)
+                for event in itertools.islice(events, allowed):
+                    yield event, timestamp
 
     def _locate(self, transaction_ids: list[str]) -> dict[str, MessagePlace]:
         if not transaction_ids or self.store is None:

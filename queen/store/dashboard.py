@@ -14,6 +14,7 @@ from psycopg.rows import RowFactory, namedtuple_row
 from queen.store.db import Database
 
 DASHBOARD_STATEMENT_TIMEOUT_MS = 5000
+DASHBOARD_CHANNEL = "queen_dashboard"  # NOTIFY channel of dashboard batches and presence notes
 
 
 class PartitionDepth(NamedTuple):
@@ -81,3 +82,11 @@ class Dashboard:
             return {}
         rows = self._fetch("dashboard_locate", {"ids": list(transaction_ids)}, namedtuple_row)
         return {row.transaction_id: MessagePlace(*row) for row in rows}
+
+    def notify(self, payload: str) -> None:
+        """Send one dashboard notification to every worker's listener (payload < 8000 bytes)."""
+        with self.db.connection() as conn:
+            conn.execute(
+                self.db.queries["dashboard_notify"],
+                {"channel": DASHBOARD_CHANNEL, "payload": payload},
+            )

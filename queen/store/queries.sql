@@ -93,6 +93,9 @@ JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
 WHERE m.transaction_id = ANY (%(ids)s::text[])
 
+-- dashboard_notify: one dashboard batch or presence note to every worker's listener --
+SELECT pg_notify(%(channel)s, %(payload)s)
+
 -- maintenance_setup: session settings of the maintenance connection (timeouts, keepalives, plans) --
 -- Every maintenance statement walks an index in order under a LIMIT; a bitmap scan would
 -- read a whole partition and sort it. JIT only adds compile time to these short statements.

@@ -24,6 +24,7 @@ def dash(db_dsn: str) -> Iterator[Server]:
         db_dsn,
         QUEEN_DASHBOARD_DEPTH_INTERVAL="0.3",
         QUEEN_DASHBOARD_STATS_INTERVAL="0.5",
+        QUEEN_DASHBOARD_FLUSH_INTERVAL="0.25",
     ).start()
     yield srv
     srv.stop()

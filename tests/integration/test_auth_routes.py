@@ -110,6 +110,7 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/metrics"): Case("/metrics", READERS),
     ("GET", "/metrics/prometheus"): Case("/metrics/prometheus", PUBLIC),
     ("GET", f"{A}/openapi.json"): Case(f"{A}/openapi.json", READERS),
+    ("GET", f"{A}/auth/me"): Case(f"{A}/auth/me", READERS),
 }
 STATIC = "/dashboard/static/app.js"  # the dashboard's files are public
 
@@ -421,3 +422,15 @@ def test_auth_off_changes_nothing(store: Store) -> None:
     assert client.simulate_post(f"{A}/push", json={"items": [item]}).status_code == 201
     assert client.simulate_get(f"{A}/messages/open-1").json["producer"] is None
     assert client.simulate_get(f"{A}/resources/overview").status_code == 200
+
+
+def test_auth_me_tells_the_page_what_the_token_may_do(
+    client: testing.TestClient, tokens: Tokens
+) -> None:
+    for role in ("reader", "admin"):
+        headers = {"Authorization": f"Bearer {tokens.by_role[role]}"}
+        doc = client.simulate_get(f"{A}/auth/me", headers=headers).json
+        assert doc["auth"] is True and doc["role"] == role
+        assert ("admin" in doc["permissions"]) is (role == "admin")
+        assert "read" in doc["permissions"] and doc["queues"] == ["*"]
+    assert_refused(client.simulate_get(f"{A}/auth/me"), 401)

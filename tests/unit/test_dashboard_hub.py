@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any
 
-from queen.dashboard import formats
+from queen.dashboard import formats, relay
 from queen.dashboard.client import DashboardClient
 from queen.dashboard.hub import Hub, RateBudget
 from queen.dashboard.ticker import Ticker
@@ -182,7 +182,8 @@ def test_publishing_without_dashboards_does_nothing():
 
 
 def test_hub_serves_connect_ping_subscribe_and_disconnect():
-    hub = Hub(FakeStore(), "w1", depth_interval_s=60, stats_interval_s=60)  # type: ignore[arg-type]
+    hub = Hub(FakeStore(), "w1", depth_interval_s=60, stats_interval_s=60,  # type: ignore[arg-type]
+              flush_interval_s=0.05)
     sock = FakeSocket()
     thread = serve(hub, sock)
     assert hub.listening and hub.connections == 1
@@ -232,7 +233,7 @@ def test_ticker_reports_depths_changes_and_new_queues():
 
 
 def test_events_over_the_budget_are_dropped_and_counted():
-    hub = Hub(None, "w1", max_events_per_s=2)
+    hub = Hub(None, "w1", max_events_per_s=2, flush_interval_s=0.05)
     sock = FakeSocket()
     thread = serve(hub, sock)
     hub.publish(formats.PROCESSING, [popped(f"t{i}") for i in range(5)])
@@ -242,5 +243,126 @@ def test_events_over_the_budget_are_dropped_and_counted():
     while hub.dropped_events < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert hub.dropped_events == 3
+    sock.incoming.put(None)
+    thread.join(2)
+
+
+# -- cluster relay ------------------------------------------------------------------
+
+
+class Bus:
+    """Stands in for NOTIFY: every note reaches every hub, the sender's own included."""
+
+    def __init__(self) -> None:
+        self.hubs: list[Hub] = []
+        self.notes: list[str] = []
+
+    def send(self, payload: str) -> None:
+        assert len(payload.encode()) < 8000
+        self.notes.append(payload)
+        for hub in self.hubs:
+            hub.receive(payload)
+
+
+def linked_hubs(*names: str, clock: Any = time.monotonic) -> tuple[Bus, list[Hub]]:
+    bus = Bus()
+    hubs = [Hub(FakeStore(), name, depth_interval_s=60, stats_interval_s=60,  # type: ignore[arg-type]
+                relay_note=bus.send, clock=clock, flush_interval_s=0.05) for name in names]
+    bus.hubs = hubs
+    return bus, hubs
+
+
+def test_a_batch_stays_under_the_notify_limit_and_counts_what_it_leaves_out():
+    events = [(formats.Event("message.pushed", {"queue": "q", "transactionId": f"t{i:05}",
+                                                "partition": "p" * 40}, "q"), "ts")
+              for i in range(1000)]
+    counts = {"q": {"message.pushed": 1000}}
+    payload = relay.encode_batch("w1", iter(events), counts, total=1000, lost=5)
+    assert len(payload.encode()) <= relay.PAYLOAD_LIMIT
+    batch = relay.decode(payload)
+    assert isinstance(batch, relay.Batch)
+    assert 0 < len(batch.events) < 1000
+    assert batch.dropped == 5 + 1000 - len(batch.events)
+    assert batch.counts == counts and batch.worker == "w1"
+    assert batch.events[0] == events[0]
+
+
+def test_counts_of_many_queues_keep_the_busiest_and_fold_the_rest():
+    counts = {f"queue-{i:04}": {"message.pushed": i + 1, "message.completed": 1}
+              for i in range(500)}
+    kept = relay.bounded_counts(counts)
+    assert len(json.dumps(kept, separators=(",", ":"))) <= relay.COUNTS_LIMIT + 100
+    assert "queue-0499" in kept and "queue-0000" not in kept
+    total = sum(n for c in kept.values() for n in c.values())
+    assert total == sum(n for c in counts.values() for n in c.values())
+    assert relay.decode("not json") is None and relay.decode('{"type": "x"}') is None
+
+
+def test_tally_counts_per_queue_and_kind_without_events():
+    counts: dict[str, dict[str, int]] = {}
+    items = [{"queue": "a"}, {"queue": "b"}, {"queue": "a"}]
+    results = [PushResult(1, None, "t1", "queued"), PushResult(2, None, "t2", "queued"),
+               PushResult(3, None, "t3", "duplicate")]
+    formats.tally(counts, formats.PUSHED, (items, results), {})
+    acks = [{"transactionId": "t1"}, {"transactionId": "t2"}]
+    acked = [AckResult(1, "t1", "completed", None, NOW), AckResult(2, "t2", "dead_letter", None, NOW)]
+    formats.tally(counts, formats.ACKED, (acks, acked), {"t1": MessagePlace("t1", "a", "p")})
+    assert counts == {"a": {"message.pushed": 1, "message.completed": 1},
+                      "b": {"message.pushed": 1}, "": {"message.failed": 1}}
+
+
+def test_events_of_a_worker_without_sockets_reach_the_sockets_of_another():
+    bus, (watched, other) = linked_hubs("w1", "w2")
+    assert not other.listening
+    sock = FakeSocket()
+    thread = serve(watched, sock)
+    deadline = time.monotonic() + 2
+    while not other.listening and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert other.listening  # w1's presence note arrived
+
+    other.publish(formats.PROCESSING, [popped("from-w2")])
+    watched.publish(formats.PROCESSING, [popped("from-w1")])
+    got = {sock.wait_for("message.processing")["data"]["workerId"] for _ in range(2)}
+    assert got == {"w1", "w2"}
+    summary = sock.wait_for("events.summary")["data"]
+    assert summary["totals"] == {"message.processing": 1} and summary["dropped"] == 0
+    with contextlib.suppress(queue.Empty):  # each event once, though both hubs received both
+        while True:
+            event = sock.next_event(timeout=0.6)
+            assert event["event"] != "message.processing"
+    sock.incoming.put(None)
+    thread.join(2)
+
+
+def test_a_worker_stops_publishing_when_presence_notes_stop():
+    now = [1000.0]
+    bus, (watched, other) = linked_hubs("w1", "w2", clock=lambda: now[0])
+    bus.send(relay.presence("w1"))
+    assert other.listening and not watched.listening  # a worker ignores its own notes
+    now[0] += relay.PRESENCE_TTL_S - 1
+    bus.send(relay.encode_batch("w2", [], {"q": {"message.pushed": 1}}, 1))  # not presence
+    now[0] += 2
+    deadline = time.monotonic() + 2
+    while other.listening and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not other.listening  # batches alone never keep workers publishing to each other
+    other.publish(formats.PROCESSING, [popped("late")])
+    assert not other._inbox
+
+
+def test_batched_clients_get_queue_depths_without_a_flood_of_partition_depths():
+    store = FakeStore()
+    store.rows = [depth("big", f"p{i:04}", 1) for i in range(1500)]
+    hub = Hub(store, "w1", depth_interval_s=60, stats_interval_s=60,  # type: ignore[arg-type]
+              client_buffer=1000, flush_interval_s=0.05)
+    sock = FakeSocket()
+    sock.incoming.put(json.dumps({"type": "subscribe", "queues": [], "batch": True}))
+    thread = serve(hub, sock)
+    depth_event = sock.wait_for("queue.depth")
+    assert len(depth_event["data"]["partitions"]) == 1500
+    with contextlib.suppress(queue.Empty):
+        while True:
+            assert sock.next_event(timeout=0.3)["event"] != "partition.depth"
     sock.incoming.put(None)
     thread.join(2)

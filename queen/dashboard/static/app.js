@@ -1,10 +1,12 @@
-// Queen dashboard: one WebSocket for live events, one JSON endpoint for the chart.
-// Plain browser JavaScript, no build step, no dependencies.
+// Queen dashboard overview: one WebSocket for live events, one JSON endpoint for the chart;
+// and the router that shows the other pages (pages.js). Plain browser JavaScript, no build
+// step, no dependencies.
 (() => {
   "use strict";
 
+  const Q = window.Queen;
+
   const WS_URL = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/dashboard`;
-  const TOKEN_KEY = "queen.token"; // sessionStorage, or localStorage when remembered
   const REFUSED = new Set([4401, 4403]); // the socket's close codes for 401 and 403
   const THROUGHPUT_URL = "/api/v1/analytics/throughput";
   const PING_EVERY_MS = 30000;
@@ -12,7 +14,8 @@
   const CHART_MINUTES = 60;
   const HISTORY = 60; // depth samples kept per queue for the sparkline
   const STALE_QUEUE_MS = 30000; // a queue missing from snapshots this long is removed
-  const MAX_LOG = 200;
+  const MAX_LOG = 200; // entries shown
+  const KEPT_LOG = 1000; // entries kept, so that a filter finds older ones
   const LOG_FLUSH_MS = 250;
 
   const $ = (id) => document.getElementById(id);
@@ -21,11 +24,14 @@
 
   const state = {
     queues: new Map(), // name -> {data, history: number[], seen: ms}
+    histories: new Map(), // name -> depth samples, kept when the subscription changes
     expanded: new Set(),
     chartQueue: null,
     paused: false,
-    pendingLog: [],
-    eventTimes: [],
+    log: [], // newest last
+    logChanged: true,
+    eventTimes: [], // [ms, count] per batch or event, for the rate
+    dropped: 0,
     renderQueued: false,
   };
 
@@ -34,14 +40,13 @@
   // With QUEEN_AUTH=on every data request needs a token: the page asks for one when the
   // server refuses, keeps it in the browser only, and sends it as a Bearer header (and as
   // ?token= on the socket, since browsers cannot set headers on a WebSocket).
-  const token = () => sessionStorage.getItem(TOKEN_KEY) || localStorage.getItem(TOKEN_KEY);
-  const authHeaders = () => (token() ? { Authorization: `Bearer ${token()}` } : {});
+  const token = Q.token;
+  const authHeaders = Q.authHeaders;
   let signedOut = false;
 
   function askForToken(reason) {
     signedOut = true;
-    sessionStorage.removeItem(TOKEN_KEY);
-    localStorage.removeItem(TOKEN_KEY);
+    Q.forgetToken();
     if (reason) $("login-reason").textContent = reason;
     $("login").hidden = false;
     $("sign-out").hidden = true;
@@ -52,7 +57,7 @@
     e.preventDefault();
     const value = $("login-token").value.trim();
     if (!value) return;
-    ($("login-remember").checked ? localStorage : sessionStorage).setItem(TOKEN_KEY, value);
+    Q.saveToken(value, $("login-remember").checked);
     $("login-token").value = "";
     $("login").hidden = true;
     signedOut = false;
@@ -60,6 +65,7 @@
     if (socket) socket.close();
     else connect();
     loadThroughput();
+    Q.loadMe().then(showRole).then(route);
   });
   $("sign-out").addEventListener("click", () => {
     askForToken("Signed out.");
@@ -116,12 +122,12 @@
   function sendSubscription() {
     if (!socket || socket.readyState !== 1) return;
     const queues = $("subscribe").value.split(/[\s,]+/).filter(Boolean);
-    socket.send(JSON.stringify({ type: "subscribe", queues }));
+    socket.send(JSON.stringify({ type: "subscribe", queues, batch: true }));
     state.queues.clear(); // the next snapshot (a few seconds) shows only what was asked for
     scheduleRender();
   }
 
-  function handle(event) {
+  function handle(event, counted = false) {
     const { event: name, data, timestamp } = event;
     switch (name) {
       case "queue.depth":
@@ -133,12 +139,15 @@
       case "connected":
         log({ name: "connected", timestamp, where: "", detail: `connection ${data.connectionId}` });
         break;
+      case "events.batch":
+        onBatch(data);
+        break;
       case "message.pushed":
       case "message.processing":
       case "message.completed":
       case "message.failed":
       case "queue.created":
-        onMessageEvent(name, data, timestamp);
+        onMessageEvent(name, data, timestamp, counted);
         break;
       default:
         break; // partition.depth, client.*: the queue table already shows them
@@ -146,6 +155,19 @@
   }
 
   // ---------------------------------------------------------------- stats and queues
+
+  // One worker's events of the last flush period (a second by default): the sample shown in the log, and counts that
+  // stay complete when the per-worker cap left events out of the sample.
+  function onBatch(batch) {
+    for (const event of batch.events) handle(event, true);
+    const total = Object.values(batch.totals || {}).reduce((a, b) => a + b, 0);
+    state.eventTimes.push([Date.now(), total]);
+    if (batch.dropped) {
+      state.dropped += batch.dropped;
+      $("dropped").hidden = false;
+      $("dropped").textContent = `${num(state.dropped)} events over the cap not listed (counted in the rate)`;
+    }
+  }
 
   function onStats(s) {
     $("stat-pending").textContent = num(s.pending);
@@ -159,7 +181,8 @@
   function onDepth(d) {
     let q = state.queues.get(d.queue);
     if (!q) {
-      q = { data: d, history: [], seen: 0 };
+      if (!state.histories.has(d.queue)) state.histories.set(d.queue, []);
+      q = { data: d, history: state.histories.get(d.queue), seen: 0 };
       state.queues.set(d.queue, q);
     }
     q.data = d;
@@ -208,7 +231,9 @@
       const caret = document.createElement("span");
       caret.className = "caret";
       caret.textContent = "▸";
-      first.append(caret, document.createTextNode(name));
+      const open_ = Q.link(Q.queueHref(name), name, { class: "queue-link", title: "Open the queue's page" });
+      open_.addEventListener("click", (e) => e.stopPropagation());
+      first.append(caret, open_);
       const parts = Object.keys(d.partitions || {}).length;
       for (const label of [d.namespace, d.task, `${parts} partition${parts === 1 ? "" : "s"}`]) {
         if (!label) continue;
@@ -289,9 +314,10 @@
 
   function sparkline(canvas, values) {
     const { ctx, width, height } = fitCanvas(canvas);
-    if (values.length < 2) return;
+    if (!values.length) return;
+    if (values.length === 1) values = [values[0], values[0]]; // a flat start, not a blank cell
     const max = Math.max(1, ...values);
-    const step = width / (HISTORY - 1);
+    const step = width / (Math.max(values.length, HISTORY / 4) - 1); // widens until full
     const x0 = width - (values.length - 1) * step;
     const y = (v) => height - 2 - (v / max) * (height - 4);
     ctx.beginPath();
@@ -401,8 +427,8 @@
     "queue.created": ["queue created", "other"],
   };
 
-  function onMessageEvent(name, data, timestamp) {
-    state.eventTimes.push(Date.now());
+  function onMessageEvent(name, data, timestamp, counted) {
+    if (!counted) state.eventTimes.push([Date.now(), 1]);
     if (state.paused) return;
     const where = data.queue ? `${data.queue}${data.partition ? ` / ${data.partition}` : ""}` : "";
     const detail = [];
@@ -410,31 +436,44 @@
     if (data.workerId) detail.push(`worker ${data.workerId}`);
     if (data.status && data.status !== "failed") detail.push(data.status.replace("_", " "));
     if (data.retryCount != null) detail.push(`retry ${data.retryCount}`);
-    log({ name, timestamp, where, detail: detail.join(" · "), error: data.error });
+    log({ name, timestamp, where, queue: data.queue, detail: detail.join(" · "), error: data.error });
   }
 
   function log(entry) {
-    state.pendingLog.push(entry);
-    if (state.pendingLog.length > MAX_LOG) state.pendingLog.splice(0, state.pendingLog.length - MAX_LOG);
+    state.log.push(entry);
+    if (state.log.length > KEPT_LOG) state.log.splice(0, state.log.length - KEPT_LOG);
+    state.logChanged = true;
+  }
+
+  function shownEntries() {
+    const kind = $("log-kind").value;
+    const queue = $("log-queue").value.trim().toLowerCase();
+    const shown = [];
+    for (let i = state.log.length - 1; i >= 0 && shown.length < MAX_LOG; i--) {
+      const e = state.log[i];
+      if (kind && e.name !== kind) continue;
+      if (queue && !(e.queue || "").toLowerCase().includes(queue)) continue;
+      shown.push(e);
+    }
+    return shown;
   }
 
   function flushLog() {
     const list = $("events");
-    if (state.pendingLog.length) {
-      list.querySelector(".note")?.remove();
-      const items = state.pendingLog.reverse().map(renderEntry);
-      state.pendingLog = [];
-      list.prepend(...items);
-      while (list.children.length > MAX_LOG) list.lastChild.remove();
-    } else if (!list.children.length) {
-      const li = document.createElement("li");
-      li.className = "note";
-      li.textContent = "No events yet. Push a message to see it here.";
-      list.append(li);
+    if (state.logChanged) {
+      state.logChanged = false;
+      const items = shownEntries().map(renderEntry);
+      if (!items.length) {
+        const li = document.createElement("li");
+        li.className = "note";
+        li.textContent = state.log.length ? "No event matches the filter." : "No events yet. Push a message to see it here.";
+        items.push(li);
+      }
+      list.replaceChildren(...items);
     }
     const cutoff = Date.now() - 10000;
-    state.eventTimes = state.eventTimes.filter((t) => t >= cutoff);
-    const rate = state.eventTimes.length / 10;
+    state.eventTimes = state.eventTimes.filter(([t]) => t >= cutoff);
+    const rate = state.eventTimes.reduce((sum, [, n]) => sum + n, 0) / 10;
     $("event-rate").textContent = rate ? `${rate.toFixed(1)} events/s` : "";
   }
 
@@ -460,6 +499,7 @@
       err.textContent = ` ${e.error}`;
       detail.append(err);
     }
+    li.dataset.kind = e.name;
     li.append(time, badge, where, detail);
     return li;
   }
@@ -472,7 +512,18 @@
     state.paused = !state.paused;
     ev.target.textContent = state.paused ? "Resume" : "Pause";
   });
-  $("clear").addEventListener("click", () => $("events").replaceChildren());
+  $("clear").addEventListener("click", () => {
+    state.log = [];
+    state.logChanged = true;
+  });
+  for (const id of ["log-kind", "log-queue"]) {
+    for (const type of ["input", "change"]) {
+      $(id).addEventListener(type, () => {
+        state.logChanged = true;
+        flushLog();
+      });
+    }
+  }
   $("chart-reset").addEventListener("click", () => {
     state.chartQueue = null;
     $("chart-scope").textContent = "all queues";
@@ -485,8 +536,36 @@
     renderQueues();
   });
 
+  // ---------------------------------------------------------------- pages
+
+  function showRole(me) {
+    $("role").hidden = !me.auth;
+    $("role").textContent = me.auth ? `${me.name || "token"} · ${me.role}` : "";
+  }
+
+  // #/ is the overview; #/<page>/<arg>?<query> renders pages.js's page into #view-page.
+  function route() {
+    const hash = location.hash.replace(/^#\/?/, "");
+    const [path, search] = hash.split("?");
+    const [page, ...args] = path.split("/").filter(Boolean).map(decodeURIComponent);
+    const render = page && Q.pages[page];
+    $("view-overview").hidden = Boolean(render);
+    $("view-page").hidden = !render;
+    const tab = page === "queue" || page === "message" ? (page === "message" ? "messages" : "overview") : page || "overview";
+    for (const a of document.querySelectorAll("#tabs a")) a.classList.toggle("active", a.dataset.page === tab);
+    if (render) render($("view-page"), args, new URLSearchParams(search || ""));
+    else {
+      drawChart();
+      renderQueues();
+    }
+  }
+
+  Q.onUnauthorized = (reason) => askForToken(reason);
+  window.addEventListener("hashchange", route);
+
   setInterval(flushLog, LOG_FLUSH_MS);
   setInterval(loadThroughput, CHART_REFRESH_MS);
   loadThroughput();
   connect();
+  Q.loadMe().then(showRole).then(route);
 })();

@@ -1,0 +1,203 @@
+"""Every request the dashboard's pages make, timed on a big database (goal: none over 1 s).
+
+    python -m bench.dashboard_scale [--dsn ...] [--skip-seed] [--repeat 5]
+
+Seeds (bench.seed) 100 queues, 1,000 partitions and 1 million messages into a fresh
+database (ANALYZEd afterwards: this machine's PostgreSQL runs without autovacuum), starts
+Queen (2 workers plus maintenance) and requests what each page asks for, --repeat times
+one after another, on an otherwise idle server: the overview (page, scripts, token,
+throughput, the socket's first queue.depth snapshot), a queue's page, the message browser
+with each filter and a deep page, a message, dead letters, consumer groups, and the
+actions (configure, retry, delete, clear). Writes bench/results/dashboard-scale.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import requests
+import websocket
+
+from bench import seed
+from bench.api_latency import running_server
+from bench.report import save_lines
+from bench.systems import BENCH_DIR, fresh_database
+
+SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+NAME = "queen_bench_dashscale"
+GOAL_MS = 1000.0
+
+
+def seed_database(dsn: str) -> None:
+    seed.main(["--dsn", dsn, "--messages", "1000000", "--partitions", "1000", "--queues", "100",
+               "--metrics-hours", "1", "--chunk", "250000"])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def sample(dsn: str) -> dict[str, str]:
+    """A queue with its busiest partition, one message, one dead letter, a queue to clear."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        queue, partition = conn.execute(
+            "SELECT q.name, p.name FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id"
+            " ORDER BY q.name, p.name LIMIT 1").fetchone() or ("", "")
+        txid, dead, doomed = conn.execute(
+            "SELECT (SELECT transaction_id FROM queen.messages WHERE status = 'pending' LIMIT 1),"
+            " (SELECT transaction_id FROM queen.messages WHERE status = 'dead_letter' LIMIT 1),"
+            " (SELECT transaction_id FROM queen.messages WHERE status = 'completed' LIMIT 1)"
+        ).fetchone() or ("", "", "")
+        last = conn.execute(  # a queue that still has messages (an earlier run cleared one)
+            "SELECT q.name FROM queen.queues q WHERE q.name <> %s AND EXISTS (SELECT 1 FROM"
+            " queen.partitions p JOIN queen.messages m ON m.partition_id = p.id"
+            " WHERE p.queue_id = q.id) ORDER BY q.name DESC LIMIT 1", (queue,)).fetchone()
+    return {"queue": queue, "partition": partition, "txid": txid, "dead": dead,
+            "doomed": doomed, "clear": last[0] if last else ""}
+
+
+def first_depth(url: str) -> tuple[float, bool]:
+    """Open the dashboard socket; time until its first queue.depth event."""
+    started = time.perf_counter()
+    ws = websocket.create_connection(url.replace("http", "ws") + "/ws/dashboard", timeout=30)
+    ws.send(json.dumps({"type": "subscribe", "queues": [], "batch": True}))  # as the page does
+    try:
+        while True:
+            event = json.loads(ws.recv())
+            if event["event"] == "queue.depth":
+                return (time.perf_counter() - started) * 1000, True
+    finally:
+        ws.close()
+
+
+def requests_of(s: dict[str, str]) -> list[tuple[str, str, str, Any]]:
+    """(page, method, path, json body) of what the pages request, in page order."""
+    q, p = s["queue"], s["partition"]
+    m = "/api/v1/messages"
+    return [
+        ("overview", "GET", "/dashboard", None),
+        ("overview", "GET", "/dashboard/static/app.js", None),
+        ("overview", "GET", "/dashboard/static/pages.js", None),
+        ("overview", "GET", "/api/v1/auth/me", None),
+        ("overview", "GET", "/api/v1/analytics/throughput", None),
+        ("overview", "GET", f"/api/v1/analytics/throughput?queue={q}", None),
+        ("queue", "GET", f"/api/v1/resources/queues/{q}", None),
+        ("queue", "GET", f"/api/v1/consumer-groups?queue={q}", None),
+        ("messages", "GET", "/api/v1/resources/queues", None),
+        ("messages", "GET", f"{m}?limit=50&offset=0", None),
+        ("messages", "GET", f"{m}?queue={q}&limit=50&offset=0", None),
+        ("messages", "GET", f"{m}?queue={q}&partition={p}&limit=50&offset=0", None),
+        ("messages", "GET", f"{m}?queue={q}&status=pending&limit=50&offset=0", None),
+        ("messages", "GET", f"{m}?status=completed&limit=50&offset=0", None),
+        ("messages", "GET", f"{m}?status=failed&limit=50&offset=0", None),
+        ("messages", "GET", f"{m}?queue={q}&limit=50&offset=2000", None),
+        ("message", "GET", f"{m}/{s['txid']}", None),
+        ("dead letters", "GET", f"{m}?status=dead_letter&limit=50&offset=0", None),
+        ("dead letters", "GET", f"{m}?queue={q}&status=dead_letter&limit=50&offset=0", None),
+        ("groups", "GET", "/api/v1/consumer-groups", None),
+        ("actions", "POST", "/api/v1/configure", {"queue": q, "options": {"retryLimit": 4}}),
+    ]
+
+
+def one_shot(s: dict[str, str]) -> list[tuple[str, str, str, Any]]:
+    """Actions that change what they act on: timed once each."""
+    m = "/api/v1/messages"
+    return [
+        ("actions", "POST", f"{m}/{s['dead']}/retry", None),
+        ("actions", "DELETE", f"{m}/{s['doomed']}", None),
+        ("actions", "DELETE", f"/api/v1/queues/{s['clear']}/clear", None),
+    ]
+
+
+def timed(session: requests.Session, url: str, method: str, path: str, body: Any) -> tuple[float, int]:
+    started = time.perf_counter()
+    resp = session.request(method, url + path, json=body, timeout=60)
+    return (time.perf_counter() - started) * 1000, resp.status_code
+
+
+def measure(url: str, s: dict[str, str], repeat: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with requests.Session() as session:
+        for page, method, path, body in requests_of(s):
+            times, codes = [], set()
+            for _ in range(repeat):
+                ms, code = timed(session, url, method, path, body)
+                times.append(ms)
+                codes.add(code)
+            rows.append(row(page, f"{method} {path}", times, codes))
+        socket_times = [first_depth(url)[0] for _ in range(repeat)]
+        rows.insert(6, row("overview", "WS /ws/dashboard (to the first queue.depth)",
+                           socket_times, {101}))
+        for page, method, path, body in one_shot(s):
+            ms, code = timed(session, url, method, path, body)
+            rows.append(row(page, f"{method} {path}", [ms], {code}))
+    return rows
+
+
+def row(page: str, what: str, times: list[float], codes: set[int]) -> dict[str, Any]:
+    return {"page": page, "request": what, "median": statistics.median(times),
+            "max": max(times), "codes": ",".join(map(str, sorted(codes)))}
+
+
+def report(rows: list[dict[str, Any]], counts: dict[str, int], repeat: int) -> list[str]:
+    worst = max(rows, key=lambda r: r["max"])
+    over = [r for r in rows if r["max"] > GOAL_MS]
+    lines = [
+        "# The dashboard's requests on 100 queues, 1,000 partitions, 1 million messages",
+        "",
+        f"Run {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
+        f"({os.cpu_count()} cores, Python {platform.python_version()}); PostgreSQL at "
+        f"{SERVER_DSN.rsplit('@', 1)[-1]} (shared with other work, autovacuum off there; "
+        "ANALYZE after seeding). Queen: 2 workers + maintenance, idle apart from these "
+        f"requests, each made {repeat} times one after another (actions that change their "
+        f"target once). Database: {counts['queues']} queues, {counts['partitions']:,} "
+        f"partitions, {counts['messages']:,} messages.",
+        "",
+        f"Goal: no request over {GOAL_MS:.0f} ms. Slowest: {worst['request']} at "
+        f"{worst['max']:.0f} ms. Over the goal: {len(over)}.",
+        "",
+        "| page | request | median ms | max ms | status |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {r['page']} | `{r['request']}` | {r['median']:.1f} | {r['max']:.1f} | "
+              f"{r['codes']} |" for r in rows]
+    return lines
+
+
+def counts_of(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        q, p, m = conn.execute(
+            "SELECT (SELECT count(*) FROM queen.queues), (SELECT count(*) FROM queen.partitions),"
+            " (SELECT count(*) FROM queen.messages)").fetchone() or (0, 0, 0)
+    return {"queues": int(q), "partitions": int(p), "messages": int(m)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", default=None, help="an existing database (default: a fresh one)")
+    parser.add_argument("--skip-seed", action="store_true")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    dsn = args.dsn or fresh_database(SERVER_DSN, NAME)
+    log: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
+    if not args.skip_seed:
+        log("seeding 1,000,000 messages")
+        seed_database(dsn)
+    counts = counts_of(dsn)
+    s = sample(dsn)
+    with running_server(dsn, workers=2, maintenance=True) as url:
+        time.sleep(3)  # maintenance folds the counters once
+        rows = measure(url, s, args.repeat)
+    save_lines(BENCH_DIR / "results" / "dashboard-scale.md", report(rows, counts, args.repeat))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""Every dashboard socket, on every worker of every host, gets every worker's message events."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+import websocket
+
+from tests.conftest import Server
+from tests.e2e.test_long_poll import servers
+
+QUIET = {"QUEEN_DASHBOARD_DEPTH_INTERVAL": "60", "QUEEN_DASHBOARD_STATS_INTERVAL": "60"}
+
+
+def fresh(method: str, url: str, **kwargs: Any) -> requests.Response:
+    """One request on a new connection, so the kernel may hand it to any worker."""
+    headers = {"Connection": "close"}
+    return requests.request(method, url, headers=headers, timeout=10, **kwargs)
+
+
+class Watcher:
+    """One dashboard socket and every event it received."""
+
+    def __init__(self, host: Server) -> None:
+        self.ws = websocket.create_connection(f"ws://127.0.0.1:{host.port}/ws/dashboard", timeout=5)
+        self.worker = json.loads(self.ws.recv())["data"]["workerId"]
+        self.events: list[dict[str, Any]] = []
+
+    def drain(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.ws.settimeout(left)
+            try:
+                frame = self.ws.recv()
+            except websocket.WebSocketTimeoutException:
+                return
+            if frame != "pong":
+                self.events.append(json.loads(frame))
+
+    def ids(self, name: str, queue: str) -> list[str]:
+        return [e["data"]["transactionId"] for e in self.events
+                if e["event"] == name and e["data"].get("queue") == queue]
+
+    def summarised_workers(self) -> set[str]:
+        return {e["data"]["workerId"] for e in self.events if e["event"] == "events.summary"}
+
+
+def one_socket_per_worker(hosts: tuple[Server, ...], workers: int) -> Iterator[Watcher]:
+    """Open sockets until every worker of every host holds one; close the spare ones."""
+    for host in hosts:
+        kept: dict[str, Watcher] = {}
+        for _ in range(60):
+            watcher = Watcher(host)
+            if watcher.worker in kept:
+                watcher.ws.close()
+            else:
+                kept[watcher.worker] = watcher
+            if len(kept) == workers:
+                break
+            time.sleep(0.05)
+        assert len(kept) == workers, f"sockets reached only {sorted(kept)}"
+        yield from kept.values()
+
+
+def until_every_worker_is_heard(hosts: tuple[Server, ...], watchers: list[Watcher]) -> None:
+    """Push probes through fresh connections until each socket has had a batch of every worker."""
+    everyone = {w.worker for w in watchers}
+    deadline = time.monotonic() + 30
+    round_ = 0
+    while time.monotonic() < deadline:
+        for host in hosts:
+            for _ in range(4):
+                round_ += 1
+                item = {"queue": "probe", "payload": round_}
+                assert fresh("POST", f"{host.url}/api/v1/push", json={"items": [item]}).ok
+        for watcher in watchers:
+            watcher.drain(0.3)
+        if all(w.summarised_workers() >= everyone for w in watchers):
+            return
+    missing = {w.worker: everyone - w.summarised_workers() for w in watchers}
+    raise AssertionError(f"batches never arrived: {missing}")
+
+
+@pytest.mark.parametrize("hosts_count", [1, 2], ids=["1-host-x-2-workers", "2-hosts-x-2-workers"])
+def test_every_socket_gets_every_event_once(db_dsn, hosts_count):
+    hosts = tuple(Server(db_dsn, workers=2, **QUIET) for _ in range(hosts_count))
+    with servers(*hosts), contextlib.ExitStack() as stack:
+        watchers = list(one_socket_per_worker(hosts, 2))
+        for w in watchers:
+            stack.callback(w.ws.close)
+        until_every_worker_is_heard(hosts, watchers)
+
+        pushed = []
+        for i in range(20):
+            host = hosts[i % len(hosts)]
+            item = {"queue": "everywhere", "partition": f"p{i % 4}", "payload": i}
+            resp = fresh("POST", f"{host.url}/api/v1/push", json={"items": [item]})
+            pushed.append(resp.json()["messages"][0]["transactionId"])
+        popped: list[str] = []
+        deadline = time.monotonic() + 30
+        while len(popped) < 20 and time.monotonic() < deadline:
+            host = hosts[len(popped) % len(hosts)]
+            resp = fresh("GET", f"{host.url}/api/v1/pop/queue/everywhere?batch=3")
+            if resp.status_code == 200:
+                messages = resp.json()["messages"]
+                acks = [{"transactionId": m["transactionId"], "status": "completed"}
+                        for m in messages]
+                ack = fresh("POST", f"{host.url}/api/v1/ack/batch", json={"acknowledgments": acks})
+                assert ack.status_code == 200
+                popped += [m["transactionId"] for m in messages]
+        assert sorted(popped) == sorted(pushed)
+
+        for watcher in watchers:
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                watcher.drain(0.3)
+                if len(watcher.ids("message.completed", "everywhere")) >= 20:
+                    break
+            watcher.drain(0.6)  # anything duplicated would arrive now
+            for name in ("message.pushed", "message.processing", "message.completed"):
+                got = watcher.ids(name, "everywhere")
+                assert sorted(got) == sorted(pushed), (watcher.worker, name, len(got))
+            handlers = collections.Counter(
+                e["data"]["workerId"] for e in watcher.events
+                if e["event"] == "message.processing" and e["data"]["queue"] == "everywhere")
+            assert sum(handlers.values()) == 20
+            assert len(handlers) >= 2, f"one worker served every pop: {handlers}"
