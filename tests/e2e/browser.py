@@ -7,7 +7,9 @@ driver or selenium is missing they skip and say which.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +19,13 @@ import pytest
 
 from tests.conftest import ROOT
 
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"
+# Where each page's screenshot goes: docs/screenshots/ with QUEEN_SCREENSHOTS=docs (to
+# refresh the docs' pictures), else a folder of the run's own, so tests leave the tree clean.
+SCREENSHOTS = (
+    DOCS_SCREENSHOTS if os.environ.get("QUEEN_SCREENSHOTS") == "docs"
+    else Path(tempfile.gettempdir()) / f"queen-screenshots-{os.getpid()}"
+)
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 WINDOW = (1280, 900)
 
@@ -89,7 +97,7 @@ def find_all(driver: Any, css: str) -> list[Any]:
 
 
 def screenshot(driver: Any, name: str) -> Path:
-    """Save the whole page as docs/screenshots/<name>.png."""
+    """Save the whole page as <name>.png in SCREENSHOTS."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     height = int(driver.execute_script("return document.documentElement.scrollHeight"))

@@ -1,6 +1,6 @@
 """The dashboard's pages in headless Chromium against a real gunicorn: data appears, actions
 change the server's state (checked through the API), and each page's screenshot is saved
-under docs/screenshots/. One browser for the whole module."""
+(under docs/screenshots/ with QUEEN_SCREENSHOTS=docs). One browser for the whole module."""
 
 from __future__ import annotations
 
