@@ -261,13 +261,32 @@ class Database:
         raw_json: bool = False,
     ) -> list[Any]:
         """Run the named query and return all rows; retry deadlocks (each call is atomic)."""
+        return self.run(QUERIES[name], params, row_factory, raw_json=raw_json, name=name)
+
+    def run(
+        self,
+        statement: str,
+        params: Mapping[str, Any] | None = None,
+        row_factory: RowFactory[Any] = tuple_row,
+        *,
+        raw_json: bool = False,
+        name: str = "statement",
+        after_execute: Callable[[psycopg.Connection[Any]], None] | None = None,
+    ) -> list[Any]:
+        """Run a statement of a named-query file and return all rows; retry deadlocks.
+
+        after_execute: called with the connection once the statement has run (a test
+        hook: it may break the connection after the statement committed).
+        """
         for attempt in range(RETRIES_ON_DEADLOCK):
             try:
                 with self.connection() as conn:
                     cur = conn.cursor(row_factory=row_factory)
                     if raw_json:
                         cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
-                    cur.execute(QUERIES[name], params)
+                    cur.execute(statement, params)
+                    if after_execute is not None:
+                        after_execute(conn)
                     return cur.fetchall() if returns_rows(cur) else []
             except RETRYABLE as exc:
                 if attempt == RETRIES_ON_DEADLOCK - 1:

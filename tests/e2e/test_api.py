@@ -39,6 +39,7 @@ DEFAULT_OPTIONS = {
     "retentionEnabled": False,
     "encryptionEnabled": False,
     "maxWaitTimeSeconds": 0,
+    "retryDelay": 0,
 }
 
 

@@ -1,0 +1,54 @@
+"""What tests ask of the database directly, in the message model QUEEN_STORAGE selects.
+
+The servers the e2e tests start inherit the environment, so tests that look at the
+tables themselves read the tables of the model in use.
+"""
+
+from __future__ import annotations
+
+import os
+
+CURSORS = os.environ.get("QUEEN_STORAGE", "rows") == "cursors"
+
+# status -> count of every message, queue mode's view (the cursor store: pending and
+# processing only, derived from the queue mode cursors and leases).
+STATUS_COUNTS = (
+    """
+    SELECT CASE WHEN c.lease_id IS NOT NULL AND c.lease_expires_at > now()
+                     AND m.id <= c.lease_last_id AND m.id <> ALL (c.lease_acked)
+                THEN 'processing' ELSE 'pending' END, count(*)
+    FROM queen.cursor_messages m
+    LEFT JOIN queen.cursor_consumers c
+           ON c.partition_id = m.partition_id AND c.consumer_group = '__queue__'
+    WHERE m.id > coalesce(c.cursor_id, 0) AND m.id <> ALL (coalesce(c.done_ids, '{}'))
+    GROUP BY 1
+    """
+    if CURSORS
+    else "SELECT status, count(*) FROM queen.messages GROUP BY 1"
+)
+
+# The workers that hold (or held) leases.
+LEASE_HOLDERS = (
+    "SELECT DISTINCT leased_by FROM queen.cursor_consumers WHERE leased_by IS NOT NULL"
+    if CURSORS
+    else "SELECT DISTINCT worker_id FROM queen.messages"
+)
+
+# Push a JSON array of items in SQL, as a client of the store would.
+PUSH_ITEMS = (
+    "SELECT count(*) FROM queen.cursor_push(%s::jsonb)"
+    if CURSORS
+    else "SELECT count(*) FROM queen.push(%s::jsonb)"
+)
+
+# Failures recorded for a transactionId (retries counted: 0 when it never failed).
+# Retries recorded for a transactionId in queue mode on the cursor store (0: none).
+RETRY_COUNT = """
+    SELECT coalesce(max(f.retry_count), 0) FROM queen.cursor_failures f
+    JOIN queen.cursor_messages m ON m.partition_id = f.partition_id AND m.id = f.message_id
+    WHERE m.transaction_id = %s AND f.consumer_group = '__queue__'
+"""
+
+# The table of the messages themselves.
+MESSAGES = "queen.cursor_messages" if CURSORS else "queen.messages"
+STORAGE = "cursors" if CURSORS else "rows"
