@@ -137,12 +137,15 @@ RETURNS TABLE (leases integer, messages integer, next_expiry_in double precision
 LANGUAGE plpgsql AS $$
 DECLARE
     covered integer;
+    ended   integer;
 BEGIN
-    SELECT coalesce(sum(c.lease_size - cardinality(c.lease_acked)), 0) INTO covered
-    FROM queen.cursor_consumers c
-    WHERE c.lease_id IS NOT NULL AND c.lease_expires_at <= now();
-    RETURN QUERY
-    SELECT queen.cursor_expire_leases(p_limit), covered,
+    SELECT coalesce(sum(e.lease_size - cardinality(e.lease_acked)), 0) INTO covered
+    FROM (SELECT c.lease_size, c.lease_acked FROM queen.cursor_consumers c
+          WHERE c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
+          ORDER BY c.lease_expires_at LIMIT p_limit) e;
+    ended := queen.cursor_expire_leases(p_limit);
+    RETURN QUERY  -- (a statement of its own: it sees the leases just ended)
+    SELECT ended, covered,
            (SELECT extract(epoch FROM min(c.lease_expires_at) - clock_timestamp())::double precision
             FROM queen.cursor_consumers c WHERE c.lease_id IS NOT NULL);
 END
