@@ -46,7 +46,7 @@ from queen.store.sqlfile import load_queries
 log = logging.getLogger(__name__)
 
 QUERIES = load_queries(Path(__file__).with_name("cursor_messages.sql"))
-MAX_LOST_LEASES = 10_000  # past this, a lost lease is left to expire (counting an attempt)
+MAX_LOST_LEASES = 1000  # past this, a lost lease is left to expire (counting an attempt)
 
 AfterExecute = Callable[[psycopg.Connection[Any]], None]
 
@@ -116,13 +116,15 @@ class CursorMessages(Messages):
             "lease": lease,
             "prefer": prefer if route.kind == "queue" else None,
         }
+        sent: list[bool] = []
         try:
             rows = self.db.run(
                 QUERIES["cursor_api_pop"], params, _popped, raw_json=True, name="pop",
-                after_execute=self.after_pop_statement,
+                sending=lambda: sent.append(True), after_execute=self.after_pop_statement,
             )
         except Unavailable:
-            self._lose(lease)  # the pop may have committed: give its lease back later
+            if sent:  # the pop may have committed: give its lease back later
+                self._lose(lease)
             raise
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
@@ -152,16 +154,15 @@ class CursorMessages(Messages):
             return
         with self._lost_lock:
             leases, self._lost = list(self._lost), {}
-        for i, lease in enumerate(leases):
-            try:
-                given = unclaim(self.db, lease)
-            except QueenError as exc:
-                log.warning("could not give back lost pops yet: %s", exc.message)
-                for left in leases[i:]:
-                    self._lose(left)
-                return
-            if given:
-                log.info("gave back %d messages of a pop whose answer was lost", given)
+        try:
+            rows = self.db.run(QUERIES["cursor_unclaim_all"], {"leases": leases}, name="unclaim")
+        except QueenError as exc:
+            log.warning("could not give back %d lost pops yet: %s", len(leases), exc.message)
+            for lease in leases:
+                self._lose(lease)
+            return
+        if given := int(rows[0][0] or 0):
+            log.info("gave back %d messages of pops whose answer was lost", given)
 
 
 def unclaim(db: Database, lease_id: uuid.UUID) -> int:

@@ -271,12 +271,14 @@ class Database:
         *,
         raw_json: bool = False,
         name: str = "statement",
+        sending: Callable[[], None] | None = None,
         after_execute: Callable[[psycopg.Connection[Any]], None] | None = None,
     ) -> list[Any]:
         """Run a statement of a named-query file and return all rows; retry deadlocks.
 
-        after_execute: called with the connection once the statement has run (a test
-        hook: it may break the connection after the statement committed).
+        sending: called when the statement is about to be sent (from then on a failure
+        may come after it committed). after_execute: called with the connection once the
+        statement has run (a test hook: it may break the connection there).
         """
         for attempt in range(RETRIES_ON_DEADLOCK):
             try:
@@ -284,6 +286,8 @@ class Database:
                     cur = conn.cursor(row_factory=row_factory)
                     if raw_json:
                         cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
+                    if sending is not None:
+                        sending()
                     cur.execute(statement, params)
                     if after_execute is not None:
                         after_execute(conn)

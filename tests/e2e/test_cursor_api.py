@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from tests.conftest import Server
+from tests.e2e.test_maintenance import NO_FALLBACK, ON_TIME, Maintainer, leader, wait_for
 
 API = "/api/v1"
 
@@ -254,3 +255,63 @@ def test_the_row_store_refuses_consumer_groups_naming_the_setting(rows_srv):
         "transactionId": "t", "status": "completed", "consumerGroup": "g"})
     assert resp.status_code == 400
     assert "QUEEN_STORAGE=cursors" in resp.json()["error"]
+
+
+def test_twenty_consumers_in_two_groups_get_every_message_once_per_group_in_order(srv):
+    partitions, per_partition = 4, 25
+    for p in range(partitions):
+        push(srv, [{"queue": "crowd", "partition": f"p{p}", "payload": {"p": p, "i": i}}
+                   for i in range(per_partition)])
+    delivered: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
+    lock = threading.Lock()
+
+    def consumer(group: str) -> None:
+        idle_until = time.monotonic() + 3
+        with requests.Session() as http:
+            while time.monotonic() < idle_until:
+                resp = http.get(f"{srv.url}{API}/pop/queue/crowd", timeout=10,
+                                params={"batch": 5, "consumerGroup": group})
+                if resp.status_code == 204:
+                    time.sleep(0.05)
+                    continue
+                assert resp.status_code == 200, resp.text
+                messages = resp.json()["messages"]
+                with lock:  # recorded in delivery order, before the ack frees the partition
+                    delivered[group] += [(m["data"]["p"], m["data"]["i"]) for m in messages]
+                batch = http.post(f"{srv.url}{API}/ack/batch", timeout=10, json={
+                    "acknowledgments": [{"transactionId": m["transactionId"], "status": "completed",
+                                         "leaseId": m["leaseId"], "consumerGroup": group}
+                                        for m in messages]})
+                assert {r["status"] for r in batch.json()["results"]} == {"completed"}
+                idle_until = time.monotonic() + 3
+
+    threads = [threading.Thread(target=consumer, args=(g,)) for g in ("a", "b") for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for group, seen in delivered.items():
+        assert sorted(seen) == [(p, i) for p in range(partitions) for i in range(per_partition)]
+        for p in range(partitions):  # FIFO per partition within the group
+            assert [i for q, i in seen if q == p] == list(range(per_partition)), group
+
+
+def test_maintenance_wakes_a_parked_poll_when_the_retry_delay_ends(db_dsn, tmp_path):
+    maintainer = Maintainer(db_dsn, tmp_path, QUEEN_STORAGE="cursors").start()
+    server = Server(db_dsn, QUEEN_STORAGE="cursors", **NO_FALLBACK).start()
+    try:
+        wait_for(lambda: leader(db_dsn) is not None, 10)
+        configure(server, "later", retryDelay=1500, retryLimit=3)
+        push_n(server, "later", 1)
+        (first,) = pop(server, "/queue/later")
+        assert ack(server, first, "failed").json()["status"] == "retry_scheduled"
+        failed_at = time.monotonic()
+        resp = requests.get(f"{server.url}{API}/pop/queue/later", timeout=20,
+                            params={"wait": "true", "timeout": 15000})
+        assert resp.status_code == 200
+        assert resp.json()["messages"][0]["retryCount"] == 1
+        waited = time.monotonic() - failed_at
+        assert 1.4 <= waited < 1.5 + ON_TIME  # woken by maintenance (no fallback re-check)
+    finally:
+        server.stop()
+        maintainer.stop()

@@ -178,3 +178,14 @@ def test_the_row_store_jobs_do_not_run_on_the_cursor_store(db_dsn):
     assert {t.name for t in cursors.tasks} == {
         "timed", "leases", "due", "analyze", "vacuum", "retention", "cleanup"}
     assert cursors.session.cursors and not rows.session.cursors
+
+
+def test_a_pop_refused_before_it_was_sent_keeps_no_lease(cstore, db_dsn):
+    push(cstore, "refused", 1)
+    cstore.db.outage.failed()  # a known outage: requests fail before borrowing a connection
+    with pytest.raises(Unavailable):
+        cstore.messages.pop(PopRoute(queue="refused"), 1, "w")
+    assert not cstore.messages._lost  # type: ignore[attr-defined]
+    cstore.db.outage.recovered()
+    (m,) = cstore.messages.pop(PopRoute(queue="refused"), 1, "w")
+    assert m.retry_count == 0
