@@ -52,3 +52,29 @@ RETRY_COUNT = """
 # The table of the messages themselves.
 MESSAGES = "queen.cursor_messages" if CURSORS else "queen.messages"
 STORAGE = "cursors" if CURSORS else "rows"
+
+# (status, retry_count, worker) of every message of a queue (%s), queue mode's view.
+QUEUE_MESSAGES = (
+    """
+    SELECT CASE WHEN x.leased THEN 'processing' WHEN x.done THEN 'completed' ELSE 'pending' END,
+           coalesce((SELECT f.retry_count FROM queen.cursor_failures f
+                     WHERE f.partition_id = x.partition_id AND f.message_id = x.id
+                       AND f.consumer_group = '__queue__'), 0),
+           CASE WHEN x.leased THEN x.leased_by END
+    FROM (SELECT m.partition_id, m.id, c.leased_by,
+                 coalesce(m.id <= c.cursor_id OR m.id = ANY (c.done_ids), false) AS done,
+                 coalesce(c.lease_id IS NOT NULL AND c.lease_expires_at > now()
+                          AND m.id > c.cursor_id AND m.id <= c.lease_last_id
+                          AND m.id <> ALL (c.done_ids || c.lease_acked), false) AS leased
+          FROM queen.cursor_messages m
+          JOIN queen.partitions p ON p.id = m.partition_id
+          JOIN queen.queues q ON q.id = p.queue_id
+          LEFT JOIN queen.cursor_consumers c
+                 ON c.partition_id = m.partition_id AND c.consumer_group = '__queue__'
+          WHERE q.name = %s) x
+    """
+    if CURSORS
+    else "SELECT m.status, m.retry_count, m.worker_id FROM queen.messages m"
+    " JOIN queen.partitions p ON p.id = m.partition_id"
+    " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s"
+)
