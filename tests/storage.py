@@ -10,22 +10,44 @@ import os
 
 CURSORS = os.environ.get("QUEEN_STORAGE", "rows") == "cursors"
 
-# status -> count of every message, queue mode's view (the cursor store: pending and
-# processing only, derived from the queue mode cursors and leases).
-STATUS_COUNTS = (
+# Every message as the row store keeps it: transaction_id, queue, status, retry_count,
+# worker, error (the cursor store: derived for queue mode from its cursors, leases and
+# failure records).
+MESSAGE_VIEW = (
     """
-    SELECT CASE WHEN c.lease_id IS NOT NULL AND c.lease_expires_at > now()
-                     AND m.id <= c.lease_last_id AND m.id <> ALL (c.lease_acked)
-                THEN 'processing' ELSE 'pending' END, count(*)
-    FROM queen.cursor_messages m
-    LEFT JOIN queen.cursor_consumers c
-           ON c.partition_id = m.partition_id AND c.consumer_group = '__queue__'
-    WHERE m.id > coalesce(c.cursor_id, 0) AND m.id <> ALL (coalesce(c.done_ids, '{}'))
-    GROUP BY 1
+    SELECT x.transaction_id, x.queue,
+           CASE WHEN f.status IN ('dead_letter', 'failed') THEN f.status
+                WHEN x.leased THEN 'processing' WHEN x.done THEN 'completed'
+                ELSE 'pending' END AS status,
+           coalesce(f.retry_count, 0) AS retry_count,
+           CASE WHEN x.leased THEN x.leased_by END AS worker,
+           CASE WHEN f.status <> 'retry' THEN f.error END AS error
+    FROM (SELECT m.partition_id, m.id, m.transaction_id, q.name AS queue, c.leased_by,
+                 coalesce(m.id <= c.cursor_id OR m.id = ANY (c.done_ids), false) AS done,
+                 coalesce(c.lease_id IS NOT NULL AND c.lease_expires_at > now()
+                          AND m.id > c.cursor_id AND m.id <= c.lease_last_id
+                          AND m.id <> ALL (c.done_ids || c.lease_acked), false) AS leased
+          FROM queen.cursor_messages m
+          JOIN queen.partitions p ON p.id = m.partition_id
+          JOIN queen.queues q ON q.id = p.queue_id
+          LEFT JOIN queen.cursor_consumers c
+                 ON c.partition_id = m.partition_id AND c.consumer_group = '__queue__') x
+    LEFT JOIN queen.cursor_failures f
+           ON f.partition_id = x.partition_id AND f.message_id = x.id
+          AND f.consumer_group = '__queue__'
     """
     if CURSORS
-    else "SELECT status, count(*) FROM queen.messages GROUP BY 1"
+    else """
+    SELECT m.transaction_id, q.name AS queue, m.status, m.retry_count, m.worker_id AS worker,
+           m.error_message AS error
+    FROM queen.messages m
+    JOIN queen.partitions p ON p.id = m.partition_id
+    JOIN queen.queues q ON q.id = p.queue_id
+    """
 )
+
+# status -> count of every message.
+STATUS_COUNTS = f"SELECT status, count(*) FROM ({MESSAGE_VIEW}) v GROUP BY 1"
 
 # The workers that hold (or held) leases.
 LEASE_HOLDERS = (
@@ -53,28 +75,8 @@ RETRY_COUNT = """
 MESSAGES = "queen.cursor_messages" if CURSORS else "queen.messages"
 STORAGE = "cursors" if CURSORS else "rows"
 
-# (status, retry_count, worker) of every message of a queue (%s), queue mode's view.
-QUEUE_MESSAGES = (
-    """
-    SELECT CASE WHEN x.leased THEN 'processing' WHEN x.done THEN 'completed' ELSE 'pending' END,
-           coalesce((SELECT f.retry_count FROM queen.cursor_failures f
-                     WHERE f.partition_id = x.partition_id AND f.message_id = x.id
-                       AND f.consumer_group = '__queue__'), 0),
-           CASE WHEN x.leased THEN x.leased_by END
-    FROM (SELECT m.partition_id, m.id, c.leased_by,
-                 coalesce(m.id <= c.cursor_id OR m.id = ANY (c.done_ids), false) AS done,
-                 coalesce(c.lease_id IS NOT NULL AND c.lease_expires_at > now()
-                          AND m.id > c.cursor_id AND m.id <= c.lease_last_id
-                          AND m.id <> ALL (c.done_ids || c.lease_acked), false) AS leased
-          FROM queen.cursor_messages m
-          JOIN queen.partitions p ON p.id = m.partition_id
-          JOIN queen.queues q ON q.id = p.queue_id
-          LEFT JOIN queen.cursor_consumers c
-                 ON c.partition_id = m.partition_id AND c.consumer_group = '__queue__'
-          WHERE q.name = %s) x
-    """
-    if CURSORS
-    else "SELECT m.status, m.retry_count, m.worker_id FROM queen.messages m"
-    " JOIN queen.partitions p ON p.id = m.partition_id"
-    " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s"
-)
+# (status, retry_count, worker) of every message of a queue (%s).
+QUEUE_MESSAGES = f"SELECT status, retry_count, worker FROM ({MESSAGE_VIEW}) v WHERE queue = %s"
+
+# The status of one message by transactionId (%s).
+MESSAGE_STATUS = f"SELECT status FROM ({MESSAGE_VIEW}) v WHERE transaction_id = %s"
