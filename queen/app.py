@@ -9,7 +9,7 @@ from typing import Any
 
 import falcon
 
-from queen.api import admin, analytics, leases, resources, send_json
+from queen.api import admin, analytics, groups, leases, resources, send_json, transactions
 from queen.api.auth import AuthMiddleware, JSONBodyMiddleware
 from queen.api.dashboard import (
     DashboardPageResource,
@@ -144,9 +144,19 @@ def create_app(
     app.add_route(f"{API}/configure", ConfigureResource(store))
     app.add_route(f"{API}/lease/{{lease}}/extend", leases.LeaseExtendResource(store))
     app.add_route("/health", HealthResource(store, events, clock))
+    _add_cursor_routes(app, store, batch, hub)
     _add_dashboard_routes(app, hub)
     _add_read_routes(app, store, measure)
     return app
+
+
+def _add_cursor_routes(app: falcon.App, store: Store, max_batch: int, hub: Hub) -> None:
+    """Transactions and consumer-group management (QUEEN_STORAGE=cursors; 400 otherwise)."""
+    app.add_route(f"{API}/transaction", transactions.TransactionResource(store, max_batch, hub))
+    g = f"{API}/consumer-groups"
+    app.add_route(g, groups.ConsumerGroupsResource(store))
+    app.add_route(f"{g}/{{group}}", groups.ConsumerGroupResource(store))
+    app.add_route(f"{g}/{{group}}/seek", groups.ConsumerGroupSeekResource(store))
 
 
 def _add_dashboard_routes(app: falcon.App, hub: Hub) -> None:

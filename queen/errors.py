@@ -36,3 +36,12 @@ class PayloadTooLarge(QueenError):
 
 class Unavailable(QueenError):
     """The database is unavailable."""
+
+
+class OperationFailed(QueenError):
+    """An operation of a transaction could not be applied, so none was."""
+
+    def __init__(self, index: int, reason: type[QueenError], message: str) -> None:
+        super().__init__(message)
+        self.index = index  # the operation's position in the request, from 0
+        self.reason = reason  # the error it is (InvalidInput, NotFound, Conflict, QueueFull)

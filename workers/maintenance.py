@@ -21,6 +21,9 @@ when it wants to run next:
 - cleanup: remove partitions that stayed empty and idle for QUEEN_PARTITION_CLEANUP;
 - reconcile: recount a few partitions and correct drift in the folded counts;
 - prune: drop per-minute metrics older than METRICS_RETENTION_DAYS.
+- counts (QUEEN_STORAGE=cursors, instead of fold, reconcile and prune, the rollups of
+  the message rows): move the cursor store's count rollup and per-minute activity over
+  what arrived and was consumed since its last step; cursor prune drops old minutes.
 - analyze: ANALYZE hot tables that doubled since their statistics (cached plans follow);
 - vacuum: VACUUM the small tables rewritten by every batch when they fill with dead row
   versions (autovacuum comes by once a minute at best), and messages too when autovacuum
@@ -28,8 +31,8 @@ when it wants to run next:
 
 On the cursor store (QUEEN_STORAGE=cursors) the leader runs timed, leases, due (also for
 partitions whose retryDelay ends), analyze (the cursor tables changed by a tenth),
-vacuum, retention and cleanup (partitions without cursor messages) over the cursor
-functions; the row store's ttl, fold, reconcile and prune do not run.
+vacuum, retention, cleanup (partitions without cursor messages), counts and cursor prune
+over the cursor functions; the row store's ttl, fold, reconcile and prune do not run.
 
 A run is one bounded statement (QUEEN_MAINTENANCE_BATCH rows, LEASE_BATCH leases); a
 task that filled its batch runs again MORE_DELAY later, after the other due tasks, so a
@@ -63,6 +66,9 @@ FOLD_BATCH = 20000  # status deltas folded per statement
 RECONCILE_PARTITIONS = 100  # partitions recounted per reconcile run, at most
 RECONCILE_BUDGET = 20_000  # rows recounted per run (bigger partitions: pending/processing only)
 PRUNE_EVERY = 300.0  # seconds between metric pruning runs
+COUNT_PARTITIONS = 200  # partitions whose count rows one counts step refreshes
+COUNT_STEP = 5000  # messages a counts step walks per partition and watermark, at most
+ROWS_ROLLUPS = ("fold", "reconcile", "prune")  # tasks that roll up the message rows
 MORE_DELAY = 0.02  # seconds before the next batch of a task that filled its batch
 MIN_DELAY = 0.05  # seconds: the soonest the lease task looks again at a lease it skipped
 DUE_MARGIN = 0.002  # seconds past a due time before the scan that wakes it
@@ -128,10 +134,10 @@ class Maintenance:
         self.tasks = self._make_tasks()
 
     def _make_tasks(self) -> list[Task]:
-        s = self.settings
-        cycle = s.maintenance_interval_s
         if self.cursors:
             return self._cursor_tasks()
+        s = self.settings
+        cycle = s.maintenance_interval_s
         return [
             Task("timed", self._watch_timed_queues, cycle, punctual=True),
             Task("leases", self._expire_leases, cycle, punctual=True),
@@ -147,9 +153,8 @@ class Maintenance:
         ]
 
     def _cursor_tasks(self) -> list[Task]:
-        """The tasks on the cursor store: its ttl works at pop time, and it keeps no
-        status deltas, counts or per-minute metrics (the row store's fold, reconcile,
-        prune and ttl do not run)."""
+        """The tasks on the cursor store: its ttl works at pop time, and its rollups are
+        counts and cursor prune (the row store's ttl, fold, reconcile and prune do not run)."""
         s = self.settings
         cycle = s.maintenance_interval_s
         return [
@@ -160,6 +165,8 @@ class Maintenance:
             Task("vacuum", self._vacuum, cycle),
             Task("retention", self._cursor_retention, s.retention_interval_s),
             Task("cleanup", self._cleanup, s.retention_interval_s),
+            Task("counts", self._cursor_counts, cycle),
+            Task("cursor prune", self._prune_cursor_metrics, max(PRUNE_EVERY, cycle)),
         ]
 
     # -- lifecycle -------------------------------------------------------------------
@@ -410,6 +417,18 @@ class Maintenance:
             log.warning("corrected count drift in %d partition(s)", result.drifted)
         self._count("partitions recounted", result.looked_at)
         return None
+
+    def _cursor_counts(self) -> float | None:
+        behind = self.session.refresh_cursor_counts(COUNT_PARTITIONS, COUNT_STEP)
+        self._count("partitions behind in counts", behind)
+        return MORE_DELAY if behind else None
+
+    def _prune_cursor_metrics(self) -> float | None:
+        limit = self.settings.maintenance_batch
+        days = self.settings.metrics_retention_days
+        return self._batch(
+            lambda: self.session.prune_cursor_metrics(days, limit), "metric rows pruned", limit
+        )
 
     def _prune_metrics(self) -> float | None:
         limit = self.settings.maintenance_batch

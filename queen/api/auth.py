@@ -51,6 +51,15 @@ POLICY: dict[str, dict[str, Rule]] = {
     f"{API}/ack/batch": {"POST": (Permission.CONSUME, Scope.RESOURCE)},
     f"{API}/configure": {"POST": ADMIN_RESOURCE},
     f"{API}/lease/{{lease}}/extend": {"POST": (Permission.CONSUME, Scope.RESOURCE)},
+    # Every role gets past the route; each operation then needs its own right (push ops
+    # push, ack ops consume) on its queue: a stage that does both needs admin today.
+    f"{API}/transaction": {"POST": (Permission.READ, Scope.RESOURCE)},
+    f"{API}/consumer-groups": {"GET": READ_QUERY},
+    f"{API}/consumer-groups/{{group}}": {
+        "GET": READ_QUERY,
+        "DELETE": (Permission.ADMIN, Scope.QUERY),
+    },
+    f"{API}/consumer-groups/{{group}}/seek": {"POST": (Permission.CONSUME, Scope.RESOURCE)},
     "/health": {"GET": PUBLIC},
     "/": {"GET": PUBLIC, "HEAD": PUBLIC},
     "/dashboard": {"GET": PUBLIC, "HEAD": PUBLIC},

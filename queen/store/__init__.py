@@ -5,15 +5,18 @@ from __future__ import annotations
 from queen.config import Settings
 from queen.store.admin import Admin
 from queen.store.analytics import Analytics
+from queen.store.cursor_admin import CURSOR_READ_QUERIES, CursorAdmin, cursor_reads
 from queen.store.cursor_messages import CursorLeases, CursorMessages, CursorPolling
 from queen.store.dashboard import Dashboard, MessagePlace
 from queen.store.db import Database
+from queen.store.groups import ConsumerGroups
 from queen.store.leases import Leases
 from queen.store.messages import Messages
 from queen.store.polling import Polling
 from queen.store.queues import Queues
 from queen.store.reads import Reads
 from queen.store.tokens import Tokens
+from queen.store.transactions import Transactions
 
 STORAGES = ("rows", "cursors")
 
@@ -40,11 +43,20 @@ class Store:
             self.polling = Polling(db)
             self.leases = Leases(db)
         self.messages.after_push = self.polling.push_wakeups.pushed
-        self.dashboard = Dashboard(db)
-        self.reads = Reads(db)
+        if storage == "cursors":  # the read side over cursor_* (statuses derived)
+            self.dashboard = Dashboard(db, queries=CURSOR_READ_QUERIES)
+            self.reads = cursor_reads(db)
+            self.admin: Admin = CursorAdmin(db, self.reads, encryption_key)
+        else:
+            self.dashboard = Dashboard(db)
+            self.reads = Reads(db)
+            self.admin = Admin(db, self.reads, encryption_key)
         self.analytics = Analytics(self.reads)
-        self.admin = Admin(db, self.reads, encryption_key)
         self.tokens = Tokens(db)
+        # The cursor store's consumer groups and transactions (QUEEN_STORAGE=cursors only).
+        self.groups = ConsumerGroups(db)
+        self.transactions = Transactions(db, self.queues, encryption_key)
+        self.transactions.after_push = self.polling.push_wakeups.pushed
 
     @classmethod
     def from_settings(cls, settings: Settings, application_name: str = "queen") -> Store:
@@ -59,8 +71,6 @@ class Store:
 
     def locate_messages(self, transaction_ids: list[str]) -> dict[str, MessagePlace]:
         """Map transactionIds to their queue and partition in the storage in use."""
-        if isinstance(self.messages, CursorMessages):
-            return self.messages.locate(transaction_ids)
         return self.dashboard.locate(transaction_ids)
 
     def open(self) -> None:

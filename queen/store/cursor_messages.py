@@ -3,7 +3,7 @@
 The same methods as queen.store.messages, polling and leases (Store picks these under
 QUEEN_STORAGE=cursors), over the functions of sql/functions/cursor_*.sql; the model is
 in docs/STORAGE.md. Message ids in answers are UUIDs derived from the bigint id and
-created_at (queen.cursor_message_uuid).
+created_at (queen.cursor_message_uuid, in sql/functions/cursor_reads.sql).
 
 A pop names its lease id itself. When the database connection breaks during a pop, the
 pop may have committed and its answer be lost: the lease id is kept, and the next call
@@ -19,18 +19,16 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg.rows import namedtuple_row
 
 from queen.errors import QueenError, Unavailable
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.store.cursors import QUEUE_MODE
-from queen.store.dashboard import MessagePlace
 from queen.store.db import Database
 from queen.store.messages import (
     Messages,
@@ -63,12 +61,15 @@ def new_lease_id() -> uuid.UUID:
 def message_uuid(message_id: int, created_at: dt.datetime) -> uuid.UUID:
     """The API id of a stored message, as queen.cursor_message_uuid makes it."""
     millis = int(created_at.timestamp() * 1000) & (2**48 - 1)
-    return uuid.UUID(int=millis << 80 | 0x7 << 76 | 0x2 << 62 | (message_id & (2**62 - 1)))
+    high = (message_id >> 62) & 0xFFF  # rand_a: the id's bits above the low 62
+    return uuid.UUID(
+        int=millis << 80 | 0x7 << 76 | high << 64 | 0x2 << 62 | (message_id & (2**62 - 1))
+    )
 
 
 def message_id_of(api_id: uuid.UUID) -> int:
     """The bigint id inside an API id (queen.cursor_message_id)."""
-    return api_id.int & (2**62 - 1)
+    return ((api_id.int >> 64) & 0xFFF) << 62 | (api_id.int & (2**62 - 1))
 
 
 class CursorMessages(Messages):
@@ -133,15 +134,6 @@ class CursorMessages(Messages):
         self.give_back_lost()
         params = {"acks": orjson.dumps(acks).decode()}
         return self.db.run(QUERIES["cursor_api_ack"], params, _ack_results, name="ack")
-
-    def locate(self, transaction_ids: Sequence[str]) -> dict[str, MessagePlace]:
-        """Map transactionIds to their queue and partition (unknown ones are left out)."""
-        if not transaction_ids:
-            return {}
-        rows = self.db.run(
-            QUERIES["cursor_locate"], {"ids": list(transaction_ids)}, namedtuple_row
-        )
-        return {row.transaction_id: MessagePlace(*row) for row in rows}
 
     def _lose(self, lease: uuid.UUID) -> None:
         with self._lost_lock:

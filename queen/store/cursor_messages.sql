@@ -31,10 +31,3 @@ SELECT queen.cursor_lease_queue(%(lease)s)
 SELECT payload FROM queen.cursor_ready_partitions(
     %(queues)s::text[], %(partition_queues)s::text[], %(partitions)s::text[],
     %(namespaces)s::text[], %(tasks)s::text[], %(limit)s) AS payload
-
--- cursor_locate: queue and partition of messages named by transactionId --
-SELECT m.transaction_id, q.name AS queue, p.name AS partition
-FROM queen.cursor_messages m
-JOIN queen.partitions p ON p.id = m.partition_id
-JOIN queen.queues q ON q.id = p.queue_id
-WHERE m.transaction_id = ANY (%(ids)s::text[])

@@ -83,6 +83,55 @@ class GroupInfo:
     lag_seconds: float  # age of the oldest of them
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckedAck:
+    """What an acknowledgment did, and whether it changed anything (see ack_checked)."""
+
+    position: int  # 1-based position in the request
+    transaction_id: str
+    consumer_group: str
+    status: str  # as AckOutcome.status
+    retry_count: int | None
+    applied: bool  # False: it only reported what was already so
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """A consumer group on one queue, its backlog counted up to a cap per partition."""
+
+    consumer_group: str
+    queue: str
+    subscription_mode: str  # all | new | from
+    subscription_from: dt.datetime | None
+    joined_at: dt.datetime  # the group's first pop (or seek) of the queue
+    partitions: int  # partitions it has a cursor in
+    leased: int  # partitions it holds a live lease on
+    pending: int  # messages it has not acked (leased ones included), at most cap a partition
+    capped: bool  # some partition's count stopped at the cap: pending is a lower bound
+    lag_seconds: float  # age of its oldest unacked message (0: none)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GroupPartition:
+    """A consumer group in one partition: cursor, bounded backlog and lease."""
+
+    consumer_group: str
+    queue: str
+    subscription_mode: str
+    subscription_from: dt.datetime | None
+    joined_at: dt.datetime
+    partition: str | None  # None: the queue has no partition yet
+    cursor_id: int | None  # None: no cursor in this partition yet (not popped since it came)
+    pending: int
+    capped: bool
+    lag_seconds: float
+    lease_id: uuid.UUID | None  # a live lease only
+    leased_by: str | None
+    lease_expires_at: dt.datetime | None
+    lease_size: int | None
+    updated_at: dt.datetime | None  # when the cursor row last changed
+
+
 Connection = psycopg.Connection[Any]
 
 
@@ -135,6 +184,18 @@ def ack(conn: Connection, acks: Sequence[Mapping[str, Any]]) -> list[AckOutcome]
     return [AckOutcome(*row) for row in _rows(conn, "cursor_ack", params)]
 
 
+def ack_checked(conn: Connection, acks: Sequence[Mapping[str, Any]]) -> list[CheckedAck]:
+    """Apply acknowledgments as ack does; each outcome also says whether it applied."""
+    params = {"acks": orjson.dumps(list(acks), default=str).decode()}
+    return [CheckedAck(*row) for row in _rows(conn, "cursor_ack_checked", params)]
+
+
+def queues_of(conn: Connection, transaction_ids: Sequence[str]) -> dict[str, str]:
+    """Return {transactionId: queue} of the stored messages among transaction_ids."""
+    rows = _rows(conn, "cursor_locate", {"transaction_ids": list(transaction_ids)})
+    return {txid: queue for txid, queue in rows}
+
+
 def extend(conn: Connection, lease_id: uuid.UUID, seconds: int) -> dt.datetime | None:
     """Extend a live lease to seconds from now; its new expiry, None when it has ended."""
     return _scalar(conn, "cursor_extend", {"lease": lease_id, "seconds": seconds})  # type: ignore[no-any-return]
@@ -150,6 +211,32 @@ def groups(conn: Connection, queue: str | None = None) -> list[GroupInfo]:
     return [GroupInfo(*row) for row in _rows(conn, "cursor_groups", {"queue": queue})]
 
 
+def group_summaries(
+    conn: Connection,
+    queue: str | None = None,
+    group: str | None = None,
+    cap: int = 1000,
+    budget: int = 50_000,
+) -> list[GroupSummary]:
+    """List groups per queue (None: every queue, every group), pending counted up to cap
+    messages a partition and budget in all (at least 10 a partition)."""
+    params = {"queue": queue, "group": group, "cap": cap, "budget": budget}
+    return [GroupSummary(*row) for row in _rows(conn, "cursor_group_summaries", params)]
+
+
+def group_partitions(
+    conn: Connection,
+    group: str,
+    queue: str | None = None,
+    cap: int = 10_000,
+    budget: int = 200_000,
+) -> list[GroupPartition]:
+    """Describe group in every partition of its queues (or of queue), pending counted up
+    to cap messages a partition and budget in all (at least 10 a partition)."""
+    params = {"queue": queue, "group": group, "cap": cap, "budget": budget}
+    return [GroupPartition(*row) for row in _rows(conn, "cursor_group_partitions", params)]
+
+
 def seek(
     conn: Connection, queue: str, group: str, to: SeekTarget, at: dt.datetime | None = None
 ) -> int | None:
@@ -157,6 +244,11 @@ def seek(
     if (to == "time") != (at is not None):
         raise ValueError("a seek to a time takes the time, and only that one")
     return _scalar(conn, "cursor_seek", {"queue": queue, "group": group, "to": to, "at": at})  # type: ignore[no-any-return]
+
+
+def group_queues(conn: Connection, group: str) -> list[str]:
+    """Return the queues group has joined (first pop or seek), by name."""
+    return [row[0] for row in _rows(conn, "cursor_group_queues", {"group": group})]
 
 
 def delete_group(conn: Connection, queue: str, group: str) -> int:

@@ -35,3 +35,29 @@ SELECT queen.cursor_retention(%(limit)s)
 
 -- cursor_analyze: analyze the cursor tables that changed enough --
 SELECT queen.cursor_analyze(%(min_changes)s)
+
+-- cursor_ack_checked: apply acknowledgments and say which ones changed something --
+SELECT idx, transaction_id, consumer_group, status, retry_count, applied
+FROM queen.cursor_ack_checked(%(acks)s::jsonb)
+
+-- cursor_group_summaries: groups of a queue (or every queue, or one group) with bounded backlogs --
+SELECT consumer_group, queue, subscription_mode, subscription_from, joined_at, partitions,
+       leased, pending, capped, lag_seconds
+FROM queen.cursor_group_summaries(%(queue)s, %(group)s, %(cap)s, %(budget)s)
+
+-- cursor_group_partitions: a group's cursor, bounded backlog and lease per partition --
+SELECT consumer_group, queue, subscription_mode, subscription_from, joined_at, partition,
+       cursor_id, pending, capped, lag_seconds, lease_id, leased_by, lease_expires_at,
+       lease_size, updated_at
+FROM queen.cursor_group_partitions(%(queue)s, %(group)s, %(cap)s, %(budget)s)
+
+-- cursor_group_queues: the queues a group reads (has joined), by name --
+SELECT q.name FROM queen.cursor_groups g JOIN queen.queues q ON q.id = g.queue_id
+WHERE g.consumer_group = %(group)s ORDER BY q.name
+
+-- cursor_locate: the queue of each message named by transactionId (unknown ones left out) --
+SELECT m.transaction_id, q.name
+FROM queen.cursor_messages m
+JOIN queen.partitions p ON p.id = m.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+WHERE m.transaction_id = ANY (%(transaction_ids)s::text[])

@@ -27,7 +27,7 @@ from psycopg import sql
 
 from queen.errors import Unavailable
 from queen.store.bounds import DEADLINE_MARGIN_S, WATCHDOG, bounded_conninfo, call_deadline_s
-from queen.store.db import QUERIES as ROW_QUERIES
+from queen.store.cursor_admin import CURSOR_READ_QUERIES
 from queen.store.db import RETRYABLE, returns_rows, translate_errors
 from queen.store.sqlfile import load_queries
 
@@ -35,7 +35,11 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK = 0x5155_4545_4E01  # pg_advisory_lock key of the maintenance leader
 CHANNEL = "queen"  # the channel the triggers notify (queen.notify_partitions)
-QUERIES = {**ROW_QUERIES, **load_queries(Path(__file__).with_name("cursor_maintenance.sql"))}
+# queries.sql, the cursor read side's and the cursor store's maintenance statements.
+QUERIES = {
+    **CURSOR_READ_QUERIES,
+    **load_queries(Path(__file__).with_name("cursor_maintenance.sql")),
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -279,3 +283,12 @@ class MaintenanceSession:
 
     def prune_metrics(self, days: int, limit: int) -> int:
         return int(self._value("maintenance_prune_metrics", {"days": days, "limit": limit}))
+
+    def refresh_cursor_counts(self, partitions: int, step: int) -> int:
+        """Bring the cursor store's count rollup up to date by a bounded step; return how
+        many partitions are still behind."""
+        params = {"partitions": partitions, "step": step}
+        return int(self._value("cursor_count_refresh", params))
+
+    def prune_cursor_metrics(self, days: int, limit: int) -> int:
+        return int(self._value("cursor_metrics_prune", {"days": days, "limit": limit}))

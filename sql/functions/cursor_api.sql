@@ -1,22 +1,14 @@
--- The cursor store as the HTTP API shows it: message ids as UUIDs, pops in the shape of
--- queen.popped, and the long-poll fallback.
+-- The cursor store as the HTTP API's hot path shows it: pushes and pops with the API's
+-- message ids (queen.cursor_message_uuid), pops in the shape of queen.popped, and the
+-- long-poll fallback.
 
--- The API id of a message: a UUIDv7 made of its created_at (milliseconds, bits 0-47)
--- and its bigint id (the low 62 bits), so no column stores it and it sorts by time.
--- queen.cursor_message_id reads the bigint back.
-CREATE OR REPLACE FUNCTION queen.cursor_message_uuid(p_id bigint, p_created_at timestamptz)
-RETURNS uuid
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (lpad(to_hex(floor(extract(epoch FROM p_created_at) * 1000)::bigint), 12, '0')
-            || '7000' || to_hex(8 + (p_id >> 60))
-            || lpad(to_hex(p_id & 1152921504606846975), 15, '0'))::uuid
-$$;
-
--- The bigint id of a message from its API id (queen.cursor_message_uuid).
+-- The bigint id of a message from its API id (queen.cursor_message_uuid, cursor_reads.sql:
+-- its low 62 bits, and above them the 12 bits after the version).
 CREATE OR REPLACE FUNCTION queen.cursor_message_id(p_uuid uuid) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT ('x' || right(replace(p_uuid::text, '-', ''), 16))::bit(64)::bigint
-           & 4611686018427387903
+    SELECT (('x' || substr(replace(p_uuid::text, '-', ''), 14, 3))::bit(12)::bigint << 62)
+           | (('x' || right(replace(p_uuid::text, '-', ''), 16))::bit(64)::bigint
+              & 4611686018427387903)
 $$;
 
 -- Push for the API: queen.cursor_push with each message's API id. A duplicate's id is

@@ -133,3 +133,81 @@ BEGIN
     RETURN dropped;
 END
 $$;
+
+-- A group's backlog in one partition, bounded: the messages past p_after that are not in
+-- p_done, counted up to p_cap (capped: the count stopped there), and when the oldest of
+-- them was created. p_since (a group with no cursor in the partition yet, subscribed
+-- 'new' or 'from'): only messages created at or after it count, among the first p_cap
+-- past p_after. An ordered walk of the primary key with a LIMIT: O(min(backlog, p_cap)).
+CREATE OR REPLACE FUNCTION queen.cursor_backlog(p_partition uuid, p_after bigint, p_done bigint[],
+                                                p_cap integer, p_since timestamptz DEFAULT NULL)
+RETURNS TABLE (pending integer, capped boolean, oldest timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT count(*) FILTER (WHERE p_since IS NULL OR w.created_at >= p_since)::integer,
+           count(*) >= p_cap,
+           min(w.created_at) FILTER (WHERE p_since IS NULL OR w.created_at >= p_since)
+    FROM (SELECT m.created_at FROM queen.cursor_messages m
+          WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <> ALL (p_done)
+          ORDER BY m.id LIMIT p_cap) w
+$$;
+
+-- Per partition of the queues a group reads (one queue, or every queue; one group, or
+-- every group): its cursor, its backlog counted by queen.cursor_backlog, the age of its
+-- oldest unacked message, and its lease. The request counts at most p_budget messages
+-- in all, shared among its (group, partition) pairs, and at most p_cap (at least 10) a
+-- pair. Partitions where the group has no cursor yet count from where its subscription
+-- starts. Queue mode is '__queue__'.
+CREATE OR REPLACE FUNCTION queen.cursor_group_partitions(p_queue text, p_group text,
+                                                         p_cap integer, p_budget integer)
+RETURNS TABLE (consumer_group text, queue text, subscription_mode text,
+               subscription_from timestamptz, joined_at timestamptz, partition text,
+               cursor_id bigint, pending integer, capped boolean, lag_seconds double precision,
+               lease_id uuid, leased_by text, lease_expires_at timestamptz,
+               lease_size integer, updated_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    WITH pairs AS (
+        SELECT g.consumer_group, g.subscription_mode, g.subscription_from, g.created_at,
+               q.name AS queue, p.id AS partition_id, p.name AS partition
+        FROM queen.cursor_groups g
+        JOIN queen.queues q ON q.id = g.queue_id
+        LEFT JOIN queen.partitions p ON p.queue_id = q.id
+        WHERE (p_queue IS NULL OR q.name = p_queue)
+          AND (p_group IS NULL OR g.consumer_group = p_group)
+    ), share AS (
+        SELECT least(p_cap, greatest(10, p_budget / greatest(count(*), 1)))::integer AS cap
+        FROM pairs
+    )
+    SELECT x.consumer_group, x.queue, x.subscription_mode, x.subscription_from, x.created_at,
+           x.partition, c.cursor_id, coalesce(b.pending, 0), coalesce(b.capped, false),
+           coalesce(extract(epoch FROM now() - b.oldest), 0)::double precision,
+           CASE WHEN c.lease_expires_at > now() THEN c.lease_id END,
+           CASE WHEN c.lease_expires_at > now() THEN c.leased_by END,
+           CASE WHEN c.lease_expires_at > now() THEN c.lease_expires_at END,
+           CASE WHEN c.lease_expires_at > now() THEN c.lease_size END,
+           c.updated_at
+    FROM pairs x
+    CROSS JOIN share s
+    LEFT JOIN queen.cursor_consumers c
+           ON c.partition_id = x.partition_id AND c.consumer_group = x.consumer_group
+    LEFT JOIN LATERAL queen.cursor_backlog(
+        x.partition_id, coalesce(c.cursor_id, 0), coalesce(c.done_ids, '{}'), s.cap,
+        CASE WHEN c.partition_id IS NULL THEN x.subscription_from END) b
+        ON x.partition_id IS NOT NULL
+    ORDER BY x.queue, x.consumer_group, x.partition
+$$;
+
+-- The groups reading a queue (or every queue), or one group: what
+-- queen.cursor_group_partitions says per partition, summed per (group, queue).
+CREATE OR REPLACE FUNCTION queen.cursor_group_summaries(p_queue text, p_group text,
+                                                        p_cap integer, p_budget integer)
+RETURNS TABLE (consumer_group text, queue text, subscription_mode text,
+               subscription_from timestamptz, joined_at timestamptz, partitions integer,
+               leased integer, pending bigint, capped boolean, lag_seconds double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT s.consumer_group, s.queue, s.subscription_mode, s.subscription_from, s.joined_at,
+           count(s.cursor_id)::integer, count(s.lease_id)::integer,
+           sum(s.pending)::bigint, bool_or(s.capped), max(s.lag_seconds)
+    FROM queen.cursor_group_partitions(p_queue, p_group, p_cap, p_budget) s
+    GROUP BY 1, 2, 3, 4, 5
+    ORDER BY s.queue, s.consumer_group
+$$;

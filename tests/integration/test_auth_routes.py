@@ -64,6 +64,23 @@ ROUTES: dict[tuple[str, str], Case] = {
         roles("consumer", "admin"),
         {"seconds": 5},
     ),
+    # A transaction that pushes and acks needs both rights: admin is the role with both.
+    ("POST", f"{A}/transaction"): Case(
+        f"{A}/transaction",
+        ADMIN,
+        {
+            "operations": [
+                {"type": "push", "items": [{"queue": "qa", "payload": 1}]},
+                {"type": "ack", "transactionId": "none", "status": "completed"},
+            ]
+        },
+    ),
+    ("GET", f"{A}/consumer-groups"): Case(f"{A}/consumer-groups", READERS),
+    ("GET", f"{A}/consumer-groups/{{group}}"): Case(f"{A}/consumer-groups/g", READERS),
+    ("DELETE", f"{A}/consumer-groups/{{group}}"): Case(f"{A}/consumer-groups/g?queue=qa", ADMIN),
+    ("POST", f"{A}/consumer-groups/{{group}}/seek"): Case(
+        f"{A}/consumer-groups/g/seek", roles("consumer", "admin"), {"queue": "qa", "to": "end"}
+    ),
     ("GET", "/health"): Case("/health", PUBLIC),
     ("GET", "/"): Case("/", PUBLIC),
     ("HEAD", "/"): Case("/", PUBLIC),

@@ -176,7 +176,8 @@ def test_the_row_store_jobs_do_not_run_on_the_cursor_store(db_dsn):
     cursors = Maintenance(dataclasses.replace(base, storage="cursors"))
     assert {"ttl", "fold", "reconcile", "prune"} <= {t.name for t in rows.tasks}
     assert {t.name for t in cursors.tasks} == {
-        "timed", "leases", "due", "analyze", "vacuum", "retention", "cleanup"}
+        "timed", "leases", "due", "analyze", "vacuum", "retention", "cleanup", "counts",
+        "cursor prune"}
     assert cursors.session.cursors and not rows.session.cursors
 
 

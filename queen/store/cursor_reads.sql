@@ -1,0 +1,219 @@
+-- Reads of the cursor store, by name: the read queries of queries.sql that the cursor
+-- store answers otherwise, under the same names and with the same columns, plus its own.
+-- Counts are queue mode's (queen.cursor_partition_counts: rollup plus bounded walks).
+
+-- read_partitions: every partition of the queues matching the filters with its counts, by queue then name --
+WITH picked AS (
+    SELECT p.queue_id, p.id, p.name, p.created_at, q.name AS queue
+    FROM queen.queues q
+    JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+      AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+      AND (%(task)s::text IS NULL OR q.task = %(task)s)
+)
+SELECT t.queue_id, t.id, t.name, t.created_at,
+       s.pending, s.processing, s.completed, s.failed, s.dead_letter
+FROM picked t
+JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM picked)) s ON s.partition_id = t.id
+ORDER BY t.queue, t.name
+
+-- read_queue_totals: messages per status and partitions of every queue (partition-less ones too), by name --
+SELECT q.name, count(p.id) AS partitions,
+       coalesce(sum(s.pending), 0)::bigint AS pending,
+       coalesce(sum(s.processing), 0)::bigint AS processing,
+       coalesce(sum(s.completed), 0)::bigint AS completed,
+       coalesce(sum(s.failed), 0)::bigint AS failed,
+       coalesce(sum(s.dead_letter), 0)::bigint AS dead_letter
+FROM queen.queues q
+LEFT JOIN queen.partitions p ON p.queue_id = q.id
+LEFT JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+       ON s.partition_id = p.id
+GROUP BY q.name
+ORDER BY q.name
+
+-- read_message_span: created_at of the oldest and newest message of each partition of a queue (its first and last by id) --
+SELECT p.id AS partition_id,
+       (SELECT m.created_at FROM queen.cursor_messages m WHERE m.partition_id = p.id
+        ORDER BY m.id LIMIT 1) AS oldest,
+       (SELECT m.created_at FROM queen.cursor_messages m WHERE m.partition_id = p.id
+        ORDER BY m.id DESC LIMIT 1) AS newest
+FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+WHERE q.name = %(queue)s
+
+-- read_labels: queues, partitions and message counts per namespace or per task (label: 'namespace' | 'task'); unlabelled queues are left out --
+SELECT CASE WHEN %(label)s = 'namespace' THEN q.namespace ELSE q.task END AS label,
+       count(DISTINCT q.id) AS queues, count(p.id) AS partitions,
+       coalesce(sum(s.pending), 0) AS pending, coalesce(sum(s.processing), 0) AS processing,
+       coalesce(sum(s.completed), 0) AS completed, coalesce(sum(s.failed), 0) AS failed,
+       coalesce(sum(s.dead_letter), 0) AS dead_letter
+FROM queen.queues q
+LEFT JOIN queen.partitions p ON p.queue_id = q.id
+LEFT JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+       ON s.partition_id = p.id
+WHERE CASE WHEN %(label)s = 'namespace' THEN q.namespace ELSE q.task END IS NOT NULL
+GROUP BY 1
+ORDER BY 1
+
+-- read_overview: numbers of queues, partitions, namespaces, tasks and messages per status --
+SELECT (SELECT count(*) FROM queen.queues) AS queues,
+       (SELECT count(*) FROM queen.partitions) AS partitions,
+       (SELECT count(DISTINCT namespace) FROM queen.queues) AS namespaces,
+       (SELECT count(DISTINCT task) FROM queen.queues) AS tasks,
+       coalesce(sum(s.pending), 0) AS pending, coalesce(sum(s.processing), 0) AS processing,
+       coalesce(sum(s.completed), 0) AS completed, coalesce(sum(s.failed), 0) AS failed,
+       coalesce(sum(s.dead_letter), 0) AS dead_letter,
+       now() AS at
+FROM queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+
+-- read_throughput: activity per minute over the last hour (60 rows, newest first, zero-filled) for the queues matching the filters: what maintenance counted plus what lies past its watermarks; popped: deliveries that ended for good (completed, failed, dead-lettered) and those leased now, by the lease's start --
+WITH minutes AS (
+    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
+                           date_trunc('minute', now()), interval '1 minute') AS minute
+), picked AS (
+    SELECT p.id, q.lease_time FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE %(any)s OR ((%(queue)s::text IS NULL OR q.name = %(queue)s)
+                      AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+                      AND (%(task)s::text IS NULL OR q.task = %(task)s))
+), activity AS (
+    SELECT a.minute, a.incoming, a.completed, a.failed, a.dead_letter, a.lag_ms, 0 AS leased
+    FROM queen.cursor_metrics_minute a JOIN picked t ON t.id = a.partition_id
+    WHERE a.minute >= date_trunc('minute', now()) - interval '59 minutes'
+    UNION ALL
+    SELECT x.minute, x.incoming, x.completed, x.failed, x.dead_letter, x.lag_ms, 0
+    FROM picked t
+    LEFT JOIN queen.cursor_counts k ON k.partition_id = t.id
+    LEFT JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+    CROSS JOIN LATERAL queen.cursor_activity(t.id, coalesce(k.counted_id, 0),
+                                             coalesce(k.cursor_counted, 0),
+                                             coalesce(c.cursor_id, 0), 5000) x
+    UNION ALL
+    SELECT date_trunc('minute', c.lease_expires_at - make_interval(secs => t.lease_time)),
+           0, 0, 0, 0, 0, c.lease_size - cardinality(c.lease_acked)
+    FROM picked t
+    JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+    WHERE c.lease_id IS NOT NULL AND c.lease_expires_at > now()
+), per_minute AS (
+    SELECT a.minute, sum(a.incoming) AS incoming, sum(a.completed) AS completed,
+           sum(a.failed) AS failed, sum(a.dead_letter) AS dead_letter, sum(a.lag_ms) AS lag_ms,
+           sum(a.leased) AS leased
+    FROM activity a GROUP BY a.minute
+)
+SELECT m.minute, coalesce(a.incoming, 0)::bigint AS incoming,
+       (coalesce(a.completed, 0) + coalesce(a.failed, 0) + coalesce(a.dead_letter, 0)
+        + coalesce(a.leased, 0))::bigint AS popped,
+       coalesce(a.completed, 0)::bigint AS completed,
+       coalesce(a.failed, 0)::bigint AS failed,
+       coalesce(a.dead_letter, 0)::bigint AS dead_letter,
+       coalesce(a.lag_ms, 0)::bigint AS lag_ms
+FROM minutes m LEFT JOIN per_minute a ON a.minute = m.minute
+ORDER BY m.minute DESC
+
+-- read_lag: backlog and processing times of the last 24 h per partition of the queues matching the filters (what maintenance counted plus what lies past its watermarks) --
+WITH picked AS (
+    SELECT q.name AS queue, q.namespace, q.task, p.id, p.name
+    FROM queen.queues q
+    JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+      AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+      AND (%(task)s::text IS NULL OR q.task = %(task)s)
+)
+SELECT t.queue, t.namespace, t.task, t.name AS partition, s.pending, s.processing,
+       coalesce(w.completed, 0)::bigint AS completed, coalesce(w.lag_ms, 0)::bigint AS lag_ms,
+       w.lag_hist
+FROM picked t
+JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM picked)) s ON s.partition_id = t.id
+LEFT JOIN queen.cursor_counts k ON k.partition_id = t.id
+LEFT JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+LEFT JOIN LATERAL (
+    SELECT sum(a.completed) AS completed, sum(a.lag_ms) AS lag_ms,
+           queen.hist_sum(a.lag_hist) AS lag_hist
+    FROM (SELECT r.completed, r.lag_ms, r.lag_hist FROM queen.cursor_metrics_minute r
+          WHERE r.partition_id = t.id
+            AND r.minute >= date_trunc('hour', now()) - interval '24 hours'
+          UNION ALL
+          SELECT x.completed, x.lag_ms, x.lag_hist
+          FROM queen.cursor_activity(t.id, coalesce(k.counted_id, 0),
+                                     coalesce(k.cursor_counted, 0),
+                                     coalesce(c.cursor_id, 0), 5000) x
+          WHERE x.completed > 0) a
+) w ON true
+ORDER BY t.queue, t.name
+
+-- read_page_partitions: the partitions matching the message-list filters (NULL: any) --
+SELECT coalesce(array_agg(p.id), '{}') AS ids
+FROM queen.partitions p
+JOIN queen.queues q ON q.id = p.queue_id
+WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
+  AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+  AND (%(task)s::text IS NULL OR q.task = %(task)s)
+
+-- read_page: one page of messages of some partitions, newest first (by id), optionally in one status of queue mode --
+WITH page AS (
+    SELECT array_agg(x.partition_id ORDER BY x.id DESC) AS partitions,
+           array_agg(x.id ORDER BY x.id DESC) AS ids
+    FROM queen.cursor_message_page(%(partitions)s::uuid[], %(status)s, %(limit)s, %(offset)s) x
+)
+SELECT r.* FROM page CROSS JOIN LATERAL queen.cursor_message_rows(page.partitions, page.ids) r
+
+-- read_message: one message with its queue's options --
+SELECT r.*, q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
+       q.delayed_processing, q.window_buffer, q.retention_seconds,
+       q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
+       q.max_wait_time_seconds, q.retry_delay
+FROM queen.cursor_messages m
+CROSS JOIN LATERAL queen.cursor_message_rows(ARRAY[m.partition_id], ARRAY[m.id]) r
+JOIN queen.queues q ON q.name = r.queue
+WHERE m.transaction_id = %(transaction_id)s
+
+-- read_related: the messages of the same partition nearest in time (within 1 h either side) to one message; a first row with NULL related fields when it has none; no row when it does not exist --
+WITH near AS (
+    SELECT array_agg(x.partition_id ORDER BY x.n) FILTER (WHERE x.id IS NOT NULL) AS partitions,
+           array_agg(x.id ORDER BY x.n) FILTER (WHERE x.id IS NOT NULL) AS ids,
+           count(*) AS found
+    FROM queen.cursor_related(%(transaction_id)s, %(limit)s) WITH ORDINALITY x(partition_id, id, n)
+)
+SELECT r.transaction_id, r.id, r.status, r.created_at, r.payload, r.encrypted
+FROM near LEFT JOIN LATERAL queen.cursor_message_rows(near.partitions, near.ids) r ON true
+WHERE near.found > 0
+
+-- dashboard_depths: current counts of every partition with its queue; queues without partitions too --
+SELECT q.name AS queue, q.namespace, q.task, p.name AS partition,
+       coalesce(s.pending, 0) AS pending, coalesce(s.processing, 0) AS processing,
+       coalesce(s.completed, 0) AS completed, coalesce(s.failed, 0) AS failed,
+       coalesce(s.dead_letter, 0) AS dead_letter
+FROM queen.queues q
+LEFT JOIN queen.partitions p ON p.queue_id = q.id
+LEFT JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+       ON s.partition_id = p.id
+ORDER BY q.name, p.name
+
+-- dashboard_recent: messages created and completed in the last complete minute (as maintenance counted them) --
+SELECT coalesce(sum(incoming), 0)::bigint AS created, coalesce(sum(completed), 0)::bigint AS completed
+FROM queen.cursor_metrics_minute
+WHERE minute = date_trunc('minute', now()) - interval '1 minute'
+
+-- dashboard_locate: queue and partition of messages named by transactionId --
+SELECT m.transaction_id, q.name AS queue, p.name AS partition
+FROM queen.cursor_messages m
+JOIN queen.partitions p ON p.id = m.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+WHERE m.transaction_id = ANY (%(ids)s::text[])
+
+-- cursor_delete_message: delete one message; queue mode's status it had, or NULL when there is no such message --
+SELECT queen.cursor_delete_message(%(transaction_id)s) AS status
+
+-- cursor_retry_message: write a failed or dead-lettered message again for queue mode; the status it had (NULL: no such message) --
+SELECT queen.cursor_retry_message(%(transaction_id)s) AS status
+
+-- cursor_dead_letter_message: move a pending or failed message to the dead letter queue; the status it had (NULL: no such message) --
+SELECT queen.cursor_dead_letter_message(%(transaction_id)s) AS status
+
+-- cursor_clear: delete the messages of a queue or of one of its partitions; NULL when it does not exist --
+SELECT queen.cursor_clear(%(queue)s, %(partition)s) AS cleared
+
+-- cursor_count_refresh: bring the count rows of some partitions up to date, a bounded step each; how many are behind --
+SELECT queen.cursor_count_refresh(%(partitions)s, %(step)s)
+
+-- cursor_metrics_prune: delete per-minute activity older than the retention, at most limit rows --
+SELECT queen.cursor_metrics_prune(%(days)s, %(limit)s)

@@ -1,0 +1,244 @@
+-- Rollups of the cursor store for the read endpoints, kept by maintenance: queue mode's
+-- counts per partition (queen.cursor_counts) and activity per minute
+-- (queen.cursor_metrics_minute). Each step walks only what arrived or was consumed since
+-- the last one, from a watermark, a bounded number of messages at a time.
+
+-- Messages of a partition that arrived after id p_after: up to p_step, in id order,
+-- with the minute they were created.
+CREATE OR REPLACE FUNCTION queen.cursor_arrived(p_partition uuid, p_after bigint, p_step integer)
+RETURNS TABLE (id bigint, minute timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT m.id, date_trunc('minute', m.created_at) FROM queen.cursor_messages m
+    WHERE m.partition_id = p_partition AND m.id > p_after
+    ORDER BY m.id LIMIT p_step
+$$;
+
+-- Messages of a partition queue mode's cursor passed from p_after to p_upto: up to
+-- p_step, in id order, each with its end: completed (final NULL) at the time of the ack
+-- that completed it, with the ms from push to ack; or failed / dead_letter at the time
+-- of its failure record.
+CREATE OR REPLACE FUNCTION queen.cursor_passed(p_partition uuid, p_after bigint, p_upto bigint,
+                                               p_step integer)
+RETURNS TABLE (id bigint, minute timestamptz, final text, ms double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT w.id, date_trunc('minute', coalesce(f.failed_at, a.acked_at, now())), f.status,
+           CASE WHEN f.status IS NULL THEN
+               greatest(extract(epoch FROM coalesce(a.acked_at, now()) - w.created_at) * 1000, 0)
+           END
+    FROM (SELECT m.id, m.created_at FROM queen.cursor_messages m
+          WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
+          ORDER BY m.id LIMIT p_step) w
+    LEFT JOIN queen.cursor_failures f
+           ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
+          AND f.message_id = w.id AND f.status <> 'retry'
+    LEFT JOIN LATERAL (SELECT CASE WHEN x.first_id <= w.id THEN x.acked_at END AS acked_at
+                       FROM queen.cursor_completions x
+                       WHERE f.status IS NULL AND x.partition_id = p_partition
+                         AND x.consumer_group = '__queue__' AND x.last_id >= w.id
+                       ORDER BY x.last_id LIMIT 1) a ON true
+    ORDER BY w.id
+$$;
+
+-- Activity per minute of a partition past its watermarks (p_counted: arrivals counted
+-- up to there; p_cursor_counted: the cursor's last counted position; p_cursor: where it
+-- stands), each walk up to p_step messages. Maintenance adds it to
+-- queen.cursor_metrics_minute; reads add it to what maintenance added.
+CREATE OR REPLACE FUNCTION queen.cursor_activity(p_partition uuid, p_counted bigint,
+                                                 p_cursor_counted bigint, p_cursor bigint,
+                                                 p_step integer)
+RETURNS TABLE (minute timestamptz, incoming bigint, completed bigint, failed bigint,
+               dead_letter bigint, lag_ms bigint, lag_hist integer[])
+LANGUAGE sql STABLE AS $$
+    WITH passed AS MATERIALIZED (
+        SELECT * FROM queen.cursor_passed(p_partition, p_cursor_counted, p_cursor, p_step)
+    ), buckets AS (
+        SELECT x.minute, queen.cursor_lag_bucket(x.ms) AS bucket, count(*)::integer AS n
+        FROM passed x WHERE x.final IS NULL GROUP BY 1, 2
+    ), events AS (
+        SELECT a.minute, 1 AS incoming, NULL::text AS final, NULL::double precision AS ms,
+               false AS ended
+        FROM queen.cursor_arrived(p_partition, p_counted, p_step) a
+        UNION ALL
+        SELECT x.minute, 0, x.final, x.ms, true FROM passed x
+    )
+    SELECT e.minute, sum(e.incoming)::bigint,
+           count(*) FILTER (WHERE e.ended AND e.final IS NULL),
+           count(*) FILTER (WHERE e.final = 'failed'),
+           count(*) FILTER (WHERE e.final = 'dead_letter'),
+           coalesce(sum(e.ms) FILTER (WHERE e.ended AND e.final IS NULL), 0)::bigint,
+           ARRAY(SELECT coalesce(b.n, 0) FROM generate_series(0, 63) i
+                 LEFT JOIN buckets b ON b.minute = e.minute AND b.bucket = i ORDER BY i)
+    FROM events e GROUP BY e.minute
+$$;
+
+-- Move a partition's cursor watermark back to p_to (its count row locked by the caller):
+-- what it counted above p_to is forgotten. Whoever moves queue mode's cursor back (a
+-- retry in place, a seek) calls it, in the same transaction: a cursor that moved back and
+-- forward again between two refreshes would otherwise leave the failure records written
+-- meanwhile below the watermark uncounted.
+CREATE OR REPLACE FUNCTION queen.cursor_counts_step_back(p_partition uuid, p_to bigint)
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE queen.cursor_counts k SET
+        below = k.below - queen.cursor_count_range(p_partition, p_to, k.cursor_counted,
+                                                   2147483647),
+        failed = k.failed - (SELECT count(*) FROM queen.cursor_failures f
+                             WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
+                               AND f.message_id > p_to AND f.message_id <= k.cursor_counted
+                               AND f.status = 'failed'),
+        dead_letter = k.dead_letter - (SELECT count(*) FROM queen.cursor_failures f
+                             WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
+                               AND f.message_id > p_to AND f.message_id <= k.cursor_counted
+                               AND f.status = 'dead_letter'),
+        cursor_counted = p_to
+    WHERE k.partition_id = p_partition AND p_to < k.cursor_counted
+$$;
+
+-- Bring a partition's count row and activity up to date by at most p_step messages each
+-- way (new messages; messages queue mode's cursor passed, or left behind when it moved
+-- back). Returns whether it is caught up.
+CREATE OR REPLACE FUNCTION queen.cursor_count_partition(p_partition uuid, p_step integer)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    k       queen.cursor_counts;
+    target  bigint;
+    arrived bigint;
+    newest  bigint;
+    passed  bigint;
+    reached bigint;
+    n_failed bigint;
+    n_dead  bigint;
+BEGIN
+    INSERT INTO queen.cursor_counts (partition_id) VALUES (p_partition) ON CONFLICT DO NOTHING;
+    -- Locked first: the statements below see every delete that committed before (the
+    -- delete trigger waits for this lock, and adjusts what is counted by then).
+    SELECT * INTO k FROM queen.cursor_counts x WHERE x.partition_id = p_partition FOR UPDATE;
+    target := coalesce((SELECT c.cursor_id FROM queen.cursor_consumers c
+                        WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'), 0);
+    INSERT INTO queen.cursor_metrics_minute AS t
+        (minute, partition_id, incoming, completed, failed, dead_letter, lag_ms, lag_hist)
+    SELECT a.minute, p_partition, a.incoming, a.completed, a.failed, a.dead_letter, a.lag_ms,
+           a.lag_hist
+    FROM queen.cursor_activity(p_partition, k.counted_id, k.cursor_counted, target, p_step) a
+    ON CONFLICT (minute, partition_id) DO UPDATE SET
+        incoming = t.incoming + EXCLUDED.incoming, completed = t.completed + EXCLUDED.completed,
+        failed = t.failed + EXCLUDED.failed, dead_letter = t.dead_letter + EXCLUDED.dead_letter,
+        lag_ms = t.lag_ms + EXCLUDED.lag_ms,
+        lag_hist = queen.cursor_hist_add(t.lag_hist, EXCLUDED.lag_hist);
+    SELECT count(*), max(a.id) INTO arrived, newest
+    FROM queen.cursor_arrived(p_partition, k.counted_id, p_step) a;
+    SELECT count(*), max(x.id), count(*) FILTER (WHERE x.final = 'failed'),
+           count(*) FILTER (WHERE x.final = 'dead_letter')
+    INTO passed, reached, n_failed, n_dead
+    FROM queen.cursor_passed(p_partition, k.cursor_counted, target, p_step) x;
+    IF target < k.cursor_counted THEN  -- moved back (a seek): forget what it left
+        PERFORM queen.cursor_counts_step_back(p_partition, target);
+        passed := 0;
+        n_failed := 0;
+        n_dead := 0;
+        reached := target;
+    ELSIF passed < p_step THEN
+        reached := target;
+    END IF;
+    UPDATE queen.cursor_counts x SET
+        counted_id = coalesce(newest, x.counted_id), total = x.total + arrived,
+        cursor_counted = coalesce(reached, x.cursor_counted), below = x.below + passed,
+        failed = x.failed + n_failed, dead_letter = x.dead_letter + n_dead,
+        refreshed_at = now()
+    WHERE x.partition_id = p_partition;
+    RETURN arrived < p_step AND coalesce(reached, k.cursor_counted) >= target;
+END
+$$;
+
+-- One maintenance step: refresh the count rows of up to p_partitions partitions, those
+-- refreshed longest ago first, by at most p_step messages each. Returns how many are
+-- not caught up yet (run again soon when some are).
+CREATE OR REPLACE FUNCTION queen.cursor_count_refresh(p_partitions integer, p_step integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    picked uuid;
+    behind integer := 0;
+BEGIN
+    FOR picked IN
+        SELECT p.id FROM queen.partitions p
+        LEFT JOIN queen.cursor_counts k ON k.partition_id = p.id
+        ORDER BY k.refreshed_at NULLS FIRST, p.id
+        LIMIT p_partitions
+    LOOP
+        IF NOT queen.cursor_count_partition(picked, p_step) THEN
+            behind := behind + 1;
+        END IF;
+    END LOOP;
+    RETURN behind;
+END
+$$;
+
+-- Delete per-minute activity older than p_days, at most p_limit rows; returns how many.
+CREATE OR REPLACE FUNCTION queen.cursor_metrics_prune(p_days integer, p_limit integer)
+RETURNS integer
+LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM queen.cursor_metrics_minute m
+        USING (SELECT minute, partition_id FROM queen.cursor_metrics_minute
+               WHERE minute < date_trunc('minute', now()) - make_interval(days => p_days)
+               ORDER BY minute LIMIT p_limit) old
+        WHERE m.minute = old.minute AND m.partition_id = old.partition_id
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM gone
+$$;
+
+-- Make sure partitions have count rows, and lock them (in order) for a change of what
+-- they count: one a refresh is creating is waited for, not missed.
+CREATE OR REPLACE FUNCTION queen.cursor_counts_lock(p_partitions uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO queen.cursor_counts (partition_id)
+    SELECT p.id FROM queen.partitions p WHERE p.id = ANY (p_partitions) ORDER BY p.id
+    ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM queen.cursor_counts k WHERE k.partition_id = ANY (p_partitions)
+    ORDER BY k.partition_id FOR UPDATE;
+END
+$$;
+
+-- After a delete of messages: their failure records go (nothing can act on them any
+-- more), and the counts forget those they held. Locks the count rows first, in order,
+-- so that a refresh running meanwhile is seen whole.
+CREATE OR REPLACE FUNCTION queen.cursor_messages_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    recorded boolean;  -- whether the partitions have failure records at all
+BEGIN
+    recorded := EXISTS (SELECT 1 FROM (SELECT DISTINCT g.partition_id FROM gone g) g
+                        WHERE EXISTS (SELECT 1 FROM queen.cursor_failures f
+                                      WHERE f.partition_id = g.partition_id));
+    PERFORM queen.cursor_counts_lock(ARRAY(SELECT DISTINCT g.partition_id FROM gone g));
+    WITH dropped AS (
+        DELETE FROM queen.cursor_failures f
+        USING gone g, queen.cursor_consumers c
+        WHERE recorded AND c.partition_id = g.partition_id AND f.partition_id = g.partition_id
+          AND f.consumer_group = c.consumer_group AND f.message_id = g.id
+        RETURNING f.partition_id, f.consumer_group, f.message_id, f.status
+    ), messages AS (
+        SELECT g.partition_id, count(*) FILTER (WHERE g.id <= k.counted_id) AS total,
+               count(*) FILTER (WHERE g.id <= k.cursor_counted) AS below
+        FROM gone g JOIN queen.cursor_counts k ON k.partition_id = g.partition_id
+        GROUP BY g.partition_id
+    ), failures AS (
+        SELECT d.partition_id, count(*) FILTER (WHERE d.status = 'failed') AS failed,
+               count(*) FILTER (WHERE d.status = 'dead_letter') AS dead_letter
+        FROM dropped d JOIN queen.cursor_counts k ON k.partition_id = d.partition_id
+        WHERE d.consumer_group = '__queue__' AND d.message_id <= k.cursor_counted
+        GROUP BY d.partition_id
+    )
+    UPDATE queen.cursor_counts k SET
+        total = k.total - m.total, below = k.below - m.below,
+        failed = k.failed - coalesce(f.failed, 0),
+        dead_letter = k.dead_letter - coalesce(f.dead_letter, 0)
+    FROM messages m LEFT JOIN failures f ON f.partition_id = m.partition_id
+    WHERE k.partition_id = m.partition_id;
+    RETURN NULL;
+END
+$$;
