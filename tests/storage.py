@@ -64,13 +64,6 @@ PUSH_ITEMS = (
 )
 
 # Failures recorded for a transactionId (retries counted: 0 when it never failed).
-# Retries recorded for a transactionId in queue mode on the cursor store (0: none).
-RETRY_COUNT = """
-    SELECT coalesce(max(f.retry_count), 0) FROM queen.cursor_failures f
-    JOIN queen.cursor_messages m ON m.partition_id = f.partition_id AND m.id = f.message_id
-    WHERE m.transaction_id = %s AND f.consumer_group = '__queue__'
-"""
-
 # The table of the messages themselves.
 MESSAGES = "queen.cursor_messages" if CURSORS else "queen.messages"
 STORAGE = "cursors" if CURSORS else "rows"
