@@ -31,6 +31,7 @@ QUEUE_OPTIONS: tuple[QueueOption, ...] = (
     QueueOption("retentionEnabled", "retention_enabled", bool, False),
     QueueOption("encryptionEnabled", "encryption_enabled", bool, False),
     QueueOption("maxWaitTimeSeconds", "max_wait_time_seconds", int, 0),
+    QueueOption("retryDelay", "retry_delay", int, 0),  # milliseconds
 )
 OPTIONS_BY_NAME = {option.name: option for option in QUEUE_OPTIONS}
 
@@ -80,12 +81,19 @@ class AckResult(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PopRoute:
-    """What a pop asks for: one partition, any partition of a queue, or a filter."""
+    """What a pop asks for: one partition, any partition of a queue, or a filter.
+
+    consumer_group (None: queue mode) and its subscription (subscription_mode all / new,
+    subscription_from), applied at the group's first pop of a queue: the cursor store only.
+    """
 
     queue: str | None = None
     partition: str | None = None
     namespace: str | None = None
     task: str | None = None
+    consumer_group: str | None = None
+    subscription_mode: str | None = None
+    subscription_from: dt.datetime | None = None
 
     @property
     def kind(self) -> str:

@@ -29,6 +29,11 @@ when it wants to run next:
   versions (autovacuum comes by once a minute at best), and messages too when autovacuum
   is off.
 
+On the cursor store (QUEEN_STORAGE=cursors) the leader runs timed, leases, due (also for
+partitions whose retryDelay ends), analyze (the cursor tables changed by a tenth),
+vacuum, retention, cleanup (partitions without cursor messages), counts and cursor prune
+over the cursor functions; the row store's ttl, fold, reconcile and prune do not run.
+
 A run is one bounded statement (QUEEN_MAINTENANCE_BATCH rows, LEASE_BATCH leases); a
 task that filled its batch runs again MORE_DELAY later, after the other due tasks, so a
 backlog is worked off in short steps and the timing-sensitive tasks (leases, due) stay
@@ -113,7 +118,10 @@ class Maintenance:
     ) -> None:
         self.settings = settings
         self.name = f"queen-maintenance-{socket.gethostname()}-{os.getpid()}"
-        self.session = session or MaintenanceSession(settings.dsn, application_name=self.name)
+        self.cursors = settings.storage == "cursors"
+        self.session = session or MaintenanceSession(
+            settings.dsn, application_name=self.name, cursors=self.cursors
+        )
         self.clock = clock
         self.leading = False
         self.stopping = False
@@ -126,16 +134,8 @@ class Maintenance:
         self.tasks = self._make_tasks()
 
     def _make_tasks(self) -> list[Task]:
-        tasks = self._tasks()
-        if self.settings.storage != "cursors":
-            return tasks
-        cycle = self.settings.maintenance_interval_s
-        return [t for t in tasks if t.name not in ROWS_ROLLUPS] + [
-            Task("counts", self._cursor_counts, cycle),
-            Task("cursor prune", self._prune_cursor_metrics, max(PRUNE_EVERY, cycle)),
-        ]
-
-    def _tasks(self) -> list[Task]:
+        if self.cursors:
+            return self._cursor_tasks()
         s = self.settings
         cycle = s.maintenance_interval_s
         return [
@@ -150,6 +150,23 @@ class Maintenance:
             Task("cleanup", self._cleanup, s.retention_interval_s),
             Task("reconcile", self._reconcile, s.metrics_interval_s),
             Task("prune", self._prune_metrics, max(PRUNE_EVERY, cycle)),
+        ]
+
+    def _cursor_tasks(self) -> list[Task]:
+        """The tasks on the cursor store: its ttl works at pop time, and its rollups are
+        counts and cursor prune (the row store's ttl, fold, reconcile and prune do not run)."""
+        s = self.settings
+        cycle = s.maintenance_interval_s
+        return [
+            Task("timed", self._watch_timed_queues, cycle, punctual=True),
+            Task("leases", self._expire_leases, cycle, punctual=True),
+            Task("due", self._wake_due, cycle, punctual=True),
+            Task("analyze", self._analyze_cursors, cycle),
+            Task("vacuum", self._vacuum, cycle),
+            Task("retention", self._cursor_retention, s.retention_interval_s),
+            Task("cleanup", self._cleanup, s.retention_interval_s),
+            Task("counts", self._cursor_counts, cycle),
+            Task("cursor prune", self._prune_cursor_metrics, max(PRUNE_EVERY, cycle)),
         ]
 
     # -- lifecycle -------------------------------------------------------------------
@@ -333,6 +350,18 @@ class Maintenance:
             log.info("analyzed %s (grown past its statistics)", name)
             self._count("tables analyzed", 1)
         return None
+
+    def _analyze_cursors(self) -> float | None:
+        for name in self.session.cursor_analyze():
+            log.info("analyzed queen.%s (changed by a tenth)", name)
+            self._count("tables analyzed", 1)
+        return None
+
+    def _cursor_retention(self) -> float | None:
+        limit = self.settings.maintenance_batch
+        return self._batch(
+            lambda: self.session.cursor_retention(limit), "messages deleted", limit
+        )
 
     def _vacuum(self) -> float | None:
         """VACUUM the tables that churn when nothing else has lately.

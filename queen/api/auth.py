@@ -141,7 +141,7 @@ def check_messages(req: falcon.Request, store: Store, transaction_ids: list[str]
     """Refuse (403) messages in queues outside the token (unknown ones are left to the route)."""
     principal = principal_of(req)
     if principal is not None and principal.scoped:
-        places = store.dashboard.locate(transaction_ids)
+        places = store.locate_messages(transaction_ids)
         check_queues(req, (place.queue for place in places.values()))
 
 

@@ -13,7 +13,7 @@ import orjson
 from queen.api import auth, read_body, send_json, validation
 from queen.dashboard import formats
 from queen.dashboard.hub import SILENT, Publisher
-from queen.errors import NotFound, QueueFull
+from queen.errors import Conflict, NotFound, QueueFull
 from queen.models import AckResult, Popped, PopRoute, PushResult, iso
 from queen.polling import ClaimedBody, LongPoller, client_gone_check
 from queen.store import Store
@@ -73,14 +73,19 @@ def message_json(m: Popped, stamp: Callable[[dt.datetime], str | None] = iso) ->
     }
 
 
-def messages_json(messages: list[Popped]) -> list[dict[str, Any]]:
+def messages_json(
+    messages: list[Popped], *, with_group: bool = False, group: str | None = None
+) -> list[dict[str, Any]]:
     """Shape a pop's messages, formatting each distinct timestamp once.
 
     A claim's messages share lockedAt and leaseExpiresAt, and messages pushed in one
-    batch share createdAt, so most timestamps repeat within a response.
+    batch share createdAt, so most timestamps repeat within a response. with_group (the
+    cursor store): each message shows the pop's consumerGroup, null in queue mode.
     """
     stamp = functools.cache(iso)  # this response's own cache
-    return [message_json(m, stamp) for m in messages]
+    if not with_group:
+        return [message_json(m, stamp) for m in messages]
+    return [{**message_json(m, stamp), "consumerGroup": group} for m in messages]
 
 
 class PopResource:
@@ -95,6 +100,7 @@ class PopResource:
         hub: Publisher = SILENT,
     ) -> None:
         self.poller = poller
+        self.cursors = poller.store.cursors
         self.hub = hub
         self.max_batch = max_batch
         self.default_timeout_ms = default_timeout_ms
@@ -108,15 +114,18 @@ class PopResource:
         partition: str | None = None,
     ) -> None:
         params = req.params
+        group, mode, since = validation.subscription(params, self.cursors)
         if queue is None:
             route = PopRoute(
                 namespace=validation.name(params.get("namespace"), "namespace", required=False),
                 task=validation.name(params.get("task"), "task", required=False),
+                consumer_group=group, subscription_mode=mode, subscription_from=since,
             )
         else:
             route = PopRoute(
                 queue=validation.name(queue, "queue"),
                 partition=validation.name(partition, "partition", required=False),
+                consumer_group=group, subscription_mode=mode, subscription_from=since,
             )
         batch = validation.int_param(params, "batch", 1, 1, self.max_batch)
         wait = validation.bool_param(params, "wait")
@@ -135,7 +144,8 @@ class PopResource:
                 resp.set_header("Connection", "close")  # lets the worker exit promptly
             return
         try:
-            body = orjson.dumps({"messages": messages_json(messages)})
+            shaped = messages_json(messages, with_group=self.cursors, group=group)
+            body = orjson.dumps({"messages": shaped})
         except Exception:
             self.poller.release(messages)
             raise
@@ -160,11 +170,17 @@ class AckResource:
         self.hub = hub
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        ack = validation.acknowledgment(validation.parse_json_object(read_body(req)))
+        doc = validation.parse_json_object(read_body(req))
+        ack = validation.acknowledgment(doc, self.store.cursors)
         auth.check_messages(req, self.store, [ack["transactionId"]])
         (result,) = self.store.messages.ack([ack])
         if result.status == "not_found":
             raise NotFound(f"message {result.transaction_id!r} not found")
+        if result.status == "lease_expired":
+            raise Conflict(
+                f"message {result.transaction_id!r} is not under this lease any more"
+                " (it expired, or the message went to another consumer): nothing changed"
+            )
         self.hub.publish(formats.ACKED, [ack], [result])
         req.context.messages = ("acked", 1)
         send_json(resp, {**ack_json(result), "acknowledgedAt": iso(result.acknowledged_at)})
@@ -178,7 +194,7 @@ class AckBatchResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         doc = validation.parse_json_object(read_body(req))
-        acks = validation.acknowledgments(doc, self.max_batch)
+        acks = validation.acknowledgments(doc, self.max_batch, self.store.cursors)
         auth.check_messages(req, self.store, [a["transactionId"] for a in acks])
         results = self.store.messages.ack(acks)
         self.hub.publish(formats.ACKED, acks, results)

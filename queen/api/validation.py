@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+import uuid
 from collections.abc import Mapping
 from typing import Any, Literal, overload
 
@@ -17,6 +19,8 @@ MAX_TRANSACTION_ID = 255
 MAX_ERROR_TEXT = 10_000
 MAX_INT = 2**31 - 1
 INTEGER = re.compile(r"-?[0-9]{1,10}")  # matched whole; ASCII digits only
+SUBSCRIPTION_MODES = ("all", "new")
+CURSORS_ONLY = "needs the cursor store (QUEEN_STORAGE=cursors)"
 TRUE = {"true", "1", "yes"}
 FALSE = {"false", "0", "no"}
 
@@ -109,19 +113,27 @@ def push_items(doc: Mapping[str, Any], raw: bytes, max_items: int) -> list[dict[
     return items
 
 
-def acknowledgments(doc: Mapping[str, Any], max_items: int) -> list[dict[str, Any]]:
-    """Check an ack batch: {"acknowledgments": [{"transactionId", "status", "error"?}]}."""
+def acknowledgments(
+    doc: Mapping[str, Any], max_items: int, cursors: bool = False
+) -> list[dict[str, Any]]:
+    """Check an ack batch: {"acknowledgments": [{"transactionId", "status", "error"?,
+    "consumerGroup"?, "leaseId"?}]}; cursors: whether the store takes consumer groups."""
     items = _items(doc, "acknowledgments", max_items)
-    return [_acknowledgment(item, i) for i, item in enumerate(items)]
+    return [_acknowledgment(item, i, cursors) for i, item in enumerate(items)]
 
 
-def acknowledgment(item: Any) -> dict[str, Any]:
-    """Check one ack: {"transactionId", "status": "completed"|"failed", "error"?}."""
-    return _acknowledgment(item, None)
+def acknowledgment(item: Any, cursors: bool = False) -> dict[str, Any]:
+    """Check one ack: {"transactionId", "status": "completed"|"failed", "error"?,
+    "consumerGroup"?, "leaseId"?}."""
+    return _acknowledgment(item, None, cursors)
 
 
-def _acknowledgment(item: Any, index: int | None) -> dict[str, Any]:
-    """Check one ack, the body's own or acknowledgments[index] of a batch."""
+def _acknowledgment(item: Any, index: int | None, cursors: bool) -> dict[str, Any]:
+    """Check one ack, the body's own or acknowledgments[index] of a batch.
+
+    consumerGroup (null: queue mode) is refused by the row store; leaseId is checked
+    and passed on (the row store has no stale-lease check and ignores it).
+    """
     if not isinstance(item, dict):
         raise InvalidInput(f"{_ack_where(index)} must be an object")
     txid = item.get("transactionId")
@@ -135,7 +147,61 @@ def _acknowledgment(item: Any, index: int | None) -> dict[str, Any]:
         if not isinstance(error, str):
             raise InvalidInput(f"{_ack_where(index)}.error must be a string")
         error = error.replace("\x00", "")[:MAX_ERROR_TEXT]
-    return {"transactionId": txid, "status": status, "error": error}
+    ack = {"transactionId": txid, "status": status, "error": error}
+    group = item.get("consumerGroup")
+    if group is not None:
+        if not cursors:
+            raise InvalidInput(f"{_ack_where(index)}.consumerGroup {CURSORS_ONLY}")
+        ack["consumerGroup"] = name(group, f"{_ack_where(index)}.consumerGroup")
+    lease = item.get("leaseId")
+    if lease is not None:
+        ack["leaseId"] = str(_uuid(lease, f"{_ack_where(index)}.leaseId"))
+    return ack
+
+
+def _uuid(value: Any, field: str) -> uuid.UUID:
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            pass
+    raise InvalidInput(f"{field} must be a UUID")
+
+
+def subscription(
+    params: Mapping[str, Any], cursors: bool
+) -> tuple[str | None, str | None, dt.datetime | None]:
+    """Read consumerGroup, subscriptionMode (all | new) and subscriptionFrom (ISO-8601)."""
+    group = name(_single(params, "consumerGroup") or None, "consumerGroup", required=False)
+    mode = _single(params, "subscriptionMode") or None
+    since_text = _single(params, "subscriptionFrom") or None
+    if not cursors:
+        for key, value in (("consumerGroup", group), ("subscriptionMode", mode),
+                           ("subscriptionFrom", since_text)):
+            if value is not None:
+                raise InvalidInput(f"{key} {CURSORS_ONLY}")
+        return None, None, None
+    if mode is not None and mode not in SUBSCRIPTION_MODES:
+        raise InvalidInput("subscriptionMode must be 'all' or 'new'")
+    since = None
+    if since_text is not None:
+        if mode is not None:
+            raise InvalidInput("give subscriptionMode or subscriptionFrom, not both")
+        since = _timestamp(since_text, "subscriptionFrom")
+    return group, mode, since
+
+
+def _timestamp(text: str, field: str) -> dt.datetime:
+    """Read an ISO-8601 time (2025-10-08T05:12:33Z); one without an offset is UTC."""
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"{field} must be an ISO-8601 time, like 2025-10-08T05:12:33Z") from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    if not dt.datetime(1970, 1, 1, tzinfo=dt.UTC) <= value <= dt.datetime(9999, 1, 1, tzinfo=dt.UTC):
+        raise InvalidInput(f"{field} is out of range")
+    return value
 
 
 def _ack_where(index: int | None) -> str:

@@ -6,7 +6,8 @@ from queen.config import Settings
 from queen.store.admin import Admin
 from queen.store.analytics import Analytics
 from queen.store.cursor_admin import CURSOR_READ_QUERIES, CursorAdmin, cursor_reads
-from queen.store.dashboard import Dashboard
+from queen.store.cursor_messages import CursorLeases, CursorMessages, CursorPolling
+from queen.store.dashboard import Dashboard, MessagePlace
 from queen.store.db import Database
 from queen.store.groups import ConsumerGroups
 from queen.store.leases import Leases
@@ -17,18 +18,31 @@ from queen.store.reads import Reads
 from queen.store.tokens import Tokens
 from queen.store.transactions import Transactions
 
+STORAGES = ("rows", "cursors")
+
 
 class Store:
     """Everything the API and the workers ask of PostgreSQL."""
 
     def __init__(self, db: Database, encryption_key: str = "", storage: str = "rows") -> None:
+        if storage not in STORAGES:
+            raise ValueError(f"storage must be one of {', '.join(STORAGES)}, not {storage!r}")
         self.db = db
         self.storage = storage  # rows | cursors: which model the families below run on
+        self.cursors = storage == "cursors"
         self.queues = Queues(db)
-        self.messages = Messages(db, self.queues, encryption_key)
-        self.polling = Polling(db)
+        self.messages: Messages
+        self.polling: Polling
+        self.leases: Leases | CursorLeases
+        if self.cursors:
+            self.messages = CursorMessages(db, self.queues, encryption_key)
+            self.polling = CursorPolling(db)
+            self.leases = CursorLeases(db)
+        else:
+            self.messages = Messages(db, self.queues, encryption_key)
+            self.polling = Polling(db)
+            self.leases = Leases(db)
         self.messages.after_push = self.polling.push_wakeups.pushed
-        self.leases = Leases(db)
         if storage == "cursors":  # the read side over cursor_* (statuses derived)
             self.dashboard = Dashboard(db, queries=CURSOR_READ_QUERIES)
             self.reads = cursor_reads(db)
@@ -54,6 +68,10 @@ class Store:
             application_name=application_name,
         )
         return cls(db, settings.encryption_key, settings.storage)
+
+    def locate_messages(self, transaction_ids: list[str]) -> dict[str, MessagePlace]:
+        """Map transactionIds to their queue and partition in the storage in use."""
+        return self.dashboard.locate(transaction_ids)
 
     def open(self) -> None:
         self.db.open()

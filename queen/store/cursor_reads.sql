@@ -160,7 +160,7 @@ SELECT r.* FROM page CROSS JOIN LATERAL queen.cursor_message_rows(page.partition
 SELECT r.*, q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
        q.delayed_processing, q.window_buffer, q.retention_seconds,
        q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
-       q.max_wait_time_seconds
+       q.max_wait_time_seconds, q.retry_delay
 FROM queen.cursor_messages m
 CROSS JOIN LATERAL queen.cursor_message_rows(ARRAY[m.partition_id], ARRAY[m.id]) r
 JOIN queen.queues q ON q.name = r.queue

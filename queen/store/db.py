@@ -298,6 +298,29 @@ class Database:
     ) -> list[Any]:
         """Run the named query and return all rows; retry deadlocks (each call is atomic).
 
+        on_lost and large: as for run().
+        """
+        return self.run(QUERIES[name], params, row_factory, raw_json=raw_json, name=name,
+                        on_lost=on_lost, large=large)
+
+    def run(
+        self,
+        statement: str,
+        params: Mapping[str, Any] | None = None,
+        row_factory: RowFactory[Any] = tuple_row,
+        *,
+        raw_json: bool = False,
+        name: str = "statement",
+        sending: Callable[[], None] | None = None,
+        after_execute: Callable[[psycopg.Connection[Any]], None] | None = None,
+        on_lost: Callable[[int], None] | None = None,
+        large: Callable[[list[Any]], bool] | None = None,
+    ) -> list[Any]:
+        """Run a statement of a named-query file and return all rows; retry deadlocks.
+
+        sending: called when the statement is about to be sent (from then on a failure
+        may come after it committed). after_execute: called with the connection once the
+        statement has run (a test hook: it may break the connection there).
         on_lost: called as in connection() when the answer is lost with the connection.
         large: tells whether the rows hold a value over LARGE_CALL_BYTES (parameters are
         weighed here), after which the connection is retired.
@@ -308,7 +331,11 @@ class Database:
                     cur = conn.cursor(row_factory=row_factory)
                     if raw_json:
                         cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
-                    cur.execute(QUERIES[name], params)
+                    if sending is not None:
+                        sending()
+                    cur.execute(statement, params)
+                    if after_execute is not None:
+                        after_execute(conn)
                     rows = cur.fetchall() if returns_rows(cur) else []
                     if _sent_bytes(params) > LARGE_CALL_BYTES or (large and large(rows)):
                         self.pool.retire(conn)

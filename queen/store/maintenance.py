@@ -19,6 +19,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,12 +28,18 @@ from psycopg import sql
 from queen.errors import Unavailable
 from queen.store.bounds import DEADLINE_MARGIN_S, WATCHDOG, bounded_conninfo, call_deadline_s
 from queen.store.cursor_admin import CURSOR_READ_QUERIES
-from queen.store.db import QUERIES, RETRYABLE, returns_rows, translate_errors
+from queen.store.db import RETRYABLE, returns_rows, translate_errors
+from queen.store.sqlfile import load_queries
 
 log = logging.getLogger(__name__)
 
 LEADER_LOCK = 0x5155_4545_4E01  # pg_advisory_lock key of the maintenance leader
 CHANNEL = "queen"  # the channel the triggers notify (queen.notify_partitions)
+# queries.sql, the cursor read side's and the cursor store's maintenance statements.
+QUERIES = {
+    **CURSOR_READ_QUERIES,
+    **load_queries(Path(__file__).with_name("cursor_maintenance.sql")),
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,8 +109,10 @@ class MaintenanceSession:
         application_name: str = "queen-maintenance",
         statement_timeout_ms: int = 60000,
         lock_timeout_ms: int = 1000,
+        cursors: bool = False,
     ) -> None:
         self.dsn = dsn
+        self.cursors = cursors  # the cursor store (QUEEN_STORAGE=cursors): its statements
         self.application_name = application_name
         self._statement_timeout_ms = statement_timeout_ms
         self._lock_timeout_ms = lock_timeout_ms
@@ -153,7 +162,7 @@ class MaintenanceSession:
             raise Unavailable("maintenance session is not connected")
         with translate_errors(), WATCHDOG.guard(self._conn, self._deadline_s):
             try:
-                cur = self._conn.execute(CURSOR_READ_QUERIES[name], params)  # queries.sql too
+                cur = self._conn.execute(QUERIES[name], params)
                 return cur.fetchall() if returns_rows(cur) else []
             except RETRYABLE as exc:
                 raise Unavailable(f"{name}: {type(exc).__name__}, retry") from exc
@@ -198,14 +207,26 @@ class MaintenanceSession:
 
     # -- work ------------------------------------------------------------------------
 
+    def _named(self, name: str) -> str:
+        """The statement of the store in use for a maintenance step (maintenance_x)."""
+        return name.replace("maintenance_", "maintenance_cursor_") if self.cursors else name
+
     def expire_leases(self, limit: int) -> LeaseExpiry:
-        (row,) = self._rows("maintenance_expire_leases", {"limit": limit})
+        (row,) = self._rows(self._named("maintenance_expire_leases"), {"limit": limit})
         return LeaseExpiry(*row)
 
     def wake_due(self, since: dt.datetime | None) -> DueScan:
         since = since or dt.datetime.min.replace(tzinfo=dt.UTC)
-        (row,) = self._rows("maintenance_wake_due", {"since": since})
+        (row,) = self._rows(self._named("maintenance_wake_due"), {"since": since})
         return DueScan(*row)
+
+    def cursor_retention(self, limit: int) -> int:
+        """Delete up to limit messages of the cursor store past their queue's retention."""
+        return int(self._value("maintenance_cursor_retention", {"limit": limit}))
+
+    def cursor_analyze(self, min_changes: int = 1000) -> list[str]:
+        """ANALYZE the cursor store's tables that changed by a tenth; return their names."""
+        return list(self._value("maintenance_cursor_analyze", {"min_changes": min_changes}))
 
     def timed_queues(self) -> dict[str, TimedQueue]:
         return {r[0]: TimedQueue(*r) for r in self._rows("maintenance_timed_queues")}
@@ -220,9 +241,8 @@ class MaintenanceSession:
         return int(self._value("maintenance_retention_completed", {"limit": limit}))
 
     def cleanup_partitions(self, idle_s: int, limit: int) -> int:
-        return int(
-            self._value("maintenance_cleanup_partitions", {"idle_s": idle_s, "limit": limit})
-        )
+        params = {"idle_s": idle_s, "limit": limit}
+        return int(self._value(self._named("maintenance_cleanup_partitions"), params))
 
     def fold_deltas(self, limit: int) -> int:
         return int(self._value("maintenance_fold_deltas", {"limit": limit}))

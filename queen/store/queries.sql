@@ -58,6 +58,7 @@ UPDATE queen.queues SET
     retention_enabled = coalesce(%(retention_enabled)s, retention_enabled),
     encryption_enabled = coalesce(%(encryption_enabled)s, encryption_enabled),
     max_wait_time_seconds = coalesce(%(max_wait_time_seconds)s, max_wait_time_seconds),
+    retry_delay = coalesce(%(retry_delay)s, retry_delay),
     updated_at = now()
 WHERE name = %(name)s
 RETURNING *
@@ -220,7 +221,7 @@ SELECT q.id, q.name, q.namespace, q.task, q.created_at,
        q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
        q.delayed_processing, q.window_buffer, q.retention_seconds,
        q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
-       q.max_wait_time_seconds
+       q.max_wait_time_seconds, q.retry_delay
 FROM queen.queues q
 WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
   AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
@@ -426,7 +427,7 @@ SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace
        m.producer, q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
        q.delayed_processing, q.window_buffer, q.retention_seconds,
        q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
-       q.max_wait_time_seconds
+       q.max_wait_time_seconds, q.retry_delay
 FROM queen.messages m
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id

@@ -162,3 +162,34 @@ LANGUAGE sql AS $$
     WHERE c.lease_id = p_lease AND c.lease_id IS NOT NULL AND c.lease_expires_at > now()
     RETURNING c.lease_expires_at
 $$;
+
+-- Give back a lease whose pop never reached its consumer (the response was not
+-- delivered, or the connection broke after the pop committed): the lease ends WITHOUT
+-- counting an attempt, and its messages not acked are the partition's next ones again,
+-- at once (no retryDelay). What was acked under it stays as acked. Returns the messages
+-- given back; 0 when the lease is unknown or ended (by an ack, expiry or a seek).
+CREATE OR REPLACE FUNCTION queen.cursor_unclaim(p_lease uuid) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    c queen.cursor_consumers;
+BEGIN
+    -- (No index covers lease_id: the table has a row per partition and group.)
+    SELECT * INTO c FROM queen.cursor_consumers x WHERE x.lease_id = p_lease FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    UPDATE queen.cursor_consumers x SET
+        lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
+        lease_size = NULL, lease_acked = '{}', updated_at = now()
+    WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
+    PERFORM queen.cursor_wake(ARRAY[c.partition_id]);
+    RETURN c.lease_size - cardinality(c.lease_acked);
+END
+$$;
+
+-- The queue a live lease is on (NULL: unknown or ended), for a queue-limited token.
+CREATE OR REPLACE FUNCTION queen.cursor_lease_queue(p_lease uuid) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT q.name FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
+    WHERE c.lease_id = p_lease
+$$;

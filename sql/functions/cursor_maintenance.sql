@@ -80,3 +80,107 @@ BEGIN
     RETURN done;
 END
 $$;
+
+-- When a group's partition becomes poppable without any write to it: its retryDelay
+-- ends (not_before), its next message is delayedProcessing old, its newest message is
+-- windowBuffer old (what queen.cursor_claim checks). NULL: nothing to wait for.
+CREATE OR REPLACE FUNCTION queen.cursor_due_at(c queen.cursor_consumers, p_delay integer,
+                                               p_window integer)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN c.lease_id IS NOT NULL AND c.lease_expires_at > now() THEN NULL
+           ELSE greatest(
+               c.not_before,
+               CASE WHEN p_delay > 0 THEN
+                   (SELECT m.created_at FROM queen.cursor_messages m
+                    WHERE m.partition_id = c.partition_id AND m.id > c.cursor_id
+                      AND m.id <> ALL (c.done_ids)
+                    ORDER BY m.id LIMIT 1) + make_interval(secs => p_delay) END,
+               CASE WHEN p_window > 0 THEN
+                   (SELECT m.created_at FROM queen.cursor_messages m
+                    WHERE m.partition_id = c.partition_id AND m.id > c.cursor_id
+                    ORDER BY m.id DESC LIMIT 1) + make_interval(secs => p_window) END)
+           END
+$$;
+
+-- Wake polls for the partitions of the cursor store that became poppable after p_since
+-- (the scanned_at of the previous call): retryDelay over, delayed or windowed messages
+-- due. Same answer as queen.wake_due: how many were woken, the seconds until the next
+-- one is due (NULL: none waiting) and the time of this scan.
+CREATE OR REPLACE FUNCTION queen.cursor_wake_due(p_since timestamptz)
+RETURNS TABLE (woken integer, next_due_in double precision, scanned_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    at       timestamptz := clock_timestamp();
+    due      uuid[];
+    next_due timestamptz;
+BEGIN
+    SELECT array_agg(DISTINCT t.partition_id) FILTER (WHERE t.due_at > p_since AND t.due_at <= at),
+           min(t.due_at) FILTER (WHERE t.due_at > at)
+    INTO due, next_due
+    FROM (SELECT c.partition_id, queen.cursor_due_at(c, q.delayed_processing, q.window_buffer)
+                 AS due_at
+          FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
+          WHERE c.not_before IS NOT NULL OR q.delayed_processing > 0 OR q.window_buffer > 0) t;
+    IF due IS NOT NULL THEN
+        PERFORM queen.cursor_wake(due);
+    END IF;
+    RETURN QUERY SELECT coalesce(cardinality(due), 0),
+                        extract(epoch FROM next_due - at)::double precision, at;
+END
+$$;
+
+-- End expired leases (queen.cursor_expire_leases) in the answer of queen.expire_leases:
+-- leases ended, the messages they covered, seconds until the next lease expires.
+CREATE OR REPLACE FUNCTION queen.cursor_expire(p_limit integer)
+RETURNS TABLE (leases integer, messages integer, next_expiry_in double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    covered integer;
+    ended   integer;
+BEGIN
+    SELECT coalesce(sum(e.lease_size - cardinality(e.lease_acked)), 0) INTO covered
+    FROM (SELECT c.lease_size, c.lease_acked FROM queen.cursor_consumers c
+          WHERE c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
+          ORDER BY c.lease_expires_at LIMIT p_limit) e;
+    ended := queen.cursor_expire_leases(p_limit);
+    RETURN QUERY  -- (a statement of its own: it sees the leases just ended)
+    SELECT ended, covered,
+           (SELECT extract(epoch FROM min(c.lease_expires_at) - clock_timestamp())::double precision
+            FROM queen.cursor_consumers c WHERE c.lease_id IS NOT NULL);
+END
+$$;
+
+-- Remove up to p_limit partitions that hold no message of the cursor store, no live
+-- lease of any group, and saw no activity for p_idle_seconds (the consumer rows go with
+-- them). A push locks its partitions (FOR KEY SHARE) before it inserts: SKIP LOCKED
+-- passes over those, and the re-check runs after the locks.
+CREATE OR REPLACE FUNCTION queen.cursor_cleanup_partitions(p_idle_seconds integer, p_limit integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    locked  uuid[];
+    removed integer;
+BEGIN
+    SELECT array_agg(c.id) INTO locked FROM (
+        SELECT p.id FROM queen.partitions p
+        WHERE p.created_at < now() - make_interval(secs => p_idle_seconds)
+          AND NOT EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = p.id)
+          AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+                          WHERE c.partition_id = p.id
+                            AND (c.lease_id IS NOT NULL
+                                 OR c.updated_at >= now() - make_interval(secs => p_idle_seconds)))
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED) c;
+    IF locked IS NULL THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM queen.partitions p
+    WHERE p.id = ANY (locked)
+      AND NOT EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = p.id)
+      AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+                      WHERE c.partition_id = p.id AND c.lease_id IS NOT NULL);
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    RETURN removed;
+END
+$$;

@@ -1,6 +1,13 @@
 -- Pops of the cursor store: lease a partition for a group and read the messages after its
 -- cursor, in order.
 
+-- The signatures before pops took the caller's lease id (p_lease): dropped so that calls
+-- without it are not ambiguous between the two.
+DROP FUNCTION IF EXISTS queen.cursor_claim(uuid, text, integer, text);
+DROP FUNCTION IF EXISTS queen.cursor_deliver(uuid, text, integer, text);
+DROP FUNCTION IF EXISTS queen.cursor_pop_partition(text, text, text, integer, text, text, timestamptz);
+DROP FUNCTION IF EXISTS queen.cursor_pop_queue(text, text, integer, text, text, timestamptz);
+
 -- Dead-letter the leading messages past a group's cursor that are older than the queue's
 -- ttl (never delivered: error 'ttl expired'), up to p_limit of them; the caller holds the
 -- group's row lock. Returns how many.
@@ -40,9 +47,11 @@ $$;
 -- Lease a group's partition (its row locked by the caller) and return up to p_batch
 -- messages after the cursor, unless it is leased, held back (retryDelay) or windowed
 -- (windowBuffer); an expired lease is ended first. delayedProcessing hides messages
--- younger than it; messages past the ttl are dead-lettered, not delivered.
+-- younger than it; messages past the ttl are dead-lettered, not delivered. p_lease: the
+-- lease id the caller chose (NULL: a new one), so that a caller who lost the answer can
+-- still name the lease and give it back (queen.cursor_unclaim).
 CREATE OR REPLACE FUNCTION queen.cursor_claim(p_partition uuid, p_group text, p_batch integer,
-                                              p_worker text)
+                                              p_worker text, p_lease uuid DEFAULT NULL)
 RETURNS SETOF queen.cursor_messages
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -87,7 +96,7 @@ BEGIN
         RETURN;
     END IF;
     UPDATE queen.cursor_consumers x SET
-        lease_id = queen.uuid_v7(), leased_by = p_worker,
+        lease_id = coalesce(p_lease, queen.uuid_v7()), leased_by = p_worker,
         lease_expires_at = now() + make_interval(secs => q.lease_time),
         lease_last_id = picked[cardinality(picked)], lease_size = cardinality(picked),
         lease_acked = '{}', not_before = NULL, updated_at = now()
@@ -99,14 +108,14 @@ $$;
 
 -- What a pop returns for each message of a claim.
 CREATE OR REPLACE FUNCTION queen.cursor_deliver(p_partition uuid, p_group text, p_batch integer,
-                                                p_worker text)
+                                                p_worker text, p_lease uuid DEFAULT NULL)
 RETURNS SETOF queen.cursor_popped
 LANGUAGE plpgsql AS $$
 DECLARE
     claimed queen.cursor_messages[];
     c       queen.cursor_consumers;
 BEGIN
-    claimed := ARRAY(SELECT m FROM queen.cursor_claim(p_partition, p_group, p_batch, p_worker) m);
+    claimed := ARRAY(SELECT m FROM queen.cursor_claim(p_partition, p_group, p_batch, p_worker, p_lease) m);
     IF cardinality(claimed) = 0 THEN
         RETURN;
     END IF;
@@ -130,7 +139,7 @@ $$;
 -- subscription, applied at its first pop of the queue.
 CREATE OR REPLACE FUNCTION queen.cursor_pop_partition(
     p_queue text, p_partition text, p_group text, p_batch integer, p_worker text,
-    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL)
+    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
 RETURNS SETOF queen.cursor_popped
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -148,7 +157,8 @@ BEGIN
     WHERE c.partition_id = target.partition_id AND c.consumer_group = p_group
     FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
-        RETURN QUERY SELECT * FROM queen.cursor_deliver(target.partition_id, p_group, p_batch, p_worker);
+        RETURN QUERY SELECT * FROM queen.cursor_deliver(target.partition_id, p_group, p_batch, p_worker,
+                                                         p_lease);
     END IF;
 END
 $$;
@@ -178,7 +188,7 @@ $$;
 -- claimed and tries the next).
 CREATE OR REPLACE FUNCTION queen.cursor_pop_queue(
     p_queue text, p_group text, p_batch integer, p_worker text,
-    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL)
+    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
 RETURNS SETOF queen.cursor_popped
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -202,7 +212,35 @@ BEGIN
             FOR UPDATE SKIP LOCKED;
             CONTINUE WHEN NOT FOUND;
         END IF;
-        RETURN QUERY SELECT * FROM queen.cursor_deliver(candidate, p_group, p_batch, p_worker);
+        RETURN QUERY SELECT * FROM queen.cursor_deliver(candidate, p_group, p_batch, p_worker, p_lease);
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Pop across the queues matching namespace and/or task (NULL: any) as a group, highest
+-- priority first (then the oldest queue): the first queue with a free partition with
+-- work gives the batch. A group joins each queue it tries (its subscription applies
+-- there from that first pop on).
+CREATE OR REPLACE FUNCTION queen.cursor_pop_filtered(
+    p_namespace text, p_task text, p_group text, p_batch integer, p_worker text,
+    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
+RETURNS SETOF queen.cursor_popped
+LANGUAGE plpgsql AS $$
+DECLARE
+    candidate text;
+BEGIN
+    FOR candidate IN
+        SELECT q.name FROM queen.queues q
+        WHERE (p_namespace IS NULL OR q.namespace = p_namespace)
+          AND (p_task IS NULL OR q.task = p_task)
+          AND EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = q.id)
+        ORDER BY q.priority DESC, q.created_at, q.name
+    LOOP
+        RETURN QUERY SELECT * FROM queen.cursor_pop_queue(candidate, p_group, p_batch, p_worker,
+                                                          p_mode, p_from, p_lease);
         IF FOUND THEN
             RETURN;
         END IF;

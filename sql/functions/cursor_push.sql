@@ -109,7 +109,9 @@ $$;
 
 -- Push a batch (the body's "items" array) in one call: queued / duplicate (its
 -- transactionId is stored already, or earlier in the batch) / rejected (maxSize), one row
--- per item in item order. One wake-up per queue, sent at commit, while polls are parked.
+-- per item in item order. One wake-up per queue, sent at commit, while polls are parked;
+-- none from a session with queen.push_notify = 'after_commit' (Queen's own pool), which
+-- sends them itself once the push committed (queen.notify_pushed: see there why).
 CREATE OR REPLACE FUNCTION queen.cursor_push(p_items jsonb, p_producer text DEFAULT NULL)
 RETURNS TABLE (idx integer, message_id bigint, transaction_id text, status text)
 LANGUAGE plpgsql AS $$
@@ -119,6 +121,7 @@ DECLARE
     rejected integer[];
     accepted queen.cursor_push_item[];
     stored   bigint[];
+    deferred boolean := current_setting('queen.push_notify', true) IS NOT DISTINCT FROM 'after_commit';
 BEGIN
     IF jsonb_array_length(p_items) = 0 THEN
         RETURN;
@@ -141,7 +144,9 @@ BEGIN
     SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
     IF cardinality(stored) = cardinality(accepted) THEN
         -- Every item stored (the common case): nothing to look up.
-        PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a));
+        IF NOT deferred THEN
+            PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a));
+        END IF;
         RETURN QUERY
         SELECT a.idx, a.id, a.transaction_id, 'queued' FROM unnest(accepted) a
         UNION ALL
@@ -149,8 +154,10 @@ BEGIN
         ORDER BY 1;
         RETURN;
     END IF;
-    PERFORM queen.cursor_wake(ARRAY(SELECT a.partition_id FROM unnest(accepted) a
-                                    WHERE a.id = ANY (stored)));
+    IF NOT deferred THEN
+        PERFORM queen.cursor_wake(ARRAY(SELECT a.partition_id FROM unnest(accepted) a
+                                        WHERE a.id = ANY (stored)));
+    END IF;
     RETURN QUERY
     SELECT a.idx, CASE WHEN a.id = ANY (stored) THEN a.id ELSE m.id END, a.transaction_id,
            CASE WHEN a.id = ANY (stored) THEN 'queued' ELSE 'duplicate' END

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 import requests
 
+from tests import storage
 from tests.conftest import Server, cloned_database
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -39,6 +40,7 @@ DEFAULT_OPTIONS = {
     "retentionEnabled": False,
     "encryptionEnabled": False,
     "maxWaitTimeSeconds": 0,
+    "retryDelay": 0,
 }
 
 
@@ -68,7 +70,7 @@ def q(prefix: str = "q") -> str:
 def db_state(dsn: str) -> tuple[int, int, int]:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(
-            "SELECT (SELECT count(*) FROM queen.messages), (SELECT count(*) FROM queen.queues),"
+            f"SELECT (SELECT count(*) FROM {storage.MESSAGES}), (SELECT count(*) FROM queen.queues),"
             " (SELECT count(*) FROM queen.partitions)"
         ).fetchone()
     assert row is not None
@@ -685,7 +687,7 @@ def test_bad_ack_is_refused_and_changes_nothing(
     assert_json_error(r, status)
     with psycopg.connect(api_db) as conn:
         row = conn.execute(
-            "SELECT status FROM queen.messages WHERE transaction_id = %s", (f"{name}-tx",)
+            storage.MESSAGE_STATUS, (f"{name}-tx",)
         ).fetchone()
     assert row == ("processing",)
 

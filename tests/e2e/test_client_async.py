@@ -17,7 +17,7 @@ import pytest
 from queen.client import AsyncQueen, Message, NotFound, Queen, ResponseLost, RetryPolicy
 from tests.conftest import ROOT, free_port
 from tests.e2e.cursor_server import cursor_store_server
-from tests.e2e.test_client_sync import WAITING, DroppingProxy
+from tests.e2e.test_client_sync import DroppingProxy
 
 FAST = RetryPolicy(rounds=3, base_delay=0.05, max_delay=0.2)
 __all__ = ["cursor_store_server"]  # a fixture
@@ -219,7 +219,6 @@ def test_sigterm_mid_handler_finishes_and_acks_the_message_then_exits_0(server, 
         assert queen.message(pushed.transaction_id)["status"] == "completed"
 
 
-@pytest.mark.skip(reason=WAITING)
 def test_a_transaction_acks_and_pushes_together(cursor_store_server):
     server = cursor_store_server
 
@@ -233,7 +232,6 @@ def test_a_transaction_acks_and_pushes_together(cursor_store_server):
     run(server.url, body)
 
 
-@pytest.mark.skip(reason=WAITING)
 def test_consumer_groups_pop_ack_and_seek(cursor_store_server):
     server = cursor_store_server
 

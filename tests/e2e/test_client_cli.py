@@ -9,12 +9,9 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from queen.client import Queen
 from tests.conftest import ROOT, free_port
 from tests.e2e.cursor_server import cursor_store_server
-from tests.e2e.test_client_sync import WAITING
 
 __all__ = ["cursor_store_server"]  # a fixture
 
@@ -138,7 +135,6 @@ def test_tail_prints_the_latest_messages_oldest_first_and_follows(server):
         assert len(queen.messages("tailed", status="pending")) == 4
 
 
-@pytest.mark.skip(reason=WAITING)
 def test_groups_list_and_seek_and_tail_as_a_group(cursor_store_server):
     server = cursor_store_server
 

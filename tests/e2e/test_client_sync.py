@@ -315,11 +315,8 @@ def test_a_pop_whose_answer_was_dropped_is_not_resent(queen, server):
     assert len(queen.messages("lost-pop", status="pending")) == 1
 
 
-# The tests below run on a server with QUEEN_STORAGE=cursors. They wait for push, pop
-# and ack (with consumerGroup) over HTTP on the cursor store; the transaction and
-# consumer-group routes answer there already (tests/e2e/test_client_cursor_groups.py).
-WAITING = "needs push, pop and ack over HTTP under QUEEN_STORAGE=cursors"
-WAITING_READS = WAITING + ", and GET /messages/:transactionId on the cursor store"
+# The tests below run on a server with QUEEN_STORAGE=cursors: push, pop and ack with
+# consumerGroup, transactions and the consumer-group routes.
 
 
 @pytest.fixture
@@ -328,7 +325,6 @@ def cursor_queen(cursor_store_server):
         yield client
 
 
-@pytest.mark.skip(reason=WAITING_READS)
 def test_a_transaction_acks_and_pushes_together(cursor_queen):
     queen = cursor_queen
     queen.push("tx-in", [{"n": 1}])
@@ -339,7 +335,6 @@ def test_a_transaction_acks_and_pushes_together(cursor_queen):
     assert [m.data for m in queen.pop("tx-out")] == [{"n": 2}]
 
 
-@pytest.mark.skip(reason=WAITING)
 def test_consumer_groups_each_see_every_message_and_seek(cursor_queen):
     queen = cursor_queen
     queen.push("fanout", [{"n": 1}, {"n": 2}])

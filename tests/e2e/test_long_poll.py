@@ -16,6 +16,7 @@ import psycopg
 import pytest
 import requests
 
+from tests import storage
 from tests.conftest import Server
 from tests.e2e.polls import Poll, gather
 
@@ -63,7 +64,7 @@ def sql(dsn: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, .
 
 
 def statuses(dsn: str) -> dict[str, int]:
-    return dict(sql(dsn, "SELECT status, count(*) FROM queen.messages GROUP BY 1"))  # type: ignore[arg-type]
+    return dict(sql(dsn, storage.STATUS_COUNTS))  # type: ignore[arg-type]
 
 
 def listener_pids(dsn: str) -> list[int]:
@@ -137,10 +138,7 @@ def test_a_push_handled_by_one_worker_wakes_polls_parked_on_another(db_dsn):
             assert gather(polls, 10) == []
             assert [p.status for p in polls] == [200] * n
             assert max(p.done_at for p in polls) - pushed_at < PROMPT  # type: ignore[type-var]
-            workers = sql(db_dsn, "SELECT DISTINCT m.worker_id FROM queen.messages m"
-                          " JOIN queen.partitions p ON p.id = m.partition_id"
-                          " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s",
-                          (queue,))
+            workers = sql(db_dsn, storage.LEASE_HOLDERS_OF_QUEUE, (queue,))
             if len(workers) == 2:
                 break
         assert len(workers) == 2  # polls were parked in both workers
@@ -199,7 +197,7 @@ def test_sigterm_answers_parked_polls_at_once_and_leases_nothing_unanswered(quie
     assert quiet_server.proc is not None
     quiet_server.proc.terminate()
     stopped_at = time.monotonic()
-    sql(db_dsn, "SELECT count(*) FROM queen.push(%s::jsonb)", (json.dumps([item("q", "p0")]),))
+    sql(db_dsn, storage.PUSH_ITEMS, (json.dumps([item("q", "p0")]),))
     assert gather(polls, 10) == []
     assert max(p.done_at for p in polls) - stopped_at < 1.5  # type: ignore[type-var]
     assert {p.status for p in polls} <= {200, 204}

@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from queen.store.maintenance import MaintenanceSession
+from tests import storage
 from tests.conftest import ROOT, Server
 
 FAST = {  # maintenance settings that make the tests run in seconds
@@ -107,7 +108,7 @@ def query(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, .
 
 def statuses(dsn: str) -> dict[str, tuple[str, int, str | None]]:
     found = query(
-        dsn, "SELECT transaction_id, status, retry_count, error_message FROM queen.messages"
+        dsn, f"SELECT transaction_id, status, retry_count, error FROM ({storage.MESSAGE_VIEW}) v"
     )
     return {r[0]: (r[1], r[2], r[3]) for r in found}
 

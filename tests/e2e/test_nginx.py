@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests import storage
 from tests.conftest import ROOT, Server, cloned_database, free_port, wait_until_healthy
 from tests.e2e.polls import Poll, gather
 from tests.e2e.test_long_poll import NO_FALLBACK, PARK, PROMPT, item, push, servers
@@ -89,13 +90,7 @@ def balanced(
 
 
 def queue_rows(dsn: str, queue: str) -> list[tuple[object, ...]]:
-    return sql_rows(
-        dsn,
-        "SELECT m.status, m.retry_count, m.worker_id FROM queen.messages m"
-        " JOIN queen.partitions p ON p.id = m.partition_id"
-        " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s",
-        (queue,),
-    )
+    return sql_rows(dsn, storage.QUEUE_MESSAGES, (queue,))
 
 
 def test_long_polls_through_nginx_are_woken_by_pushes_through_nginx(balanced):

@@ -11,13 +11,14 @@ from queen.errors import InvalidInput
 from queen.store import Store
 from queen.store.db import Database
 from tests.integration.helpers import data, pop, push, rows
+from tests.storage import MESSAGES, STORAGE
 
 KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 
 
 @pytest.fixture
 def sealed_store(db_dsn: str) -> Iterator[Store]:
-    s = Store(Database(db_dsn, pool_size=4), encryption_key=KEY)
+    s = Store(Database(db_dsn, pool_size=4), encryption_key=KEY, storage=STORAGE)
     s.db.pool.open(wait=True)
     yield s
     s.close()
@@ -35,7 +36,7 @@ def test_encrypted_queue_round_trip(sealed_store: Store) -> None:
     stored = dict(
         (t, (e, p))
         for t, e, p in rows(
-            sealed_store.db.dsn, "SELECT transaction_id, encrypted, payload FROM queen.messages"
+            sealed_store.db.dsn, f"SELECT transaction_id, encrypted, payload FROM {MESSAGES}"
         )
     )
     assert stored["s1"][0] is True
@@ -50,7 +51,7 @@ def test_encrypted_queue_round_trip(sealed_store: Store) -> None:
 
 def test_client_cannot_mark_its_payload_encrypted(store: Store) -> None:
     push(store, [{"queue": "q", "payload": {"a": 1}, "encrypted": True, "transactionId": "c"}])
-    assert rows(store.db.dsn, "SELECT encrypted FROM queen.messages") == [(False,)]
+    assert rows(store.db.dsn, f"SELECT encrypted FROM {MESSAGES}") == [(False,)]
     (m,) = pop(store, "q")
     assert data(m) == {"a": 1}
 
@@ -59,4 +60,4 @@ def test_encrypted_queue_without_a_key_refuses_the_push(store: Store) -> None:
     store.queues.configure("secret", None, None, {"encryption_enabled": True})
     with pytest.raises(InvalidInput, match="QUEEN_ENCRYPTION_KEY"):
         push(store, [{"queue": "secret", "payload": 1}])
-    assert rows(store.db.dsn, "SELECT count(*) FROM queen.messages") == [(0,)]
+    assert rows(store.db.dsn, f"SELECT count(*) FROM {MESSAGES}") == [(0,)]

@@ -240,7 +240,7 @@ def test_queue_options_maps_every_option_to_its_column() -> None:
     given = {o.name: (not o.default if o.type is bool else 7) for o in QUEUE_OPTIONS}
     columns = v.queue_options(given)
     assert columns == {o.column: given[o.name] for o in QUEUE_OPTIONS}
-    assert len(columns) == 13
+    assert len(columns) == 14
 
 
 def test_queue_options_empty() -> None:
