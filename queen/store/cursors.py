@@ -36,7 +36,7 @@ class PushOutcome:
     """What a push did with one item."""
 
     position: int  # 1-based position in the request
-    id: int | None
+    id: int | uuid.UUID | None  # the message's number (push) or API id (push_api)
     transaction_id: str | None
     status: str  # queued | duplicate | rejected
 
@@ -152,6 +152,14 @@ def push(
     """Store items ({queue, partition?, payload, transactionId?, traceId?}); one outcome each."""
     params = {"items": orjson.dumps(list(items)).decode(), "producer": producer}
     return [PushOutcome(*row) for row in _rows(conn, "cursor_push", params)]
+
+
+def push_api(
+    conn: Connection, items: Sequence[Mapping[str, Any]], producer: str | None = None
+) -> list[PushOutcome]:
+    """push(), each outcome's id the message's API id (a UUID) instead of its number."""
+    params = {"items": orjson.dumps(list(items)).decode(), "producer": producer}
+    return [PushOutcome(*row) for row in _rows(conn, "cursor_push_api", params)]
 
 
 def pop(

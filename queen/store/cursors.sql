@@ -3,6 +3,10 @@
 -- cursor_push: store a batch of items (a JSON array) for a producer --
 SELECT idx, message_id, transaction_id, status FROM queen.cursor_push(%(items)s::jsonb, %(producer)s)
 
+-- cursor_push_api: the same, each message's id the API's (queen.cursor_message_uuid) --
+SELECT idx, message_id, transaction_id, status
+FROM queen.cursor_push_api(%(items)s::jsonb, %(producer)s)
+
 -- cursor_pop_partition: lease one named partition for a group and read its batch --
 SELECT * FROM queen.cursor_pop_partition(%(queue)s, %(partition)s, %(group)s, %(batch)s,
                                          %(worker)s, %(mode)s, %(since)s)

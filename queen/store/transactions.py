@@ -110,7 +110,7 @@ class Transactions:
                     _refuse_unapplied(ack.index, outcome)
                     results[ack.index] = outcome
             if items:
-                outcomes = iter(cursors.push(conn, items, producer))
+                outcomes = iter(cursors.push_api(conn, items, producer))
                 for push in pushes:
                     mine = [next(outcomes) for _ in push.items]
                     _refuse_rejected(push.index, mine)

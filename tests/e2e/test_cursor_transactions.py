@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import select
 import time
+import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -58,8 +59,13 @@ def test_pushes_commit_together_and_answer_per_item(cursor_server, conn, q) -> N
     assert stored(conn, f"{q}-b") == [{"n": 3}]
     # A transactionId stored already is a duplicate, as for a plain push.
     again = transaction(cursor_server, push_op(f"{q}-a", {"n": 9}, txids=[f"{q}-1"]))
-    assert again.json()["results"][0]["messages"][0]["status"] == "duplicate"
+    (duplicate,) = again.json()["results"][0]["messages"]
+    assert duplicate["status"] == "duplicate"
     assert stored(conn, f"{q}-a") == [{"n": 1}, {"n": 2}]
+    # Ids are the API's message ids, as a push and GET /messages answer them.
+    shown = requests.get(f"{cursor_server.url}/api/v1/messages/{q}-1", timeout=10).json()
+    assert first["messages"][0]["id"] == shown["id"] == duplicate["id"]
+    assert uuid.UUID(first["messages"][1]["id"]).version == 7
 
 
 def test_a_pipeline_stage_consumes_a_and_produces_b_exactly_once(cursor_server, conn, q) -> None:
