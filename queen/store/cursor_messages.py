@@ -37,7 +37,7 @@ from queen.store.messages import (
     _popped,
     _push_results,
 )
-from queen.store.polling import Polling
+from queen.store.polling import Polling, ready_params
 from queen.store.queues import Queues
 from queen.store.sqlfile import load_queries
 
@@ -174,16 +174,7 @@ class CursorPolling(Polling):
         limit: int,
     ) -> list[str]:
         """Return wake payloads of partitions with work for these routes (a hint)."""
-        pairs = list(partitions)
-        filter_list = list(filters)
-        params = {
-            "queues": list(queues),
-            "partition_queues": [q for q, _ in pairs],
-            "partitions": [p for _, p in pairs],
-            "namespaces": [ns for ns, _ in filter_list],
-            "tasks": [task for _, task in filter_list],
-            "limit": limit,
-        }
+        params = ready_params(queues, partitions, filters, limit)
         rows = self.db.run(QUERIES["cursor_ready_partitions"], params, name="ready_partitions")
         return [row[0] for row in rows]
 

@@ -17,6 +17,25 @@ log = logging.getLogger(__name__)
 DEFAULT_PARTITION = "Default"
 
 
+
+def ready_params(
+    queues: Iterable[str],
+    partitions: Iterable[tuple[str, str]],
+    filters: Iterable[tuple[str | None, str | None]],
+    limit: int,
+) -> dict[str, Any]:
+    """The parameters of a ready_partitions query (either store's) for these routes."""
+    pairs = list(partitions)
+    filter_list = list(filters)
+    return {
+        "queues": list(queues),
+        "partition_queues": [q for q, _ in pairs],
+        "partitions": [p for _, p in pairs],
+        "namespaces": [ns for ns, _ in filter_list],
+        "tasks": [task for _, task in filter_list],
+        "limit": limit,
+    }
+
 class Polling:
     """The fallback re-check of parked polls, and giving back claims nobody received."""
 
@@ -36,16 +55,7 @@ class Polling:
         queues: routes by queue; partitions: (queue, partition) routes; filters:
         (namespace, task) routes, None matching anything.
         """
-        pairs = list(partitions)
-        filter_list = list(filters)
-        params = {
-            "queues": list(queues),
-            "partition_queues": [q for q, _ in pairs],
-            "partitions": [p for _, p in pairs],
-            "namespaces": [ns for ns, _ in filter_list],
-            "tasks": [task for _, task in filter_list],
-            "limit": limit,
-        }
+        params = ready_params(queues, partitions, filters, limit)
         return [row[0] for row in self.db.fetch("ready_partitions", params)]
 
     def list_waiting_worker(self, worker: str, seconds: int) -> None:
