@@ -91,10 +91,13 @@ $$;
 -- "consumerGroup" (default queue mode), "leaseId" (optional: without it, the current
 -- lease of the message's partition and group)}]. One row per item, in item order:
 -- completed / retry_scheduled (with retryCount) / dead_letter / failed / lease_expired /
--- not_found. Composable: no commit, the caller's transaction holds it all.
-CREATE OR REPLACE FUNCTION queen.cursor_ack(p_acks jsonb)
+-- not_found, and whether it changed something (applied) or only reported what was already
+-- so (a message done before, or acked before in its lease): the transaction endpoint
+-- refuses the latter, since the work it commits with the ack would then be done twice.
+-- Composable: no commit, the caller's transaction holds it all.
+CREATE OR REPLACE FUNCTION queen.cursor_ack_checked(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, consumer_group text, status text,
-               retry_count integer)
+               retry_count integer, applied boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -116,9 +119,18 @@ BEGIN
     END LOOP;
     RETURN QUERY
     SELECT t.ord::integer, t.a ->> 'transactionId', coalesce(t.a ->> 'consumerGroup', '__queue__'),
-           coalesce(o.status, 'not_found'), o.retry_count
+           coalesce(o.status, 'not_found'), o.retry_count, coalesce(o.applied, false)
     FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
     LEFT JOIN unnest(outcomes) o ON o.idx = t.ord
     ORDER BY t.ord;
 END
+$$;
+
+-- queen.cursor_ack_checked without the applied flag (the ack routes).
+CREATE OR REPLACE FUNCTION queen.cursor_ack(p_acks jsonb)
+RETURNS TABLE (idx integer, transaction_id text, consumer_group text, status text,
+               retry_count integer)
+LANGUAGE sql AS $$
+    SELECT c.idx, c.transaction_id, c.consumer_group, c.status, c.retry_count
+    FROM queen.cursor_ack_checked(p_acks) c
 $$;
