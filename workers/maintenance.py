@@ -30,7 +30,8 @@ when it wants to run next:
   is off.
 
 On the cursor store (QUEEN_STORAGE=cursors) the leader runs timed, leases, due (also for
-partitions whose retryDelay ends), analyze (the cursor tables changed by a tenth),
+partitions whose retryDelay ends), cursor ttl (each group's messages past the ttl from
+its cursor, queue mode's too when nobody popped), analyze (the cursor tables changed by a tenth),
 vacuum, retention, cleanup (partitions without cursor messages), counts and cursor prune
 over the cursor functions; the row store's ttl, fold, reconcile and prune do not run.
 
@@ -153,14 +154,16 @@ class Maintenance:
         ]
 
     def _cursor_tasks(self) -> list[Task]:
-        """The tasks on the cursor store: its ttl works at pop time, and its rollups are
-        counts and cursor prune (the row store's ttl, fold, reconcile and prune do not run)."""
+        """The tasks on the cursor store: cursor ttl (pops apply the ttl too), and its
+        rollups are counts and cursor prune (the row store's ttl, fold, reconcile and
+        prune do not run)."""
         s = self.settings
         cycle = s.maintenance_interval_s
         return [
             Task("timed", self._watch_timed_queues, cycle, punctual=True),
             Task("leases", self._expire_leases, cycle, punctual=True),
             Task("due", self._wake_due, cycle, punctual=True),
+            Task("cursor ttl", self._cursor_ttl, cycle),
             Task("analyze", self._analyze_cursors, cycle),
             Task("vacuum", self._vacuum, cycle),
             Task("retention", self._cursor_retention, s.retention_interval_s),
@@ -356,6 +359,10 @@ class Maintenance:
             log.info("analyzed queen.%s (changed by a tenth)", name)
             self._count("tables analyzed", 1)
         return None
+
+    def _cursor_ttl(self) -> float | None:
+        limit = self.settings.maintenance_batch
+        return self._batch(lambda: self.session.cursor_ttl(limit), "ttl expired", limit)
 
     def _cursor_retention(self) -> float | None:
         limit = self.settings.maintenance_batch

@@ -6,6 +6,9 @@ SELECT leases, messages, next_expiry_in FROM queen.cursor_expire(%(limit)s)
 -- maintenance_cursor_wake_due: wake polls for partitions whose retryDelay ended or whose delayed/windowed messages became due --
 SELECT woken, next_due_in, scanned_at FROM queen.cursor_wake_due(%(since)s)
 
+-- maintenance_cursor_ttl: dead-letter messages past their queue's ttl that nobody popped, at most limit --
+SELECT queen.cursor_maintain_ttl(%(limit)s)
+
 -- maintenance_cursor_retention: delete messages past their queue's retention, at most limit --
 SELECT queen.cursor_retention(%(limit)s)
 

@@ -220,6 +220,10 @@ class MaintenanceSession:
         (row,) = self._rows(self._named("maintenance_wake_due"), {"since": since})
         return DueScan(*row)
 
+    def cursor_ttl(self, limit: int) -> int:
+        """Dead-letter up to limit messages of the cursor store past their queue's ttl."""
+        return int(self._value("maintenance_cursor_ttl", {"limit": limit}))
+
     def cursor_retention(self, limit: int) -> int:
         """Delete up to limit messages of the cursor store past their queue's retention."""
         return int(self._value("maintenance_cursor_retention", {"limit": limit}))

@@ -184,3 +184,45 @@ BEGIN
     RETURN removed;
 END
 $$;
+
+-- Ttl without a pop: dead-letter ('ttl expired') the messages past each group's cursor
+-- that are older than their queue's ttl, as a pop would (queen.cursor_expire_ttl), so
+-- that reads show them dead-lettered though nobody pops. Queue mode gets its cursors
+-- first (messages nobody popped yet expire too). Partitions under a lease (an expired
+-- one: until the leases task ends it), or locked by a pop, are skipped; at most p_limit
+-- messages a call, the oldest expiring cursor first. Returns how many.
+CREATE OR REPLACE FUNCTION queen.cursor_maintain_ttl(p_limit integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    q       record;
+    c       record;
+    expired integer := 0;
+BEGIN
+    FOR q IN SELECT x.id FROM queen.queues x
+             JOIN queen.partitions p ON p.queue_id = x.id
+             WHERE x.ttl > 0
+               AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers k
+                               WHERE k.partition_id = p.id AND k.consumer_group = '__queue__')
+             GROUP BY x.id
+    LOOP
+        PERFORM queen.cursor_join(q.id, '__queue__', NULL, NULL);
+        PERFORM queen.cursor_ensure(q.id, '__queue__');
+    END LOOP;
+    FOR c IN
+        SELECT k.partition_id, k.consumer_group, x.ttl FROM queen.cursor_consumers k
+        JOIN queen.queues x ON x.id = k.queue_id
+        WHERE x.ttl > 0 AND k.lease_id IS NULL
+          AND EXISTS (SELECT 1 FROM queen.cursor_messages m
+                      WHERE m.partition_id = k.partition_id AND m.id > k.cursor_id
+                        AND m.id <> ALL (k.done_ids)
+                        AND m.created_at < now() - make_interval(secs => x.ttl))
+        ORDER BY k.updated_at
+        FOR UPDATE OF k SKIP LOCKED
+    LOOP
+        EXIT WHEN expired >= p_limit;
+        expired := expired + queen.cursor_expire_ttl(c.partition_id, c.consumer_group, c.ttl,
+                                                     p_limit - expired);
+    END LOOP;
+    RETURN expired;
+END
+$$;

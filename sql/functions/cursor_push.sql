@@ -43,7 +43,8 @@ BEGIN
 END
 $$;
 
--- Messages of a queue that queue mode has not consumed yet, counted up to p_cap.
+-- Messages of a queue pending for queue mode (not consumed, not under its live lease:
+-- maxSize caps pending messages, as on the row store), counted up to p_cap.
 CREATE OR REPLACE FUNCTION queen.cursor_pending(p_queue uuid, p_cap integer) RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT count(*)::integer FROM (
@@ -54,6 +55,8 @@ LANGUAGE sql STABLE AS $$
           ON m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
              AND m.id <> ALL (coalesce(c.done_ids, '{}'))
         WHERE p.queue_id = p_queue
+          AND NOT coalesce(c.lease_expires_at > now() AND m.id <= c.lease_last_id
+                           AND m.id <> ALL (c.lease_acked), false)
         LIMIT p_cap) pending
 $$;
 

@@ -99,6 +99,18 @@ def test_max_size_rejects_items_past_the_room(conn: Conn) -> None:
     assert [r.status for r in results] == ["queued", "queued", "rejected"]
 
 
+def test_max_size_counts_pending_messages_not_leased_ones(conn: Conn) -> None:
+    make_queue(conn, "q", max_size=3, lease_time=60)
+    push_n(conn, "q", 2)
+    got = cursors.pop(conn, "q", batch=2)  # both processing: nothing pending
+    cursors.ack(conn, [{"transactionId": got[0].transaction_id, "status": "failed",
+                        "leaseId": str(got[0].lease_id)}])  # pending again, though leased
+    results = cursors.push(conn, [{"queue": "q", "payload": i} for i in range(3)])
+    assert [r.status for r in results] == ["queued", "queued", "rejected"]
+    expire_leases_now(conn)  # the other one is pending again too: over the limit
+    assert [r.status for r in cursors.push(conn, [{"queue": "q", "payload": 9}])] == ["rejected"]
+
+
 def test_failed_message_is_redelivered_before_what_follows_it(conn: Conn) -> None:
     push_n(conn, "q", 5)
     got = cursors.pop(conn, "q", batch=3)

@@ -1,4 +1,4 @@
-"""Maintenance of the cursor store: lease expiry by batches, retention, ANALYZE."""
+"""Maintenance of the cursor store: lease expiry by batches, ttl, retention, ANALYZE."""
 
 from __future__ import annotations
 
@@ -46,6 +46,54 @@ def test_expire_leases_works_in_batches(conn: Conn) -> None:
     assert cursors.expire_leases(conn) == 0
     got = cursors.pop(conn, "q", batch=10)
     assert numbers(got) == [0] and got[0].retry_count == 1
+
+
+def ttl_dead_letters(conn: Conn) -> dict[str, tuple[str, str, int]]:
+    """transactionId -> (group, error, retryCount) of every ttl dead letter."""
+    rows = conn.execute(
+        "SELECT m.transaction_id, f.consumer_group, f.error, f.retry_count"
+        " FROM queen.cursor_failures f JOIN queen.cursor_messages m"
+        " ON m.partition_id = f.partition_id AND m.id = f.message_id"
+        " WHERE f.status = 'dead_letter'").fetchall()
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+def test_ttl_dead_letters_messages_nobody_popped_in_bounded_steps(conn: Conn) -> None:
+    make_queue(conn, "q", ttl=60, lease_time=60)
+    push_n(conn, "q", 3, partition="a")
+    push_n(conn, "q", 2, partition="b")
+    assert numbers(cursors.pop(conn, "q", partition="b", batch=1)) == [0]  # b leased
+    conn.execute("UPDATE queen.cursor_messages SET created_at = now() - interval '2 minutes'")
+    push_n(conn, "q", 1, partition="a", start=3)  # young: stays
+    ttl = "SELECT queen.cursor_maintain_ttl(%s)"
+    assert conn.execute(ttl, [2]).fetchone() == (2,)
+    assert conn.execute(ttl, [10]).fetchone() == (1,)
+    assert conn.execute(ttl, [10]).fetchone() == (0,)  # b's lease holds its messages
+    assert ttl_dead_letters(conn) == {
+        f"q-a-{i}": ("__queue__", "ttl expired", 0) for i in range(3)
+    }
+    assert numbers(cursors.pop(conn, "q", partition="a", batch=10)) == [3]
+    expire_leases_now(conn)
+    assert conn.execute(ttl, [10]).fetchone() == (0,)  # expired, not ended yet
+    assert cursors.expire_leases(conn) == 2  # (a and b)
+    assert conn.execute(ttl, [10]).fetchone() == (2,)  # b-0 was delivered once
+    dead = ttl_dead_letters(conn)
+    assert (dead["q-b-0"], dead["q-b-1"]) == (("__queue__", "ttl expired", 1),
+                                              ("__queue__", "ttl expired", 0))
+
+
+def test_ttl_applies_to_each_group_from_its_cursor(conn: Conn) -> None:
+    make_queue(conn, "q", ttl=60)
+    push_n(conn, "q", 2)
+    ack_all(conn, cursors.pop(conn, "q", group="g", batch=1))  # g is past q-Default-0
+    conn.execute("UPDATE queen.cursor_messages SET created_at = now() - interval '2 minutes'")
+    assert conn.execute("SELECT queen.cursor_maintain_ttl(10)").fetchone() == (3,)
+    got = conn.execute(
+        "SELECT f.consumer_group, m.transaction_id FROM queen.cursor_failures f"
+        " JOIN queen.cursor_messages m ON m.partition_id = f.partition_id AND m.id = f.message_id"
+        " WHERE f.status = 'dead_letter' ORDER BY 1, 2").fetchall()
+    assert got == [("__queue__", "q-Default-0"), ("__queue__", "q-Default-1"),
+                   ("g", "q-Default-1")]
 
 
 def test_retention_deletes_old_messages_and_consumed_ones(conn: Conn) -> None:

@@ -13,7 +13,14 @@ import pytest
 
 from queen.store import Store
 from queen.store.maintenance import MaintenanceSession
+from tests import storage
 from tests.integration.helpers import ack, pop, push, rows, scalar
+
+ROWS_ONLY = pytest.mark.skipif(
+    storage.CURSORS,
+    reason="the rows store's maintenance statements (queen.messages);"
+    " the cursor store's: test_cursor_maintenance.py",
+)
 
 MINUTE = dt.timedelta(minutes=1)
 
@@ -90,6 +97,7 @@ def counts_agree(dsn: str) -> bool:
 # -- leases ---------------------------------------------------------------------------
 
 
+@ROWS_ONLY
 def test_expired_lease_returns_messages_with_one_more_retry(store: Store, session) -> None:
     dsn = store.db.dsn
     push(store, [{"queue": "q", "payload": n, "transactionId": f"m{n}"} for n in range(3)])
@@ -105,6 +113,7 @@ def test_expired_lease_returns_messages_with_one_more_retry(store: Store, sessio
     assert [m.transaction_id for m in pop(store, "q", batch=3)] == ["m0", "m1", "m2"]
 
 
+@ROWS_ONLY
 @pytest.mark.parametrize(("dlq", "final"), [(True, "dead_letter"), (False, "failed")])
 def test_expiry_past_the_retry_limit(store: Store, session, dlq: bool, final: str) -> None:
     dsn = store.db.dsn
@@ -126,6 +135,7 @@ def test_expiry_past_the_retry_limit(store: Store, session, dlq: bool, final: st
     assert m.transaction_id == "m1"
 
 
+@ROWS_ONLY
 def test_next_expiry_and_renewed_leases(store: Store, session) -> None:
     store.queues.configure("q", None, None, {"lease_time": 30})
     push(store, [{"queue": "q", "payload": 1}])
@@ -135,6 +145,7 @@ def test_next_expiry_and_renewed_leases(store: Store, session) -> None:
     assert 28 < result.next_expiry_in <= 30
 
 
+@ROWS_ONLY
 def test_lease_batches_are_bounded(store: Store, session) -> None:
     push(store, [{"queue": "q", "partition": f"p{n}", "payload": n} for n in range(5)])
     for _ in range(5):
@@ -148,6 +159,7 @@ def test_lease_batches_are_bounded(store: Store, session) -> None:
 # -- delayed and windowed -------------------------------------------------------------
 
 
+@ROWS_ONLY
 def test_delayed_partition_is_woken_once_when_due(store: Store, session) -> None:
     dsn = store.db.dsn
     store.queues.configure("d", None, None, {"delayed_processing": 30})
@@ -166,6 +178,7 @@ def test_delayed_partition_is_woken_once_when_due(store: Store, session) -> None
     assert len(pop(store, "d")) == 1
 
 
+@ROWS_ONLY
 def test_window_waits_for_the_newest_message(store: Store, session) -> None:
     dsn = store.db.dsn
     store.queues.configure("w", None, None, {"window_buffer": 20})
@@ -192,6 +205,7 @@ def test_queues_without_timing_are_not_scanned(store: Store, session) -> None:
 # -- ttl and retention ----------------------------------------------------------------
 
 
+@ROWS_ONLY
 def test_ttl_moves_old_pending_messages_to_the_dead_letter_queue(store: Store, session) -> None:
     dsn = store.db.dsn
     store.queues.configure("t", None, None, {"ttl": 60})
@@ -208,6 +222,7 @@ def test_ttl_moves_old_pending_messages_to_the_dead_letter_queue(store: Store, s
     assert by_id["x"] == ("pending", None)  # no ttl on that queue
 
 
+@ROWS_ONLY
 def test_retention_deletes_old_pending_and_completed(store: Store, session) -> None:
     dsn = store.db.dsn
     opts = {"retention_enabled": True, "retention_seconds": 60, "completed_retention_seconds": 30}
@@ -234,6 +249,7 @@ def partitions(dsn: str) -> set[str]:
     return {r[0] for r in rows(dsn, "SELECT name FROM queen.partitions")}
 
 
+@ROWS_ONLY
 def test_cleanup_removes_only_idle_empty_free_partitions(store: Store, session) -> None:
     dsn = store.db.dsn
     push(
@@ -298,6 +314,7 @@ def test_cleanup_skips_a_partition_a_push_holds(store: Store, session) -> None:
 # -- counts and metrics ---------------------------------------------------------------
 
 
+@ROWS_ONLY
 def test_fold_then_reconcile_corrects_drift(store: Store, session) -> None:
     dsn = store.db.dsn
     push(
@@ -318,6 +335,7 @@ def test_fold_then_reconcile_corrects_drift(store: Store, session) -> None:
     assert session.reconcile_counts(None, 10, 1000).drifted == 0
 
 
+@ROWS_ONLY
 def test_reconcile_leaves_terminal_counts_of_big_partitions(store: Store, session) -> None:
     dsn = store.db.dsn
     push(store, [{"queue": "q", "payload": n} for n in range(5)])
@@ -333,6 +351,7 @@ def test_reconcile_leaves_terminal_counts_of_big_partitions(store: Store, sessio
     assert counts_agree(dsn)
 
 
+@ROWS_ONLY
 def test_reconcile_walks_partitions_in_turn_within_a_row_budget(store: Store, session) -> None:
     push(store, [{"queue": "q", "partition": f"p{n}", "payload": n} for n in range(5)])
     seen = []
@@ -404,6 +423,7 @@ def test_tables_that_outgrow_their_statistics_are_analyzed(store: Store, session
     assert session.analyze_grown() == []  # statistics now match the size
 
 
+@ROWS_ONLY
 def test_every_status_change_is_counted(store: Store, session) -> None:
     # Status changes are counted by the functions that make them (no UPDATE trigger):
     # run each one, then the counts must equal the rows, before and after folding.

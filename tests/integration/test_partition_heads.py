@@ -11,10 +11,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import psycopg.types.json
+import pytest
 
 from queen.store import Store
 from queen.store.db import Database
+from tests import storage
 from tests.integration.helpers import ack, data, partition_id, pop, push, rows, scalar
+
+ROWS_ONLY = pytest.mark.skipif(
+    storage.CURSORS,
+    reason="partition heads are the rows store's (queen.messages);"
+    " the cursor store's push lock: test_cursor_*.py",
+)
 
 
 def _insert(conn: psycopg.Connection, partition: object, seq: int, payload: str) -> None:
@@ -27,6 +35,7 @@ def _insert(conn: psycopg.Connection, partition: object, seq: int, payload: str)
     )
 
 
+@ROWS_ONLY
 def test_a_push_with_a_lower_seq_committing_after_a_claim_is_still_popped(
     store: Store,
 ) -> None:
@@ -57,6 +66,7 @@ def test_a_push_with_a_lower_seq_committing_after_a_claim_is_still_popped(
     assert [data(m) for m in pop(store, "q", "p", batch=10)] == ["late"]
 
 
+@ROWS_ONLY
 def test_a_claim_beside_a_push_in_flight_leaves_the_head_below_it(store: Store) -> None:
     dsn = store.db.dsn
     push(store, [{"queue": "q", "partition": "p", "payload": "first"}])
@@ -100,6 +110,7 @@ def _updates(conn: psycopg.Connection) -> tuple[int, int]:
     return row[0], row[1]
 
 
+@ROWS_ONLY
 def test_claims_and_acks_update_messages_without_new_index_entries(store: Store) -> None:
     push(store, [{"queue": "q", "partition": "p", "payload": n} for n in range(100)])
     with psycopg.connect(store.db.dsn, autocommit=True) as conn:

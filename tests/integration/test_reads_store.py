@@ -9,6 +9,7 @@ import pytest
 from queen.store import Store
 from queen.store.admin import MessageFilter, choose_listing
 from queen.store.analytics import Filters
+from tests import storage
 from tests.integration.helpers import ack, pop, push, rows, scalar
 from tests.unit.test_analytics_math import histogram
 
@@ -94,6 +95,8 @@ def completed_in_window(store: Store, queue: str) -> int:
     return sum(r.completed for r in store.analytics.lag(Filters(queue=queue)))
 
 
+@pytest.mark.skipif(storage.CURSORS, reason="the rows store's folds and lag window; the cursor"
+                    " store's lag: test_cursor_reads.test_throughput_lag_and_dashboard_from_the_rollup")
 def test_lag_window_follows_folds_and_forgets_old_hours(store):
     push(store, [{"queue": "lag", "payload": i} for i in range(6)])
     for m in pop(store, "lag", batch=6):
