@@ -88,11 +88,16 @@ def test_consume_with_async_and_plain_handlers_acks_failures_with_retries(server
 def test_a_renewed_lease_outlives_lease_time_without_redelivery(server):
     lease_time = 5  # seconds; the handler takes twice that (renewals may be late under load)
     stolen: list[Message] = []
+    handling = asyncio.Event()
 
     async def handler(message: Message) -> None:
+        handling.set()
         await asyncio.sleep(2 * lease_time)
 
     async def probe(other: AsyncQueen, done: asyncio.Event) -> None:
+        # Pops only once the consumer holds the message: a pop before could take it first.
+        while not handling.is_set() and not done.is_set():
+            await asyncio.sleep(0.05)
         while not done.is_set():
             stolen.extend(await other.pop("slow"))
             await asyncio.sleep(0.3)

@@ -156,14 +156,18 @@ def test_a_renewed_lease_outlives_lease_time_without_redelivery(queen, server):
     (pushed,) = queen.push("slow", [{"slow": True}])
     stolen: list[Message] = []
     done = threading.Event()
+    handling = threading.Event()
 
-    def probe() -> None:  # another consumer, popping all along
+    def probe() -> None:  # another consumer, popping all along once the message is held
+        while not handling.wait(0.05) and not done.is_set():  # a pop before could take it
+            pass
         with Queen(server.url) as other:
             while not done.is_set():
                 stolen.extend(other.pop("slow"))
                 time.sleep(0.3)
 
     def handler(message: Message) -> None:
+        handling.set()
         time.sleep(2 * lease_time)
 
     prober = threading.Thread(target=probe)
