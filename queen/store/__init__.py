@@ -34,23 +34,22 @@ class Store:
         self.messages: Messages
         self.polling: Polling
         self.leases: Leases | CursorLeases
-        if self.cursors:
+        self.admin: Admin
+        if self.cursors:  # the read side over cursor_* too (statuses derived)
             self.messages = CursorMessages(db, self.queues, encryption_key)
             self.polling = CursorPolling(db)
             self.leases = CursorLeases(db)
+            self.dashboard = Dashboard(db, queries=CURSOR_READ_QUERIES)
+            self.reads = cursor_reads(db)
+            self.admin = CursorAdmin(db, self.reads, encryption_key)
         else:
             self.messages = Messages(db, self.queues, encryption_key)
             self.polling = Polling(db)
             self.leases = Leases(db)
-        self.messages.after_push = self.polling.push_wakeups.pushed
-        if storage == "cursors":  # the read side over cursor_* (statuses derived)
-            self.dashboard = Dashboard(db, queries=CURSOR_READ_QUERIES)
-            self.reads = cursor_reads(db)
-            self.admin: Admin = CursorAdmin(db, self.reads, encryption_key)
-        else:
             self.dashboard = Dashboard(db)
             self.reads = Reads(db)
             self.admin = Admin(db, self.reads, encryption_key)
+        self.messages.after_push = self.polling.push_wakeups.pushed
         self.analytics = Analytics(self.reads)
         self.tokens = Tokens(db)
         # The cursor store's consumer groups and transactions (QUEEN_STORAGE=cursors only).
