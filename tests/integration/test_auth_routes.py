@@ -22,6 +22,7 @@ from queen.api.auth import POLICY
 from queen.app import create_app
 from queen.config import Settings
 from queen.store import Store
+from tests import storage
 
 ALL_ROLES = frozenset(auth.ROLES)
 READERS = ALL_ROLES  # every role reads
@@ -244,7 +245,7 @@ def test_a_scoped_producer_pushes_only_to_its_queues(
     assert_refused(push("orders-1", "billing"), 403)
     assert_refused(push("audits"), 403)
     with store.db.connection() as conn:  # nothing of the refused pushes was stored
-        row = conn.execute("SELECT count(*) FROM queen.messages").fetchone()
+        row = conn.execute(f"SELECT count(*) FROM {storage.MESSAGES}").fetchone()
     assert row == (2,)
 
 
