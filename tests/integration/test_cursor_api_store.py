@@ -177,7 +177,7 @@ def test_the_row_store_jobs_do_not_run_on_the_cursor_store(db_dsn):
     assert {"ttl", "fold", "reconcile", "prune"} <= {t.name for t in rows.tasks}
     assert {t.name for t in cursors.tasks} == {
         "timed", "leases", "due", "analyze", "vacuum", "retention", "cleanup", "counts",
-        "cursor prune"}
+        "cursor prune", "cursor ttl"}
     assert cursors.session.cursors and not rows.session.cursors
 
 
