@@ -131,13 +131,6 @@ class Settings:
         "per-message dashboard events per second per worker",
         least=0,
     )
-    storage: str = _s(
-        "QUEEN_STORAGE",
-        "rows",
-        "message store: rows (status per message row) or cursors (immutable messages, "
-        "a cursor per partition and consumer group; docs/STORAGE.md)",
-        choices=("rows", "cursors"),
-    )
     log_level: str = _s("LOG_LEVEL", "info", "log level")
     auth: str = _s(
         "QUEEN_AUTH",

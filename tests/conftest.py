@@ -100,9 +100,7 @@ def store(db_dsn: str) -> Iterator[object]:
     from queen.store import Store
     from queen.store.db import Database
 
-    # QUEEN_STORAGE picks the message model, as it does for the servers the e2e tests start.
-    s = Store(Database(db_dsn, pool_size=8, timeout_s=5),
-              storage=os.environ.get("QUEEN_STORAGE", "rows"))
+    s = Store(Database(db_dsn, pool_size=8, timeout_s=5))
     s.db.pool.open(wait=True)
     yield s
     s.close()

@@ -1,20 +1,14 @@
-"""What tests ask of the database directly, in the message model QUEEN_STORAGE selects.
+"""What tests ask of the database directly: SQL over the store's tables.
 
-The servers the e2e tests start inherit the environment, so tests that look at the
-tables themselves read the tables of the model in use.
+The tests that look at the tables themselves (e2e tests beside a real server included)
+read them through these, so that each shape is written once.
 """
 
 from __future__ import annotations
 
-import os
-
-CURSORS = os.environ.get("QUEEN_STORAGE", "rows") == "cursors"
-
-# Every message as the row store keeps it: transaction_id, queue, status, retry_count,
-# worker, error (the cursor store: derived for queue mode from its cursors, leases and
-# failure records).
-MESSAGE_VIEW = (
-    """
+# Every message as the API shows it: transaction_id, queue, status, retry_count, worker,
+# error (queue mode's, derived from its cursors, leases and failure records).
+MESSAGE_VIEW = """
     SELECT x.transaction_id, x.queue,
            CASE WHEN f.status IN ('dead_letter', 'failed') THEN f.status
                 WHEN x.leased THEN 'processing' WHEN x.done THEN 'completed'
@@ -36,46 +30,21 @@ MESSAGE_VIEW = (
            ON f.partition_id = x.partition_id AND f.message_id = x.id
           AND f.consumer_group = '__queue__'
     """
-    if CURSORS
-    else """
-    SELECT m.transaction_id, q.name AS queue, m.status, m.retry_count, m.worker_id AS worker,
-           m.error_message AS error
-    FROM queen.messages m
-    JOIN queen.partitions p ON p.id = m.partition_id
-    JOIN queen.queues q ON q.id = p.queue_id
-    """
-)
 
 # status -> count of every message.
 STATUS_COUNTS = f"SELECT status, count(*) FROM ({MESSAGE_VIEW}) v GROUP BY 1"
 
-# The workers that hold (or held) leases.
-LEASE_HOLDERS = (
-    "SELECT DISTINCT leased_by FROM queen.cursor_consumers WHERE leased_by IS NOT NULL"
-    if CURSORS
-    else "SELECT DISTINCT worker_id FROM queen.messages"
-)
-# The same, for the queue named by the one parameter.
+# The workers that hold (or held) leases on the queue named by the one parameter.
 LEASE_HOLDERS_OF_QUEUE = (
     "SELECT DISTINCT c.leased_by FROM queen.cursor_consumers c"
     " JOIN queen.queues q ON q.id = c.queue_id WHERE q.name = %s AND c.leased_by IS NOT NULL"
-    if CURSORS
-    else "SELECT DISTINCT m.worker_id FROM queen.messages m"
-    " JOIN queen.partitions p ON p.id = m.partition_id"
-    " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s"
 )
 
 # Push a JSON array of items in SQL, as a client of the store would.
-PUSH_ITEMS = (
-    "SELECT count(*) FROM queen.cursor_push(%s::jsonb)"
-    if CURSORS
-    else "SELECT count(*) FROM queen.push(%s::jsonb)"
-)
+PUSH_ITEMS = "SELECT count(*) FROM queen.cursor_push(%s::jsonb)"
 
-# Failures recorded for a transactionId (retries counted: 0 when it never failed).
 # The table of the messages themselves.
-MESSAGES = "queen.cursor_messages" if CURSORS else "queen.messages"
-STORAGE = "cursors" if CURSORS else "rows"
+MESSAGES = "queen.cursor_messages"
 
 # (status, retry_count, worker) of every message of a queue (%s).
 QUEUE_MESSAGES = f"SELECT status, retry_count, worker FROM ({MESSAGE_VIEW}) v WHERE queue = %s"

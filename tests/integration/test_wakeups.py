@@ -98,7 +98,7 @@ def test_unclaim_returns_messages_to_pending_without_a_retry(store, db_dsn, list
     push(store, items("q", "a", 5))
     claimed = pop(store, "q", "a", batch=3)
     received(listener)
-    back = store.polling.unclaim(claimed[0].lease_id, [m.transaction_id for m in claimed])
+    back = store.polling.unclaim(claimed[0].lease_id)
     assert back == 3
     assert received(listener) == ["q/a//"]
     lease = scalar(db_dsn, "SELECT lease_id FROM queen.partitions WHERE name = 'a'")
@@ -112,8 +112,7 @@ def test_unclaim_leaves_a_lease_it_does_not_hold_alone(store):
     push(store, items("q", "a", 1))
     (claimed,) = pop(store, "q", "a")
     assert ack(store, claimed.transaction_id).status == "completed"
-    assert store.polling.unclaim(claimed.lease_id, [claimed.transaction_id]) == 0
-    assert store.polling.unclaim(claimed.lease_id, ["no-such-message"]) == 0
+    assert store.polling.unclaim(claimed.lease_id) == 0
 
 
 def test_ready_partitions_lists_free_partitions_with_work_for_the_routes_asked(store):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import uuid
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ from queen.errors import Unavailable
 from queen.store.maintenance import (
     DueScan,
     LeaseExpiry,
-    Reconciled,
     TimedQueue,
     VacuumCandidate,
 )
@@ -84,26 +82,20 @@ class FakeSession:
     def expire_ttl(self, limit: int) -> int:
         return self._answer("expire_ttl", 0)
 
-    def delete_retained_pending(self, limit: int) -> int:
-        return self._answer("delete_retained_pending", 0)
-
-    def delete_retained_completed(self, limit: int) -> int:
-        return self._answer("delete_retained_completed", 0)
+    def retention(self, limit: int) -> int:
+        return self._answer("retention", 0)
 
     def cleanup_partitions(self, idle_s: int, limit: int) -> int:
         return self._answer("cleanup_partitions", 0)
 
-    def fold_deltas(self, limit: int) -> int:
-        return self._answer("fold_deltas", 0)
-
-    def reconcile_counts(self, after: uuid.UUID | None, limit: int, budget: int) -> Reconciled:
-        return self._answer("reconcile_counts", Reconciled(0, 0, None))
+    def refresh_counts(self, partitions: int, step: int) -> int:
+        return self._answer("refresh_counts", 0)
 
     def prune_metrics(self, days: int, limit: int) -> int:
         return self._answer("prune_metrics", 0)
 
-    def analyze_grown(self) -> list[str]:
-        return self._answer("analyze_grown", [])
+    def analyze(self, min_changes: int = 1000) -> list[str]:
+        return self._answer("analyze", [])
 
     def vacuum_candidates(
         self, min_dead: int, dead_ratio: float, quiet_s: float
@@ -152,12 +144,12 @@ def test_every_flag_names_its_variable() -> None:
 
 def test_punctual_tasks_run_first_then_the_longest_waiting(session, clock) -> None:
     m = make(session, clock)
-    task(m, "fold").next_at = clock.now - 5
+    task(m, "counts").next_at = clock.now - 5
     task(m, "ttl").next_at = clock.now - 3
     task(m, "due").next_at = clock.now - 1
     assert m._next_task(clock.now).name == "due"
     task(m, "due").next_at = clock.now + 1
-    assert m._next_task(clock.now).name == "fold"
+    assert m._next_task(clock.now).name == "counts"
     assert m._next_task(clock.now - 10) is None
 
 
@@ -206,22 +198,22 @@ def test_a_push_into_a_timed_queue_schedules_a_scan(session, clock) -> None:
 
 def test_a_failing_task_backs_off_while_the_session_lives(session, clock) -> None:
     m = make(session, clock, maintenance_interval_s=1.0)
-    session.results["fold_deltas"] = RuntimeError("bug")
-    m._run_task(task(m, "fold"))
-    m._run_task(task(m, "fold"))
-    assert task(m, "fold").failures == 2
-    assert task(m, "fold").next_at == pytest.approx(clock.now + 4.0)  # 1 s, doubled twice
-    session.results["fold_deltas"] = 0
-    m._run_task(task(m, "fold"))
-    assert task(m, "fold").failures == 0
+    session.results["refresh_counts"] = RuntimeError("bug")
+    m._run_task(task(m, "counts"))
+    m._run_task(task(m, "counts"))
+    assert task(m, "counts").failures == 2
+    assert task(m, "counts").next_at == pytest.approx(clock.now + 4.0)  # 1 s, doubled twice
+    session.results["refresh_counts"] = 0
+    m._run_task(task(m, "counts"))
+    assert task(m, "counts").failures == 0
 
 
 def test_a_broken_session_ends_the_leadership(session, clock) -> None:
     m = make(session, clock)
-    session.results["fold_deltas"] = Unavailable("database unavailable")
+    session.results["refresh_counts"] = Unavailable("database unavailable")
     session.connected = False
     with pytest.raises(Unavailable):
-        m._run_task(task(m, "fold"))
+        m._run_task(task(m, "counts"))
 
 
 def test_stands_by_then_leads_then_stops(clock) -> None:
@@ -243,7 +235,7 @@ def test_stands_by_then_leads_then_stops(clock) -> None:
     assert session.calls[:2] == ["connect", "try_lead"]
     assert session.calls.count("try_lead") == 3
     first_lead = session.calls.index("listen")
-    assert {"expire_leases", "wake_due", "fold_deltas", "expire_ttl"} <= set(
+    assert {"expire_leases", "wake_due", "refresh_counts", "expire_ttl"} <= set(
         session.calls[first_lead:]
     )
     assert session.calls[-1] == "close"
@@ -311,16 +303,16 @@ def test_small_tables_are_vacuumed_inline_and_a_big_one_apart(session, clock, mo
     # With autovacuum on, the big table is left to it.
     session.results["vacuum_candidates"] = [
         VacuumCandidate("queen.partitions", 8192, autovacuum=True),
-        VacuumCandidate("queen.messages", big, autovacuum=True),
+        VacuumCandidate("queen.cursor_messages", big, autovacuum=True),
     ]
     m._run_task(task(m, "vacuum"))
     assert "vacuum queen.partitions" in session.calls
     assert apart == []
     # With autovacuum off, Queen vacuums it, apart from the maintenance session.
-    session.results["vacuum_candidates"] = [VacuumCandidate("queen.messages", big, False)]
+    session.results["vacuum_candidates"] = [VacuumCandidate("queen.cursor_messages", big, False)]
     m._run_task(task(m, "vacuum"))
-    assert "vacuum queen.messages" not in session.calls
-    assert started.wait(5) and apart == ["queen.messages"]
+    assert "vacuum queen.cursor_messages" not in session.calls
+    assert started.wait(5) and apart == ["queen.cursor_messages"]
     assert task(m, "vacuum").failures == 0
 
 

@@ -91,8 +91,7 @@
     }));
   }
 
-  // Consumer groups come from /api/v1/consumer-groups, which answers with an error (shown
-  // as is) where the storage has none, e.g. QUEEN_STORAGE=rows.
+  // Consumer groups come from /api/v1/consumer-groups (an error answer is shown as is).
   async function consumerGroups(queue) {
     const doc = await api(`/api/v1/consumer-groups${queue ? `?${qs({ queue })}` : ""}`);
     const groups = (doc && doc.consumerGroups) || [];
