@@ -52,6 +52,7 @@ from collections.abc import Callable
 from queen.config import Settings
 from queen.errors import Unavailable
 from queen.store.maintenance import DueScan, MaintenanceSession, TimedQueue, vacuum_apart
+from queen.store.migrate import EarlierDatabase
 
 log = logging.getLogger("queen.maintenance")
 
@@ -141,23 +142,29 @@ class Maintenance:
         self.stopping = True
 
     def run(self) -> int:
-        """Run until stop() (SIGTERM, SIGINT); return the exit code."""
+        """Run until stop() (SIGTERM, SIGINT); return the exit code.
+
+        A database made by an earlier build raises EarlierDatabase (nothing is done there).
+        """
         backoff = 0.1
-        while not self.stopping:
-            try:
-                self.session.connect()
-                backoff = 0.1
-                self._stand_by_or_lead()
-            except Unavailable as exc:
-                if self.leading:
-                    log.warning("%s: lost the database (%s); stepping down", self.name, exc)
-                else:
-                    log.warning("%s: database unavailable (%s)", self.name, exc)
-                self.leading = False
-                self.session.close()
-                self._sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
-        self.session.close()
+        try:
+            while not self.stopping:
+                try:
+                    self.session.connect()
+                    self.session.check_schema()
+                    backoff = 0.1
+                    self._stand_by_or_lead()
+                except Unavailable as exc:
+                    if self.leading:
+                        log.warning("%s: lost the database (%s); stepping down", self.name, exc)
+                    else:
+                        log.warning("%s: database unavailable (%s)", self.name, exc)
+                    self.leading = False
+                    self.session.close()
+                    self._sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+        finally:
+            self.session.close()
         log.info("%s: stopped", self.name)
         return 0
 
@@ -399,7 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     maintenance = Maintenance(settings)
     signal.signal(signal.SIGTERM, maintenance.stop)
     signal.signal(signal.SIGINT, maintenance.stop)
-    return maintenance.run()
+    try:
+        return maintenance.run()
+    except EarlierDatabase as exc:
+        log.error("%s", exc.message)
+        return 1
 
 
 if __name__ == "__main__":

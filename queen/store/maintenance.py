@@ -26,6 +26,7 @@ from psycopg import sql
 from queen.errors import Unavailable
 from queen.store.bounds import DEADLINE_MARGIN_S, WATCHDOG, bounded_conninfo, call_deadline_s
 from queen.store.db import QUERIES, RETRYABLE, returns_rows, translate_errors
+from queen.store.migrate import migration_files, refuse_earlier
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class VacuumCandidate:
 
 
 def table_statement(command: str, name: str) -> sql.Composed:
-    """A utility statement on a schema-qualified table: ("VACUUM (SKIP_LOCKED)", "queen.x")."""
+    """A utility statement on a schema-qualified table: ("VACUUM (SKIP_LOCKED)", "queen.partitions")."""
     return sql.SQL(command + " {}").format(sql.Identifier(*name.split(".")))
 
 
@@ -129,6 +130,13 @@ class MaintenanceSession:
                 conn.close()
                 raise
         self._conn = conn
+
+    def check_schema(self) -> None:
+        """Raise EarlierDatabase for a database made by an earlier build (changing nothing)."""
+        if self._conn is None:
+            raise Unavailable("maintenance session is not connected")
+        with translate_errors(), WATCHDOG.guard(self._conn, self._deadline_s):
+            refuse_earlier(self._conn, [path.name for path in migration_files()])
 
     def close(self) -> None:
         """Close the session; a lock it held is released by the server."""

@@ -103,10 +103,10 @@ LANGUAGE sql STABLE AS $$
            END
 $$;
 
--- Wake polls for the partitions of the cursor store that became poppable after p_since
--- (the scanned_at of the previous call): retryDelay over, delayed or windowed messages
--- due. Same answer as queen.wake_due: how many were woken, the seconds until the next
--- one is due (NULL: none waiting) and the time of this scan.
+-- Wake polls for the partitions that became poppable after p_since (the scanned_at of
+-- the previous call): retryDelay over, delayed or windowed messages due. Answers how
+-- many were woken, the seconds until the next one is due (NULL: none waiting) and the
+-- time of this scan.
 CREATE OR REPLACE FUNCTION queen.cursor_wake_due(p_since timestamptz)
 RETURNS TABLE (woken integer, next_due_in double precision, scanned_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -130,8 +130,8 @@ BEGIN
 END
 $$;
 
--- End expired leases (queen.cursor_expire_leases) in the answer of queen.expire_leases:
--- leases ended, the messages they covered, seconds until the next lease expires.
+-- End expired leases (queen.cursor_expire_leases) for maintenance: leases ended, the
+-- messages they covered, seconds until the next lease expires.
 CREATE OR REPLACE FUNCTION queen.cursor_expire(p_limit integer)
 RETURNS TABLE (leases integer, messages integer, next_expiry_in double precision)
 LANGUAGE plpgsql AS $$

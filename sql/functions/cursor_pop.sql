@@ -1,13 +1,6 @@
 -- Pops of the cursor store: lease a partition for a group and read the messages after its
 -- cursor, in order.
 
--- The signatures before pops took the caller's lease id (p_lease): dropped so that calls
--- without it are not ambiguous between the two.
-DROP FUNCTION IF EXISTS queen.cursor_claim(uuid, text, integer, text);
-DROP FUNCTION IF EXISTS queen.cursor_deliver(uuid, text, integer, text);
-DROP FUNCTION IF EXISTS queen.cursor_pop_partition(text, text, text, integer, text, text, timestamptz);
-DROP FUNCTION IF EXISTS queen.cursor_pop_queue(text, text, integer, text, text, timestamptz);
-
 -- Dead-letter the leading messages past a group's cursor that are older than the queue's
 -- ttl (never delivered: error 'ttl expired'), up to p_limit of them; the caller holds the
 -- group's row lock. Returns how many.

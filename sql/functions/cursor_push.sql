@@ -1,5 +1,17 @@
 -- The cursor store's push: immutable messages, ids in commit order within a partition.
 
+-- Time-ordered UUID (RFC 9562 version 7).
+CREATE OR REPLACE FUNCTION queen.uuid_v7() RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+    SELECT encode(
+        set_bit(set_bit(
+            overlay(uuid_send(gen_random_uuid())
+                    PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                    FROM 1 FOR 6),
+            52, 1), 53, 1),
+        'hex')::uuid
+$$;
+
 -- The key of a partition's push lock: held by a push from before it draws ids until it
 -- commits, so the ids of a partition commit in order (see queen.cursor_messages).
 CREATE OR REPLACE FUNCTION queen.cursor_push_lock_key(p_partition uuid) RETURNS bigint

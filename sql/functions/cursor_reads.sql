@@ -258,3 +258,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT ARRAY(SELECT coalesce(x, 0) + coalesce(y, 0)
                  FROM unnest(a, b) WITH ORDINALITY u(x, y, i) ORDER BY i)
 $$;
+
+-- The sum of lag histograms (NULL counts as empty).
+CREATE OR REPLACE AGGREGATE queen.hist_sum(integer[]) (
+    SFUNC = queen.cursor_hist_add, STYPE = integer[]
+);

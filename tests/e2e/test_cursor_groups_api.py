@@ -7,14 +7,11 @@ messages come through the transaction endpoint's push operations.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import requests
 
 from queen.store import cursors
-from tests.conftest import Server
 from tests.e2e.cursor_server import (
     API,
     assert_error,

@@ -16,6 +16,7 @@ from queen.store.maintenance import (
     TimedQueue,
     VacuumCandidate,
 )
+from queen.store.migrate import EarlierDatabase
 from workers import maintenance as worker
 from workers.maintenance import DUE_MARGIN, MORE_DELAY, Maintenance, build_parser
 
@@ -53,6 +54,9 @@ class FakeSession:
     def close(self) -> None:
         self.calls.append("close")
         self.connected = False
+
+    def check_schema(self) -> None:
+        self._answer("check_schema", None)
 
     def try_lead(self) -> bool:
         self.calls.append("try_lead")
@@ -232,7 +236,7 @@ def test_stands_by_then_leads_then_stops(clock) -> None:
 
     session.on_wait = on_wait
     assert m.run() == 0
-    assert session.calls[:2] == ["connect", "try_lead"]
+    assert session.calls[:3] == ["connect", "check_schema", "try_lead"]
     assert session.calls.count("try_lead") == 3
     first_lead = session.calls.index("listen")
     assert {"expire_leases", "wake_due", "refresh_counts", "expire_ttl"} <= set(
@@ -261,6 +265,15 @@ def test_a_lost_database_steps_down_and_reconnects(clock, monkeypatch) -> None:
     assert session.calls.count("connect") == 2
     assert session.calls.count("listen") == 2  # led, stepped down, led again
     assert not m.leading or m.stopping
+
+
+def test_a_database_of_an_earlier_build_stops_maintenance_before_any_work(clock) -> None:
+    session = FakeSession(clock)
+    session.results["check_schema"] = EarlierDatabase("made by an earlier build")
+    m = Maintenance(Settings(), session=session, clock=clock)  # type: ignore[arg-type]
+    with pytest.raises(EarlierDatabase):
+        m.run()
+    assert session.calls == ["connect", "check_schema", "close"]
 
 
 def test_listens_to_pushes_only_while_timed_queues_exist(session, clock) -> None:
