@@ -85,8 +85,10 @@ def _age(store: Store, partition: str, seconds: int) -> None:
 
 def test_open_windows_do_not_hide_a_partition_whose_window_closed(store: Store) -> None:
     # windowBuffer 60 s: a partition is served once its newest message is a minute old.
+    # More open windows than a pop by queue tries partitions in one call (the cursor
+    # store: 32), all with older heads than the ready partition.
     store.queues.configure("w", None, None, {"window_buffer": 60})
-    busy = [f"busy{n:02d}" for n in range(20)]
+    busy = [f"busy{n:02d}" for n in range(40)]
     push(store, [{"queue": "w", "partition": p, "payload": "old"} for p in busy])
     push(store, [{"queue": "w", "partition": "ready", "payload": "ready"}])
     for p in busy:  # old heads, but a new message keeps each window open
