@@ -38,7 +38,8 @@ $$;
 -- Record messages done (p_done) and acked (p_acked) for a group's partition, whose row
 -- the caller has locked; end the lease when all its messages are acked (or p_expired),
 -- move the cursor over what is done, and start retryDelay when a message of the ended
--- lease waits for a retry. Wakes a poll when the partition is free with work. Returns
+-- lease waits for a retry. Wakes a poll when the partition is free with work (not when
+-- the lease took the last of it: nobody could pop anything). Returns
 -- whether the lease ended.
 CREATE OR REPLACE FUNCTION queen.cursor_settle(p_partition uuid, p_group text, p_done bigint[],
                                                p_acked bigint[], p_retried bigint,
@@ -81,7 +82,10 @@ BEGIN
                           ELSE x.not_before END,
         updated_at = now()
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
-    IF ended AND (delay_ms = 0 OR NOT retrying) THEN
+    -- (Past the moved cursor, the first message is one not done, if there is any.)
+    IF ended AND (delay_ms = 0 OR NOT retrying)
+       AND EXISTS (SELECT 1 FROM queen.cursor_messages m
+                   WHERE m.partition_id = p_partition AND m.id > c.cursor_id) THEN
         PERFORM queen.cursor_wake(ARRAY[p_partition]);
     END IF;
     RETURN ended;
