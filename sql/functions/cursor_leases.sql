@@ -197,3 +197,23 @@ LANGUAGE sql STABLE AS $$
     SELECT q.name FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
     WHERE c.lease_id = p_lease
 $$;
+
+-- Give back the lease of a pop whose answer was lost with its connection (GiveBacks,
+-- queen/store/giveback.py): the pop may have committed, or may still be running. Once
+-- the backend that ran it (p_backend) is gone, the lease is given back as by
+-- queen.cursor_unclaim (no attempt counted). While that backend is there it is asked to
+-- end, waiting up to a second; NULL then means "not yet, call again" (a give-back before
+-- the pop committed would find nothing, and the pop's lease would then expire into a
+-- retry).
+CREATE OR REPLACE FUNCTION queen.cursor_give_back_claim(p_lease uuid, p_backend integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_backend <> pg_backend_pid()
+       AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p_backend)
+       AND NOT pg_terminate_backend(p_backend, 1000) THEN
+        RETURN NULL;
+    END IF;
+    RETURN queen.cursor_unclaim(p_lease);
+END
+$$;
