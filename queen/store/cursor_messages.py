@@ -6,17 +6,16 @@ in docs/STORAGE.md. Message ids in answers are UUIDs derived from the bigint id 
 created_at (queen.cursor_message_uuid, in sql/functions/cursor_reads.sql).
 
 A pop names its lease id itself. When the database connection breaks during a pop, the
-pop may have committed and its answer be lost: the lease id is kept, and the next call
-that reaches the database gives that lease back without counting an attempt
-(queen.cursor_unclaim), instead of letting it expire into a retry.
+pop may have committed and its answer be lost: as on the row store, GiveBacks gives
+that lease back in the background without counting an attempt
+(queen.cursor_give_back_claim), instead of letting it expire into a retry.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
+import functools
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -26,10 +25,10 @@ from typing import Any
 import orjson
 import psycopg
 
-from queen.errors import QueenError, Unavailable
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.store.cursors import QUEUE_MODE
 from queen.store.db import Database
+from queen.store.giveback import GiveBacks
 from queen.store.messages import (
     Messages,
     _ack_results,
@@ -41,10 +40,7 @@ from queen.store.polling import Polling, ready_params
 from queen.store.queues import Queues
 from queen.store.sqlfile import load_queries
 
-log = logging.getLogger(__name__)
-
 QUERIES = load_queries(Path(__file__).with_name("cursor_messages.sql"))
-MAX_LOST_LEASES = 1000  # past this, a lost lease is left to expire (counting an attempt)
 
 AfterExecute = Callable[[psycopg.Connection[Any]], None]
 
@@ -77,8 +73,7 @@ class CursorMessages(Messages):
 
     def __init__(self, db: Database, queues: Queues, encryption_key: str = "") -> None:
         super().__init__(db, queues, encryption_key)
-        self._lost: dict[uuid.UUID, None] = {}  # leases of pops whose answer was lost
-        self._lost_lock = threading.Lock()
+        self.give_backs = GiveBacks(db, statement=QUERIES["cursor_give_back_claim"])
         # Called with the pop's connection once its statement ran (tests break it there).
         self.after_pop_statement: AfterExecute | None = None
 
@@ -101,7 +96,6 @@ class CursorMessages(Messages):
 
         prefer: for a route by queue, a partition of it to try first (in the same call).
         """
-        self.give_back_lost()
         lease = new_lease_id()
         params = {
             "kind": route.kind,
@@ -117,44 +111,17 @@ class CursorMessages(Messages):
             "lease": lease,
             "prefer": prefer if route.kind == "queue" else None,
         }
-        sent: list[bool] = []
-        try:
-            rows = self.db.run(
-                QUERIES["cursor_api_pop"], params, _popped, raw_json=True, name="pop",
-                sending=lambda: sent.append(True), after_execute=self.after_pop_statement,
-            )
-        except Unavailable:
-            if sent:  # the pop may have committed: give its lease back later
-                self._lose(lease)
-            raise
+        rows = self.db.run(
+            QUERIES["cursor_api_pop"], params, _popped, raw_json=True, name="pop",
+            after_execute=self.after_pop_statement,
+            on_lost=functools.partial(self.give_backs.add, lease),
+        )
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
     def ack(self, acks: list[dict[str, Any]]) -> list[AckResult]:
         """Apply validated acknowledgments; one result per item, in order."""
-        self.give_back_lost()
         params = {"acks": orjson.dumps(acks).decode()}
         return self.db.run(QUERIES["cursor_api_ack"], params, _ack_results, name="ack")
-
-    def _lose(self, lease: uuid.UUID) -> None:
-        with self._lost_lock:
-            if len(self._lost) < MAX_LOST_LEASES:
-                self._lost[lease] = None
-
-    def give_back_lost(self) -> None:
-        """Give back the leases of pops whose answer was lost, now that the database answers."""
-        if not self._lost:
-            return
-        with self._lost_lock:
-            leases, self._lost = list(self._lost), {}
-        try:
-            rows = self.db.run(QUERIES["cursor_unclaim_all"], {"leases": leases}, name="unclaim")
-        except QueenError as exc:
-            log.warning("could not give back %d lost pops yet: %s", len(leases), exc.message)
-            for lease in leases:
-                self._lose(lease)
-            return
-        if given := int(rows[0][0] or 0):
-            log.info("gave back %d messages of pops whose answer was lost", given)
 
 
 def unclaim(db: Database, lease_id: uuid.UUID) -> int:

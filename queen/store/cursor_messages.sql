@@ -16,8 +16,8 @@ FROM queen.cursor_ack(%(acks)s::jsonb)
 -- cursor_unclaim: give back a lease whose pop never reached its consumer (no attempt counted) --
 SELECT queen.cursor_unclaim(%(lease)s)
 
--- cursor_unclaim_all: give back the leases of pops whose answer was lost; the messages given back --
-SELECT sum(queen.cursor_unclaim(l)) FROM unnest(%(leases)s::uuid[]) l
+-- cursor_give_back_claim: give back a pop whose answer was lost with its connection; NULL: not yet --
+SELECT queen.cursor_give_back_claim(%(lease)s, %(backend)s)
 
 -- cursor_api_extend: extend a live lease by seconds (NULL: its queue's leaseTime); no value when it has ended --
 SELECT queen.cursor_extend(%(lease)s, coalesce(%(seconds)s::integer, (

@@ -311,16 +311,14 @@ class Database:
         *,
         raw_json: bool = False,
         name: str = "statement",
-        sending: Callable[[], None] | None = None,
         after_execute: Callable[[psycopg.Connection[Any]], None] | None = None,
         on_lost: Callable[[int], None] | None = None,
         large: Callable[[list[Any]], bool] | None = None,
     ) -> list[Any]:
         """Run a statement of a named-query file and return all rows; retry deadlocks.
 
-        sending: called when the statement is about to be sent (from then on a failure
-        may come after it committed). after_execute: called with the connection once the
-        statement has run (a test hook: it may break the connection there).
+        after_execute: called with the connection once the statement has run (a test
+        hook: it may break the connection there).
         on_lost: called as in connection() when the answer is lost with the connection.
         large: tells whether the rows hold a value over LARGE_CALL_BYTES (parameters are
         weighed here), after which the connection is retired.
@@ -331,8 +329,6 @@ class Database:
                     cur = conn.cursor(row_factory=row_factory)
                     if raw_json:
                         cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
-                    if sending is not None:
-                        sending()
                     cur.execute(statement, params)
                     if after_execute is not None:
                         after_execute(conn)
