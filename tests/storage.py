@@ -40,6 +40,37 @@ LEASE_HOLDERS_OF_QUEUE = (
     " JOIN queen.queues q ON q.id = c.queue_id WHERE q.name = %s AND c.leased_by IS NOT NULL"
 )
 
+# Queue mode's lease of each partition of the queue named by the one parameter:
+# (held, lease_size), one row per partition it has a cursor for.
+PARTITION_LEASES = (
+    "SELECT c.lease_id IS NOT NULL, c.lease_size FROM queen.cursor_consumers c"
+    " JOIN queen.queues q ON q.id = c.queue_id"
+    " WHERE q.name = %s AND c.consumer_group = '__queue__'"
+)
+# Who holds queue mode's lease of the partition named by the one parameter.
+PARTITION_LEASED_BY = (
+    "SELECT c.leased_by FROM queen.cursor_consumers c"
+    " JOIN queen.partitions p ON p.id = c.partition_id"
+    " WHERE p.name = %s AND c.consumer_group = '__queue__'"
+)
+# How many partitions hold a lease (live or expired, not yet ended).
+LEASED_PARTITIONS = "SELECT count(*) FROM queen.cursor_consumers WHERE lease_id IS NOT NULL"
+# Make every lease expired (as if its time had passed), without ending it.
+EXPIRE_LEASES = (
+    "UPDATE queen.cursor_consumers SET lease_expires_at = now() - interval '1 s'"
+    " WHERE lease_id IS NOT NULL"
+)
+
+# How many partitions hold a message queue mode has not finished (pending or leased).
+PARTITIONS_WITH_WORK = """
+    SELECT count(*) FROM queen.partitions p
+    LEFT JOIN queen.cursor_consumers c
+           ON c.partition_id = p.id AND c.consumer_group = '__queue__'
+    WHERE EXISTS (SELECT 1 FROM queen.cursor_messages m
+                  WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
+                    AND m.id <> ALL (coalesce(c.done_ids, '{}')))
+    """
+
 # Push a JSON array of items in SQL, as a client of the store would.
 PUSH_ITEMS = "SELECT count(*) FROM queen.cursor_push(%s::jsonb)"
 

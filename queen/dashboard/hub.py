@@ -194,6 +194,7 @@ class Hub:
             if client.batched:
                 answer["batch"] = True
             self._send(client, "subscribed", answer)
+            self._replay(client)  # the snapshot may have reached it before the subscription
         elif kind == "unsubscribe":
             client.queues = None
             self._send(client, "subscribed", {"queues": []})
@@ -205,12 +206,16 @@ class Hub:
         client.send(formats.encode(name, data, formats.now_iso()))
 
     def _replay(self, client: DashboardClient) -> None:
-        """Give a newcomer the latest queue depths instead of a blank screen until the next tick."""
+        """Give a newcomer (or a new subscription) the latest queue depths it wants, instead
+        of a blank screen until the next tick: a snapshot taken as it connected may have gone
+        out before its subscription arrived, or been pushed out of its outbox by the
+        partition depths it did not yet say it does not want."""
         if self._ticker is None:
             return
         events, timestamp = self._ticker.replay(max_age_s=2 * self.depth_interval_s)
         for event in events:
-            client.send(formats.encode(event.name, event.data, timestamp))
+            if client.wants(event.queue):
+                client.send(formats.encode(event.name, event.data, timestamp))
 
     def _add(self, client: DashboardClient) -> None:
         with self._lock:

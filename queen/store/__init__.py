@@ -55,6 +55,7 @@ class Store:
         self.db.open()
 
     def close(self) -> None:
+        self.messages.give_backs.close()
         self.db.close()
 
     def ping(self) -> None:

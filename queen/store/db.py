@@ -251,19 +251,28 @@ class Database:
         self.pool.close()
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(
+        self, on_lost: Callable[[int], None] | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
         """Borrow an autocommit connection, with errors translated and the borrow bounded.
 
-        During a known outage this raises Unavailable at once (see Outage).
+        During a known outage this raises Unavailable at once (see Outage). When the
+        connection breaks while borrowed, on_lost gets the id of its server process
+        before the error goes on: what was sent may have committed.
         """
         wait_s = self.outage.admit(self.pool.timeout)
         if wait_s is None:
             raise Unavailable("database unavailable (failing fast until it answers)")
         with translate_errors():
             conn = self._getconn(wait_s)
+            backend = conn.info.backend_pid
             try:
                 with conn, WATCHDOG.guard(conn, self._deadline_s):
                     yield conn
+            except Exception:
+                if on_lost is not None and conn.broken:
+                    on_lost(backend)
+                raise
             finally:
                 self.pool.putconn(conn)
 
@@ -284,27 +293,25 @@ class Database:
         row_factory: RowFactory[Any] = tuple_row,
         *,
         raw_json: bool = False,
-        sending: Callable[[], None] | None = None,
         after_execute: Callable[[psycopg.Connection[Any]], None] | None = None,
+        on_lost: Callable[[int], None] | None = None,
         large: Callable[[list[Any]], bool] | None = None,
     ) -> list[Any]:
         """Run the named query and return all rows; retry deadlocks (each call is atomic).
 
-        sending: called when the statement is about to be sent (from then on a failure
-        may come after it committed). after_execute: called with the connection once the
-        statement has run (a test hook: it may break the connection there).
+        after_execute: called with the connection once the statement has run (a test
+        hook: it may break the connection there).
+        on_lost: called as in connection() when the answer is lost with the connection.
         large: tells whether the rows hold a value over LARGE_CALL_BYTES (parameters are
         weighed here), after which the connection is retired.
         """
         statement = QUERIES[name]
         for attempt in range(RETRIES_ON_DEADLOCK):
             try:
-                with self.connection() as conn:
+                with self.connection(on_lost) as conn:
                     cur = conn.cursor(row_factory=row_factory)
                     if raw_json:
                         cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
-                    if sending is not None:
-                        sending()
                     cur.execute(statement, params)
                     if after_execute is not None:
                         after_execute(conn)

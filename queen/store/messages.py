@@ -5,18 +5,16 @@ Message ids in answers are UUIDs derived from the bigint id and created_at
 (queen.cursor_message_uuid), made the same way here (message_uuid).
 
 A pop names its lease id itself. When the database connection breaks during a pop, the
-pop may have committed and its answer be lost: the lease id is kept, and the next call
-that reaches the database gives that lease back without counting an attempt
-(queen.cursor_unclaim), instead of letting it expire into a retry.
+pop may have committed and its answer be lost: GiveBacks gives that lease back in the
+background without counting an attempt (queen.cursor_give_back_claim), instead of
+letting it expire into a retry.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -28,16 +26,13 @@ from psycopg import Cursor
 from psycopg.rows import RowMaker
 
 from queen import crypto
-from queen.errors import InvalidInput, QueenError, Unavailable
+from queen.errors import InvalidInput
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.store.cursors import QUEUE_MODE
 from queen.store.db import LARGE_CALL_BYTES, Database
+from queen.store.giveback import GiveBacks
 from queen.store.polling import PushWakeups
 from queen.store.queues import Queues
-
-log = logging.getLogger(__name__)
-
-MAX_LOST_LEASES = 1000  # past this, a lost lease is left to expire (counting an attempt)
 
 AfterExecute = Callable[[psycopg.Connection[Any]], None]
 
@@ -123,8 +118,7 @@ class Messages:
         self._key = crypto.load_key(encryption_key) if encryption_key else None
         # Wakes long polls once a push committed (the session defers it: see db.py).
         self.after_push = PushWakeups(db).pushed
-        self._lost: dict[uuid.UUID, None] = {}  # leases of pops whose answer was lost
-        self._lost_lock = threading.Lock()
+        self.give_backs = GiveBacks(db)
         # Called with the pop's connection once its statement ran (tests break it there).
         self.after_pop_statement: AfterExecute | None = None
 
@@ -169,7 +163,6 @@ class Messages:
 
         prefer: for a route by queue, a partition of it to try first (in the same call).
         """
-        self.give_back_lost()
         lease = new_lease_id()
         params = {
             "kind": route.kind,
@@ -185,16 +178,11 @@ class Messages:
             "lease": lease,
             "prefer": prefer if route.kind == "queue" else None,
         }
-        sent: list[bool] = []
-        try:
-            rows = self.db.fetch(
-                "pop", params, _popped, raw_json=True, large=_large_payload,
-                sending=lambda: sent.append(True), after_execute=self.after_pop_statement,
-            )
-        except Unavailable:
-            if sent:  # the pop may have committed: give its lease back later
-                self._lose(lease)
-            raise
+        rows = self.db.fetch(
+            "pop", params, _popped, raw_json=True, large=_large_payload,
+            after_execute=self.after_pop_statement,
+            on_lost=functools.partial(self.give_backs.add, lease),
+        )
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
     def _decrypt(self, message: Popped) -> Popped:
@@ -205,27 +193,5 @@ class Messages:
 
     def ack(self, acks: list[dict[str, Any]]) -> list[AckResult]:
         """Apply validated acknowledgments; one result per item, in order."""
-        self.give_back_lost()
         params = {"acks": orjson.dumps(acks).decode()}
         return self.db.fetch("ack", params, _ack_results)
-
-    def _lose(self, lease: uuid.UUID) -> None:
-        with self._lost_lock:
-            if len(self._lost) < MAX_LOST_LEASES:
-                self._lost[lease] = None
-
-    def give_back_lost(self) -> None:
-        """Give back the leases of pops whose answer was lost, now that the database answers."""
-        if not self._lost:
-            return
-        with self._lost_lock:
-            leases, self._lost = list(self._lost), {}
-        try:
-            rows = self.db.fetch("unclaim_lost", {"leases": leases})
-        except QueenError as exc:
-            log.warning("could not give back %d lost pops yet: %s", len(leases), exc.message)
-            for lease in leases:
-                self._lose(lease)
-            return
-        if given := int(rows[0][0] or 0):
-            log.info("gave back %d messages of pops whose answer was lost", given)

@@ -18,8 +18,8 @@ SELECT queen.list_waiting_worker(%(worker)s, %(seconds)s)
 -- unclaim: give back a lease whose pop never reached its consumer (no attempt counted) --
 SELECT queen.cursor_unclaim(%(lease)s)
 
--- unclaim_lost: give back the leases of pops whose answer was lost; the messages given back --
-SELECT sum(queen.cursor_unclaim(l)) FROM unnest(%(leases)s::uuid[]) l
+-- give_back_claim: give back a pop whose answer was lost with its connection; NULL: not yet --
+SELECT queen.cursor_give_back_claim(%(lease)s, %(backend)s)
 
 -- ready_partitions: wake payloads of partitions with work for the parked polls' routes --
 SELECT payload FROM queen.cursor_ready_partitions(

@@ -2,7 +2,10 @@
 
 -- Decide and apply the acknowledgments of one group's partition (p_items: the request's
 -- items for it, as {idx, txid, id, wanted, error, lease}); the row is locked here. A
--- message acked twice in one call is decided once, by its last acknowledgment.
+-- message acked twice in one call is decided once, by its last acknowledgment. A message
+-- deleted since the caller found it (admin delete or clear, which wait for this row
+-- lock, or hold it) is left out, so its item is not_found: counted as acked, it would
+-- end the lease before the rest of it was acked, and the cursor would pass those.
 CREATE OR REPLACE FUNCTION queen.cursor_ack_consumer(p_partition uuid, p_group text, p_items jsonb)
 RETURNS queen.cursor_ack_outcome[]
 LANGUAGE plpgsql AS $$
@@ -27,6 +30,8 @@ BEGIN
                  END AS tries
           FROM jsonb_to_recordset(p_items) x(idx integer, txid text, id bigint, wanted text,
                                              error text, lease uuid)
+          WHERE EXISTS (SELECT 1 FROM queen.cursor_messages m
+                        WHERE m.partition_id = p_partition AND m.id = x.id)
           ORDER BY x.id, x.idx DESC) i
     CROSS JOIN LATERAL queen.cursor_decide(c, q, i.id, i.wanted, i.lease, i.tries) d;
 

@@ -38,7 +38,8 @@ $$;
 -- Record messages done (p_done) and acked (p_acked) for a group's partition, whose row
 -- the caller has locked; end the lease when all its messages are acked (or p_expired),
 -- move the cursor over what is done, and start retryDelay when a message of the ended
--- lease waits for a retry. Wakes a poll when the partition is free with work. Returns
+-- lease waits for a retry. Wakes a poll when the partition is free with work (not when
+-- the lease took the last of it: nobody could pop anything). Returns
 -- whether the lease ended.
 CREATE OR REPLACE FUNCTION queen.cursor_settle(p_partition uuid, p_group text, p_done bigint[],
                                                p_acked bigint[], p_retried bigint,
@@ -81,7 +82,10 @@ BEGIN
                           ELSE x.not_before END,
         updated_at = now()
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
-    IF ended AND (delay_ms = 0 OR NOT retrying) THEN
+    -- (Past the moved cursor, the first message is one not done, if there is any.)
+    IF ended AND (delay_ms = 0 OR NOT retrying)
+       AND EXISTS (SELECT 1 FROM queen.cursor_messages m
+                   WHERE m.partition_id = p_partition AND m.id > c.cursor_id) THEN
         PERFORM queen.cursor_wake(ARRAY[p_partition]);
     END IF;
     RETURN ended;
@@ -192,4 +196,24 @@ CREATE OR REPLACE FUNCTION queen.cursor_lease_queue(p_lease uuid) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT q.name FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
     WHERE c.lease_id = p_lease
+$$;
+
+-- Give back the lease of a pop whose answer was lost with its connection (GiveBacks,
+-- queen/store/giveback.py): the pop may have committed, or may still be running. Once
+-- the backend that ran it (p_backend) is gone, the lease is given back as by
+-- queen.cursor_unclaim (no attempt counted). While that backend is there it is asked to
+-- end, waiting up to a second; NULL then means "not yet, call again" (a give-back before
+-- the pop committed would find nothing, and the pop's lease would then expire into a
+-- retry).
+CREATE OR REPLACE FUNCTION queen.cursor_give_back_claim(p_lease uuid, p_backend integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_backend <> pg_backend_pid()
+       AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p_backend)
+       AND NOT pg_terminate_backend(p_backend, 1000) THEN
+        RETURN NULL;
+    END IF;
+    RETURN queen.cursor_unclaim(p_lease);
+END
 $$;

@@ -82,25 +82,24 @@ END
 $$;
 
 -- When a group's partition becomes poppable without any write to it: its retryDelay
--- ends (not_before), its next message is delayedProcessing old, its newest message is
--- windowBuffer old (what queen.cursor_claim checks). NULL: nothing to wait for.
-CREATE OR REPLACE FUNCTION queen.cursor_due_at(c queen.cursor_consumers, p_delay integer,
-                                               p_window integer)
+-- ends (p_not_before), its next message past the cursor (p_cursor, p_done) is
+-- delayedProcessing old, its newest message is windowBuffer old (what
+-- queen.cursor_claim checks). NULL: nothing to wait for.
+CREATE OR REPLACE FUNCTION queen.cursor_due_at(p_partition uuid, p_cursor bigint,
+                                               p_done bigint[], p_not_before timestamptz,
+                                               p_delay integer, p_window integer)
 RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN c.lease_id IS NOT NULL AND c.lease_expires_at > now() THEN NULL
-           ELSE greatest(
-               c.not_before,
-               CASE WHEN p_delay > 0 THEN
-                   (SELECT m.created_at FROM queen.cursor_messages m
-                    WHERE m.partition_id = c.partition_id AND m.id > c.cursor_id
-                      AND m.id <> ALL (c.done_ids)
-                    ORDER BY m.id LIMIT 1) + make_interval(secs => p_delay) END,
-               CASE WHEN p_window > 0 THEN
-                   (SELECT m.created_at FROM queen.cursor_messages m
-                    WHERE m.partition_id = c.partition_id AND m.id > c.cursor_id
-                    ORDER BY m.id DESC LIMIT 1) + make_interval(secs => p_window) END)
-           END
+    SELECT greatest(
+        p_not_before,
+        CASE WHEN p_delay > 0 THEN
+            (SELECT m.created_at FROM queen.cursor_messages m
+             WHERE m.partition_id = p_partition AND m.id > p_cursor AND m.id <> ALL (p_done)
+             ORDER BY m.id LIMIT 1) + make_interval(secs => p_delay) END,
+        CASE WHEN p_window > 0 THEN
+            (SELECT m.created_at FROM queen.cursor_messages m
+             WHERE m.partition_id = p_partition AND m.id > p_cursor
+             ORDER BY m.id DESC LIMIT 1) + make_interval(secs => p_window) END)
 $$;
 
 -- Wake polls for the partitions that became poppable after p_since (the scanned_at of
@@ -118,10 +117,21 @@ BEGIN
     SELECT array_agg(DISTINCT t.partition_id) FILTER (WHERE t.due_at > p_since AND t.due_at <= at),
            min(t.due_at) FILTER (WHERE t.due_at > at)
     INTO due, next_due
-    FROM (SELECT c.partition_id, queen.cursor_due_at(c, q.delayed_processing, q.window_buffer)
-                 AS due_at
+    FROM (SELECT c.partition_id,
+                 queen.cursor_due_at(c.partition_id, c.cursor_id, c.done_ids, c.not_before,
+                                     q.delayed_processing, q.window_buffer) AS due_at
           FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
-          WHERE c.not_before IS NOT NULL OR q.delayed_processing > 0 OR q.window_buffer > 0) t;
+          WHERE (c.not_before IS NOT NULL OR q.delayed_processing > 0 OR q.window_buffer > 0)
+            AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
+          UNION ALL
+          -- Partitions of timed queues no group has a cursor in yet: a poll may wait on
+          -- them before any pop made one (pop by queue passes over an open window).
+          SELECT p.id, queen.cursor_due_at(p.id, 0, '{}', NULL, q.delayed_processing,
+                                           q.window_buffer)
+          FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+          WHERE (q.delayed_processing > 0 OR q.window_buffer > 0)
+            AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+                            WHERE c.partition_id = p.id)) t;
     IF due IS NOT NULL THEN
         PERFORM queen.cursor_wake(due);
     END IF;

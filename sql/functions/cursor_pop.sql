@@ -156,22 +156,32 @@ BEGIN
 END
 $$;
 
--- Partitions of a queue a group may pop now (no live lease, not held back), those with
--- the oldest next message first, up to p_limit: one probe per partition of the queue. A
--- partition where the group has no cursor yet counts from its first message.
+-- Partitions of a queue a group may pop now (no live lease, not held back, no window
+-- open), those with the oldest next message first, up to p_limit: one probe per partition
+-- of the queue. A partition where the group has no cursor yet counts from its first
+-- message.
 CREATE OR REPLACE FUNCTION queen.cursor_candidates(p_queue uuid, p_group text, p_limit integer)
 RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
     SELECT p.id
-    FROM queen.partitions p
+    FROM queen.queues q
+    JOIN queen.partitions p ON p.queue_id = q.id
     LEFT JOIN queen.cursor_consumers c
            ON c.partition_id = p.id AND c.consumer_group = p_group
     CROSS JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
                         WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
                         ORDER BY m.id LIMIT 1) m
-    WHERE p.queue_id = p_queue
+    WHERE q.id = p_queue
       AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
       AND (c.not_before IS NULL OR c.not_before <= now())
+      -- Pass over partitions whose window (windowBuffer) is still open, as the claim
+      -- would, so that they do not use up the p_limit candidates and hide one whose
+      -- window closed (one probe of the newest message each). An expired lease is still
+      -- a candidate: the claim ends it whatever the window.
+      AND (q.window_buffer = 0 OR c.lease_id IS NOT NULL
+           OR (SELECT n.created_at FROM queen.cursor_messages n
+               WHERE n.partition_id = p.id ORDER BY n.id DESC LIMIT 1)
+              <= now() - make_interval(secs => q.window_buffer))
     ORDER BY m.id
     LIMIT p_limit
 $$;

@@ -104,22 +104,26 @@ END
 $$;
 
 -- The accepted items with their ids, drawn in item order (the caller holds the push
--- locks of their partitions).
+-- locks of their partitions). An item without a transactionId gets its message's API id
+-- (queen.cursor_message_uuid of the id and now(), the created_at it is stored with), as
+-- on the row store: the id a client is answered is the one it acks with.
 CREATE OR REPLACE FUNCTION queen.cursor_number(p_items jsonb, p_targets queen.push_target[],
                                                p_rejected integer[])
 RETURNS queen.cursor_push_item[]
 LANGUAGE sql AS $$
-    SELECT coalesce(array_agg(ROW(r.idx, nextval('queen.cursor_messages_id_seq'::regclass),
-                                  coalesce(r.i ->> 'transactionId', queen.uuid_v7()::text),
-                                  r.partition_id, r.queue_id, r.i -> 'payload',
-                                  coalesce((r.i ->> 'encrypted')::boolean, false),
-                                  r.i ->> 'traceId')::queen.cursor_push_item), '{}')
-    FROM (SELECT x.ord::integer AS idx, x.i, t.partition_id, t.queue_id
-          FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
-          JOIN unnest(p_targets) t ON t.queue = x.i ->> 'queue'
-                                  AND t.partition = coalesce(x.i ->> 'partition', 'Default')
-          WHERE x.ord <> ALL (p_rejected)
-          ORDER BY x.ord) r
+    SELECT coalesce(array_agg(ROW(n.idx, n.id,
+                                  coalesce(n.i ->> 'transactionId',
+                                           queen.cursor_message_uuid(n.id, now())::text),
+                                  n.partition_id, n.queue_id, n.i -> 'payload',
+                                  coalesce((n.i ->> 'encrypted')::boolean, false),
+                                  n.i ->> 'traceId')::queen.cursor_push_item ORDER BY n.idx), '{}')
+    FROM (SELECT r.*, nextval('queen.cursor_messages_id_seq'::regclass) AS id
+          FROM (SELECT x.ord::integer AS idx, x.i, t.partition_id, t.queue_id
+                FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
+                JOIN unnest(p_targets) t ON t.queue = x.i ->> 'queue'
+                                        AND t.partition = coalesce(x.i ->> 'partition', 'Default')
+                WHERE x.ord <> ALL (p_rejected)
+                ORDER BY x.ord) r) n
 $$;
 
 -- Push a batch (the body's "items" array) in one call: queued / duplicate (its

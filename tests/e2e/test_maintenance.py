@@ -231,9 +231,7 @@ def test_expired_leases_redeliver_then_give_up(
     assert 0.9 < at - popped_at < 1 + ON_TIME  # woken by the expiry, not a re-check
     wait_for(lambda: statuses(db_dsn)[txid][0] == final, 5)
     assert statuses(db_dsn)[txid] == (final, 1, "lease expired")
-    assert query(db_dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL") == [
-        (0,)
-    ]
+    assert query(db_dsn, storage.LEASED_PARTITIONS) == [(0,)]
 
 
 # -- delayed and windowed -------------------------------------------------------------

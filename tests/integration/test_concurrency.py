@@ -11,15 +11,16 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
-import psycopg
 import pytest
 
 from queen.store import Store
 from queen.store.db import Database
+from tests import storage
 from tests.integration.helpers import ack, data, pop, push, rows, scalar
 
 THREADS = 8
+# A stored message's id as the API answers it.
+API_ID = "queen.cursor_message_uuid(id, created_at)"
 
 
 @pytest.fixture
@@ -200,134 +201,9 @@ def test_no_partition_held_by_two_consumers_while_acking(big_store: Store) -> No
     for p, n in delivered:
         order[p].append(n)
     assert all(seq == list(range(per_partition)) for seq in order.values())
-    assert (
-        scalar(big_store.db.dsn, "SELECT count(*) FROM queen.messages WHERE status <> 'completed'")
-        == 0
-    )
-    assert (
-        scalar(big_store.db.dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL")
-        == 0
-    )
-
-
-def _wait_for_lock_wait(dsn: str, application_name: str, timeout: float = 10.0) -> None:
-    """Return once a backend of that application waits on a heavyweight lock."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        waiting = scalar(
-            dsn,
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = %s AND wait_event_type = 'Lock'",
-            (application_name,),
-        )
-        if waiting:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"no backend of {application_name} ever waited on a lock")
-
-
-@pytest.mark.parametrize(
-    ("moved_to", "wanted", "answer", "final"),
-    [
-        ("dead_letter", "completed", "dead_letter", "dead_letter"),
-        ("pending", "completed", "completed", "completed"),
-        # a failure of a message no longer processing changes nothing (no retry counted)
-        ("pending", "failed", "retry_scheduled", "pending"),
-    ],
-)
-def test_ack_racing_a_status_change_decides_on_the_new_status(
-    store: Store, moved_to: str, wanted: str, answer: str, final: str
-) -> None:
-    """An ack reads its messages without locking them: when another transaction changes
-    one between that read and the ack's update, the ack must decide again on what was
-    committed, not apply what it decided on the old status (and count that change)."""
-    dsn = store.db.dsn
-    app = "queen-race-ack"
-    push(store, [{"queue": "race", "payload": 1, "transactionId": "r1"}])
-    assert [m.transaction_id for m in pop(store, "race")] == ["r1"]
-    results: list[Any] = []
-    with psycopg.connect(dsn) as mover:
-        # An operator's move, holding the message's row lock until it commits.
-        moved = mover.execute(
-            "SELECT queen.set_message_status('r1', '{processing}', %s)", (moved_to,)
-        ).fetchone()
-        assert moved == ("processing",)
-
-        def acker() -> None:
-            with psycopg.connect(dsn, autocommit=True, application_name=app) as conn:
-                row = conn.execute(
-                    "SELECT status, retry_count FROM queen.ack(%s::jsonb)",
-                    (orjson.dumps([{"transactionId": "r1", "status": wanted}]).decode(),),
-                ).fetchone()
-                results.append(row)
-
-        thread = threading.Thread(target=acker)
-        thread.start()
-        _wait_for_lock_wait(dsn, app)  # the ack read 'processing' and waits on the row
-        mover.commit()
-        thread.join(10)
-        assert not thread.is_alive()
-    assert results == [(answer, 0)]
-    stored = rows(dsn, "SELECT status, retry_count FROM queen.messages WHERE transaction_id = 'r1'")
-    assert stored == [(final, 0)]
-    # Every status change counted once, from the status it really left.
-    counts = rows(
-        dsn,
-        "SELECT pending, processing, completed, failed, dead_letter FROM queen.partition_stats s"
-        " JOIN queen.partitions p ON p.id = s.partition_id WHERE p.name = 'Default'",
-    )
-    wanted_counts = {s: 0 for s in ("pending", "processing", "completed", "failed", "dead_letter")}
-    wanted_counts[final] = 1
-    assert counts == [tuple(wanted_counts.values())]
-
-
-@pytest.mark.parametrize("mover_commits", [True, False], ids=["moved", "rolled-back"])
-def test_a_claim_waits_for_a_pending_row_being_changed_and_keeps_fifo(
-    store: Store, mover_commits: bool
-) -> None:
-    """A claim reads its candidates without locking them and takes each one still pending:
-    a row another transaction holds is waited for, not skipped (a skip would deliver the
-    messages behind it first when that transaction rolls back)."""
-    dsn = store.db.dsn
-    app = "queen-race-claim"
-    push(store, [{"queue": "fifo-race", "payload": n, "transactionId": f"f{n}"} for n in range(3)])
-    claimed: list[str] = []
-    with psycopg.connect(dsn) as mover:
-        mover.execute("SELECT queen.set_message_status('f0', '{pending}', 'dead_letter')")
-
-        def claimer() -> None:
-            with psycopg.connect(dsn, autocommit=True, application_name=app) as conn:
-                found = conn.execute(
-                    "SELECT transaction_id FROM queen.pop_queue('fifo-race', 3, 'w')"
-                ).fetchall()
-                claimed.extend(txid for (txid,) in found)
-
-        thread = threading.Thread(target=claimer)
-        thread.start()
-        _wait_for_lock_wait(dsn, app)
-        if mover_commits:
-            mover.commit()
-        else:
-            mover.rollback()
-        thread.join(10)
-        assert not thread.is_alive()
-    if mover_commits:
-        assert claimed == ["f1", "f2"]
-        expected = {"f0": "dead_letter", "f1": "processing", "f2": "processing"}
-    else:
-        assert claimed == ["f0", "f1", "f2"]
-        expected = {"f0": "processing", "f1": "processing", "f2": "processing"}
-    stored = rows(dsn, "SELECT transaction_id, status FROM queen.messages ORDER BY seq")
-    assert dict(stored) == expected
-    counts = rows(
-        dsn,
-        "SELECT pending, processing, dead_letter FROM queen.partition_stats s"
-        " JOIN queen.partitions p ON p.id = s.partition_id WHERE p.name = 'Default'",
-    )
-    assert counts == ([(0, 2, 1)] if mover_commits else [(0, 3, 0)])
-
-
-# -- idempotency ------------------------------------------------------------------
+    dsn = big_store.db.dsn
+    assert rows(dsn, storage.STATUS_COUNTS) == [("completed", total)]
+    assert scalar(dsn, storage.LEASED_PARTITIONS) == 0
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["same-order", "shuffled"])
@@ -361,7 +237,7 @@ def test_concurrent_duplicate_pushes_store_each_id_once(
         outcomes = [row for per_thread in run_together(THREADS, pusher) for row in per_thread]
     assert [r.message for r in caplog.records] == [], "pushes deadlocked and were retried"
     dsn = big_store.db.dsn
-    stored = dict(rows(dsn, "SELECT transaction_id, id FROM queen.messages"))
+    stored = dict(rows(dsn, f"SELECT transaction_id, {API_ID} FROM {storage.MESSAGES}"))
     assert sorted(t for t in stored if t.startswith("tx-")) == ids
     assert len(stored) == len(ids) + 3
     queued = Counter(t for t, status, _ in outcomes if status == "queued")
@@ -391,7 +267,7 @@ def test_duplicates_within_one_batch_and_across_batches(store: Store) -> None:
     )
     assert [r.status for r in again] == ["duplicate", "queued"]
     assert again[0].id == first[2].id
-    assert scalar(store.db.dsn, "SELECT count(*) FROM queen.messages") == 3
+    assert scalar(store.db.dsn, f"SELECT count(*) FROM {storage.MESSAGES}") == 3
     msgs = pop(store, "q", "Default", batch=10)
     assert [data(m) for m in msgs] == [1, 3, 5]
 
@@ -437,5 +313,5 @@ def test_ids_made_for_a_push_are_uuid_v7_unique_and_in_item_order(store: Store) 
         assert all(r.transaction_id == str(r.id) for r in made)
     everything = [r.id for r in first + second]
     assert len(set(everything)) == len(everything) == 306
-    stored = rows(store.db.dsn, "SELECT count(DISTINCT id), count(*) FROM queen.messages")
+    stored = rows(store.db.dsn, f"SELECT count(DISTINCT id), count(*) FROM {storage.MESSAGES}")
     assert stored == [(306, 306)]

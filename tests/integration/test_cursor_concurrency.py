@@ -9,7 +9,9 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import psycopg
+import pytest
 
 from queen.store import cursors
 from tests.integration.cursor_helpers import ack_all
@@ -164,3 +166,122 @@ def test_a_push_committing_later_is_not_passed_by_the_cursor(db_dsn: str) -> Non
         assert second_done.is_set()
         got = cursors.pop(consumer, "q", batch=10)
         assert [d.transaction_id for d in got] == ["early", "late"]
+
+
+def _wait_for_lock_wait(dsn: str, application_name: str, timeout: float = 10.0) -> None:
+    """Return once a backend of that application waits on a heavyweight lock."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            (waiting,) = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name = %s AND wait_event_type = 'Lock'",
+                (application_name,),
+            ).fetchone() or (0,)
+            if waiting:
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"no backend of {application_name} ever waited on a lock")
+
+
+QUEUE_MODE_STATUSES = (
+    "SELECT m.transaction_id, queen.cursor_status_of(m.partition_id, m.id)"
+    " FROM queen.cursor_messages m ORDER BY m.id"
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "wanted", "answer", "final"),
+    [
+        # the message deleted: not found, and the rest of the lease is still to ack
+        ("delete", "completed", "not_found", [("r1", "processing")]),
+        # the lease expired past retryLimit 0: the message is dead-lettered, and stays so
+        ("expire", "completed", "dead_letter", [("r0", "dead_letter"), ("r1", "dead_letter")]),
+        # the lease given back: outside any lease, an ack changes nothing, counts no retry
+        ("give back", "completed", "lease_expired", [("r0", "pending"), ("r1", "pending")]),
+        ("give back", "failed", "lease_expired", [("r0", "pending"), ("r1", "pending")]),
+    ],
+)
+def test_an_ack_racing_an_operator_change_decides_on_what_was_committed(
+    db_dsn: str, change: str, wanted: str, answer: str, final: list[tuple[str, str]]
+) -> None:
+    """An ack finds its messages before it locks their partition's consumer row: when
+    another transaction changes that row (or the messages) in between, the ack waits for
+    it and decides on what it committed. (The row store's: test_concurrency.py's
+    test_ack_racing_a_status_change_decides_on_the_new_status.)"""
+    app = "queen-race-cursor-ack"
+    results: list[tuple[Any, ...]] = []
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queen.queues (name, retry_limit) VALUES ('race', 0)")
+        cursors.push(conn, [{"queue": "race", "payload": n, "transactionId": f"r{n}"}
+                            for n in range(2)])
+        leased = cursors.pop(conn, "race", batch=2)
+        assert [d.transaction_id for d in leased] == ["r0", "r1"]
+    with psycopg.connect(db_dsn) as mover:
+        if change == "delete":
+            moved = mover.execute("SELECT queen.cursor_delete_message('r0')").fetchone()
+            assert moved == ("processing",)
+        elif change == "expire":
+            mover.execute("UPDATE queen.cursor_consumers"
+                          " SET lease_expires_at = now() - interval '1 second'")
+            assert mover.execute("SELECT queen.cursor_expire_leases(10)").fetchone() == (1,)
+        else:
+            given = mover.execute("SELECT queen.cursor_unclaim(%s)", (leased[0].lease_id,))
+            assert given.fetchone() == (2,)
+
+        def acker() -> None:
+            with psycopg.connect(db_dsn, autocommit=True, application_name=app) as conn:
+                row = conn.execute(
+                    "SELECT status, retry_count FROM queen.cursor_ack(%s::jsonb)",
+                    (orjson.dumps([{"transactionId": "r0", "status": wanted}]).decode(),),
+                ).fetchone()
+                assert row is not None
+                results.append(row)
+
+        thread = threading.Thread(target=acker)
+        thread.start()
+        _wait_for_lock_wait(db_dsn, app)  # the ack found r0 and waits on the consumer row
+        mover.commit()
+        thread.join(10)
+        assert not thread.is_alive()
+    assert [status for status, _ in results] == [answer]
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute(QUEUE_MODE_STATUSES).fetchall() == final
+        retries = conn.execute(
+            "SELECT count(*) FROM queen.cursor_failures WHERE status = 'retry'").fetchone()
+        assert retries == (0,)
+        if change == "delete":  # r1 is still leased: acking it ends the lease
+            assert [o.status for o in cursors.ack(
+                conn, [{"transactionId": "r1", "status": "completed"}])] == ["completed"]
+            assert conn.execute(QUEUE_MODE_STATUSES).fetchall() == [("r1", "completed")]
+
+
+@pytest.mark.parametrize("mover_commits", [True, False], ids=["moved", "rolled-back"])
+def test_a_pop_passes_over_a_partition_whose_head_is_being_changed_and_keeps_fifo(
+    db_dsn: str, mover_commits: bool
+) -> None:
+    """A partition whose consumer row another transaction holds (an operator moving its
+    head to the dead letter queue) is passed over by a pop, which takes another partition:
+    the messages behind that head are not delivered before it is decided. (The row
+    store's: test_concurrency.py's test_a_claim_waits_for_a_pending_row_being_changed_and_keeps_fifo.)"""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        cursors.push(conn, [{"queue": "fifo-race", "payload": 0, "transactionId": "done"}])
+        ack_all(conn, cursors.pop(conn, "fifo-race"))  # queue mode's consumer row exists
+        cursors.push(conn, [{"queue": "fifo-race", "payload": n, "transactionId": f"f{n}"}
+                            for n in range(3)])
+        cursors.push(conn, [{"queue": "fifo-race", "partition": "other", "payload": 0,
+                             "transactionId": "o0"}])
+        with psycopg.connect(db_dsn) as mover:
+            moved = mover.execute("SELECT queen.cursor_dead_letter_message('f0')").fetchone()
+            assert moved == ("pending",)
+            got = cursors.pop(conn, "fifo-race", batch=3)
+            assert [d.transaction_id for d in got] == ["o0"]  # not f1: f0 is undecided
+            if mover_commits:
+                mover.commit()
+            else:
+                mover.rollback()
+        got = cursors.pop(conn, "fifo-race", batch=3)
+        expected = ["f1", "f2"] if mover_commits else ["f0", "f1", "f2"]
+        assert [d.transaction_id for d in got] == expected
+        statuses = dict(conn.execute(QUEUE_MODE_STATUSES).fetchall())
+        assert statuses["f0"] == ("dead_letter" if mover_commits else "processing")

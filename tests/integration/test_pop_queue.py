@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from queen.models import PopRoute
 from queen.store import Store
+from tests import storage
 from tests.integration.helpers import ack, data, pop, push, rows, scalar
 
 
@@ -31,7 +32,7 @@ def test_work_behind_drained_partitions_popped_by_queue(store: Store) -> None:
     push(store, [{"queue": "q", "partition": "late", "payload": "late"}])
     (m,) = pop(store, "q")
     assert data(m) == "late"
-    assert scalar(store.db.dsn, "SELECT count(*) FROM queen.partition_heads") == 1
+    assert scalar(store.db.dsn, storage.PARTITIONS_WITH_WORK) == 1  # drained ones left nothing
 
 
 def test_oldest_partition_first_and_fifo_inside(store: Store) -> None:
@@ -76,7 +77,7 @@ def test_filtered_pop_serves_the_highest_priority_queue_first(store: Store) -> N
 def _age(store: Store, partition: str, seconds: int) -> None:
     rows(
         store.db.dsn,
-        "UPDATE queen.messages m SET created_at = now() - make_interval(secs => %s)"
+        f"UPDATE {storage.MESSAGES} m SET created_at = now() - make_interval(secs => %s)"
         " FROM queen.partitions p WHERE p.id = m.partition_id AND p.name = %s RETURNING 1",
         (seconds, partition),
     )
@@ -84,8 +85,10 @@ def _age(store: Store, partition: str, seconds: int) -> None:
 
 def test_open_windows_do_not_hide_a_partition_whose_window_closed(store: Store) -> None:
     # windowBuffer 60 s: a partition is served once its newest message is a minute old.
+    # More open windows than a pop by queue tries partitions in one call (the cursor
+    # store: 32), all with older heads than the ready partition.
     store.queues.configure("w", None, None, {"window_buffer": 60})
-    busy = [f"busy{n:02d}" for n in range(20)]
+    busy = [f"busy{n:02d}" for n in range(40)]
     push(store, [{"queue": "w", "partition": p, "payload": "old"} for p in busy])
     push(store, [{"queue": "w", "partition": "ready", "payload": "ready"}])
     for p in busy:  # old heads, but a new message keeps each window open
@@ -102,10 +105,7 @@ def test_expired_lease_is_taken_over_in_a_windowed_queue(store: Store) -> None:
     push(store, [{"queue": "w", "payload": "x"}])
     _age(store, "Default", 120)
     (m,) = pop(store, "w")
-    rows(
-        store.db.dsn,
-        "UPDATE queen.partitions SET lease_expires_at = now() - interval '1 s' RETURNING 1",
-    )
+    rows(store.db.dsn, storage.EXPIRE_LEASES + " RETURNING 1")
     (again,) = pop(store, "w")
     assert (again.transaction_id, again.retry_count) == (m.transaction_id, 1)
 
@@ -138,13 +138,12 @@ def test_a_taken_empty_or_unknown_preferred_partition_falls_back_to_the_queue(
     assert ack(store, m.transaction_id).status == "completed"
     assert _pop_preferring(store, "a") == []  # empty, and so is the queue
     # Nothing is left leased by the tries that found nothing.
-    assert scalar(store.db.dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL") == 2
+    assert scalar(store.db.dsn, storage.LEASED_PARTITIONS) == 2
 
 
 def test_preferring_a_partition_of_another_queue_pops_nothing_from_it(store: Store) -> None:
     push(store, [{"queue": "other", "partition": "p", "payload": "x"}])
     push(store, [{"queue": "q", "partition": "p", "payload": "mine"}])
     assert _pop_preferring(store, "p") == [("p", "mine")]
-    assert rows(store.db.dsn, "SELECT status FROM queen.messages m JOIN queen.partitions p"
-                " ON p.id = m.partition_id JOIN queen.queues q ON q.id = p.queue_id"
-                " WHERE q.name = 'other'") == [("pending",)]
+    assert rows(store.db.dsn, f"SELECT status FROM ({storage.MESSAGE_VIEW}) v WHERE queue = %s",
+                ("other",)) == [("pending",)]

@@ -8,13 +8,15 @@ from typing import Any
 import pytest
 
 from queen.store import Store
+from tests import storage
 from tests.integration.helpers import ack, data, pop, push, rows, scalar
 
 
 def _status(store: Store, txid: str) -> tuple[str, int, str | None]:
     (row,) = rows(
         store.db.dsn,
-        "SELECT status, retry_count, error_message FROM queen.messages WHERE transaction_id = %s",
+        f"SELECT status, retry_count, error FROM ({storage.MESSAGE_VIEW}) v"
+        " WHERE transaction_id = %s",
         (txid,),
     )
     return row  # type: ignore[return-value]
@@ -80,11 +82,7 @@ def test_partial_failure_in_a_batch_frees_the_partition_when_all_are_acked(store
 
 
 def _lease(store: Store) -> tuple[Any, ...]:
-    (row,) = rows(
-        store.db.dsn,
-        "SELECT p.lease_id IS NOT NULL, p.lease_size FROM queen.partitions p"
-        " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'r'",
-    )
+    (row,) = rows(store.db.dsn, storage.PARTITION_LEASES, ("r",))
     return row
 
 
@@ -149,7 +147,7 @@ def test_expired_lease_is_taken_over_with_retry_count_plus_one(store: Store) -> 
     second = pop(store, "lease", "p", batch=2, worker="b")
     assert [(data(m), m.retry_count) for m in second] == [(0, 1), (1, 1)]
     assert second[0].lease_id != first[0].lease_id
-    assert scalar(store.db.dsn, "SELECT leased_by FROM queen.partitions WHERE name = 'p'") == "b"
+    assert scalar(store.db.dsn, storage.PARTITION_LEASED_BY, ("p",)) == "b"
     time.sleep(1.1)
 
     # Past the retry limit (1): the next pop finds the lease expired again and
@@ -157,10 +155,7 @@ def test_expired_lease_is_taken_over_with_retry_count_plus_one(store: Store) -> 
     assert pop(store, "lease", batch=2, worker="c") == []
     assert _status(store, "m0") == ("dead_letter", 1, "lease expired")
     assert _status(store, "m1") == ("dead_letter", 1, "lease expired")
-    assert (
-        scalar(store.db.dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL")
-        == 0
-    )
+    assert scalar(store.db.dsn, storage.LEASED_PARTITIONS) == 0
 
 
 def test_expired_lease_is_taken_over_by_pop_queue(store: Store) -> None:

@@ -18,6 +18,7 @@ from queen.events import Events
 from queen.models import PopRoute
 from queen.polling import ClaimedBody, LongPoller
 from queen.store import Store
+from tests import storage
 from tests.integration.helpers import ack, partition_id, pop, push, rows, scalar
 
 
@@ -73,25 +74,28 @@ def test_an_expired_lease_released_notifies_even_when_nothing_is_retried(store, 
     (leased,) = pop(store, "q", "a")
     push(store, items("q", "a", 1))  # pending work behind the lease
     received(listener)
-    released = scalar(
-        db_dsn,
-        "SELECT queen.release_lease(%s, %s)",
-        (partition_id(db_dsn, "q", "a"), leased.lease_id),
-    )
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # the lease expires, ended by
+        conn.execute(  # maintenance's expiry
+            "UPDATE queen.cursor_consumers SET lease_expires_at = now() - interval '1 second'"
+            " WHERE lease_id = %s",
+            (leased.lease_id,),
+        )
+    released = scalar(db_dsn, "SELECT queen.cursor_expire_leases(100)")
     assert released == 1
+    assert sorted(rows(db_dsn, storage.STATUS_COUNTS)) == [("dead_letter", 1), ("pending", 1)]
     assert received(listener) == ["q/a//"]
 
 
-def test_notify_partitions_sends_one_per_known_partition(store, db_dsn, listener):
-    push(store, items("q", "a", 1) + items("q", "b", 1))
+def test_a_wake_up_names_one_known_partition_per_queue_at_commit(store, db_dsn, listener):
+    push(store, items("q", "a", 1) + items("q", "b", 1) + items("r", "c", 1))
     received(listener)
     a, b = partition_id(db_dsn, "q", "a"), partition_id(db_dsn, "q", "b")
-    unknown = uuid.UUID(int=0)
+    c, unknown = partition_id(db_dsn, "r", "c"), uuid.UUID(int=0)
     with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SELECT queen.notify_partitions(%s::uuid[])", ([a, b, a, unknown],))
-        conn.execute("SELECT queen.notify_partitions(%s::uuid[])", ([a],))  # folded
+        conn.execute("SELECT queen.cursor_wake(%s::uuid[])", ([b, a, c, unknown],))
+        conn.execute("SELECT queen.cursor_wake(%s::uuid[])", ([a, b],))  # folded
         assert received(listener, 0.1) == []  # nothing before commit
-    assert sorted(received(listener)) == ["q/a//", "q/b//"]
+    assert sorted(received(listener)) == ["q/a//", "r/c//"]
 
 
 def test_unclaim_returns_messages_to_pending_without_a_retry(store, db_dsn, listener):
@@ -101,7 +105,7 @@ def test_unclaim_returns_messages_to_pending_without_a_retry(store, db_dsn, list
     back = store.polling.unclaim(claimed[0].lease_id)
     assert back == 3
     assert received(listener) == ["q/a//"]
-    lease = scalar(db_dsn, "SELECT lease_id FROM queen.partitions WHERE name = 'a'")
+    lease = scalar(db_dsn, "SELECT lease_id FROM queen.cursor_consumers")  # (partition a's only)
     assert lease is None
     again = pop(store, "q", "a", batch=5)
     assert [m.transaction_id for m in again[:3]] == [m.transaction_id for m in claimed]
@@ -161,15 +165,15 @@ def test_a_pop_response_the_server_could_not_send_gives_its_messages_back(store,
     status, result = _wsgi(app, "/api/v1/pop/queue/q", "batch=2")
     assert status.startswith("200")
     result.close()  # the server gave up before writing the body (client gone)
-    counts = dict(rows(db_dsn, "SELECT status, count(*) FROM queen.messages GROUP BY 1"))
+    counts = dict(rows(db_dsn, storage.STATUS_COUNTS))
     assert counts == {"pending": 2}
 
     status, result = _wsgi(app, "/api/v1/pop/queue/q", "batch=2")
     assert b"".join(result)
     result.close()
-    counts = dict(rows(db_dsn, "SELECT status, count(*) FROM queen.messages GROUP BY 1"))
+    counts = dict(rows(db_dsn, storage.STATUS_COUNTS))
     assert counts == {"processing": 2}
-    assert scalar(db_dsn, "SELECT max(retry_count) FROM queen.messages") == 0
+    assert scalar(db_dsn, f"SELECT max(retry_count) FROM ({storage.MESSAGE_VIEW}) v") == 0
 
 
 def test_a_long_poll_claims_when_woken_and_holds_no_connection_while_parked(store: Store):
@@ -199,7 +203,7 @@ def test_a_long_poll_does_not_claim_for_a_client_that_has_gone(store: Store, db_
     assert (
         poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=1, client_gone=lambda: True) == []
     )
-    assert scalar(db_dsn, "SELECT status FROM queen.messages") == "pending"
+    assert rows(db_dsn, f"SELECT status FROM ({storage.MESSAGE_VIEW}) v") == [("pending",)]
 
 
 def test_ending_a_lease_on_an_emptied_partition_notifies_nobody(store, listener):
@@ -224,11 +228,11 @@ def test_a_poll_by_queue_woken_for_a_partition_claims_that_partition_first(store
 def test_a_plain_session_notifies_inside_the_push_and_a_deferring_one_after(db_dsn, listener):
     body = '[{"queue": "q", "partition": "a", "payload": 1}]'
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)", (body,))
+        conn.execute(storage.PUSH_ITEMS, (body,))
         assert received(listener) == ["q/a//"]
 
         conn.execute("SELECT set_config('queen.push_notify', 'after_commit', false)")
-        conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)", (body,))
+        conn.execute(storage.PUSH_ITEMS, (body,))
         assert received(listener) == []
         conn.execute("SELECT queen.notify_pushed(%s, %s)", (["q", "q", "x"], ["a", "a", "y"]))
         assert received(listener) == ["q/a//"]

@@ -20,6 +20,10 @@ from queen.models import AckResult, Popped, PushResult
 from queen.store.dashboard import MessagePlace, PartitionDepth, RecentActivity
 
 NOW = dt.datetime(2025, 10, 8, 7, 30, tzinfo=dt.UTC)
+# How long a test waits for what must come (a bound only a stalled machine could reach: the
+# 2 s it was once ran out on a loaded 2-core machine); the short windows below check that
+# nothing more comes.
+WAIT_S = 20.0
 
 
 class FakeSocket:
@@ -44,13 +48,13 @@ class FakeSocket:
         self.closed = True
         self.incoming.put(None)
 
-    def next_event(self, timeout: float = 2.0) -> dict[str, Any]:
+    def next_event(self, timeout: float = WAIT_S) -> dict[str, Any]:
         while True:
             frame = self.sent.get(timeout=timeout)
             if frame != "pong":
                 return json.loads(frame)
 
-    def wait_for(self, name: str, timeout: float = 2.0) -> dict[str, Any]:
+    def wait_for(self, name: str, timeout: float = WAIT_S) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             event = self.next_event(max(0.01, deadline - time.monotonic()))
@@ -146,9 +150,9 @@ def test_a_slow_client_never_blocks_and_keeps_the_newest_frames():
     started = time.monotonic()
     for i in range(100):
         client.send(str(i))
-    assert time.monotonic() - started < 2.0  # blocked sends would hang it
+    assert time.monotonic() - started < WAIT_S  # blocked sends would hang it
     sock.unblock.set()
-    received = [sock.sent.get(timeout=2) for _ in range(3)]
+    received = [sock.sent.get(timeout=WAIT_S) for _ in range(3)]
     with contextlib.suppress(queue.Empty):
         received.append(sock.sent.get(timeout=0.3))
     # The writer may have taken "0" before blocking; after it, only the newest three survive.
@@ -189,7 +193,7 @@ def test_hub_serves_connect_ping_subscribe_and_disconnect():
     assert hub.listening and hub.connections == 1
 
     sock.incoming.put("ping")
-    while sock.sent.get(timeout=2) != "pong":
+    while sock.sent.get(timeout=WAIT_S) != "pong":
         pass
     sock.incoming.put(json.dumps({"type": "subscribe", "queues": ["q", 3]}))
     assert sock.wait_for("subscribed")["data"] == {"queues": ["q"]}
@@ -239,7 +243,7 @@ def test_events_over_the_budget_are_dropped_and_counted():
     hub.publish(formats.PROCESSING, [popped(f"t{i}") for i in range(5)])
     got = [sock.wait_for("message.processing")["data"]["transactionId"] for _ in range(2)]
     assert got == ["t0", "t1"]
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + WAIT_S
     while hub.dropped_events < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert hub.dropped_events == 3
@@ -316,7 +320,7 @@ def test_events_of_a_worker_without_sockets_reach_the_sockets_of_another():
     assert not other.listening
     sock = FakeSocket()
     thread = serve(watched, sock)
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + WAIT_S
     while not other.listening and time.monotonic() < deadline:
         time.sleep(0.01)
     assert other.listening  # w1's presence note arrived
@@ -343,7 +347,7 @@ def test_a_worker_stops_publishing_when_presence_notes_stop():
     now[0] += relay.PRESENCE_TTL_S - 1
     bus.send(relay.encode_batch("w2", [], {"q": {"message.pushed": 1}}, 1))  # not presence
     now[0] += 2
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + WAIT_S
     while other.listening and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not other.listening  # batches alone never keep workers publishing to each other
@@ -354,15 +358,40 @@ def test_a_worker_stops_publishing_when_presence_notes_stop():
 def test_batched_clients_get_queue_depths_without_a_flood_of_partition_depths():
     store = FakeStore()
     store.rows = [depth("big", f"p{i:04}", 1) for i in range(1500)]
-    hub = Hub(store, "w1", depth_interval_s=60, stats_interval_s=60,  # type: ignore[arg-type]
+    hub = Hub(store, "w1", depth_interval_s=0.2, stats_interval_s=60,  # type: ignore[arg-type]
               client_buffer=1000, flush_interval_s=0.05)
     sock = FakeSocket()
     sock.incoming.put(json.dumps({"type": "subscribe", "queues": [], "batch": True}))
     thread = serve(hub, sock)
-    depth_event = sock.wait_for("queue.depth")
-    assert len(depth_event["data"]["partitions"]) == 1500
+    # The snapshot taken as it connected may come before its subscription is read (every
+    # partition then, as for any client); the snapshots after it carry queue depths only.
+    sock.wait_for("subscribed")
+    for _ in range(3):  # the replay on subscribing, then snapshots taken after it
+        depth_event = sock.wait_for("queue.depth")
+        assert len(depth_event["data"]["partitions"]) == 1500
+    with contextlib.suppress(queue.Empty):
+        deadline = time.monotonic() + 1.0  # about five more snapshots
+        while time.monotonic() < deadline:
+            assert sock.next_event(timeout=0.3)["event"] != "partition.depth"
+    sock.incoming.put(None)
+    thread.join(2)
+
+
+def test_a_subscription_gets_the_latest_queue_depths_it_wants_at_once():
+    store = FakeStore()
+    store.rows = [depth("a", "p", 1), depth("b", "p", 2)]
+    hub = Hub(store, "w1", depth_interval_s=60, stats_interval_s=60,  # type: ignore[arg-type]
+              client_buffer=1000, flush_interval_s=0.05)
+    sock = FakeSocket()
+    thread = serve(hub, sock)
+    deadline = time.monotonic() + WAIT_S  # the one snapshot of the minute, before subscribing
+    while not hub._ticker.replay(max_age_s=60)[0] and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.01)
+    sock.incoming.put(json.dumps({"type": "subscribe", "queues": ["b"], "batch": True}))
+    sock.wait_for("subscribed")
+    assert sock.wait_for("queue.depth")["data"]["queue"] == "b"  # not a minute later
     with contextlib.suppress(queue.Empty):
         while True:
-            assert sock.next_event(timeout=0.3)["event"] != "partition.depth"
+            assert sock.next_event(timeout=0.3)["data"].get("queue") != "a"
     sock.incoming.put(None)
     thread.join(2)
