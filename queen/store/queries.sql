@@ -90,11 +90,9 @@ WHERE m.transaction_id = ANY (%(ids)s::text[])
 -- dashboard_notify: one dashboard batch or presence note to every worker's listener --
 SELECT pg_notify(%(channel)s, %(payload)s)
 
--- maintenance_setup: session settings of the maintenance connection (timeouts, keepalives, plans) --
--- Every maintenance statement walks an index in order under a LIMIT; a bitmap scan would
--- read a whole partition and sort it. JIT only adds compile time to these short statements.
+-- maintenance_setup: session settings of the maintenance connection (timeouts, keepalives, no JIT) --
+-- JIT only adds compile time to these short statements.
 SELECT set_config('statement_timeout', %(statement_ms)s, false),
-       set_config('enable_bitmapscan', 'off', false),
        set_config('jit', 'off', false),
        set_config('lock_timeout', %(lock_ms)s, false),
        set_config('idle_in_transaction_session_timeout', '60s', false),

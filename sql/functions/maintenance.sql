@@ -1,4 +1,5 @@
--- Time-driven work of the cursor store, run by maintenance.
+-- Time-driven work, run by the maintenance process: lease expiry, due wake-ups, ttl,
+-- retention, partition cleanup, ANALYZE.
 
 -- End up to p_limit expired leases (oldest expiry first; those another session holds
 -- are skipped): their un-acked messages become available again with retryCount + 1, or
@@ -58,7 +59,7 @@ BEGIN
 END
 $$;
 
--- ANALYZE the cursor store's tables that changed by more than a tenth since their last
+-- ANALYZE the message tables that changed by more than a tenth since their last
 -- analysis (or were never analysed): plans stay index-driven on a server without
 -- autovacuum. Returns the tables analysed.
 CREATE OR REPLACE FUNCTION queen.cursor_analyze(p_min_changes bigint DEFAULT 1000)
@@ -161,7 +162,7 @@ BEGIN
 END
 $$;
 
--- Remove up to p_limit partitions that hold no message of the cursor store, no live
+-- Remove up to p_limit partitions that hold no message, no live
 -- lease of any group, and saw no activity for p_idle_seconds (the consumer rows go with
 -- them). A push locks its partitions (FOR KEY SHARE) before it inserts: SKIP LOCKED
 -- passes over those, and the re-check runs after the locks.
