@@ -250,6 +250,45 @@ def test_a_failing_migration_is_rolled_back_and_retried(empty_dsn: str, tmp_path
     assert migrate(empty_dsn, tmp_path) == ["0002_bad.sql"]
 
 
+def documented_tables() -> dict[str, list[str]]:
+    """docs/SCHEMA.md's tables ("## `queen.x`") and their columns ("Columns: `a`, ...")."""
+    tables: dict[str, list[str]] = {}
+    table = None
+    lines = iter((ROOT / "docs" / "SCHEMA.md").read_text(encoding="utf-8").splitlines())
+    for line in lines:
+        if heading := re.fullmatch(r"## `queen\.([a-z_]+)`", line):
+            table = heading.group(1)
+        elif line.startswith("Columns:") and table is not None:
+            text = line
+            for more in lines:  # the list goes on until a blank line
+                if not more.strip():
+                    break
+                text += " " + more
+            tables[table] = re.findall(r"`([a-z_]+)`", text)
+            table = None
+    return tables
+
+
+def test_a_fresh_migrate_builds_exactly_the_tables_schema_md_lists(empty_dsn: str) -> None:
+    migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, a.attname FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+            " WHERE n.nspname = 'queen' AND c.relkind IN ('r', 'p')"
+            " ORDER BY c.relname, a.attnum"
+        ).fetchall()
+    built: dict[str, list[str]] = {}
+    for table, column in rows:
+        built.setdefault(table, []).append(column)
+    documented = documented_tables()
+    assert documented, "no table found in docs/SCHEMA.md"
+    assert sorted(built) == sorted(documented)
+    for table, columns in built.items():
+        assert columns == documented[table], table
+
+
 # -- databases made by an earlier build ------------------------------------------------
 
 EARLIER = {
