@@ -142,8 +142,12 @@ class QueenSqlClient:
 
     def pop(self, n: int) -> list[str]:
         cur = self.conn.execute(
-            self.queries["pop_queue"],
-            {"queue": self.queue, "batch": n, "worker": self.worker, "lease": uuid.uuid4()},
+            self.queries["pop"],
+            {
+                "kind": "queue", "queue": self.queue, "partition": None, "namespace": None,
+                "task": None, "group": "__queue__", "mode": None, "since": None, "batch": n,
+                "worker": self.worker, "lease": uuid.uuid4(), "prefer": None,
+            },
         )
         names = [c.name for c in cur.description or []]
         rows = cur.fetchall()

@@ -86,8 +86,8 @@ def pick_sample(dsn: str) -> dict[str, str]:
         row = conn.execute(
             "SELECT q.name, p.name, m.transaction_id FROM queen.queues q"
             " JOIN queen.partitions p ON p.queue_id = q.id"
-            " JOIN LATERAL (SELECT transaction_id FROM queen.messages x"
-            "   WHERE x.partition_id = p.id ORDER BY created_at DESC LIMIT 1) m ON true"
+            " JOIN LATERAL (SELECT transaction_id FROM queen.cursor_messages x"
+            "   WHERE x.partition_id = p.id ORDER BY id DESC LIMIT 1) m ON true"
             " WHERE q.name <> %s ORDER BY q.name, p.name LIMIT 1",
             (LOAD_QUEUE,),
         ).fetchone()

@@ -23,8 +23,8 @@ WITH parts AS (
     FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
     WHERE q.name = %(queue)s
 )
-INSERT INTO queen.messages (transaction_id, id, partition_id, payload)
-SELECT 'seed-' || g, gen_random_uuid(), parts.ids[1 + g %% cardinality(parts.ids)],
+INSERT INTO queen.cursor_messages (transaction_id, partition_id, payload)
+SELECT 'seed-' || g, parts.ids[1 + g %% cardinality(parts.ids)],
        '{"kind": "bench", "body": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::jsonb
 FROM parts, generate_series(%(first)s::bigint, %(last)s::bigint) g
 """
@@ -51,13 +51,13 @@ def seed_queen(
             done += n
             if progress:
                 progress(n)
-        conn.execute("VACUUM ANALYZE queen.messages")
-        conn.execute("VACUUM ANALYZE queen.partition_heads")
+        conn.execute("VACUUM ANALYZE queen.cursor_messages")
 
 
 def pending_count(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM queen.messages WHERE status = 'pending'"
+            "SELECT sum(pending) FROM queen.cursor_partition_counts("
+            "ARRAY(SELECT id FROM queen.partitions))"
         ).fetchone()
-    return int(row[0]) if row else 0
+    return int(row[0] or 0) if row else 0

@@ -175,14 +175,14 @@ def main() -> None:
         statuses = {code: sum(p.status == code for p in finished) for code in (200, 204)}
         exactly_once = sorted(delivered) == sorted(pushed)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            by_status = dict(
-                conn.execute(
-                    "SELECT status, count(*) FROM queen.messages m"
-                    " JOIN queen.partitions p ON p.id = m.partition_id"
-                    " JOIN queen.queues q ON q.id = p.queue_id"
-                    " WHERE q.name = 'scale' GROUP BY 1"
-                ).fetchall()
-            )
+            row = conn.execute(
+                "SELECT sum(pending), sum(processing), sum(completed), sum(failed),"
+                " sum(dead_letter) FROM queen.cursor_partition_counts(ARRAY("
+                " SELECT p.id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id"
+                " WHERE q.name = 'scale'))"
+            ).fetchone() or ()
+            names = ("pending", "processing", "completed", "failed", "dead_letter")
+            by_status = {name: int(n) for name, n in zip(names, row, strict=False) if n}
         print(
             f"delivered {len(delivered)} of {len(pushed)} in {storm_s:.2f}s,"
             f" distinct {len(set(delivered))}, statuses {statuses}, exactly once: {exactly_once}"

@@ -117,7 +117,7 @@ def sql_pusher(
             items = batch_items(client, batch, i)
             i += 1
             row = conn.execute(
-                "SELECT count(*) FROM queen.push(%s::jsonb)", (json.dumps(items),)
+                "SELECT count(*) FROM queen.cursor_push(%s::jsonb)", (json.dumps(items),)
             ).fetchone()
             stored += row[0] if row else 0
             if variant == "after-commit":

@@ -215,10 +215,10 @@ def explain(dsn: str, out: Path) -> None:
         body = orjson.dumps({"items": items}).decode()
         sections = []
         for title, sql, params in (
-            ("push 100", "SELECT * FROM queen.push(%s::jsonb -> 'items')", (body,)),
+            ("push 100", "SELECT * FROM queen.cursor_push(%s::jsonb -> 'items')", (body,)),
             (
                 "pop_queue batch 100",
-                "SELECT * FROM queen.pop_queue(%s, 100, 'profile')",
+                "SELECT * FROM queen.cursor_pop_queue(%s, '__queue__', 100, 'profile')",
                 (adapters.QUEUE,),
             ),
         ):
@@ -228,7 +228,7 @@ def explain(dsn: str, out: Path) -> None:
             if title.startswith("pop"):
                 acks = [{"transactionId": r[1], "status": "completed"} for r in rows]
         notices.clear()
-        conn.execute("SELECT * FROM queen.ack(%s::jsonb)", (orjson.dumps(acks).decode(),))
+        conn.execute("SELECT * FROM queen.cursor_ack(%s::jsonb)", (orjson.dumps(acks).decode(),))
         sections.append((f"ack {len(acks)}", list(notices)))
     text = []
     for title, logs in sections:
