@@ -19,7 +19,7 @@ from psycopg import sql
 
 from queen.errors import QueenError
 from queen.store.migrate import EarlierDatabase, install_functions, migrate, migration_files
-from tests.conftest import ROOT, dsn_for
+from tests.conftest import ROOT, dsn_for, free_port
 
 # Each entry: a name and a query returning sorted rows that describe one kind of object
 # of schema queen. Migration bookkeeping (queen.schema_migrations) is left out.
@@ -357,11 +357,12 @@ def run_queen(args: list[str], dsn: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60)
 
 
-def test_queen_migrate_and_maintenance_refuse_it_with_one_line(empty_dsn: str) -> None:
+def test_queen_migrate_serve_and_maintenance_refuse_it_with_one_line(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute(EARLIER["migrations and rows"])  # type: ignore[arg-type]
     before = everything(empty_dsn)
-    for args in (["-m", "queen.cli", "migrate"], ["-m", "workers.maintenance"]):
+    serve = ["-m", "queen.cli", "serve", "--port", str(free_port()), "--no-maintenance"]
+    for args in (["-m", "queen.cli", "migrate"], serve, ["-m", "workers.maintenance"]):
         done = run_queen(args, empty_dsn)
         assert done.returncode == 1, (args, done.stdout, done.stderr)
         lines = [line for line in done.stderr.splitlines() if line.strip()]
