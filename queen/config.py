@@ -133,9 +133,9 @@ class Settings:
     )
     storage: str = _s(
         "QUEEN_STORAGE",
-        "rows",
-        "message store: rows (status per message row) or cursors (immutable messages, "
-        "a cursor per partition and consumer group; docs/STORAGE.md)",
+        "cursors",
+        "message store: cursors (immutable messages, a cursor per partition and consumer "
+        "group; docs/STORAGE.md) or rows (the earlier status per message row, going away)",
         choices=("rows", "cursors"),
     )
     log_level: str = _s("LOG_LEVEL", "info", "log level")

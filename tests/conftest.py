@@ -102,7 +102,7 @@ def store(db_dsn: str) -> Iterator[object]:
 
     # QUEEN_STORAGE picks the message model, as it does for the servers the e2e tests start.
     s = Store(Database(db_dsn, pool_size=8, timeout_s=5),
-              storage=os.environ.get("QUEEN_STORAGE", "rows"))
+              storage=os.environ.get("QUEEN_STORAGE", "cursors"))
     s.db.pool.open(wait=True)
     yield s
     s.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-CURSORS = os.environ.get("QUEEN_STORAGE", "rows") == "cursors"
+CURSORS = os.environ.get("QUEEN_STORAGE", "cursors") == "cursors"
 
 # Every message as the row store keeps it: transaction_id, queue, status, retry_count,
 # worker, error (the cursor store: derived for queue mode from its cursors, leases and

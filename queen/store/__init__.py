@@ -24,7 +24,7 @@ STORAGES = ("rows", "cursors")
 class Store:
     """Everything the API and the workers ask of PostgreSQL."""
 
-    def __init__(self, db: Database, encryption_key: str = "", storage: str = "rows") -> None:
+    def __init__(self, db: Database, encryption_key: str = "", storage: str = "cursors") -> None:
         if storage not in STORAGES:
             raise ValueError(f"storage must be one of {', '.join(STORAGES)}, not {storage!r}")
         self.db = db

@@ -33,6 +33,7 @@ from queen.store.messages import (
     Messages,
     _ack_results,
     _claims_encrypted,
+    _large_payload,
     _popped,
     _push_results,
 )
@@ -114,7 +115,7 @@ class CursorMessages(Messages):
         rows = self.db.run(
             QUERIES["cursor_api_pop"], params, _popped, raw_json=True, name="pop",
             after_execute=self.after_pop_statement,
-            on_lost=functools.partial(self.give_backs.add, lease),
+            on_lost=functools.partial(self.give_backs.add, lease), large=_large_payload,
         )
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 

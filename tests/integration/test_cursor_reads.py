@@ -293,7 +293,7 @@ def test_maintenance_keeps_the_cursor_rollups_instead_of_the_rows_ones(conn: Con
     from workers.maintenance import ROWS_ROLLUPS, Maintenance
 
     mixed(conn)
-    rows = Maintenance(Settings(database_url=db_dsn))
+    rows = Maintenance(Settings(database_url=db_dsn, storage="rows"))
     assert {"fold", "reconcile", "prune"} <= {t.name for t in rows.tasks}
     m = Maintenance(Settings(database_url=db_dsn, storage="cursors"))
     names = {t.name for t in m.tasks}

@@ -147,7 +147,7 @@ WHERE m.status = 'pending' AND (h.partition_id IS NULL OR m.seq < h.head_seq)
 def test_heads_stay_bounds_under_concurrent_pushes_pops_retries_and_acks(db_dsn: str) -> None:
     # Sensitivity, checked by hand: with claims moving heads without the partition lock,
     # one round failed in 4 runs of 6, three rounds in 5 of 5 (messages below their head).
-    s = Store(Database(db_dsn, pool_size=16, timeout_s=10))
+    s = Store(Database(db_dsn, pool_size=16, timeout_s=10), storage="rows")
     s.db.pool.open(wait=True)
     try:
         for round_ in range(3):

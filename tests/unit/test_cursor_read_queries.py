@@ -27,7 +27,7 @@ def test_the_overlay_replaces_the_read_queries_and_keeps_the_rest() -> None:
 
 def test_store_picks_the_read_side_of_its_storage() -> None:
     db = Database("host=127.0.0.1 dbname=none")
-    rows, cursors = Store(db), Store(db, storage="cursors")
+    rows, cursors = Store(db, storage="rows"), Store(db, storage="cursors")
     assert type(rows.admin) is Admin and rows.reads.queries is QUERIES
     assert isinstance(cursors.admin, CursorAdmin)
     assert cursors.reads.queries is CURSOR_READ_QUERIES

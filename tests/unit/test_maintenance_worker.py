@@ -102,6 +102,21 @@ class FakeSession:
     def prune_metrics(self, days: int, limit: int) -> int:
         return self._answer("prune_metrics", 0)
 
+    def cursor_ttl(self, limit: int) -> int:
+        return self._answer("cursor_ttl", 0)
+
+    def cursor_retention(self, limit: int) -> int:
+        return self._answer("cursor_retention", 0)
+
+    def cursor_analyze(self, min_changes: int = 1000) -> list[str]:
+        return self._answer("cursor_analyze", [])
+
+    def refresh_cursor_counts(self, partitions: int, step: int) -> int:
+        return self._answer("refresh_cursor_counts", 0)
+
+    def prune_cursor_metrics(self, days: int, limit: int) -> int:
+        return self._answer("prune_cursor_metrics", 0)
+
     def analyze_grown(self) -> list[str]:
         return self._answer("analyze_grown", [])
 
@@ -152,23 +167,23 @@ def test_every_flag_names_its_variable() -> None:
 
 def test_punctual_tasks_run_first_then_the_longest_waiting(session, clock) -> None:
     m = make(session, clock)
-    task(m, "fold").next_at = clock.now - 5
-    task(m, "ttl").next_at = clock.now - 3
+    task(m, "counts").next_at = clock.now - 5
+    task(m, "cursor ttl").next_at = clock.now - 3
     task(m, "due").next_at = clock.now - 1
     assert m._next_task(clock.now).name == "due"
     task(m, "due").next_at = clock.now + 1
-    assert m._next_task(clock.now).name == "fold"
+    assert m._next_task(clock.now).name == "counts"
     assert m._next_task(clock.now - 10) is None
 
 
 def test_a_full_batch_runs_again_soon(session, clock) -> None:
     m = make(session, clock, maintenance_batch=10)
-    session.results["expire_ttl"] = 10
-    m._run_task(task(m, "ttl"))
-    assert task(m, "ttl").next_at == pytest.approx(clock.now + MORE_DELAY)
-    session.results["expire_ttl"] = 3
-    m._run_task(task(m, "ttl"))
-    assert task(m, "ttl").next_at == pytest.approx(clock.now + m.settings.maintenance_interval_s)
+    session.results["cursor_ttl"] = 10
+    m._run_task(task(m, "cursor ttl"))
+    assert task(m, "cursor ttl").next_at == pytest.approx(clock.now + MORE_DELAY)
+    session.results["cursor_ttl"] = 3
+    m._run_task(task(m, "cursor ttl"))
+    assert task(m, "cursor ttl").next_at == pytest.approx(clock.now + m.settings.maintenance_interval_s)
     assert m.totals["ttl expired"] == 13
 
 
@@ -206,22 +221,22 @@ def test_a_push_into_a_timed_queue_schedules_a_scan(session, clock) -> None:
 
 def test_a_failing_task_backs_off_while_the_session_lives(session, clock) -> None:
     m = make(session, clock, maintenance_interval_s=1.0)
-    session.results["fold_deltas"] = RuntimeError("bug")
-    m._run_task(task(m, "fold"))
-    m._run_task(task(m, "fold"))
-    assert task(m, "fold").failures == 2
-    assert task(m, "fold").next_at == pytest.approx(clock.now + 4.0)  # 1 s, doubled twice
-    session.results["fold_deltas"] = 0
-    m._run_task(task(m, "fold"))
-    assert task(m, "fold").failures == 0
+    session.results["refresh_cursor_counts"] = RuntimeError("bug")
+    m._run_task(task(m, "counts"))
+    m._run_task(task(m, "counts"))
+    assert task(m, "counts").failures == 2
+    assert task(m, "counts").next_at == pytest.approx(clock.now + 4.0)  # 1 s, doubled twice
+    session.results["refresh_cursor_counts"] = 0
+    m._run_task(task(m, "counts"))
+    assert task(m, "counts").failures == 0
 
 
 def test_a_broken_session_ends_the_leadership(session, clock) -> None:
     m = make(session, clock)
-    session.results["fold_deltas"] = Unavailable("database unavailable")
+    session.results["refresh_cursor_counts"] = Unavailable("database unavailable")
     session.connected = False
     with pytest.raises(Unavailable):
-        m._run_task(task(m, "fold"))
+        m._run_task(task(m, "counts"))
 
 
 def test_stands_by_then_leads_then_stops(clock) -> None:
@@ -243,7 +258,7 @@ def test_stands_by_then_leads_then_stops(clock) -> None:
     assert session.calls[:2] == ["connect", "try_lead"]
     assert session.calls.count("try_lead") == 3
     first_lead = session.calls.index("listen")
-    assert {"expire_leases", "wake_due", "fold_deltas", "expire_ttl"} <= set(
+    assert {"expire_leases", "wake_due", "refresh_cursor_counts", "cursor_ttl"} <= set(
         session.calls[first_lead:]
     )
     assert session.calls[-1] == "close"
@@ -324,9 +339,10 @@ def test_small_tables_are_vacuumed_inline_and_a_big_one_apart(session, clock, mo
     assert task(m, "vacuum").failures == 0
 
 
-def test_every_task_runs_against_the_session_interface(session, clock) -> None:
+@pytest.mark.parametrize("storage", ["cursors", "rows"])
+def test_every_task_runs_against_the_session_interface(session, clock, storage) -> None:
     # A task calling a method the session lacks would only log and back off forever.
-    m = make(session, clock)
+    m = make(session, clock, storage=storage)
     for t in m.tasks:
         m._run_task(t)
         assert t.failures == 0, t.name
