@@ -1,9 +1,12 @@
-"""A throwaway PostgreSQL cluster of the fault suite's own, to restart, stop and crash.
+"""A throwaway PostgreSQL cluster: the bench's default-settings server, the fault suite's victim.
 
 Never the machine's shared server: initdb makes a new cluster in a temporary directory,
-on a free port, from the PostgreSQL binaries of the system (QUEEN_FAULTS_PGBIN, else the
-newest /usr/lib/postgresql/*/bin). As root it runs as the `postgres` user (PostgreSQL
-refuses root).
+on a free port, from the PostgreSQL binaries of the system (the directory an environment
+variable names, else the newest /usr/lib/postgresql/*/bin). As root it runs as the
+`postgres` user (PostgreSQL refuses root). Only what a client here needs differs from
+initdb's defaults: it listens on 127.0.0.1 with trust auth, and allows max_connections
+(initdb's default of 100 is too few for the bench's peers and the fault suite's stacks).
+Everything else, autovacuum included, stays as PostgreSQL ships it.
 """
 
 from __future__ import annotations
@@ -16,16 +19,17 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 
-from tests.conftest import free_port
+from bench.systems import free_port
 
 
-def pg_bin() -> Path | None:
-    """Return the directory of initdb and pg_ctl, or None when there is none."""
-    given = os.environ.get("QUEEN_FAULTS_PGBIN")
+def pg_bin(variable: str = "QUEEN_PGBIN") -> Path | None:
+    """Return the directory of initdb and pg_ctl (from $variable if set), or None."""
+    given = os.environ.get(variable)
     candidates = [given] if given else sorted(glob.glob("/usr/lib/postgresql/*/bin"))
     for candidate in reversed(candidates):
         if candidate and (Path(candidate) / "initdb").exists():
@@ -36,10 +40,11 @@ def pg_bin() -> Path | None:
 class Cluster:
     """initdb, start, stop (fast), crash (immediate stop: crash recovery at the next start)."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, prefix: str = "queen-pg-", max_connections: int = 200) -> None:
         self.bindir = bindir
         self.port = free_port()
-        self.root = Path(tempfile.mkdtemp(prefix="queen-faults-pg-"))
+        self.max_connections = max_connections
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
         self.data = self.root / "data"
         self.log = self.root / "postgres.log"
         self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
@@ -62,7 +67,7 @@ class Cluster:
     def start(self) -> None:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root}"
-            " -c max_connections=200 -c fsync=on"
+            f" -c max_connections={self.max_connections}"
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
         self.wait_ready()
@@ -76,7 +81,7 @@ class Cluster:
             ):
                 return
             time.sleep(0.1)
-        raise RuntimeError(f"the fault cluster did not start; see {self.log}")
+        raise RuntimeError(f"the throwaway cluster did not start; see {self.log}")
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
@@ -96,3 +101,25 @@ class Cluster:
     def destroy(self) -> None:
         self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def bench_cluster() -> Iterator[Cluster]:
+    """A started cluster with default settings for one bench run; stopped and removed after."""
+    bindir = pg_bin()
+    if bindir is None:
+        raise RuntimeError(
+            "no PostgreSQL binaries for a cluster of the bench's own"
+            " (/usr/lib/postgresql/*/bin, or QUEEN_PGBIN)"
+        )
+    cluster = Cluster(bindir, prefix="queen-bench-pg-").init()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def server_dsn(given: str, own: bool, stack: contextlib.ExitStack) -> str:
+    """The server DSN a bench script uses: given, or (own) a cluster the stack owns."""
+    return stack.enter_context(bench_cluster()).dsn if own else given
