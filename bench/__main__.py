@@ -402,11 +402,7 @@ def conditions(ctx: Context, started: float) -> dict[str, Any]:
         "load_avg_at_end": load,
         "python": platform.python_version(),
         "postgres": server_facts(ctx.server_dsn),
-        "postgres_server": (
-            "cluster started by the bench, default settings"
-            if ctx.own_cluster
-            else f"existing server {ctx.server_dsn.rsplit('@', 1)[-1]}"
-        ),
+        "postgres_server": cluster.origin(ctx.server_dsn, ctx.own_cluster),
         "versions": ctx.versions,
         "skipped": ctx.skipped,
         "queen_workers": 2,

@@ -11,6 +11,7 @@ Everything else, autovacuum included, stays as PostgreSQL ships it.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import glob
 import os
@@ -120,6 +121,33 @@ def bench_cluster() -> Iterator[Cluster]:
         cluster.destroy()
 
 
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    """The --cluster flag of a bench script that creates its databases on a server."""
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a throwaway PostgreSQL cluster with default settings (autovacuum on), "
+        "started for this run and removed at the end",
+    )
+
+
 def server_dsn(given: str, own: bool, stack: contextlib.ExitStack) -> str:
     """The server DSN a bench script uses: given, or (own) a cluster the stack owns."""
     return stack.enter_context(bench_cluster()).dsn if own else given
+
+
+def origin(server_dsn: str, own: bool) -> str:
+    """Which server this is, in the words of a results header."""
+    if own:
+        return "cluster started by the bench, default settings"
+    return f"existing server at {server_dsn.rsplit('@', 1)[-1]}"
+
+
+def describe(server_dsn: str, own: bool) -> str:
+    """One line for a report: the PostgreSQL that ran, where from, autovacuum on or off."""
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT current_setting('server_version'), current_setting('autovacuum')"
+        ).fetchone()
+    version, autovacuum = row if row else ("?", "?")
+    return f"PostgreSQL {version} ({origin(server_dsn, own)}; autovacuum {autovacuum})"
