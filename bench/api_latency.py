@@ -32,6 +32,8 @@ from typing import Any
 import psycopg
 import requests
 
+from bench import cluster
+
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_MS = 200.0
 LOAD_QUEUE = "latency-load"
@@ -259,7 +261,8 @@ def measure(args: argparse.Namespace) -> str:
             t.join()
     machine = (
         f"{os.cpu_count()} cores, load average {load_before:.1f} before and "
-        f"{os.getloadavg()[0]:.1f} after the run"
+        f"{os.getloadavg()[0]:.1f} after the run; {cluster.describe(args.dsn, False)}; "
+        "Queen on the cursor store"
     )
     return report(
         args,
