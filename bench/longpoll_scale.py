@@ -195,9 +195,7 @@ def run(args: argparse.Namespace, server_dsn: str) -> None:
         statuses = {code: sum(p.status == code for p in finished) for code in (200, 204)}
         exactly_once = sorted(delivered) == sorted(pushed)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            by_status = dict(
-                conn.execute(STATUSES).fetchall()
-            )
+            by_status = dict(conn.execute(STATUSES).fetchall())
         print(
             f"delivered {len(delivered)} of {len(pushed)} in {storm_s:.2f}s,"
             f" distinct {len(set(delivered))}, statuses {statuses}, exactly once: {exactly_once}"

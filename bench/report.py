@@ -291,7 +291,7 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
         f"synchronous_commit {pg.get('synchronous_commit')}, fsync {pg.get('fsync')}",
         f"- Queen: gunicorn, 2 gevent workers, maintenance process "
         f"{'on' if facts.get('queen_maintenance') else 'absent'}, "
-        f"{facts.get('queen_storage', '?')} store; Python {facts.get('python')}",
+        f"QUEEN_STORAGE={facts.get('queen_storage', '?')}; Python {facts.get('python')}",
         f"- versions: {versions}",
     ]
     for system, why in facts.get("skipped", {}).items():

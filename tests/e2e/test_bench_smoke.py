@@ -48,7 +48,7 @@ def run_smoke(out: Path, *server: str, rounds: int = 1) -> tuple[str, list[dict[
     results = json.loads((out / "results-smoke.json").read_text())["results"]
     assert {r["system"] for r in results} == {"queen", "raw"}
     assert not [r for r in results if "failed" in r]
-    assert "cursors store" in report  # Queen ran on the cursor store
+    assert "QUEEN_STORAGE=cursors" in report  # Queen ran on the cursor store
     return report, results
 
 
