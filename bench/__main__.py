@@ -112,7 +112,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the median of the rounds' side-by-side ratios (default 1)",
     )
     parser.add_argument("--name", help="results file suffix (default: the mode)")
-    parser.add_argument("--keep", action="store_true", help="keep the bench databases")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the bench databases (not with --cluster)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
 
