@@ -100,15 +100,17 @@ class QueenClient:
 
 
 class QueenSqlClient:
-    """Queen's own named queries (queen/store/queries.sql) straight over psycopg: what the
-    SQL costs without HTTP, Falcon and the gunicorn worker (a diagnostic, not a product)."""
+    """Queen's own named queries of the cursor store (queen/store/cursor_messages.sql)
+    straight over psycopg: what the SQL costs without HTTP, Falcon and the gunicorn worker
+    (a diagnostic, not a product)."""
 
     def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
         import psycopg
 
+        from queen.store.cursor_messages import QUERIES
         from queen.store.sqlfile import load_queries
 
-        self.queries = load_queries()
+        self.queries = {**QUERIES, "notify_pushed": load_queries()["notify_pushed"]}
         self.conn = psycopg.connect(target["dsn"], autocommit=True)
         # The session as the server's pool sets it up (queen.store.db): timestamps in
         # UTC, and a push's wake-up sent after its commit by notify_pushed, not by a
@@ -132,7 +134,7 @@ class QueenSqlClient:
         )
         body = b'{"items":[' + b",".join([item] * n) + b"]}"
         self.conn.execute(
-            self.queries["push"], {"body": body.decode(), "producer": None}
+            self.queries["cursor_api_push"], {"body": body.decode(), "producer": None}
         ).fetchall()
         # What a worker sends once the push committed (queen.store.polling.PushWakeups).
         self.conn.execute(
@@ -141,9 +143,20 @@ class QueenSqlClient:
         return n
 
     def pop(self, n: int) -> list[str]:
+        route = {"kind": "queue", "queue": self.queue, "partition": None, "namespace": None}
         cur = self.conn.execute(
-            self.queries["pop_queue"],
-            {"queue": self.queue, "batch": n, "worker": self.worker, "lease": uuid.uuid4()},
+            self.queries["cursor_api_pop"],
+            {
+                **route,
+                "task": None,
+                "group": "__queue__",
+                "mode": None,
+                "since": None,
+                "batch": n,
+                "worker": self.worker,
+                "lease": uuid.uuid4(),
+                "prefer": None,
+            },
         )
         names = [c.name for c in cur.description or []]
         rows = cur.fetchall()
@@ -154,7 +167,9 @@ class QueenSqlClient:
 
     def ack(self, handles: list[str]) -> None:
         acks = [{"transactionId": h, "status": "completed"} for h in handles]
-        self.conn.execute(self.queries["ack"], {"acks": orjson.dumps(acks).decode()}).fetchall()
+        self.conn.execute(
+            self.queries["cursor_api_ack"], {"acks": orjson.dumps(acks).decode()}
+        ).fetchall()
 
     def close(self) -> None:
         self.conn.close()
