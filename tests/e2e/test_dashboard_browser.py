@@ -295,6 +295,9 @@ def test_consumer_groups_page_shows_each_group_as_the_api_counts_it(browser, cur
     push(cursor_site, {"queue": "refunds", "payload": 1})
     assert pop_as(cursor_site, "refunds", "billing")  # the same group on a second queue
     assert pop_as(cursor_site, "ledger", None)  # queue mode reads the queue too
+    for _ in range(2):  # 1,200 in one partition: more than a listing counts in one
+        push(cursor_site, *({"queue": "backlog", "payload": i} for i in range(600)))
+    assert pop_as(cursor_site, "backlog", "billing")
     listed = groups_of(cursor_site, "ledger")
     assert set(listed) == {"billing", "audit", "late", "__queue__"}
     assert listed["audit"]["pending"] == N and listed["late"]["pending"] == 0
@@ -302,13 +305,17 @@ def test_consumer_groups_page_shows_each_group_as_the_api_counts_it(browser, cur
 
     visit(browser, cursor_site, "#/groups")
     wait_until(lambda: all(find_all(browser, row(g, "ledger")) for g in listed)
-               and find_all(browser, row("billing", "refunds")), what="every group's row")
+               and find_all(browser, row("billing", "refunds"))
+               and find_all(browser, row("billing", "backlog")), what="every group's row")
     for name, g in groups_of(cursor_site, "ledger").items():
         assert cell(browser, name, "ledger", "pending") == f"{g['pending']:,}", name
         assert cell(browser, name, "ledger", "partitions") == f"{g['partitions']:,}", name
         assert cell(browser, name, "ledger", "leased") == f"{g['leasedPartitions']:,}", name
         lag = cell(browser, name, "ledger", "lag")
         assert lag.endswith("s") and abs(int(lag[:-1]) - g["lagSeconds"]) <= 5, (name, lag)
+    (capped,) = groups_of(cursor_site, "backlog").values()
+    assert capped["pendingCapped"], capped
+    assert cell(browser, "billing", "backlog", "pending") == f"{capped['pending']:,}+"
     assert cell(browser, "late", "ledger", "reads") == "new messages"
     assert cell(browser, "billing", "ledger", "reads") == "all messages"
     assert "queue mode" in text_of(browser, row("__queue__", "ledger"))
