@@ -472,7 +472,9 @@
           act(box, async () => {
             const results = await Promise.allSettled(messages.map(retry));
             const failed = results.filter((r) => r.status === "rejected");
-            if (failed.length) throw new Error(`${failed.length} of ${messages.length} could not be retried: ${failed[0].reason.message}`);
+            if (!failed.length) return;
+            await refresh(); // the others were retried: the list shown is no longer the server's
+            throw new Error(`${failed.length} of ${messages.length} could not be retried: ${failed[0].reason.message}`);
           }, `${messages.length} dead letters queued again.`, refresh);
         }, { id: "retry-all" })
         : null;
