@@ -1,8 +1,10 @@
 """`python -m bench [--smoke | --quick]`: Queen against a raw-SQL ceiling and peer queues.
 
 Every system runs in this one invocation on the same PostgreSQL server (one fresh
-database each), with the same workload shapes, so the ratios are comparable. Queen is
-started here (gunicorn -c gunicorn.conf.py, QUEEN_WORKERS=2, migrations first). Results
+database each), with the same workload shapes, so the ratios are comparable: the server
+of --dsn, or with --cluster one the bench starts with default settings (autovacuum on)
+and removes at the end. Queen is started here (gunicorn -c gunicorn.conf.py,
+QUEEN_WORKERS=2, migrations first). Results
 go to bench/results/ (or --out): RESULTS-<mode>.md, results-<mode>.json and PNG plots.
 See docs/PERFORMANCE.md for what the numbers mean.
 """
@@ -10,6 +12,7 @@ See docs/PERFORMANCE.md for what the numbers mean.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import shutil
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import adapters, profiles, report
+from bench import adapters, cluster, profiles, report
 from bench.backlog import seed_queen
 from bench.procstat import pids_named
 from bench.progress import Progress
@@ -46,6 +49,7 @@ class Context:
     server_dsn: str
     amqp: str
     db_prefix: str
+    own_cluster: bool = False
     systems: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     dsns: dict[str, str] = field(default_factory=dict)
@@ -80,8 +84,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.set_defaults(mode="full")
     parser.add_argument("--systems", help="comma list, subset of " + ",".join(profiles.ALL_SYSTEMS))
     parser.add_argument("--only", help="comma list of phases: push,e2e,latency,backlog,memory")
-    parser.add_argument(
+    server = parser.add_mutually_exclusive_group()
+    server.add_argument(
         "--dsn", default=DEFAULT_SERVER, help="PostgreSQL server to create the bench databases on"
+    )
+    server.add_argument(
+        "--cluster",
+        action="store_true",
+        help="start a throwaway PostgreSQL cluster with default settings (autovacuum on) for "
+        "this run, instead of --dsn; stopped and removed at the end",
     )
     parser.add_argument("--amqp", default=DEFAULT_AMQP, help="RabbitMQ URL (skipped if silent)")
     parser.add_argument("--db-prefix", default="queen_bench", help="bench database name prefix")
@@ -101,7 +112,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the median of the rounds' side-by-side ratios (default 1)",
     )
     parser.add_argument("--name", help="results file suffix (default: the mode)")
-    parser.add_argument("--keep", action="store_true", help="keep the bench databases")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the bench databases (not with --cluster)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
 
@@ -391,6 +404,7 @@ def conditions(ctx: Context, started: float) -> dict[str, Any]:
         "load_avg_at_end": load,
         "python": platform.python_version(),
         "postgres": server_facts(ctx.server_dsn),
+        "postgres_server": cluster.origin(ctx.server_dsn, ctx.own_cluster),
         "versions": ctx.versions,
         "skipped": ctx.skipped,
         "queen_workers": 2,
@@ -403,6 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         print("--rounds must be at least 1", file=sys.stderr)
         return 2
+    with contextlib.ExitStack() as stack:
+        server = cluster.server_dsn(args.dsn, args.cluster, stack)
+        return run(args, server)
+
+
+def run(args: argparse.Namespace, server_dsn: str) -> int:
+    """The whole bench on the PostgreSQL server of server_dsn."""
     profile = profiles.PROFILES[args.mode]
     overrides: dict[str, Any] = {}
     if args.duration:
@@ -415,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["partitions"] = tuple(int(n) for n in args.partitions.split(","))
     if overrides:
         profile = profiles.Profile(**{**profile.__dict__, **overrides})
-    ctx = Context(profile, args.dsn, args.amqp, args.db_prefix)
+    ctx = Context(profile, server_dsn, args.amqp, args.db_prefix, own_cluster=args.cluster)
     wanted = args.systems.split(",") if args.systems else list(profile.systems)
     phases = (
         set(args.only.split(",")) if args.only else {"push", "e2e", "latency", "backlog", "memory"}
@@ -454,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             for system in [s for s in ctx.dsns if s != "queen_sql"]:
                 drop_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
-    facts = conditions(ctx, started)
+    facts = conditions(ctx, started)  # while the server still runs
     facts["rounds"] = args.rounds
     paths = report.write(args.out, args.name or profile.name, ctx.results, facts)
     failed = [r for r in ctx.results if "failed" in r]

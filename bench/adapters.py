@@ -141,12 +141,19 @@ class QueenSqlClient:
         return n
 
     def pop(self, n: int) -> list[str]:
+        route = {"kind": "queue", "queue": self.queue, "partition": None, "namespace": None}
         cur = self.conn.execute(
             self.queries["pop"],
             {
-                "kind": "queue", "queue": self.queue, "partition": None, "namespace": None,
-                "task": None, "group": "__queue__", "mode": None, "since": None, "batch": n,
-                "worker": self.worker, "lease": uuid.uuid4(), "prefer": None,
+                **route,
+                "task": None,
+                "group": "__queue__",
+                "mode": None,
+                "since": None,
+                "batch": n,
+                "worker": self.worker,
+                "lease": uuid.uuid4(),
+                "prefer": None,
             },
         )
         names = [c.name for c in cur.description or []]
@@ -158,7 +165,9 @@ class QueenSqlClient:
 
     def ack(self, handles: list[str]) -> None:
         acks = [{"transactionId": h, "status": "completed"} for h in handles]
-        self.conn.execute(self.queries["ack"], {"acks": orjson.dumps(acks).decode()}).fetchall()
+        self.conn.execute(
+            self.queries["ack"], {"acks": orjson.dumps(acks).decode()}
+        ).fetchall()
 
     def close(self) -> None:
         self.conn.close()

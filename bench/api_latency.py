@@ -32,6 +32,8 @@ from typing import Any
 import psycopg
 import requests
 
+from bench import cluster
+
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_MS = 200.0
 LOAD_QUEUE = "latency-load"
@@ -87,7 +89,7 @@ def pick_sample(dsn: str) -> dict[str, str]:
             "SELECT q.name, p.name, m.transaction_id FROM queen.queues q"
             " JOIN queen.partitions p ON p.queue_id = q.id"
             " JOIN LATERAL (SELECT transaction_id FROM queen.cursor_messages x"
-            "   WHERE x.partition_id = p.id ORDER BY id DESC LIMIT 1) m ON true"
+            "   WHERE x.partition_id = p.id ORDER BY x.id DESC LIMIT 1) m ON true"
             " WHERE q.name <> %s ORDER BY q.name, p.name LIMIT 1",
             (LOAD_QUEUE,),
         ).fetchone()
@@ -224,7 +226,7 @@ def measure(args: argparse.Namespace) -> str:
     sample = pick_sample(args.dsn)
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         messages = conn.execute(
-            "SELECT sum(n_live_tup) FROM pg_stat_user_tables WHERE relname = 'messages'"
+            "SELECT sum(n_live_tup) FROM pg_stat_user_tables WHERE relname = 'cursor_messages'"
         ).fetchone()
         partitions = conn.execute("SELECT count(*) FROM queen.partitions").fetchone()
     lat, stop = Latencies(), threading.Event()
@@ -257,7 +259,8 @@ def measure(args: argparse.Namespace) -> str:
             t.join()
     machine = (
         f"{os.cpu_count()} cores, load average {load_before:.1f} before and "
-        f"{os.getloadavg()[0]:.1f} after the run"
+        f"{os.getloadavg()[0]:.1f} after the run; {cluster.describe(args.dsn, False)}; "
+        "Queen on the cursor store"
     )
     return report(
         args,

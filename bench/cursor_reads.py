@@ -1,6 +1,7 @@
 """Latency of the read endpoints' store calls on the cursor store with 1 million messages.
 
-    python -m bench.cursor_reads [--dsn DSN] [--messages 1000000] [--runs 50] [--out FILE]
+    python -m bench.cursor_reads [--dsn DSN | --cluster] [--messages 1000000] [--runs 50]
+        [--out FILE]
 
 A database of its own on the server of --dsn (built by `queen migrate`'s code) gets one
 queue of 16 partitions holding --messages messages, written as pushes write them (ids
@@ -29,6 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench import cluster
 from queen.store import Store, cursors
 from queen.store.admin import MessageFilter
 from queen.store.analytics import Filters
@@ -181,11 +183,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--out", type=Path, default=Path("bench/results/cursor-reads.md"))
+    cluster.add_argument(parser)
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        args.dsn = cluster.server_dsn(args.dsn, args.cluster, stack)
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     with bench_database(args.dsn) as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         server = conn.execute(
             "SELECT format('PostgreSQL %s, autovacuum %s', current_setting('server_version'),"
             " current_setting('autovacuum'))").fetchone()
+        where = cluster.origin(args.dsn, args.cluster)
         started = time.monotonic()
         seed(conn, args.messages)
         refresh(conn)
@@ -208,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         "# Read endpoints on the cursor store",
         "",
         f"`python -m bench.cursor_reads --messages {args.messages} --runs {args.runs}`: "
-        f"one run on {server[0] if server else '?'} (this shared 2-core machine, other work "
-        "running); the store call behind each endpoint, through a Store with storage "
+        f"one run on {server[0] if server else '?'} ({where}; this shared 2-core machine, "
+        "other work running); the store call behind each endpoint, through a Store with storage "
         f"'cursors', {args.runs} calls each after one warm-up. {args.messages:,} messages in "
         f"{PARTITIONS} partitions, half of each consumed by queue mode (1% dead-lettered, one "
         "completion record per 1,000), a lease of 100 live in each; the count rollup caught "

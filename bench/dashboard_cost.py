@@ -1,9 +1,10 @@
 """What an open dashboard costs the hot path: push and pop+ack rates with and without one.
 
-    python -m bench.dashboard_cost [--clients 4] [--batch 10] [--seconds 5] [--rounds 5]
+    python -m bench.dashboard_cost [--clients 4] [--batch 10] [--seconds 5] [--rounds 5] [--cluster]
 
 Side by side in one run against one Queen (2 gunicorn workers plus maintenance) on a
-fresh database. Each round runs every variant, the order rotating from round to round:
+fresh database of $QUEEN_BENCH_DSN's server, or with --cluster of a throwaway cluster with
+default settings. Each round runs every variant, the order rotating from round to round:
   closed   no dashboard socket anywhere;
   open     one dashboard socket on one worker, subscribed as the page is (one
            events.batch frame per worker batch), read as fast as frames come (the other
@@ -27,6 +28,7 @@ dashboard-cost-direct.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import multiprocessing
@@ -40,7 +42,7 @@ from typing import Any
 import requests
 import websocket
 
-from bench import procstat
+from bench import cluster, procstat
 from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 
@@ -173,9 +175,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
         "# What an open dashboard costs push and pop+ack",
         "",
         f"Run {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
-        f"({os.cpu_count()} cores, Python {platform.python_version()}), PostgreSQL at "
-        f"{SERVER_DSN.rsplit('@', 1)[-1]} (shared with other work; autovacuum as configured "
-        "there). Queen: 2 gunicorn workers + maintenance, default settings "
+        f"({os.cpu_count()} cores, Python {platform.python_version()}), {args.server}. "
+        "Queen: 2 gunicorn workers + maintenance, cursor store, default settings "
         f"(QUEEN_DASHBOARD_MAX_EVENTS 1000/s per worker). {args.clients} client processes, "
         f"batch {args.batch}, {PARTITIONS} partitions, {args.seconds:g} s per phase, "
         f"{args.rounds} rounds, variants alternating.",
@@ -281,7 +282,7 @@ def direct(args: argparse.Namespace) -> list[str]:
     from queen.store.migrate import migrate
 
     name = "queen_bench_dashcost_direct"
-    dsn = fresh_database(SERVER_DSN, name)
+    dsn = fresh_database(args.server_dsn, name)
     migrate(dsn)
     settings = Settings.from_env({}, database_url=dsn)
     store = Store.from_settings(settings)
@@ -323,7 +324,7 @@ def direct(args: argparse.Namespace) -> list[str]:
         events.shutdown()
         hub.shutdown()
         store.close()
-        drop_database(SERVER_DSN, name)
+        drop_database(args.server_dsn, name)
     return direct_report(rows, args)
 
 
@@ -332,8 +333,8 @@ def direct_report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[
         "# What an open dashboard adds to a request's work (in process, no HTTP)",
         "",
         f"Run {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
-        f"({os.cpu_count()} cores, Python {platform.python_version()}), PostgreSQL at "
-        f"{SERVER_DSN.rsplit('@', 1)[-1]}. One process: Queen's app through falcon's test "
+        f"({os.cpu_count()} cores, Python {platform.python_version()}), {args.server}. "
+        "One process: Queen's app (cursor store) through falcon's test "
         f"client with its real store, listener and hub (threads, no gevent); {args.requests} "
         f"requests per phase one at a time, batch {args.batch}, {PARTITIONS} partitions, "
         f"{args.rounds} rounds alternating. CPU time of the whole process (request handling, "
@@ -377,12 +378,20 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=5)
+    cluster.add_argument(parser)
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        args.server_dsn = cluster.server_dsn(SERVER_DSN, args.cluster, stack)
+        args.server = cluster.describe(args.server_dsn, args.cluster)
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.direct:
         save_lines(BENCH_DIR / "results" / "dashboard-cost-direct.md", direct(args))
         return
     name = "queen_bench_dashcost"
-    dsn = fresh_database(SERVER_DSN, name)
+    dsn = fresh_database(args.server_dsn, name)
     queen = QueenServer(dsn, workers=2).start()
     rows: list[dict[str, Any]] = []
     try:
@@ -399,7 +408,7 @@ def main() -> None:
                 drain(queen.url)
     finally:
         queen.stop()
-        drop_database(SERVER_DSN, name)
+        drop_database(args.server_dsn, name)
     n = len(VARIANTS)
     rows = [row for r in range(args.rounds) for v in VARIANTS
             for row in rows[n * r : n * r + n] if row["variant"] == v]

@@ -1,10 +1,12 @@
 """Every request the dashboard's pages make, timed on a big database (goal: none over 1 s).
 
-    python -m bench.dashboard_scale [--dsn ...] [--skip-seed] [--repeat 5]
+    python -m bench.dashboard_scale [--dsn ... | --cluster] [--skip-seed] [--repeat 5]
+        [--messages 1000000]
 
-Seeds (bench.seed) 100 queues, 1,000 partitions and 1 million messages into a fresh
-database (ANALYZEd afterwards: this machine's PostgreSQL runs without autovacuum), starts
-Queen (2 workers plus maintenance) and requests what each page asks for, --repeat times
+Seeds (bench.seed) 100 queues, 1,000 partitions and 1 million messages
+into a fresh database on $QUEEN_BENCH_DSN's server, or with --cluster on a throwaway
+cluster with default settings (autovacuum on), starts Queen (2 workers plus maintenance)
+and requests what each page asks for, --repeat times
 one after another, on an otherwise idle server: the overview (page, scripts, token,
 throughput, the socket's first queue.depth snapshot), a queue's page, the message browser
 with each filter and a deep page, a message, dead letters, consumer groups, and the
@@ -14,6 +16,7 @@ actions (configure, retry, delete, clear). Writes bench/results/dashboard-scale.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -27,7 +30,7 @@ import psycopg
 import requests
 import websocket
 
-from bench import seed
+from bench import cluster, seed
 from bench.api_latency import running_server
 from bench.report import save_lines
 from bench.systems import BENCH_DIR, fresh_database
@@ -37,11 +40,26 @@ NAME = "queen_bench_dashscale"
 GOAL_MS = 1000.0
 
 
-def seed_database(dsn: str) -> None:
-    seed.main(["--dsn", dsn, "--messages", "1000000", "--partitions", "1000", "--queues", "100",
-               "--metrics-hours", "1", "--chunk", "250000"])
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("ANALYZE")
+def seed_database(dsn: str, messages: int) -> None:
+    seed.main(["--dsn", dsn, "--messages", str(messages), "--partitions", "1000",
+               "--queues", "100", "--chunk", "250000"])
+
+
+# A pending message (past queue mode's cursor), a dead letter and a completed one (behind
+# the cursor, with no failure record), in queue mode's terms on the cursor store.
+SAMPLE_MESSAGES = """
+SELECT (SELECT m.transaction_id FROM queen.cursor_consumers c
+        JOIN queen.cursor_messages m ON m.partition_id = c.partition_id AND m.id > c.cursor_id
+        WHERE c.consumer_group = '__queue__' LIMIT 1),
+       (SELECT m.transaction_id FROM queen.cursor_failures f
+        JOIN queen.cursor_messages m ON m.partition_id = f.partition_id AND m.id = f.message_id
+        WHERE f.consumer_group = '__queue__' AND f.status = 'dead_letter' LIMIT 1),
+       (SELECT m.transaction_id FROM queen.cursor_consumers c
+        JOIN queen.cursor_messages m ON m.partition_id = c.partition_id AND m.id <= c.cursor_id
+        WHERE c.consumer_group = '__queue__' AND NOT EXISTS (
+            SELECT 1 FROM queen.cursor_failures f WHERE f.partition_id = m.partition_id
+              AND f.consumer_group = '__queue__' AND f.message_id = m.id) LIMIT 1)
+"""
 
 
 def sample(dsn: str) -> dict[str, str]:
@@ -50,14 +68,10 @@ def sample(dsn: str) -> dict[str, str]:
         queue, partition = conn.execute(
             "SELECT q.name, p.name FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id"
             " ORDER BY q.name, p.name LIMIT 1").fetchone() or ("", "")
-        txid, dead, doomed = conn.execute(
-            "SELECT (SELECT transaction_id FROM queen.messages WHERE status = 'pending' LIMIT 1),"
-            " (SELECT transaction_id FROM queen.messages WHERE status = 'dead_letter' LIMIT 1),"
-            " (SELECT transaction_id FROM queen.messages WHERE status = 'completed' LIMIT 1)"
-        ).fetchone() or ("", "", "")
+        txid, dead, doomed = conn.execute(SAMPLE_MESSAGES).fetchone() or ("", "", "")
         last = conn.execute(  # a queue that still has messages (an earlier run cleared one)
             "SELECT q.name FROM queen.queues q WHERE q.name <> %s AND EXISTS (SELECT 1 FROM"
-            " queen.partitions p JOIN queen.messages m ON m.partition_id = p.id"
+            " queen.partitions p JOIN queen.cursor_messages m ON m.partition_id = p.id"
             " WHERE p.queue_id = q.id) ORDER BY q.name DESC LIMIT 1", (queue,)).fetchone()
     return {"queue": queue, "partition": partition, "txid": txid, "dead": dead,
             "doomed": doomed, "clear": last[0] if last else ""}
@@ -146,16 +160,19 @@ def row(page: str, what: str, times: list[float], codes: set[int]) -> dict[str, 
             "max": max(times), "codes": ",".join(map(str, sorted(codes)))}
 
 
-def report(rows: list[dict[str, Any]], counts: dict[str, int], repeat: int) -> list[str]:
+def report(
+    rows: list[dict[str, Any]], counts: dict[str, int], repeat: int, server: str
+) -> list[str]:
     worst = max(rows, key=lambda r: r["max"])
     over = [r for r in rows if r["max"] > GOAL_MS]
     lines = [
-        "# The dashboard's requests on 100 queues, 1,000 partitions, 1 million messages",
+        f"# The dashboard's requests on {counts['queues']} queues, {counts['partitions']:,} "
+        f"partitions, {counts['messages']:,} messages",
         "",
         f"Run {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
-        f"({os.cpu_count()} cores, Python {platform.python_version()}); PostgreSQL at "
-        f"{SERVER_DSN.rsplit('@', 1)[-1]} (shared with other work, autovacuum off there; "
-        "ANALYZE after seeding). Queen: 2 workers + maintenance, idle apart from these "
+        f"({os.cpu_count()} cores, Python {platform.python_version()}); {server}, "
+        "ANALYZEd after seeding only when autovacuum is off. Queen: 2 workers + maintenance, "
+        "cursor store, idle apart from these "
         f"requests, each made {repeat} times one after another (actions that change their "
         f"target once). Database: {counts['queues']} queues, {counts['partitions']:,} "
         f"partitions, {counts['messages']:,} messages.",
@@ -175,7 +192,7 @@ def counts_of(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         q, p, m = conn.execute(
             "SELECT (SELECT count(*) FROM queen.queues), (SELECT count(*) FROM queen.partitions),"
-            " (SELECT count(*) FROM queen.messages)").fetchone() or (0, 0, 0)
+            " (SELECT count(*) FROM queen.cursor_messages)").fetchone() or (0, 0, 0)
     return {"queues": int(q), "partitions": int(p), "messages": int(m)}
 
 
@@ -184,18 +201,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", default=None, help="an existing database (default: a fresh one)")
     parser.add_argument("--skip-seed", action="store_true")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--messages", type=int, default=1_000_000, help="seeded (goal: 1 million)")
+    cluster.add_argument(parser)
     args = parser.parse_args(argv)
-    dsn = args.dsn or fresh_database(SERVER_DSN, NAME)
+    if args.cluster and args.dsn:
+        parser.error("--cluster makes a fresh database: no --dsn with it")
+    with contextlib.ExitStack() as stack:
+        server = cluster.server_dsn(SERVER_DSN, args.cluster, stack)
+        dsn = args.dsn or fresh_database(server, NAME)
+        return run(args, dsn, cluster.describe(dsn, args.cluster))
+
+
+def run(args: argparse.Namespace, dsn: str, server: str) -> int:
     log: Callable[[str], None] = lambda text: print(text, flush=True)  # noqa: E731
     if not args.skip_seed:
-        log("seeding 1,000,000 messages")
-        seed_database(dsn)
+        log(f"seeding {args.messages:,} messages")
+        seed_database(dsn, args.messages)
     counts = counts_of(dsn)
     s = sample(dsn)
     with running_server(dsn, workers=2, maintenance=True) as url:
         time.sleep(3)  # maintenance folds the counters once
         rows = measure(url, s, args.repeat)
-    save_lines(BENCH_DIR / "results" / "dashboard-scale.md", report(rows, counts, args.repeat))
+    lines = report(rows, counts, args.repeat, server)
+    save_lines(BENCH_DIR / "results" / "dashboard-scale.md", lines)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The cost of the consumer-group routes' backlogs: bounded counts against a full count.
 
-    python -m bench.group_listing [--dsn DSN] [--per-partition 625 62500] [--rounds 5]
+    python -m bench.group_listing [--dsn DSN | --cluster] [--per-partition 625 62500] [--rounds 5]
 
 For each backlog size, a database of its own on the server of --dsn (built by `queen
 migrate`'s code): one queue of 16 partitions holding --per-partition messages each, 4
@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench import cluster
 from queen.store import cursors
 from queen.store.migrate import migrate
 
@@ -78,7 +79,15 @@ def main() -> None:
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--per-partition", type=int, nargs="+", default=[625, 62500])
     parser.add_argument("--rounds", type=int, default=5)
+    cluster.add_argument(parser)
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        args.dsn = cluster.server_dsn(args.dsn, args.cluster, stack)
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    print(cluster.describe(args.dsn, args.cluster), end="\n\n")
     print(f"| messages | {' | '.join(STATEMENTS)} |")
     print(f"|---:|{'---:|' * len(STATEMENTS)}")
     for per_partition in args.per_partition:

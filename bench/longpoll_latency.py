@@ -1,6 +1,6 @@
 """Wake latency of a parked long poll: from the push's response to the poll's response.
 
-    python -m bench.longpoll_latency [--rounds 300] [--workers 2]
+    python -m bench.longpoll_latency [--rounds 300] [--workers 2] [--cluster]
 
 Two cases, one Queen (gunicorn, QUEEN_WORKERS workers) on a fresh database:
   1 waiter      one poll parked (pop by queue); push one message; read the poll.
@@ -15,6 +15,7 @@ Writes bench/results/longpoll-latency.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -22,6 +23,7 @@ import time
 
 import requests
 
+from bench import cluster
 from bench.rawpoll import Poll, Reader, percentile
 from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
@@ -91,13 +93,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "longpoll-latency.md"))
+    cluster.add_argument(parser)
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        run(args, cluster.server_dsn(SERVER_DSN, args.cluster, stack))
+
+
+def run(args: argparse.Namespace, server_dsn: str) -> None:
+    postgres = cluster.describe(server_dsn, args.cluster)
 
     results: dict[str, dict[str, float]] = {}
     baseline: dict[int, dict[str, float]] = {}
     for parked in (1, 1000):
         name = f"queen_bench_lat_{parked}"
-        dsn = fresh_database(SERVER_DSN, name)
+        dsn = fresh_database(server_dsn, name)
         server = QueenServer(dsn, workers=args.workers, maintenance=False).start()
         print(f"{parked} parked: Queen up on {server.url}, {args.rounds} rounds", flush=True)
         try:
@@ -107,14 +116,15 @@ def main() -> None:
             baseline[parked] = pop_round_trip(server, 100)
         finally:
             server.stop()
-            drop_database(SERVER_DSN, name)
+            drop_database(server_dsn, name)
 
     lines = [
         "# Long-poll wake latency",
         "",
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, `python -m bench.longpoll_latency"
         f" --rounds {args.rounds} --workers {args.workers}`; {platform.node()},"
-        f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end.",
+        f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end;"
+        f" {postgres}; Queen on the cursor store.",
         "",
         "Push response → poll response (ms). Goal: p50 ≤ 5, p99 ≤ 50.",
         "",

@@ -1,6 +1,6 @@
 """10,000 parked long polls over 2 workers: memory, database connections, exactly-once delivery.
 
-    python -m bench.longpoll_scale [--polls 10000] [--workers 2] [--pool 10]
+    python -m bench.longpoll_scale [--polls 10000] [--workers 2] [--pool 10] [--cluster]
 
 1. Start Queen (gunicorn, maintenance off) on a fresh database; warm each worker up;
    read each worker's RSS and the database connections (pg_stat_activity).
@@ -17,6 +17,7 @@ Writes bench/results/longpoll-scale.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -27,7 +28,7 @@ import time
 import psycopg
 import requests
 
-from bench import procstat
+from bench import cluster, procstat
 from bench.rawpoll import Poll, Reader
 from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
@@ -35,6 +36,18 @@ from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 PATH = "/api/v1/pop/queue/scale?wait=true&timeout=60000"
 KB = 1024
+# Queue mode's status of every message of the queue (queen.cursor_status), counted.
+STATUSES = """
+SELECT queen.cursor_status(m.id, c, f.status), count(*)
+FROM queen.cursor_messages m
+JOIN queen.partitions p ON p.id = m.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+LEFT JOIN queen.cursor_consumers c
+       ON c.partition_id = m.partition_id AND c.consumer_group = '__queue__'
+LEFT JOIN queen.cursor_failures f ON f.partition_id = m.partition_id
+      AND f.consumer_group = '__queue__' AND f.message_id = m.id
+WHERE q.name = 'scale' GROUP BY 1
+"""
 
 
 def connections(dsn: str) -> dict[str, int]:
@@ -115,13 +128,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pool", type=int, default=10, help="DB_POOL_SIZE per worker")
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "longpoll-scale.md"))
+    cluster.add_argument(parser)
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        run(args, cluster.server_dsn(SERVER_DSN, args.cluster, stack))
+
+
+def run(args: argparse.Namespace, server_dsn: str) -> None:
     n = args.polls
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n + 1000)), hard))
 
     name = "queen_bench_scale"
-    dsn = fresh_database(SERVER_DSN, name)
+    dsn = fresh_database(server_dsn, name)
+    postgres = cluster.describe(server_dsn, args.cluster)
     env = {
         "QUEEN_WORKER_CONNECTIONS": str(n + 1000),
         "DB_POOL_SIZE": str(args.pool),
@@ -175,14 +195,7 @@ def main() -> None:
         statuses = {code: sum(p.status == code for p in finished) for code in (200, 204)}
         exactly_once = sorted(delivered) == sorted(pushed)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT sum(pending), sum(processing), sum(completed), sum(failed),"
-                " sum(dead_letter) FROM queen.cursor_partition_counts(ARRAY("
-                " SELECT p.id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id"
-                " WHERE q.name = 'scale'))"
-            ).fetchone() or ()
-            names = ("pending", "processing", "completed", "failed", "dead_letter")
-            by_status = {name: int(n) for name, n in zip(names, row, strict=False) if n}
+            by_status = dict(conn.execute(STATUSES).fetchall())
         print(
             f"delivered {len(delivered)} of {len(pushed)} in {storm_s:.2f}s,"
             f" distinct {len(set(delivered))}, statuses {statuses}, exactly once: {exactly_once}"
@@ -190,7 +203,7 @@ def main() -> None:
         print(f"peak connections during the wake-ups: {sampler.peak}")
     finally:
         server.stop()
-        drop_database(SERVER_DSN, name)
+        drop_database(server_dsn, name)
 
     expected = args.workers * (args.pool + 1)
     lines = [
@@ -198,7 +211,8 @@ def main() -> None:
         "",
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, `python -m bench.longpoll_scale"
         f" --polls {n} --workers {args.workers} --pool {args.pool}`; {platform.node()},"
-        f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end.",
+        f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end;"
+        f" {postgres}; Queen on the cursor store.",
         "",
         "| measure | value | goal |",
         "|---|---|---|",

@@ -1,12 +1,16 @@
 """`python -m bench.maintenance`: what the maintenance process costs, and how long a cycle takes.
 
-Two phases (both by default; --only throughput|cycle):
+Queen runs on the server of --dsn or, with
+--cluster, on a throwaway cluster with default settings. Two phases (both by default;
+--only throughput|cycle):
 
 throughput  End-to-end Queen throughput (push, pop, ack over HTTP; the harness's e2e
             workload) with the maintenance process running and without, side by side,
             in alternating rounds so drift in the machine's load hits both alike.
 cycle       One maintenance cycle (every task once) on a database seeded with 1M
-            completed and 100k pending messages, repeated, while clients push, pop and
+            (--completed) completed and a tenth as many pending messages, written
+            straight into the cursor tables with the count rollups caught up,
+            repeated, while clients push, pop and
             ack over HTTP. Reports the cycle and per-task times, push/pop/ack latency
             during the cycles against the same load without them, and the longest lock
             wait any backend had (sampled from pg_locks.waitstart every few ms).
@@ -17,6 +21,7 @@ Results: bench/results/maintenance.md and maintenance.json (or --out).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -34,7 +39,8 @@ from typing import Any
 import psycopg
 import requests
 
-from bench import adapters, procstat
+from bench import adapters, cluster, procstat
+from bench.backlog import analyze_if_unattended
 from bench.runner import Case, percentile, run_case
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database, server_facts
 from queen.config import Settings
@@ -43,7 +49,6 @@ from workers.maintenance import Maintenance
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 COMPLETED = 1_000_000
-PENDING = 100_000
 SEED_CHUNK = 250_000
 PARTITIONS = 100  # per seeded queue
 LOCK_SAMPLE = 0.005  # seconds between pg_locks samples
@@ -53,7 +58,7 @@ def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def conditions(server_dsn: str) -> dict[str, Any]:
+def conditions(server_dsn: str, own: bool) -> dict[str, Any]:
     """What the machine was doing: the numbers mean little without this."""
     load = os.getloadavg()
     return {
@@ -63,6 +68,7 @@ def conditions(server_dsn: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "postgres": server_facts(server_dsn),
+        "postgres_server": cluster.origin(server_dsn, own),
     }
 
 
@@ -111,8 +117,8 @@ def _one_e2e(
         )
         result = run_case(case, target, queen.pids())
         with psycopg.connect(dsn, autocommit=True) as conn:
-            (unfolded,) = conn.execute("SELECT count(*) FROM queen.status_deltas").fetchone()
-        result.update(maintenance=with_maintenance, unfolded_deltas_after=unfolded)
+            (uncounted,) = conn.execute(UNCOUNTED).fetchone()  # type: ignore[misc]
+        result.update(maintenance=with_maintenance, uncounted_after=uncounted)
         if meter is not None:
             result["maintenance_cpu"] = meter.share()
         say(
@@ -122,6 +128,14 @@ def _one_e2e(
         return result
     finally:
         queen.stop()
+
+
+# Messages the count rollups have not reached yet (past queen.cursor_counts.counted_id).
+UNCOUNTED = """
+SELECT count(*) FROM queen.cursor_messages m
+LEFT JOIN queen.cursor_counts k ON k.partition_id = m.partition_id
+WHERE m.id > coalesce(k.counted_id, 0)
+"""
 
 
 class MaintenanceCpu:
@@ -165,74 +179,107 @@ SEED = [
        SELECT q.id, 'e' || g, now() - interval '2 days', now() - interval '2 days'
        FROM queen.queues q, generate_series(0, 499) g WHERE q.name = 'idle'""",
     # Metrics older than the retention.
-    """INSERT INTO queen.metrics_minute (minute, queue, partition, incoming)
+    """INSERT INTO queen.cursor_metrics_minute (minute, partition_id, incoming)
        SELECT date_trunc('minute', now()) - interval '40 days' - make_interval(mins => g),
-              'archive', 'p0', 1
-       FROM generate_series(1, 20000) g""",
+              p.id, 1
+       FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id,
+            generate_series(1, 20000) g
+       WHERE q.name = 'archive' AND p.name = 'p0'""",
 ]
-# Completed over the last two hours (half of them past the 1 h retention).
-SEED_COMPLETED = """
-WITH parts AS (SELECT array_agg(p.id ORDER BY p.name) AS ids FROM queen.partitions p
-               JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'archive')
-INSERT INTO queen.messages (transaction_id, id, partition_id, payload, status, created_at,
-                            locked_at, completed_at, worker_id)
-SELECT 'done-' || g, gen_random_uuid(), parts.ids[1 + g %% cardinality(parts.ids)],
-       '{"kind": "bench", "body": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::jsonb,
-       'completed', t, t + interval '100 ms', t + interval '1 s', 'seed'
-FROM parts, generate_series(%(first)s::bigint, %(last)s::bigint) g,
-     LATERAL (SELECT now() - make_interval(secs => 7200 * (1 - g::float8 / %(total)s))) x(t)
-"""
-# Pending over the last hour (a sixth past the 3000 s ttl), plus delayed ones.
-SEED_PENDING = """
+# Messages of a queue spread over its partitions, created over the last `span` seconds
+# (ids in created_at order within a partition, as pushes make them).
+SEED_MESSAGES = """
 WITH parts AS (SELECT array_agg(p.id ORDER BY p.name) AS ids FROM queen.partitions p
                JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %(queue)s)
-INSERT INTO queen.messages (transaction_id, id, partition_id, payload, created_at)
-SELECT %(queue)s || '-' || g, gen_random_uuid(), parts.ids[1 + g %% cardinality(parts.ids)],
+INSERT INTO queen.cursor_messages (partition_id, transaction_id, payload, created_at)
+SELECT parts.ids[1 + g %% cardinality(parts.ids)], %(queue)s || '-' || g,
        '{"kind": "bench", "body": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::jsonb,
        now() - make_interval(secs => %(span)s * (1 - g::float8 / %(total)s))
-FROM parts, generate_series(1, %(total)s::bigint) g
+FROM parts, generate_series(%(first)s::bigint, %(last)s::bigint) g
+ORDER BY g
 """
-# Twenty expired leases of ten messages each.
+# Queue mode's cursors on every queue, as its first pop makes them.
+SEED_CURSORS = """
+SELECT queen.cursor_join(q.id, '__queue__', 'all', NULL), queen.cursor_ensure(q.id, '__queue__')
+FROM queen.queues q ORDER BY q.name
+"""
+# Queue mode completed all of `archive`: its cursors at the newest message, one completion
+# record per 1,000 messages.
+SEED_COMPLETED = """
+WITH done AS (
+    SELECT m.partition_id, m.id, m.created_at,
+           row_number() OVER (PARTITION BY m.partition_id ORDER BY m.id) AS n
+    FROM queen.cursor_messages m JOIN queen.partitions p ON p.id = m.partition_id
+    JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'archive'
+), completions AS (
+    INSERT INTO queen.cursor_completions
+        (partition_id, consumer_group, first_id, last_id, acked, acked_at)
+    SELECT d.partition_id, '__queue__', min(d.id), max(d.id), count(*),
+           max(d.created_at) + interval '1 s'
+    FROM done d GROUP BY d.partition_id, (d.n - 1) / 1000
+)
+UPDATE queen.cursor_consumers c SET cursor_id = u.upto
+FROM (SELECT d.partition_id, max(d.id) AS upto FROM done d GROUP BY 1) u
+WHERE c.partition_id = u.partition_id AND c.consumer_group = '__queue__'
+"""
+# Twenty expired leases of ten messages each (queue mode, queue `work`).
 SEED_LEASES = """
-DO $$
-DECLARE
-    part record;
-BEGIN
-    FOR part IN SELECT p.id, gen_random_uuid() AS lease FROM queen.partitions p
-                JOIN queen.queues q ON q.id = p.queue_id
-                WHERE q.name = 'work' ORDER BY p.name LIMIT 20
-    LOOP
-        UPDATE queen.partitions SET lease_id = part.lease, leased_by = 'seed',
-               lease_expires_at = now() - interval '1 s'
-        WHERE id = part.id;
-        UPDATE queen.messages SET status = 'processing', lease_id = part.lease,
-               lease_expires_at = now() - interval '1 s', locked_at = now() - interval '301 s',
-               worker_id = 'seed'
-        WHERE transaction_id IN (SELECT transaction_id FROM queen.messages
-                                 WHERE partition_id = part.id AND status = 'pending'
-                                 ORDER BY seq LIMIT 10);
-    END LOOP;
-END
-$$
+UPDATE queen.cursor_consumers c
+SET lease_id = gen_random_uuid(), leased_by = 'seed', lease_expires_at = now() - interval '1 s',
+    lease_size = 10,
+    lease_last_id = (SELECT m.id FROM queen.cursor_messages m WHERE m.partition_id = c.partition_id
+                     ORDER BY m.id OFFSET 9 LIMIT 1)
+FROM (SELECT p.id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+      WHERE q.name = 'work' ORDER BY p.name LIMIT 20) p
+WHERE c.partition_id = p.id AND c.consumer_group = '__queue__'
 """
+FILLED = (
+    "queen.queues",
+    "queen.partitions",
+    "queen.cursor_messages",
+    "queen.cursor_groups",
+    "queen.cursor_consumers",
+    "queen.cursor_completions",
+    "queen.cursor_counts",
+    "queen.cursor_metrics_minute",
+)
 
 
-def seed(dsn: str) -> float:
+def seed(dsn: str, completed: int, pending: int) -> float:
     started = time.monotonic()
     with psycopg.connect(dsn, autocommit=True) as conn:
         for statement in SEED:
             conn.execute(statement)
-        for first in range(1, COMPLETED + 1, SEED_CHUNK):
-            last = min(COMPLETED, first + SEED_CHUNK - 1)
-            conn.execute(SEED_COMPLETED, {"first": first, "last": last, "total": COMPLETED})
+        for first in range(1, completed + 1, SEED_CHUNK):
+            last = min(completed, first + SEED_CHUNK - 1)
+            conn.execute(
+                SEED_MESSAGES,
+                {
+                    "queue": "archive",
+                    "span": 7200,
+                    "first": first,
+                    "last": last,
+                    "total": completed,
+                },
+            )
             say(f"  seeded {last:,} completed")
-        conn.execute(SEED_PENDING, {"queue": "work", "span": 3600, "total": PENDING})
-        conn.execute(SEED_PENDING, {"queue": "later", "span": 30, "total": 1000})
-        say(f"  seeded {PENDING:,} pending (+1,000 delayed)")
+        conn.execute(
+            SEED_MESSAGES,
+            {"queue": "work", "span": 3600, "first": 1, "last": pending, "total": pending},
+        )
+        conn.execute(
+            SEED_MESSAGES, {"queue": "later", "span": 30, "first": 1, "last": 1000, "total": 1000}
+        )
+        say(f"  seeded {pending:,} pending (+1,000 delayed)")
+        conn.execute(SEED_CURSORS)
+        conn.execute(SEED_COMPLETED)
         conn.execute(SEED_LEASES)
-        while conn.execute("SELECT queen.fold_deltas(100000)").fetchone()[0]:  # type: ignore[index]
-            pass
-        conn.execute("VACUUM ANALYZE")
+        (partitions,) = conn.execute("SELECT count(*) FROM queen.partitions").fetchone() or (0,)
+        while conn.execute(
+            "SELECT queen.cursor_count_refresh(%s, 100000)", (partitions,)
+        ).fetchone() != (0,):
+            pass  # the count rollups caught up, as maintenance keeps them
+        analyze_if_unattended(conn, FILLED)
     return time.monotonic() - started
 
 
@@ -382,12 +429,13 @@ class LockSampler:
         }
 
 
-def run_cycle(server_dsn: str, cycles: int, gap: float) -> dict[str, Any]:
+def run_cycle(server_dsn: str, cycles: int, gap: float, completed: int) -> dict[str, Any]:
     name = "queen_bench_maintenance_cycle"
     dsn = fresh_database(server_dsn, name)
     migrate(dsn)
-    say(f"cycle: seeding {COMPLETED:,} completed and {PENDING:,} pending messages")
-    seed_s = seed(dsn)
+    pending = completed // 10
+    say(f"cycle: seeding {completed:,} completed and {pending:,} pending messages")
+    seed_s = seed(dsn, completed, pending)
     say(f"  seeded in {seed_s:.0f}s")
     settings = Settings.from_env(database_url=dsn, partition_cleanup_s=3600)
     maintenance = Maintenance(settings)
@@ -421,6 +469,8 @@ def run_cycle(server_dsn: str, cycles: int, gap: float) -> dict[str, Any]:
         maintenance.session.close()
         drop_database(server_dsn, name)
     return {
+        "completed": completed,
+        "pending": pending,
         "seed_seconds": round(seed_s, 1),
         "timings_ms": timings,
         "cycle_ms": {
@@ -515,10 +565,12 @@ def _render_throughput(results: list[dict[str, Any]]) -> list[str]:
 
 def _render_cycle(c: dict[str, Any]) -> list[str]:
     lines = [
-        "## One maintenance cycle on 1M completed + 100k pending messages",
+        f"## One maintenance cycle on {c['completed']:,} completed + {c['pending']:,} pending"
+        " messages (cursor store)",
         "",
-        f"Seeded in {c['seed_seconds']} s: queue `archive` 1M completed over the last 2 h",
-        "(retention 1 h: half of them due for deletion), `work` 100k pending over the last",
+        f"Seeded in {c['seed_seconds']} s: queue `archive` {c['completed']:,} completed over the",
+        "last 2 h (retention 1 h: half of them due for deletion), `work` "
+        f"{c['pending']:,} pending over the last",
         "hour (ttl 3000 s: a sixth expired) with 20 expired leases, `later` 1k delayed,",
         "500 idle empty partitions, 20k per-minute metric rows past retention. A cycle",
         "runs every task once (each one bounded statement). Meanwhile 2 pushers and 2",
@@ -572,18 +624,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per e2e run")
     parser.add_argument("--partitions", type=int, default=16, help="e2e partitions")
     parser.add_argument("--cycles", type=int, default=8, help="maintenance cycles measured")
+    parser.add_argument(
+        "--completed",
+        type=int,
+        default=COMPLETED,
+        help="completed messages seeded for the cycle (a tenth as many pending)",
+    )
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results")
+    cluster.add_argument(parser)
     args = parser.parse_args(argv)
-
-    doc: dict[str, Any] = {"conditions": conditions(args.dsn)}
-    if args.only in (None, "throughput"):
-        batches = [int(b) for b in args.batches.split(",")]
-        doc["throughput"] = run_throughput(
-            args.dsn, batches, args.rounds, args.duration, args.partitions
-        )
-    if args.only in (None, "cycle"):
-        doc["cycle"] = run_cycle(args.dsn, args.cycles, gap=1.0)
-    doc["conditions"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    with contextlib.ExitStack() as stack:
+        server = cluster.server_dsn(args.dsn, args.cluster, stack)
+        doc = measure(args, server)
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = f"-{args.only}" if args.only else ""
     (args.out / f"maintenance{suffix}.json").write_text(json.dumps(doc, indent=2, default=str))
@@ -591,6 +643,20 @@ def main(argv: list[str] | None = None) -> int:
     say(f"wrote {args.out / f'maintenance{suffix}.md'}")
     print(render(doc))
     return 0
+
+
+def measure(args: argparse.Namespace, server: str) -> dict[str, Any]:
+    """The phases asked for, on the PostgreSQL server of server."""
+    doc: dict[str, Any] = {"conditions": conditions(server, args.cluster)}
+    if args.only in (None, "throughput"):
+        batches = [int(b) for b in args.batches.split(",")]
+        doc["throughput"] = run_throughput(
+            server, batches, args.rounds, args.duration, args.partitions
+        )
+    if args.only in (None, "cycle"):
+        doc["cycle"] = run_cycle(server, args.cycles, 1.0, args.completed)
+    doc["conditions"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return doc
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """What NOTIFY costs a push: throughput with the wake-up notifications and without them.
 
-    python -m bench.notify_cost [--clients 4] [--seconds 5] [--rounds 3] [--no-http]
+    python -m bench.notify_cost [--clients 4] [--seconds 5] [--rounds 3] [--no-http] [--cluster]
 
-Side by side in one run. Each level uses one fresh database (and one Queen), and the
+Side by side in one run, on the cursor store (on $QUEEN_BENCH_DSN's server, or with
+--cluster on a throwaway cluster with default settings). Each level uses one fresh
+database (and one Queen), and the
 variants are switched in place between rounds (the notification functions replaced by
 no-ops or restored, the list of waiting workers filled or emptied), rotating the order,
 so that table growth and background noise hit every variant alike.
 
-SQL level (--clients processes calling queen.push directly):
-  in-push       a plain session: the insert trigger NOTIFYs inside the push transaction.
+SQL level (--clients processes calling queen.cursor_push directly):
+  in-push       a plain session: the push NOTIFYs inside its transaction (queen.cursor_wake).
   after-commit  what Queen's sessions do: queen.push_notify = after_commit, then
                 queen.notify_pushed in a transaction of its own (one per push here),
                 with a worker listed as having polls parked, so it does notify.
@@ -27,6 +29,7 @@ would (over HTTP they do). Goal: with / without >= 0.9. Writes bench/results/not
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import multiprocessing
@@ -40,11 +43,14 @@ from collections.abc import Callable
 import psycopg
 import requests
 
+from bench import cluster
 from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 SILENT = """
+CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN END $$;
 CREATE OR REPLACE FUNCTION queen.notify_partitions(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END $$;
 CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[])
@@ -55,11 +61,11 @@ SQL_VARIANTS = ("in-push", "after-commit", "none")
 HTTP_VARIANTS = ("queen", "queen-idle", "queen-silent")
 
 
-def make_database(name: str) -> str:
+def make_database(server_dsn: str, name: str) -> str:
     """A fresh database at the current schema (through the migrations, as Queen expects)."""
     from queen.store.migrate import migrate
 
-    dsn = fresh_database(SERVER_DSN, name)
+    dsn = fresh_database(server_dsn, name)
     migrate(dsn)
     return dsn
 
@@ -70,7 +76,8 @@ def real_functions(dsn: str) -> str:
         rows = conn.execute(
             "SELECT pg_get_functiondef(p.oid) FROM pg_proc p"
             " JOIN pg_namespace n ON n.oid = p.pronamespace"
-            " WHERE n.nspname = 'queen' AND p.proname IN ('notify_partitions', 'notify_pushed')"
+            " WHERE n.nspname = 'queen'"
+            " AND p.proname IN ('cursor_wake', 'notify_partitions', 'notify_pushed')"
         ).fetchall()
     return ";\n".join(r[0] for r in rows) + ";"
 
@@ -105,7 +112,7 @@ def batch_items(client: int, batch: int, i: int) -> list[dict[str, object]]:
 def sql_pusher(
     dsn: str, variant: str, client: int, batch: int, seconds: float, out: multiprocessing.Queue
 ) -> None:
-    """Call queen.push for `seconds` the way `variant` says; put the messages stored."""
+    """Call queen.cursor_push for `seconds` the way `variant` says; put the messages stored."""
     stored = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         if variant != "in-push":
@@ -117,7 +124,7 @@ def sql_pusher(
             items = batch_items(client, batch, i)
             i += 1
             row = conn.execute(
-                "SELECT count(*) FROM queen.cursor_push(%s::jsonb)", (json.dumps(items),)
+                "SELECT count(*) FROM queen.cursor_push(%s::jsonb, NULL)", (json.dumps(items),)
             ).fetchone()
             stored += row[0] if row else 0
             if variant == "after-commit":
@@ -223,11 +230,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP-level part")
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "notify-cost.md"))
+    cluster.add_argument(parser)
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        run(args, cluster.server_dsn(SERVER_DSN, args.cluster, stack))
+
+
+def run(args: argparse.Namespace, server_dsn: str) -> None:
+    postgres = cluster.describe(server_dsn, args.cluster)
 
     names = {"sql": "queen_bench_notify_sql", "http": "queen_bench_notify_http"}
     levels = ("sql",) if args.no_http else ("sql", "http")
-    dsns = {level: make_database(names[level]) for level in levels}
+    dsns = {level: make_database(server_dsn, names[level]) for level in levels}
     real = real_functions(dsns["sql"])
     drains = [Drain(dsns["sql"])]  # over HTTP, Queen's own listeners drain them
     for drain in drains:
@@ -259,7 +273,7 @@ def main() -> None:
             drain.running = False
         time.sleep(0.6)
         for level in levels:
-            drop_database(SERVER_DSN, names[level])
+            drop_database(server_dsn, names[level])
 
     lines = [
         "# NOTIFY cost on push",
@@ -267,10 +281,11 @@ def main() -> None:
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, `python -m bench.notify_cost"
         f" --clients {args.clients} --seconds {args.seconds} --rounds {args.rounds}`;"
         f" {platform.node()}, {os.cpu_count()} CPUs, load average"
-        f" {os.getloadavg()[0]:.1f} at the end; synchronous commit on. Medians of"
+        f" {os.getloadavg()[0]:.1f} at the end; {postgres}, synchronous commit on;"
+        " the cursor store. Medians of"
         f" {args.rounds} rounds of {args.seconds} s, {args.clients} concurrent clients.",
         "",
-        "## SQL level (queen.push called directly)",
+        "## SQL level (queen.cursor_push called directly)",
         "",
         *table(sql_rates, SQL_VARIANTS, "none"),
         "",

@@ -1,6 +1,6 @@
 """`python -m bench.profile`: where Queen's time goes under load (Python, SQL, HTTP).
 
-Starts Queen on a fresh database, drives an end-to-end load, and meanwhile:
+Starts Queen (the cursor store) on a fresh database, drives an end-to-end load, and meanwhile:
 - samples the gunicorn workers with py-spy while they hold the GIL (collapsed stacks,
   summarised by frame): their CPU in Python. Sampled without --gil, a gevent worker
   waiting in its hub is reported in the frame of the greenlet that ran last (a third of
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import shutil
 import subprocess
 import threading
@@ -25,7 +26,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from bench import adapters
+from bench import adapters, cluster
 from bench.runner import Case, run_case
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 
@@ -215,10 +216,11 @@ def explain(dsn: str, out: Path) -> None:
         body = orjson.dumps({"items": items}).decode()
         sections = []
         for title, sql, params in (
-            ("push 100", "SELECT * FROM queen.cursor_push(%s::jsonb -> 'items')", (body,)),
+            ("push 100", "SELECT * FROM queen.cursor_push_api(%s::jsonb -> 'items')", (body,)),
             (
-                "pop_queue batch 100",
-                "SELECT * FROM queen.cursor_pop_queue(%s, '__queue__', 100, 'profile')",
+                "pop by queue, batch 100",
+                "SELECT transaction_id FROM queen.cursor_pop_api('queue', %s, NULL, NULL, NULL,"
+                " '__queue__', 100, 'profile', NULL, NULL, gen_random_uuid())",
                 (adapters.QUEUE,),
             ),
         ):
@@ -226,7 +228,7 @@ def explain(dsn: str, out: Path) -> None:
             rows = conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
             sections.append((title, list(notices)))
             if title.startswith("pop"):
-                acks = [{"transactionId": r[1], "status": "completed"} for r in rows]
+                acks = [{"transactionId": r[0], "status": "completed"} for r in rows]
         notices.clear()
         conn.execute("SELECT * FROM queen.cursor_ack(%s::jsonb)", (orjson.dumps(acks).decode(),))
         sections.append((f"ack {len(acks)}", list(notices)))
@@ -292,6 +294,7 @@ def profile_case(
         [
             f"# Queen {workload} batch {batch}, {partitions} partitions, {args.duration:.0f} s",
             "",
+            f"- {cluster.describe(args.dsn, args.cluster)}",
             f"- throughput {result['msgs_per_s']:,.0f} msg/s; CPU: {cpu}",
             "- client-side latency ms (p50/p99): "
             + ", ".join(f"{op} {v['p50']:.1f}/{v['p99']:.1f}" for op, v in lat.items()),
@@ -324,14 +327,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "profiles")
+    cluster.add_argument(parser)
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        args.dsn = cluster.server_dsn(args.dsn, args.cluster, stack)
+        run(args)
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
     for spec in args.cases.split(","):
         workload, batch = spec.split(":")
         partitions = args.partitions if workload == "e2e" else 1
         out_dir = args.out / f"{workload}-b{batch}-p{partitions}"
         out_dir.mkdir(parents=True, exist_ok=True)
         print(profile_case(args, workload, int(batch), partitions, out_dir))
-    return 0
 
 
 if __name__ == "__main__":

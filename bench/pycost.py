@@ -11,6 +11,7 @@ after the other. Numbers include the test client's own small per-request overhea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from collections.abc import Callable
 import falcon.testing
 import orjson
 
-from bench import adapters
+from bench import adapters, cluster
 from bench.systems import drop_database, fresh_database
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -45,7 +46,9 @@ class Driver:
         self.handles: list[str] = []
 
     def push(self, n: int) -> int:
-        resp = self.client.simulate_post("/api/v1/push", body=push_body(n))
+        resp = self.client.simulate_post(
+            "/api/v1/push", body=push_body(n), content_type="application/json"
+        )
         assert resp.status_code == 201, resp.text[:200]
         return n
 
@@ -58,7 +61,9 @@ class Driver:
     def ack(self) -> int:
         acks = [{"transactionId": t, "status": "completed"} for t in self.handles]
         body = orjson.dumps({"acknowledgments": acks})
-        resp = self.client.simulate_post("/api/v1/ack/batch", body=body)
+        resp = self.client.simulate_post(
+            "/api/v1/ack/batch", body=body, content_type="application/json"
+        )
         assert resp.status_code == 200, resp.text[:200]
         return len(acks)
 
@@ -80,7 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--push-batch", type=int, default=1000)
     parser.add_argument("--pop-batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=20)
+    cluster.add_argument(parser)
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        args.dsn = cluster.server_dsn(args.dsn, args.cluster, stack)
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
 
     from queen.app import create_app
     from queen.config import Settings
@@ -90,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     dsn = fresh_database(args.dsn, DB_NAME)
     try:
         migrate(dsn)
-        settings = Settings.from_env({"DATABASE_URL": dsn, "LOG_LEVEL": "warning"})
+        settings = Settings.from_env(
+            {"DATABASE_URL": dsn, "LOG_LEVEL": "warning"}
+        )
         store = Store.from_settings(settings)
         store.db.pool.open(wait=True)
         try:

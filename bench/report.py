@@ -286,9 +286,9 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
         f"- started {facts.get('started')}, took {facts.get('elapsed_s')} s; commit "
         f"`{facts.get('commit')}` ({facts.get('dirty_files')} tracked files modified)",
         f"- machine: {facts.get('cpu')}; load average at the end {facts.get('load_avg_at_end')}",
-        f"- PostgreSQL {pg.get('server_version')}: shared_buffers {pg.get('shared_buffers')}, "
-        f"synchronous_commit {pg.get('synchronous_commit')}, fsync {pg.get('fsync')}, "
-        f"autovacuum {pg.get('autovacuum', '?')}",
+        f"- PostgreSQL {pg.get('server_version')} ({facts.get('postgres_server', '?')}): "
+        f"autovacuum {pg.get('autovacuum', '?')}, shared_buffers {pg.get('shared_buffers')}, "
+        f"synchronous_commit {pg.get('synchronous_commit')}, fsync {pg.get('fsync')}",
         f"- Queen: gunicorn, 2 gevent workers, maintenance process "
         f"{'on' if facts.get('queen_maintenance') else 'absent'}; Python {facts.get('python')}",
         f"- versions: {versions}",

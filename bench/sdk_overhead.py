@@ -1,6 +1,6 @@
 """What the client SDK costs a consumer: queen.client against the same loop in raw httpx.
 
-    python -m bench.sdk_overhead [--rounds 3] [--seconds 10] [--batch 10] [--workers 2]
+    python -m bench.sdk_overhead [--rounds 3] [--seconds 10] [--batch 10] [--workers 2] [--cluster]
 
 One Queen (gunicorn, QUEEN_WORKERS workers, no maintenance) on a fresh database. Each
 round runs two windows back to back, in alternating order: the SDK's consumer
@@ -15,6 +15,7 @@ Writes bench/results/sdk-overhead.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import os
 import platform
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from bench import cluster
 from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 from queen.client import Message, Queen
@@ -107,10 +109,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "sdk-overhead.md"))
+    cluster.add_argument(parser)
     args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        run(args, cluster.server_dsn(SERVER_DSN, args.cluster, stack))
+
+
+def run(args: argparse.Namespace, server_dsn: str) -> None:
+    args.postgres = cluster.describe(server_dsn, args.cluster)
 
     name = "queen_bench_sdk"
-    dsn = fresh_database(SERVER_DSN, name)
+    dsn = fresh_database(server_dsn, name)
     server = QueenServer(dsn, workers=args.workers, maintenance=False).start()
     rounds: list[dict[str, Window]] = []
     try:
@@ -132,7 +141,7 @@ def main() -> None:
             rounds.append(result)
     finally:
         server.stop()
-        drop_database(SERVER_DSN, name)
+        drop_database(server_dsn, name)
     save_lines(args.out, report_lines(args, rounds))
 
 
@@ -145,7 +154,8 @@ def report_lines(args: argparse.Namespace, rounds: list[dict[str, Window]]) -> l
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, `python -m bench.sdk_overhead"
         f" --rounds {args.rounds} --seconds {args.seconds:g} --batch {args.batch}"
         f" --workers {args.workers}`; {platform.node()}, {os.cpu_count()} CPUs,"
-        f" load average {os.getloadavg()[0]:.1f} at the end.",
+        f" load average {os.getloadavg()[0]:.1f} at the end; {args.postgres};"
+        " Queen on the cursor store.",
         "",
         f"One consumer at batch {args.batch}, end to end (pop, no-op handler, ack):"
         " queen.client's consumer against the same loop in raw httpx calls, side by side"

@@ -1,14 +1,15 @@
-"""Seed a Queen database with a large, realistic backlog for read-path benchmarks.
+"""Seed a Queen database (the cursor store) with a large, realistic backlog for read benchmarks.
 
     python -m bench.seed --dsn postgresql://postgres@127.0.0.1/queen_bench \
         --messages 10000000 --partitions 1000 --queues 20
 
-Messages are generated inside PostgreSQL (INSERT ... SELECT generate_series, in chunks,
-with the usual triggers on) so 10 million rows take minutes, not hours: about 70%
-completed, 20% pending, 6% failed and 4% dead_letter, spread over the last
---hours hours. The status deltas are then folded into partition_counts, and
---metrics-hours of per-minute activity per partition are synthesised into
-metrics_minute (what throughput and queue-lag read on a busy system).
+Messages are generated inside PostgreSQL (INSERT ... SELECT generate_series into
+queen.cursor_messages, in chunks) so 10 million take minutes, not hours, spread over the
+last --hours hours. Queue mode has then consumed the oldest 80% of each partition (its
+cursor stands there): about 70% completed, 20% pending, 6% failed and 4% dead_letter.
+Maintenance's count rollups are brought up to date (queen.cursor_counts, and the
+per-minute activity in queen.cursor_metrics_minute that throughput and queue-lag read),
+and the tables ANALYZEd when the server runs without autovacuum.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 
 import psycopg
 
+from bench.backlog import analyze_if_unattended
 from queen.store.migrate import migrate
 
 NAMESPACES = ("billing", "shipping", "marketing", None)
@@ -44,53 +46,64 @@ ON CONFLICT (queue_id, name) DO NOTHING
 """
 
 # One chunk of messages, numbered first .. first + size - 1 of total; message i is
-# created at start + i * step, so ids, seq and created_at all grow together.
+# created at start + i * step. Ids come from the identity in i order, so within a partition
+# ids and created_at grow together (as pushes make them).
 INSERT_CHUNK = """
 WITH parts AS (
     SELECT array_agg(p.id ORDER BY p.name) AS ids FROM queen.partitions p
     JOIN queen.queues q ON q.id = p.queue_id WHERE q.name LIKE 'bench-%%'
-), gen AS (
-    SELECT i, %(start)s::timestamptz + i * %(step)s::interval AS created_at,
-           abs(hashint8(i)) %% 100 AS roll, queen.uuid_v7() AS u
-    FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(size)s - 1) i
 )
-INSERT INTO queen.messages (transaction_id, id, partition_id, payload, status, retry_count,
-                            created_at, locked_at, completed_at, failed_at, error_message)
-SELECT gen.u::text, gen.u, parts.ids[1 + gen.i %% cardinality(parts.ids)],
-       jsonb_build_object('order', gen.i, 'customer', 'c-' || (gen.i %% 9973),
-                          'amount', (gen.i %% 10000) / 100.0, 'note', 'seeded message'),
-       s.status,
-       CASE WHEN s.status IN ('failed', 'dead_letter') THEN 3 ELSE 0 END,
-       gen.created_at,
-       CASE WHEN s.status <> 'pending' THEN gen.created_at + interval '50 ms' END,
-       CASE WHEN s.status = 'completed'
-            THEN gen.created_at + (50 + gen.roll * 37) * interval '1 ms' END,
-       CASE WHEN s.status IN ('failed', 'dead_letter') THEN gen.created_at + interval '2 s' END,
-       CASE WHEN s.status IN ('failed', 'dead_letter') THEN 'seeded failure' END
-FROM gen CROSS JOIN parts
-CROSS JOIN LATERAL (SELECT CASE WHEN gen.roll < 70 THEN 'completed'
-                                WHEN gen.roll < 90 THEN 'pending'
-                                WHEN gen.roll < 96 THEN 'failed'
-                                ELSE 'dead_letter' END AS status) s
+INSERT INTO queen.cursor_messages (partition_id, transaction_id, payload, created_at)
+SELECT parts.ids[1 + i %% cardinality(parts.ids)], queen.uuid_v7()::text,
+       jsonb_build_object('order', i, 'customer', 'c-' || (i %% 9973),
+                          'amount', (i %% 10000) / 100.0, 'note', 'seeded message'),
+       %(start)s::timestamptz + i * %(step)s::interval
+FROM parts, generate_series(%(first)s::bigint, %(first)s::bigint + %(size)s - 1) i
+ORDER BY i
 """
 
-# Per-minute activity of every bench partition over one hour ending at %(until)s.
-SYNTH_METRICS = """
-INSERT INTO queen.metrics_minute AS m
-    (minute, queue, partition, incoming, popped, completed, failed, dead_letter, lag_ms, lag_hist)
-SELECT mi, q.name, p.name, 60 + r %% 40, 58 + r %% 40, 55 + r %% 40, r %% 3, (r %% 7 = 0)::int,
-       (55 + r %% 40) * (200 + r * 10), h.hist
-FROM generate_series(%(until)s::timestamptz - interval '59 minutes', %(until)s::timestamptz,
-                     interval '1 minute') mi
-CROSS JOIN queen.partitions p
-JOIN queen.queues q ON q.id = p.queue_id AND q.name LIKE 'bench-%%'
-CROSS JOIN LATERAL (SELECT abs(hashtext(p.name || mi::text)) %% 50 AS r) x
-CROSS JOIN LATERAL (
-    SELECT array_agg(CASE WHEN b BETWEEN 14 + x.r %% 4 AND 19 + x.r %% 4 THEN 9 + b %% 3 ELSE 0 END
-                     ORDER BY b) AS hist
-    FROM generate_series(0, 63) b) h
-ON CONFLICT (minute, queue, partition) DO NOTHING
+# Queue mode of one queue has consumed the oldest 80% of each partition: its cursor stands
+# there; of what it passed, 6 in 80 failed and 4 in 80 were dead-lettered (3 retries each,
+# failure records), the rest completed, one completion record per ACK_RANGE messages.
+CONSUME = """
+WITH ranked AS (
+    SELECT m.partition_id, m.id, m.created_at,
+           row_number() OVER (PARTITION BY m.partition_id ORDER BY m.id) AS n,
+           count(*) OVER (PARTITION BY m.partition_id) AS total
+    FROM queen.cursor_consumers c
+    JOIN queen.cursor_messages m ON m.partition_id = c.partition_id AND m.id > c.cursor_id
+    WHERE c.queue_id = %(queue)s AND c.consumer_group = '__queue__'
+), consumed AS (
+    SELECT r.*, abs(hashint8(r.id)) %% 80 AS roll FROM ranked r WHERE r.n * 10 <= r.total * 8
+), failures AS (
+    INSERT INTO queen.cursor_failures
+        (partition_id, consumer_group, message_id, status, retry_count, error, failed_at)
+    SELECT c.partition_id, '__queue__', c.id, CASE WHEN c.roll < 6 THEN 'failed' ELSE 'dead_letter' END,
+           3, 'seeded failure', c.created_at + interval '2 s'
+    FROM consumed c WHERE c.roll < 10
+), completions AS (
+    INSERT INTO queen.cursor_completions
+        (partition_id, consumer_group, first_id, last_id, acked, acked_at)
+    SELECT c.partition_id, '__queue__', min(c.id), max(c.id), count(*) FILTER (WHERE c.roll >= 10),
+           max(c.created_at) + (50 + min(c.roll) * 37) * interval '1 ms'
+    FROM consumed c GROUP BY c.partition_id, (c.n - 1) / %(ack_range)s
+)
+UPDATE queen.cursor_consumers x SET cursor_id = u.upto, updated_at = now()
+FROM (SELECT c.partition_id, max(c.id) AS upto FROM consumed c GROUP BY 1) u
+WHERE x.partition_id = u.partition_id AND x.consumer_group = '__queue__'
 """
+ACK_RANGE = 10  # messages per completion record of the seeded consumption
+FILLED = (
+    "queen.queues",
+    "queen.partitions",
+    "queen.cursor_messages",
+    "queen.cursor_groups",
+    "queen.cursor_consumers",
+    "queen.cursor_failures",
+    "queen.cursor_completions",
+    "queen.cursor_counts",
+    "queen.cursor_metrics_minute",
+)
 
 
 def log(message: str) -> None:
@@ -111,15 +124,9 @@ def seed(args: argparse.Namespace) -> None:
         conn.execute(CREATE_PARTITIONS, {"partitions": args.partitions, "queues": args.queues})
         log(f"{args.queues} queues, {args.partitions} partitions")
         insert_messages(conn, args)
-        fold(conn)
-        if args.metrics_hours:
-            synthesise_metrics(conn, args.metrics_hours)
-        log("vacuum analyze")
-        conn.execute("VACUUM (ANALYZE) queen.messages")
-        conn.execute("VACUUM (ANALYZE) queen.partitions")
-        conn.execute("VACUUM (ANALYZE) queen.metrics_minute")
-        conn.execute("VACUUM (ANALYZE) queen.partition_counts")
-        conn.execute("VACUUM (ANALYZE) queen.status_deltas")
+        consume(conn)
+        refresh(conn)
+        analyze_if_unattended(conn, FILLED)
     log("done")
 
 
@@ -143,8 +150,6 @@ def insert_messages(conn: psycopg.Connection, args: argparse.Namespace) -> None:
         done += size
         rate = done / (time.monotonic() - started)
         log(f"messages {done:,}/{total:,} ({rate:,.0f}/s)")
-        if args.fold_every and done % (args.fold_every) < chunk:
-            fold(conn, quiet=True)
 
 
 def time_ago(conn: psycopg.Connection, hours: float) -> object:
@@ -153,24 +158,27 @@ def time_ago(conn: psycopg.Connection, hours: float) -> object:
     return row[0]
 
 
-def fold(conn: psycopg.Connection, quiet: bool = False) -> None:
-    folded = 0
-    while True:
-        row = conn.execute("SELECT queen.fold_deltas(100000)").fetchone()
-        if not row or not row[0]:
-            break
-        folded += row[0]
-    if not quiet:
-        log(f"folded {folded:,} status deltas into partition_counts")
+def consume(conn: psycopg.Connection) -> None:
+    """Queue mode's cursors, as its first pop makes them, then its consumption (CONSUME)."""
+    queues = [
+        r[0]
+        for r in conn.execute("SELECT id FROM queen.queues WHERE name LIKE 'bench-%' ORDER BY name")
+    ]
+    for queue in queues:
+        conn.execute("SELECT queen.cursor_join(%s, '__queue__', 'all', NULL)", (queue,))
+        conn.execute("SELECT queen.cursor_ensure(%s, '__queue__')", (queue,))
+        conn.execute(CONSUME, {"queue": queue, "ack_range": ACK_RANGE})
+    log(f"queue mode consumed 80% of each partition of {len(queues)} queues")
 
 
-def synthesise_metrics(conn: psycopg.Connection, hours: int) -> None:
-    (now,) = conn.execute("SELECT date_trunc('minute', now())").fetchone() or (None,)
-    for h in range(hours):
-        until = conn.execute("SELECT %s::timestamptz - %s * interval '1 hour'", (now, h)).fetchone()
-        assert until is not None
-        conn.execute(SYNTH_METRICS, {"until": until[0]})
-        log(f"metrics_minute: hour {h + 1}/{hours}")
+def refresh(conn: psycopg.Connection) -> None:
+    """Maintenance's count rollups (queen.cursor_counts, cursor_metrics_minute) caught up."""
+    (partitions,) = conn.execute("SELECT count(*) FROM queen.partitions").fetchone() or (0,)
+    while conn.execute(
+        "SELECT queen.cursor_count_refresh(%s, 100000)", (partitions,)
+    ).fetchone() != (0,):
+        pass
+    log("count rollups caught up")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,18 +191,6 @@ def main(argv: list[str] | None = None) -> int:
         "--hours", type=float, default=24.0, help="spread created_at over this many past hours"
     )
     parser.add_argument("--chunk", type=int, default=250_000, help="rows per INSERT")
-    parser.add_argument(
-        "--fold-every",
-        type=int,
-        default=2_000_000,
-        help="fold status deltas after this many rows (0: only at the end)",
-    )
-    parser.add_argument(
-        "--metrics-hours",
-        type=int,
-        default=24,
-        help="hours of synthetic per-minute metrics per partition",
-    )
     parser.add_argument(
         "--skip-migrate", action="store_true", help="the schema is already in place"
     )

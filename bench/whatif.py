@@ -1,11 +1,12 @@
 """`python -m bench.whatif`: measure candidate server changes before anyone makes them.
 
-Runs Queen's own SQL (the queen_sql client: named queries over psycopg, no HTTP) on a
+Runs Queen's own SQL (the queen_sql client: the cursor store's named queries over
+psycopg, no HTTP) on a
 scratch database, first as the schema is, then with one change applied to that
 database only (never to the repository):
 
-- no_notify: queen.notify_partitions becomes a no-op, i.e. no NOTIFY inside the
-  writing transactions (what moving wake-ups out of the transaction would save);
+- no_notify: queen.cursor_wake and queen.notify_partitions become no-ops, i.e. no
+  NOTIFY inside the writing transactions (what moving wake-ups out of the transaction would save);
 - async_commit: synchronous_commit = off for every session of the database (what it
   would save on pop and ack, whose loss on a crash only means a redelivery).
 Prints one markdown table; the numbers go to docs/PERFORMANCE.md.
@@ -14,12 +15,13 @@ Prints one markdown table; the numbers go to docs/PERFORMANCE.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from bench import adapters
+from bench import adapters, cluster
 from bench.report import fmt, pop_latency
 from bench.runner import Case, run_case
 from bench.systems import drop_database, fresh_database
@@ -27,8 +29,10 @@ from bench.systems import drop_database, fresh_database
 VARIANTS = {
     "as is": [],
     "no NOTIFY in the transaction": [
+        "CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void"
+        " LANGUAGE sql AS $$ SELECT $$",
         "CREATE OR REPLACE FUNCTION queen.notify_partitions(p_partitions uuid[]) RETURNS void"
-        " LANGUAGE sql AS $$ SELECT $$"
+        " LANGUAGE sql AS $$ SELECT $$",
     ],
     "synchronous_commit off": ["ALTER DATABASE {db} SET synchronous_commit = off"],
 }
@@ -85,7 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.whatif")
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--duration", type=float, default=6.0)
+    cluster.add_argument(parser)
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        args.dsn = cluster.server_dsn(args.dsn, args.cluster, stack)
+        print(cluster.describe(args.dsn, args.cluster), end="\n\n")
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     from queen.store.migrate import migrate
 
     rows = []

@@ -2,7 +2,8 @@
 
 Marked slow: it takes 20-40 s (two rounds of six one-second cases, each in a fresh
 load-generator process, plus seeding and a gunicorn start), over the 20 s budget of the
-default run.
+default run. The second test runs it once on a cluster the bench starts itself (initdb,
+default settings), as the goals are measured.
 """
 
 from __future__ import annotations
@@ -11,15 +12,17 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.cluster import pg_bin
 from tests.conftest import ROOT
 
 
-@pytest.mark.slow
-def test_bench_smoke(server_dsn, tmp_path):
-    prefix = f"queen_bench_smoke_{os.getpid()}"
+def run_smoke(out: Path, *server: str, rounds: int = 1) -> tuple[str, list[dict[str, Any]]]:
+    """Run `python -m bench --smoke` on server (its arguments); return the report and results."""
     run = subprocess.run(
         [
             sys.executable,
@@ -27,14 +30,13 @@ def test_bench_smoke(server_dsn, tmp_path):
             "bench",
             "--smoke",
             "--rounds",
-            "2",
+            str(rounds),
             "--no-progress",
-            "--dsn",
-            server_dsn,
+            *server,
             "--db-prefix",
-            prefix,
+            f"queen_bench_smoke_{os.getpid()}",
             "--out",
-            str(tmp_path),
+            str(out),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -42,7 +44,16 @@ def test_bench_smoke(server_dsn, tmp_path):
         timeout=180,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    report = (tmp_path / "RESULTS-smoke.md").read_text()
+    report = (out / "RESULTS-smoke.md").read_text()
+    results = json.loads((out / "results-smoke.json").read_text())["results"]
+    assert {r["system"] for r in results} == {"queen", "raw"}
+    assert not [r for r in results if "failed" in r]
+    return report, results
+
+
+@pytest.mark.slow
+def test_bench_smoke(server_dsn, tmp_path):
+    report, results = run_smoke(tmp_path, "--dsn", server_dsn, rounds=2)
     for heading in (
         "## Goals",
         "## Push only",
@@ -54,9 +65,7 @@ def test_bench_smoke(server_dsn, tmp_path):
         "## Rounds",
     ):
         assert heading in report
-    results = json.loads((tmp_path / "results-smoke.json").read_text())["results"]
-    assert {r["system"] for r in results} == {"queen", "raw"}
-    assert not [r for r in results if "failed" in r]
+    assert "(existing server at " in report
     # every push, e2e and latency case ran once per round; backlog and memory once
     rounds: dict[str, list[int]] = {}
     for r in results:
@@ -68,3 +77,15 @@ def test_bench_smoke(server_dsn, tmp_path):
         if r["workload"] in ("push", "e2e", "memory"):
             assert r["msgs_per_s"] > 0, r["case"]
             assert r["counts"]["errors"] == 0, r["errors"]
+
+
+@pytest.mark.slow
+def test_bench_smoke_on_its_own_cluster(tmp_path):
+    if pg_bin() is None:
+        pytest.skip("no PostgreSQL binaries for a cluster of the bench's own")
+    report, results = run_smoke(tmp_path, "--cluster")
+    assert "(cluster started by the bench, default settings): autovacuum on" in report
+    backlog = [r for r in results if r["workload"] == "backlog"]
+    # the seeded backlog (bench/backlog.py) is what the pops found
+    assert backlog and all(r["counts"]["popped"] > 0 for r in backlog), backlog
+    assert all(r["counts"]["empty_pops"] == 0 for r in backlog), backlog

@@ -5,6 +5,8 @@ change the server's state (checked through the API), and each page's screenshot 
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +20,10 @@ from tests.e2e.test_auth import bearer, create
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 
 WAIT = "wait=true&timeout=5000"  # a pop right after a push may find the partition not yet ready
-FAST = {"QUEEN_DASHBOARD_DEPTH_INTERVAL": "0.5", "QUEEN_DASHBOARD_STATS_INTERVAL": "0.5",
-        "QUEEN_DASHBOARD_FLUSH_INTERVAL": "0.25"}
+FAST: dict[str, Any] = {  # Any: mypy would match str values against Server's other parameters
+    "QUEEN_DASHBOARD_DEPTH_INTERVAL": "0.5", "QUEEN_DASHBOARD_STATS_INTERVAL": "0.5",
+    "QUEEN_DASHBOARD_FLUSH_INTERVAL": "0.25",
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +67,11 @@ def status_of(site: Server, txid: str) -> str | None:
 
 
 def visit(browser: Any, site: Server, fragment: str = "") -> None:
-    browser.get(f"{site.url}/dashboard{fragment}")
+    url = f"{site.url}/dashboard{fragment}"
+    if browser.current_url == url:
+        browser.refresh()  # the page is there already: going to it again would not load it
+    else:
+        browser.get(url)
 
 
 def click(browser: Any, css: str) -> None:
@@ -191,6 +199,8 @@ def test_dead_letters_retry_one_retry_all_and_delete(browser, site):
     click(browser, f"tr[data-txid='{second}'] button.delete")
     confirm(browser)
     wait_until(lambda: status_of(site, second) is None, what="the deleted message gone")
+    wait_until(lambda: len(find_all(browser, "table.dead-letters tr[data-txid]")) == 2,
+               what="two left")  # else Retry all may still hold the deleted one
 
     click(browser, "#retry-all")
     confirm(browser)
@@ -200,15 +210,169 @@ def test_dead_letters_retry_one_retry_all_and_delete(browser, site):
                what="an empty list")
 
 
-def test_consumer_groups_page_shows_what_the_server_says(browser, site):
-    resp = api(site, "GET", "/consumer-groups")
-    visit(browser, site, "#/groups")
-    if resp.status_code == 200:
-        wait_until(lambda: find_all(browser, "table.groups"), what="the groups table")
-    else:
-        message = resp.json()["error"]
-        wait_until(lambda: message in text_of(browser, "#view-page"), what="the server's error")
+# -- consumer groups: a server of their own ------------------------------------------------
+
+N = 12  # messages each groups test pushes into its queue, over three partitions
+
+
+@pytest.fixture(scope="module")
+def cursor_site(server_dsn: str, template_db: str) -> Iterator[Server]:
+    with cloned_database(server_dsn, template_db, "queen_browser_groups") as dsn:
+        srv = Server(dsn, **FAST).start()
+        yield srv
+        srv.stop()
+
+
+def pop_as(site: Server, queue: str, group: str | None, batch: int = 1,
+           wait: bool = True, **params: str) -> list[dict[str, Any]]:
+    """Pop as a consumer group (None: queue mode); [] when there is nothing to pop."""
+    query: dict[str, Any] = {"batch": batch, **params}
+    if group is not None:
+        query["consumerGroup"] = group
+    resp = api(site, "GET", f"/pop/queue/{queue}" + (f"?{WAIT}" if wait else ""), params=query)
+    assert resp.status_code in (200, 204), resp.text
+    return resp.json()["messages"] if resp.status_code == 200 else []
+
+
+def ack_all(site: Server, messages: list[dict[str, Any]]) -> None:
+    acks = [{"transactionId": m["transactionId"], "status": "completed", "leaseId": m["leaseId"],
+             "consumerGroup": m["consumerGroup"]} for m in messages]
+    resp = api(site, "POST", "/ack/batch", json={"acknowledgments": acks})
+    assert resp.status_code == 200, resp.text
+    assert {r["status"] for r in resp.json()["results"]} == {"completed"}, resp.text
+
+
+def make_groups(site: Server, queue: str) -> None:
+    """N messages in queue; "billing" acks what one pop gives it, "audit" holds a lease and
+    acks nothing, "late" joins at the end (subscriptionMode new): three pending counts."""
+    push(site, *({"queue": queue, "partition": f"p{i % 3}", "payload": {"n": i}}
+                 for i in range(N)))
+    ack_all(site, pop_as(site, queue, "billing", batch=N))
+    assert pop_as(site, queue, "audit", batch=2)
+    assert pop_as(site, queue, "late", wait=False, subscriptionMode="new") == []
+
+
+def groups_of(site: Server, queue: str) -> dict[str, dict[str, Any]]:
+    resp = api(site, "GET", "/consumer-groups", params={"queue": queue})
+    assert resp.status_code == 200, resp.text
+    return {g["name"]: g for g in resp.json()["consumerGroups"]}
+
+
+def row(group: str, queue: str) -> str:
+    return f"table.groups tr[data-group='{group}'][data-queue='{queue}']"
+
+
+def cell(browser: Any, group: str, queue: str, field: str) -> str:
+    return text_of(browser, f"{row(group, queue)} td[data-field='{field}']")
+
+
+def shows(browser: Any, group: str, queue: str, pending: int) -> bool:
+    return bool(find_all(browser, row(group, queue))) and cell(
+        browser, group, queue, "pending") == f"{pending:,}"
+
+
+def seek_in_page(browser: Any, group: str, queue: str, to: str) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    wait_until(lambda: find_all(browser, f"{row(group, queue)} select.seek-to"),
+               what=f"the seek controls of {group}")
+    Select(find_all(browser, f"{row(group, queue)} select.seek-to")[0]).select_by_value(to)
+    click(browser, f"{row(group, queue)} button.seek")
+
+
+def test_consumer_groups_page_shows_each_group_as_the_api_counts_it(browser, cursor_site):
+    make_groups(cursor_site, "ledger")
+    push(cursor_site, {"queue": "refunds", "payload": 1})
+    assert pop_as(cursor_site, "refunds", "billing")  # the same group on a second queue
+    assert pop_as(cursor_site, "ledger", None)  # queue mode reads the queue too
+    for _ in range(2):  # 1,200 in one partition: more than a listing counts in one
+        push(cursor_site, *({"queue": "backlog", "payload": i} for i in range(600)))
+    assert pop_as(cursor_site, "backlog", "billing")
+    listed = groups_of(cursor_site, "ledger")
+    assert set(listed) == {"billing", "audit", "late", "__queue__"}
+    assert listed["audit"]["pending"] == N and listed["late"]["pending"] == 0
+    assert 0 < listed["billing"]["pending"] < N
+
+    visit(browser, cursor_site, "#/groups")
+    wait_until(lambda: all(find_all(browser, row(g, "ledger")) for g in listed)
+               and find_all(browser, row("billing", "refunds"))
+               and find_all(browser, row("billing", "backlog")), what="every group's row")
+    for name, g in groups_of(cursor_site, "ledger").items():
+        assert cell(browser, name, "ledger", "pending") == f"{g['pending']:,}", name
+        assert cell(browser, name, "ledger", "partitions") == f"{g['partitions']:,}", name
+        assert cell(browser, name, "ledger", "leased") == f"{g['leasedPartitions']:,}", name
+        lag = cell(browser, name, "ledger", "lag")
+        assert lag.endswith("s") and abs(int(lag[:-1]) - g["lagSeconds"]) <= 5, (name, lag)
+    (capped,) = groups_of(cursor_site, "backlog").values()
+    assert capped["pendingCapped"], capped
+    assert cell(browser, "billing", "backlog", "pending") == f"{capped['pending']:,}+"
+    assert cell(browser, "late", "ledger", "reads") == "new messages"
+    assert cell(browser, "billing", "ledger", "reads") == "all messages"
+    assert "queue mode" in text_of(browser, row("__queue__", "ledger"))
+    assert not find_all(browser, f"{row('__queue__', 'ledger')} button.delete-group")
+    assert find_all(browser, f"{row('__queue__', 'ledger')} button.seek")
     screenshot(browser, "consumer-groups")
+
+    push(cursor_site, {"queue": "ledger", "payload": "one more"})
+    click(browser, "#refresh-groups")
+    wait_until(lambda: shows(browser, "late", "ledger", 1), what="the new message counted")
+
+
+def test_seek_and_delete_on_the_groups_page_change_the_groups(browser, cursor_site):
+    make_groups(cursor_site, "payroll")
+    visit(browser, cursor_site, "#/groups")
+    wait_until(lambda: find_all(browser, row("billing", "payroll")), what="billing's row")
+
+    seek_in_page(browser, "billing", "payroll", "end")
+    wait_until(lambda: groups_of(cursor_site, "payroll")["billing"]["pending"] == 0,
+               what="billing at the end")
+    wait_until(lambda: shows(browser, "billing", "payroll", 0), what="the page showing 0")
+    assert "moved to end" in text_of(browser, "#view-page .notices")
+    assert groups_of(cursor_site, "payroll")["audit"]["pending"] == N  # only billing moved
+
+    seek_in_page(browser, "billing", "payroll", "beginning")
+    wait_until(lambda: groups_of(cursor_site, "payroll")["billing"]["pending"] == N,
+               what="billing back at the beginning")
+    wait_until(lambda: shows(browser, "billing", "payroll", N), what=f"the page showing {N}")
+
+    seek_in_page(browser, "audit", "payroll", "time")  # no time picked yet: said, not sent
+    wait_until(lambda: "Pick the time" in text_of(browser, "#view-page .notices"),
+               what="the missing time")
+    boundary = math.ceil(time.time() + 0.2)  # a whole second: the field shows seconds
+    time.sleep(boundary - time.time() + 0.3)
+    later = push(cursor_site, *({"queue": "payroll", "payload": {"late": i}} for i in range(3)))
+    browser.execute_script("""
+        const d = new Date(arguments[1] * 1000);  // the field takes the browser's local time
+        d.setMinutes(d.getMinutes() - d.getTimezoneOffset());
+        document.querySelector(arguments[0]).value = d.toISOString().slice(0, 19);""",
+        f"{row('audit', 'payroll')} input.seek-time", boundary)
+    click(browser, f"{row('audit', 'payroll')} button.seek")
+    wait_until(lambda: groups_of(cursor_site, "payroll")["audit"]["pending"] == len(later),
+               what="audit past the messages before the time")
+    wait_until(lambda: shows(browser, "audit", "payroll", len(later)), what="the page showing it")
+
+    click(browser, f"{row('audit', 'payroll')} button.delete-group")
+    confirm(browser)
+    wait_until(lambda: "audit" not in groups_of(cursor_site, "payroll"), what="audit deleted")
+    wait_until(lambda: not find_all(browser, row("audit", "payroll")), what="its row gone")
+    assert find_all(browser, row("billing", "payroll"))
+
+
+def test_the_queue_page_lists_and_seeks_the_groups_of_that_queue(browser, cursor_site):
+    make_groups(cursor_site, "invoices")
+    push(cursor_site, {"queue": "receipts", "payload": 1})
+    assert pop_as(cursor_site, "receipts", "printer")
+    visit(browser, cursor_site, "#/queue/invoices")
+    wait_until(lambda: find_all(browser, ".groups-box " + row("billing", "invoices")),
+               what="the groups panel")
+    shown = {(r.get_attribute("data-group"), r.get_attribute("data-queue"))
+             for r in find_all(browser, ".groups-box table.groups tr[data-group]")}
+    assert shown == {(g, "invoices") for g in groups_of(cursor_site, "invoices")}
+
+    seek_in_page(browser, "audit", "invoices", "end")
+    wait_until(lambda: groups_of(cursor_site, "invoices")["audit"]["pending"] == 0,
+               what="audit at the end")
+    wait_until(lambda: shows(browser, "audit", "invoices", 0), what="the panel showing 0")
 
 
 @pytest.fixture(scope="module")
@@ -263,3 +427,41 @@ def dead_letters_with(srv: Server, token: str, queue: str) -> str:
     requests.post(f"{base}/ack", json={"transactionId": txid, "status": "failed", "error": "x"},
                   headers=headers, timeout=10)
     return str(txid)
+
+
+@pytest.fixture(scope="module")
+def secured_groups(server_dsn: str, template_db: str) -> Iterator[tuple[Server, dict[str, str]]]:
+    with cloned_database(server_dsn, template_db, "queen_browser_auth_groups") as dsn:
+        tokens = {role: create(dsn, role, f"ops-{role}") for role in ("reader", "consumer", "admin")}
+        srv = Server(dsn, QUEEN_AUTH="on", **FAST).start()
+        yield srv, tokens
+        srv.stop()
+
+
+def test_a_consumer_may_seek_a_group_and_only_an_admin_delete_it(browser, secured_groups):
+    srv, tokens = secured_groups
+    admin = bearer(tokens["admin"])
+    items = [{"queue": "shifts", "payload": i} for i in range(3)]
+    assert api(srv, "POST", "/push", json={"items": items}, headers=admin).status_code == 201
+    popped = api(srv, "GET", f"/pop/queue/shifts?{WAIT}", params={"consumerGroup": "billing"},
+                 headers=admin)
+    assert popped.status_code == 200, popped.text
+
+    def pending() -> int:
+        resp = api(srv, "GET", "/consumer-groups", params={"queue": "shifts"}, headers=admin)
+        return int(resp.json()["consumerGroups"][0]["pending"])
+
+    sign_in(browser, srv, tokens["reader"], "#/groups")
+    wait_until(lambda: find_all(browser, row("billing", "shifts")), what="the group, to a reader")
+    assert not find_all(browser, "table.groups th.actions, table.groups button")
+
+    sign_in(browser, srv, tokens["consumer"], "#/groups")
+    wait_until(lambda: find_all(browser, f"{row('billing', 'shifts')} button.seek"),
+               what="a consumer's seek button")
+    assert not find_all(browser, "table.groups button.delete-group")
+    seek_in_page(browser, "billing", "shifts", "end")
+    wait_until(lambda: pending() == 0, what="the consumer's seek done")
+
+    sign_in(browser, srv, tokens["admin"], "#/groups")
+    wait_until(lambda: find_all(browser, f"{row('billing', 'shifts')} button.delete-group"),
+               what="the admin's delete button")

@@ -9,18 +9,18 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from bench.cluster import Cluster, pg_bin
 from queen.store.migrate import migrate
-from tests.faults.cluster import Cluster, pg_bin
 from tests.faults.proxy import Proxy
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """A PostgreSQL cluster of the suite's own (initdb), which tests may stop and crash."""
-    bindir = pg_bin()
+    bindir = pg_bin("QUEEN_FAULTS_PGBIN")
     if bindir is None:
         pytest.skip("no PostgreSQL binaries for a throwaway cluster (QUEEN_FAULTS_PGBIN)")
-    c = Cluster(bindir).init()
+    c = Cluster(bindir, prefix="queen-faults-pg-").init()
     c.start()
     yield c
     c.destroy()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.faults.cluster import Cluster
+from bench.cluster import Cluster
 from tests.faults.conftest import through
 from tests.faults.proxy import Proxy
 from tests.faults.workload import LEASE_S, Run, Stack, assert_survived

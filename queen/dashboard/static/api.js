@@ -86,14 +86,16 @@
     return `${t.toLocaleDateString()} ${t.toTimeString().slice(0, 8)}`;
   };
 
-  Q.age = (iso) => {
-    if (!iso) return "–";
-    const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  Q.duration = (seconds) => {
+    if (seconds == null) return "–";
+    const s = Math.max(0, seconds);
     if (s < 60) return `${Math.round(s)}s`;
     if (s < 3600) return `${Math.round(s / 60)}m`;
     if (s < 86400) return `${(s / 3600).toFixed(1)}h`;
     return `${(s / 86400).toFixed(1)}d`;
   };
+
+  Q.age = (iso) => (iso ? Q.duration((Date.now() - new Date(iso).getTime()) / 1000) : "–");
 
   Q.pretty = (value) => {
     if (typeof value === "string") {

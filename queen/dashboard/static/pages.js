@@ -98,46 +98,86 @@
     return queue ? groups.filter((g) => g.queue === queue) : groups;
   }
 
+  // A failed listing is shown with the server's error.
   function unavailable(error) {
-    return el("p", { class: "notice info groups-unavailable", text: `Consumer groups are not available here: ${error.message}` });
+    return el("p", { class: "notice error groups-unavailable", role: "alert", text: `Consumer groups could not be loaded: ${error.message}` });
+  }
+
+  // Pending is counted up to a cap per partition: past it the number is a lower bound.
+  function pendingCell(g) {
+    const td = Q.numCell(g.pending, "busy");
+    if (g.pendingCapped) {
+      td.textContent = `${Q.num(g.pending)}+`;
+      td.title = "Counted up to a cap: at least this many.";
+    }
+    return td;
+  }
+
+  // Where the group started reading: subscriptionMode all | new | from (new keeps its join time).
+  function subscription(g) {
+    if (g.subscriptionMode === "new") return "new messages";
+    if (g.subscriptionMode === "from") return `since ${Q.time(g.subscriptionFrom)}`;
+    return "all messages";
+  }
+
+  function field(node, name) {
+    node.dataset.field = name;
+    return node;
   }
 
   function groupsTable(groups, box, refresh) {
-    const admin = Q.can("admin");
-    const headers = [["Group"], ["Queue"], ["Partitions", "num"], ["Pending", "num"], ["Lag", "num"]];
-    if (admin) headers.push(["Actions", "actions"]);
+    const acts = Q.can("consume"); // every role that may act on a group may seek it
+    const headers = [["Group"], ["Queue"], ["Reads"], ["Partitions", "num"], ["Leased", "num"],
+      ["Pending", "num"], ["Lag", "num"], ["Joined"]];
+    if (acts) headers.push(["Actions", "actions"]);
     const rows = groups.map((g) => {
       const tr = el("tr", { "data-group": g.name, "data-queue": g.queue },
-        el("td", { class: "name", text: g.name }),
+        el("td", { class: "name" }, g.name, g.queueMode ? el("span", { class: "tag", text: "queue mode" }) : null),
         el("td", {}, Q.link(Q.queueHref(g.queue), g.queue)),
-        Q.numCell(g.partitions),
-        Q.numCell(g.pending, "busy"),
-        el("td", { class: "num", text: g.lagSeconds == null ? "–" : `${Q.num(Math.round(g.lagSeconds))}s` }));
-      if (admin) tr.append(el("td", { class: "actions" }, seekControls(g, box, refresh)));
+        field(el("td", { title: g.subscriptionFrom || "", text: subscription(g) }), "reads"),
+        field(Q.numCell(g.partitions), "partitions"),
+        field(Q.numCell(g.leasedPartitions, "busy"), "leased"),
+        field(pendingCell(g), "pending"),
+        field(el("td", { class: "num", title: `${g.lagSeconds}s`, text: Q.duration(g.lagSeconds) }), "lag"),
+        field(el("td", { title: g.createdAt || "", text: Q.time(g.createdAt) }), "joined"));
+      if (acts) tr.append(el("td", { class: "actions" }, groupActions(g, box, refresh)));
       return tr;
     });
     return table(headers, rows, "groups");
   }
 
-  function seekControls(group, box, refresh) {
+  // Seeking needs the consume right, deleting admin; queue mode cannot be deleted.
+  function groupActions(group, box, refresh) {
+    const path = `/api/v1/consumer-groups/${enc(group.name)}`;
+    const out = Q.can("consume") ? seekControls(group, path, box, refresh) : [];
+    if (Q.can("admin") && !group.queueMode) {
+      out.push(button("Delete", async () => {
+        if (!(await Q.confirm(`Delete group ${group.name} on queue ${group.queue}? It starts over on its next pop.`, "Delete group"))) return;
+        act(box, () => api(`${path}?${qs({ queue: group.queue })}`, { method: "DELETE" }),
+          `Group ${group.name} deleted from ${group.queue}.`, refresh);
+      }, { class: "danger delete-group" }));
+    }
+    return out;
+  }
+
+  function seekControls(group, path, box, refresh) {
     const where = el("select", { class: "seek-to", "aria-label": "Seek to" },
       el("option", { value: "beginning", text: "beginning" }),
       el("option", { value: "end", text: "end" }),
       el("option", { value: "time", text: "a time…" }));
-    const when = el("input", { type: "datetime-local", class: "seek-time", hidden: true, "aria-label": "Seek time" });
+    const when = el("input", { type: "datetime-local", step: "1", class: "seek-time", hidden: true, "aria-label": "Seek time" });
     where.addEventListener("change", () => (when.hidden = where.value !== "time"));
-    const path = `/api/v1/consumer-groups/${enc(group.name)}`;
     const seek = button("Seek", () => {
-      const to = where.value === "time" ? new Date(when.value).toISOString() : where.value;
+      const at = new Date(when.value); // datetime-local is the browser's local time
+      if (where.value === "time" && Number.isNaN(at.getTime())) {
+        Q.notice(box, "error", `Pick the time to seek group ${group.name} to.`);
+        return;
+      }
+      const to = where.value === "time" ? at.toISOString() : where.value;
       act(box, () => api(`${path}/seek`, { method: "POST", body: { queue: group.queue, to } }),
-        `Group ${group.name} on ${group.queue} moved to ${to}.`, refresh);
+        `Group ${group.name} on ${group.queue} moved to ${where.value === "time" ? Q.time(to) : to}.`, refresh);
     }, { class: "seek" });
-    const remove = button("Delete", async () => {
-      if (!(await Q.confirm(`Delete group ${group.name} on queue ${group.queue}? It starts over on its next pop.`, "Delete group"))) return;
-      act(box, () => api(`${path}?${qs({ queue: group.queue })}`, { method: "DELETE" }),
-        `Group ${group.name} deleted from ${group.queue}.`, refresh);
-    }, { class: "danger delete-group" });
-    return [where, when, seek, remove];
+    return [where, when, seek];
   }
 
   // -- queue detail -------------------------------------------------------------------
@@ -427,7 +467,9 @@
           act(box, async () => {
             const results = await Promise.allSettled(messages.map(retry));
             const failed = results.filter((r) => r.status === "rejected");
-            if (failed.length) throw new Error(`${failed.length} of ${messages.length} could not be retried: ${failed[0].reason.message}`);
+            if (!failed.length) return;
+            await refresh(); // the others were retried: the list shown is no longer the server's
+            throw new Error(`${failed.length} of ${messages.length} could not be retried: ${failed[0].reason.message}`);
           }, `${messages.length} dead letters queued again.`, refresh);
         }, { id: "retry-all" })
         : null;
@@ -441,10 +483,13 @@
 
   // -- consumer groups ----------------------------------------------------------------
 
+  // Counts are those of the last load: Refresh asks again (the table is not redrawn by
+  // itself, which would lose a seek time being typed).
   async function groupsPage(root) {
     const box = el("div", { class: "notices" });
     const list = el("div", {}, el("p", { class: "hint", text: "Loading…" }));
-    root.replaceChildren(el("div", { class: "page-head" }, heading("Consumer groups")), box, list);
+    const again = button("Refresh", () => refresh(), { id: "refresh-groups" });
+    root.replaceChildren(el("div", { class: "page-head" }, heading("Consumer groups"), el("div", { class: "controls" }, again)), box, list);
     const refresh = async () => {
       try {
         list.replaceChildren(groupsTable(await consumerGroups(null), box, refresh));
