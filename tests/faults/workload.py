@@ -26,10 +26,10 @@ from typing import Any
 import psycopg
 import requests
 
+from tests import storage
 from tests.conftest import ROOT, Server
 from tests.e2e.test_maintenance import FAST, Maintainer, leader
 from tests.faults.checker import Acked, Delivery, Pushed, Verdict, check
-from tests.storage import MESSAGE_VIEW
 
 LEASE_S = 3  # the queue's leaseTime: a killed consumer's messages return this soon
 STACK_ENV = {
@@ -287,7 +287,7 @@ class Run:
         """Return which of ids the database holds as completed."""
         with psycopg.connect(self.stack.dsn, autocommit=True) as conn:
             rows = conn.execute(
-                f"SELECT transaction_id FROM ({MESSAGE_VIEW}) v"
+                f"SELECT transaction_id FROM ({storage.MESSAGE_VIEW}) v"
                 " WHERE transaction_id = ANY (%s) AND status = 'completed'", (ids,)
             ).fetchall()
         return {row[0] for row in rows}
