@@ -1,0 +1,186 @@
+"""The hot paths stay on their keys without planner pins, even where statistics are stale.
+
+A database is seeded with a consumed history (messages queue mode's cursor has passed)
+in a few partitions and a little pending work behind it, and is never ANALYZEd: the
+planner knows nothing of the tables' sizes, as on a server without autovacuum before
+maintenance's ANALYZE. Then push, pop (by partition and by queue) and ack run through
+the application's own named statements with auto_explain capturing the executed plan of
+every statement nested in the functions. No plan may scan cursor_messages sequentially
+or read more than a few hundred of its rows: the consumed history must cost nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from queen.store import cursors
+from queen.store.db import QUERIES
+
+PARTITIONS = 8
+CONSUMED = 20_000  # per partition, queue mode's cursor past them
+PENDING = 20  # per partition, behind the cursor
+MAX_ROWS = 200  # rows any plan node on the message tables may produce or filter out
+TABLES = ("cursor_messages", "cursor_consumers", "cursor_failures", "cursor_completions")
+# Tables that grow with the history: never scanned whole. (The consumer rows, one per
+# partition and group, may be, while they are few: the row counts below still hold.)
+HISTORY_TABLES = ("cursor_messages", "cursor_failures", "cursor_completions")
+
+AUTO_EXPLAIN = (
+    "LOAD 'auto_explain'",
+    "SET auto_explain.log_min_duration = 0",
+    "SET auto_explain.log_nested_statements = on",
+    "SET auto_explain.log_analyze = on",
+    "SET auto_explain.log_timing = off",
+    "SET auto_explain.log_level = 'notice'",
+    "SET client_min_messages = 'notice'",
+)
+HISTORY = """
+INSERT INTO queen.cursor_messages (partition_id, transaction_id, payload)
+SELECT p.id, 'done-' || p.name || '-' || g, '{"old": true}'
+FROM queen.partitions p, generate_series(1, %(consumed)s) g
+ORDER BY g, p.name
+"""
+
+
+@dataclass
+class Plan:
+    query: str
+    plan: str
+
+
+def _parse_notice(text: str) -> Plan | None:
+    match = re.search(r"plan:\s*\nQuery Text: (.*?)\n(?=\S+.*\(cost=)", text, re.S)
+    if not match:
+        return None
+    return Plan(query=match.group(1).strip(), plan=text[match.end() :].strip())
+
+
+@pytest.fixture(scope="module")
+def seeded(server_dsn: str, template_db: str) -> Iterator[str]:
+    """One seeded database for the module: its history consumed, no statistics taken."""
+    from tests.conftest import cloned_database
+
+    with cloned_database(server_dsn, template_db, "queen_plans") as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for table in TABLES:  # no statistics may arrive while the test runs
+                conn.execute(f"ALTER TABLE queen.{table} SET (autovacuum_enabled = false)")
+            items = [{"queue": "big", "partition": f"p{p}", "payload": 0}
+                     for p in range(PARTITIONS)]
+            cursors.push(conn, items)  # the queue and its partitions
+            conn.execute(HISTORY, {"consumed": CONSUMED})  # type: ignore[arg-type]
+            cursors.seek(conn, "big", cursors.QUEUE_MODE, "end")  # all consumed
+            cursors.push(conn, [{**item, "payload": n} for n in range(PENDING) for item in items])
+        yield dsn
+
+
+class Explained:
+    """A connection that records the executed plan of every (nested) statement."""
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        try:
+            for statement in AUTO_EXPLAIN:
+                self.conn.execute(statement)  # type: ignore[arg-type]
+        except psycopg.errors.UndefinedFile:  # the embedded server ships without it
+            self.conn.close()
+            pytest.skip("this PostgreSQL has no auto_explain: plans cannot be captured")
+        self.plans: list[Plan] = []
+        self.conn.add_notice_handler(self._on_notice)
+
+    def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        plan = _parse_notice(diag.message_primary or "")
+        if plan is not None:
+            self.plans.append(plan)
+
+    def run(self, name: str, params: dict[str, Any]) -> tuple[list[tuple[Any, ...]], list[Plan]]:
+        self.plans = []
+        rows = self.conn.execute(QUERIES[name], params).fetchall()  # type: ignore[arg-type]
+        return rows, self.plans
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@pytest.fixture
+def explained(seeded: str) -> Iterator[Explained]:
+    e = Explained(seeded)
+    yield e
+    e.close()
+
+
+def check(name: str, plans: list[Plan]) -> None:
+    """Assert no plan scans a history table whole, and no node on the store's tables
+    touches more than MAX_ROWS rows."""
+    assert plans, "auto_explain captured nothing"
+    names = "|".join(TABLES)
+    on_table = re.compile(rf"\b(?:on|using) (?:{names})(?:_\w+)?\b")
+    for p in plans:
+        where = f"{name}: {p.query[:80]!r}\n{p.plan}"
+        assert not re.search(rf"Seq Scan on ({'|'.join(HISTORY_TABLES)})\b", p.plan), where
+        ours = False
+        for line in p.plan.splitlines():
+            if "(cost=" in line:
+                ours = bool(on_table.search(line))
+            if not ours:
+                continue
+            for produced, loops in re.findall(r"actual rows=(\d+) loops=(\d+)", line):
+                assert int(produced) * int(loops) <= MAX_ROWS, where
+            for removed in re.findall(r"Rows Removed by (?:Filter|Join Filter): (\d+)", line):
+                assert int(removed) <= MAX_ROWS, where
+
+
+def pop_params(**route: Any) -> dict[str, Any]:
+    params = {"kind": "queue", "queue": "big", "partition": None, "namespace": None,
+              "task": None, "group": cursors.QUEUE_MODE, "mode": None, "since": None,
+              "batch": 10, "worker": "plans", "lease": uuid.uuid4(), "prefer": None}
+    return {**params, **route}
+
+
+def ack_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    acks = [{"transactionId": r[1], "status": "completed", "leaseId": str(r[10])} for r in rows]
+    return {"acks": orjson.dumps(acks).decode()}
+
+
+def test_the_seed_has_no_statistics(seeded: str) -> None:
+    with psycopg.connect(seeded, autocommit=True) as conn:
+        (analyzed,) = conn.execute(
+            "SELECT count(*) FROM pg_stat_user_tables WHERE schemaname = 'queen'"
+            " AND relname = 'cursor_messages'"
+            " AND coalesce(last_analyze, last_autoanalyze) IS NOT NULL").fetchone() or (1,)
+        (total,) = conn.execute("SELECT count(*) FROM queen.cursor_messages").fetchone() or (0,)
+    assert analyzed == 0
+    assert total == PARTITIONS * (CONSUMED + PENDING + 1)
+
+
+def test_pop_and_ack_by_partition_skip_the_consumed_history(explained: Explained) -> None:
+    rows, plans = explained.run("pop", pop_params(kind="partition", partition="p0"))
+    assert len(rows) == 10
+    check("pop by partition", plans)
+    acked, plans = explained.run("ack", ack_params(rows))
+    assert {r[2] for r in acked} == {"completed"}
+    check("ack", plans)
+
+
+def test_pop_by_queue_probes_each_partition_from_its_cursor(explained: Explained) -> None:
+    rows, plans = explained.run("pop", pop_params())
+    assert len(rows) == 10
+    check("pop by queue", plans)
+    _, plans = explained.run("ack", ack_params(rows))
+    check("ack", plans)
+
+
+def test_push_into_existing_partitions(explained: Explained) -> None:
+    items = [{"queue": "big", "partition": f"p{n % PARTITIONS}", "payload": n}
+             for n in range(100)]
+    rows, plans = explained.run("push", {"body": orjson.dumps({"items": items}).decode(),
+                                         "producer": None})
+    assert {r[3] for r in rows} == {"queued"}
+    check("push", plans)
