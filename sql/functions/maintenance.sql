@@ -163,9 +163,10 @@ END
 $$;
 
 -- Remove up to p_limit partitions that hold no message, no live
--- lease of any group, and saw no activity for p_idle_seconds (the consumer rows go with
--- them). A push locks its partitions (FOR KEY SHARE) before it inserts: SKIP LOCKED
--- passes over those, and the re-check runs after the locks.
+-- lease of any group, and saw no activity for p_idle_seconds (the consumer rows, counts
+-- and minutes go with them by their keys; completion and failure records, which have
+-- none, are deleted here). A push locks its partitions (FOR KEY SHARE) before it
+-- inserts: SKIP LOCKED passes over those, and the re-check runs after the locks.
 CREATE OR REPLACE FUNCTION queen.cursor_cleanup_partitions(p_idle_seconds integer, p_limit integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -186,12 +187,19 @@ BEGIN
     IF locked IS NULL THEN
         RETURN 0;
     END IF;
-    DELETE FROM queen.partitions p
-    WHERE p.id = ANY (locked)
-      AND NOT EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = p.id)
-      AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
-                      WHERE c.partition_id = p.id AND c.lease_id IS NOT NULL);
-    GET DIAGNOSTICS removed = ROW_COUNT;
+    WITH gone AS (
+        DELETE FROM queen.partitions p
+        WHERE p.id = ANY (locked)
+          AND NOT EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = p.id)
+          AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+                          WHERE c.partition_id = p.id AND c.lease_id IS NOT NULL)
+        RETURNING p.id
+    ), completions AS (
+        DELETE FROM queen.cursor_completions k USING gone WHERE k.partition_id = gone.id
+    ), failures AS (
+        DELETE FROM queen.cursor_failures f USING gone WHERE f.partition_id = gone.id
+    )
+    SELECT count(*) INTO removed FROM gone;
     RETURN removed;
 END
 $$;

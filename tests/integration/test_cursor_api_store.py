@@ -163,6 +163,24 @@ def test_cleanup_removes_only_partitions_without_cursor_messages(cstore, session
     assert sql(db_dsn, "SELECT name FROM queen.partitions") == [("full",)]
 
 
+def test_cleanup_takes_a_removed_partitions_records_along(cstore, session, db_dsn):
+    cstore.queues.configure("swept", None, None, {"retry_limit": 0})
+    push(cstore, "swept", 2, partition="old")
+    first, second = cstore.messages.pop(PopRoute(queue="swept", partition="old"), 2, "w")
+    assert ack(cstore, first.transaction_id) == "completed"
+    assert ack(cstore, second.transaction_id, "failed") == "dead_letter"
+    sql(db_dsn, "ALTER TABLE queen.cursor_messages DISABLE TRIGGER cursor_messages_deleted")
+    sql(db_dsn, "DELETE FROM queen.cursor_messages")  # (as if the records had been left)
+    sql(db_dsn, "ALTER TABLE queen.cursor_messages ENABLE TRIGGER cursor_messages_deleted")
+    sql(db_dsn, "UPDATE queen.partitions SET created_at = now() - interval '1 day'")
+    sql(db_dsn, "UPDATE queen.cursor_consumers SET updated_at = now() - interval '1 day'")
+    records = ("SELECT (SELECT count(*) FROM queen.cursor_completions),"
+               " (SELECT count(*) FROM queen.cursor_failures)")
+    assert sql(db_dsn, records) == [(1, 1)]
+    assert session.cleanup_partitions(3600, 100) == 1
+    assert sql(db_dsn, records) == [(0, 0)]
+
+
 def test_retention_and_analyze_run_on_the_cursor_tables(cstore, session, db_dsn):
     cstore.queues.configure(
         "kept", None, None, {"retention_enabled": True, "retention_seconds": 60}
