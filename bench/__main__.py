@@ -111,8 +111,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=1,
-        help="run the push, e2e and latency cases N times, round after round; goals are "
-        "the median of the rounds' side-by-side ratios (default 1)",
+        help="run the push, e2e, fan-out and latency cases N times, round after round (the "
+        "fan-out variants in a rotating order); goals are the median of the rounds' "
+        "side-by-side ratios (default 1)",
     )
     parser.add_argument(
         "--groups",

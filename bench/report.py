@@ -402,11 +402,11 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
             fmt(rate(results, system=s, workload="e2e", batch=b, partitions=n)) for s, n in queens
         ]
         cells += [fmt(rate(results, system=s, workload="e2e", batch=b)) for s in peers]
-        r = ratio(
+        vs_raw = ratio(
             rate(results, system="queen", workload="e2e", batch=b, partitions=HEADLINE_PARTITIONS),
             rate(results, system="raw", workload="e2e", batch=b),
         )
-        out.append(f"| {b} | " + " | ".join(cells) + f" | {fmt(r, 2)} |")
+        out.append(f"| {b} | " + " | ".join(cells) + f" | {fmt(vs_raw, 2)} |")
     out += [
         "",
         "Per-operation latency under that load (ms, p50 / p99):",
