@@ -41,6 +41,7 @@ from bench.systems import (
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
 OWN = ("queen", "raw")  # measured at every batch size even in quick mode
+PHASES = ("push", "e2e", "fanout", "latency", "backlog", "memory")
 
 
 @dataclass
@@ -83,7 +84,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.set_defaults(mode="full")
     parser.add_argument("--systems", help="comma list, subset of " + ",".join(profiles.ALL_SYSTEMS))
-    parser.add_argument("--only", help="comma list of phases: push,e2e,latency,backlog,memory")
+    parser.add_argument(
+        "--only", help="comma list of phases: " + ",".join(PHASES) + " (default: all of them)"
+    )
     server = parser.add_mutually_exclusive_group()
     server.add_argument(
         "--dsn", default=DEFAULT_SERVER, help="PostgreSQL server to create the bench databases on"
@@ -108,8 +111,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=1,
-        help="run the push, e2e and latency cases N times, round after round; goals are "
-        "the median of the rounds' side-by-side ratios (default 1)",
+        help="run the push, e2e, fan-out and latency cases N times, round after round (the "
+        "fan-out variants in a rotating order); goals are the median of the rounds' "
+        "side-by-side ratios (default 1)",
+    )
+    parser.add_argument(
+        "--groups",
+        type=int,
+        default=4,
+        help="consumer groups of the fan-out phase, and queues of its copy approach (default 4)",
+    )
+    parser.add_argument(
+        "--wal-baseline",
+        type=float,
+        metavar="BYTES",
+        help="WAL bytes per message end to end at batch 100 of the earlier row store: the "
+        "goal is at most half of it (default: the figure is only reported)",
     )
     parser.add_argument("--name", help="results file suffix (default: the mode)")
     parser.add_argument(
@@ -196,8 +213,8 @@ def server_pids(ctx: Context, system: str) -> list[int]:
     return []
 
 
-def prepare(ctx: Context, system: str, batch: int) -> None:
-    """Bring a system to an empty queue before a case."""
+def prepare(ctx: Context, system: str, batch: int, queues: list[str] | None = None) -> None:
+    """Bring a system to an empty queue (pgmq: queues) before a case."""
     tgt = target(ctx, system)
     spec = json.dumps({"install": True, "batch": batch, "target": tgt})
     if system == "pgqueuer":
@@ -215,7 +232,7 @@ def prepare(ctx: Context, system: str, batch: int) -> None:
             capture_output=True,
         )
     else:
-        adapters.prepare(system, tgt)
+        adapters.prepare(system, tgt, queues)
 
 
 # --------------------------------------------------------------------------- plan
@@ -276,6 +293,50 @@ def plan(ctx: Context, phases: set[str]) -> list[Case]:
     return cases
 
 
+def plan_fanout(ctx: Context, groups: int) -> list[Case]:
+    """The fan-out cases: Queen's consumer groups on one queue, the copy approach on Queen
+    (a push carries each message into every one of G queues) and on pgmq, when it runs.
+
+    Same producers, consumers per group or queue, batch and window for each; the rate is
+    the deliveries acked per second over all groups (queues).
+    """
+    p = ctx.profile
+    variants = []
+    if "queen" in ctx.systems:
+        variants += [("queen", "groups"), ("queen", "copy")]
+    if "pgmq" in ctx.systems:
+        variants.append(("pgmq", "copy"))
+    consumers = groups * p.fanout_consumers
+    return [
+        Case(
+            system,
+            "fanout",
+            batch=p.fanout_batch,
+            partitions=p.fanout_partitions,
+            producers=p.fanout_producers,
+            consumers=consumers,
+            processes=p.processes,
+            warmup=p.warmup,
+            duration=p.duration,
+            extra={
+                "variant": variant,
+                "groups": groups,
+                "backlog_cap": max(2000, 4 * p.fanout_batch * consumers),
+                "pop_wait_ms": p.pop_wait_ms,
+            },
+        )
+        for system, variant in variants
+    ]
+
+
+def rotated(cases: list[Case], round_no: int) -> list[Case]:
+    """cases starting one further each round, so that no variant always runs first."""
+    if not cases:
+        return cases
+    shift = (round_no - 1) % len(cases)
+    return cases[shift:] + cases[:shift]
+
+
 # --------------------------------------------------------------------------- phases
 
 
@@ -283,7 +344,12 @@ def run_cases(ctx: Context, cases: list[Case], bar: Progress, round_no: int = 1)
     for case in cases:
         bar.describe(case.label if round_no == 1 else f"{case.label} (round {round_no})")
         try:
-            prepare(ctx, case.system, case.batch)
+            queues = (
+                adapters.fanout_queues(case.extra["groups"])
+                if case.workload == "fanout" and case.extra["variant"] == "copy"
+                else None
+            )
+            prepare(ctx, case.system, case.batch, queues)
             result = run_case(case, target(ctx, case.system), server_pids(ctx, case.system))
             if case.system == "queen" and ctx.queen is not None:
                 result["server_rss"] = ctx.queen.rss()
@@ -438,9 +504,14 @@ def run(args: argparse.Namespace, server_dsn: str) -> int:
         profile = profiles.Profile(**{**profile.__dict__, **overrides})
     ctx = Context(profile, server_dsn, args.amqp, args.db_prefix, own_cluster=args.cluster)
     wanted = args.systems.split(",") if args.systems else list(profile.systems)
-    phases = (
-        set(args.only.split(",")) if args.only else {"push", "e2e", "latency", "backlog", "memory"}
-    )
+    phases = set(args.only.split(",")) if args.only else set(PHASES)
+    unknown = phases - set(PHASES)
+    if unknown:
+        print(f"unknown phases: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    if args.groups < 1:
+        print("--groups must be at least 1", file=sys.stderr)
+        return 2
     started = time.time()
     ctx.commit = git("rev-parse", "--short", "HEAD")
     ctx.dirty_files = len(git("status", "--porcelain", "--untracked-files=no").splitlines())
@@ -457,14 +528,16 @@ def run(args: argparse.Namespace, server_dsn: str) -> int:
         phases -= {"backlog", "memory"}
     try:
         cases = plan(ctx, phases)
+        fanout = plan_fanout(ctx, args.groups) if "fanout" in phases else []
         total = (
-            len(cases) * args.rounds
+            (len(cases) + len(fanout)) * args.rounds
             + len(profile.backlog_sizes) * ("backlog" in phases)
             + ("memory" in phases)
         )
         with Progress(total, enabled=not args.no_progress) as bar:
             for round_no in range(1, args.rounds + 1):
                 run_cases(ctx, cases, bar, round_no)
+                run_cases(ctx, rotated(fanout, round_no), bar, round_no)
             if "backlog" in phases:
                 guarded(ctx, "queen/backlog", run_backlog, bar)
             if "memory" in phases:
@@ -477,6 +550,7 @@ def run(args: argparse.Namespace, server_dsn: str) -> int:
                 drop_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
     facts = conditions(ctx, started)  # while the server still runs
     facts["rounds"] = args.rounds
+    facts["wal_baseline"] = args.wal_baseline
     paths = report.write(args.out, args.name or profile.name, ctx.results, facts)
     failed = [r for r in ctx.results if "failed" in r]
     for r in failed:

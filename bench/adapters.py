@@ -20,6 +20,12 @@ import orjson
 PAYLOAD = {"kind": "bench", "body": "x" * 96}  # ~120 bytes of JSON per message
 PAYLOAD_JSON = orjson.dumps(PAYLOAD)
 QUEUE = "bench"
+MAX_PUSH_ITEMS = 1000  # Queen's QUEEN_MAX_BATCH_SIZE default: items per push call
+
+
+def fanout_queues(groups: int) -> list[str]:
+    """The queues of the fan-out copy approach: one per reader, each holding every message."""
+    return [f"{QUEUE}_copy{g}" for g in range(groups)]
 
 
 class EmptyPop(Exception):
@@ -39,6 +45,9 @@ class QueenClient:
         self.partitions = max(1, int(spec.get("partitions", 1)))
         self.wait_ms = int(spec.get("pop_wait_ms", 0))
         self.queue = spec.get("queue", QUEUE)
+        self.group = spec.get("consumer_group")
+        # The copy approach of the fan-out: every push writes its messages into each queue.
+        self.copies = [q.encode() for q in spec.get("copy_queues", [self.queue])]
         self._next_partition = int(spec.get("client_index", 0))
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
@@ -56,20 +65,25 @@ class QueenClient:
         raise AssertionError("unreachable")
 
     def push(self, n: int) -> int:
-        partition = f"p{self._next_partition % self.partitions}"
+        """Push n messages (into each copy queue: as few calls as the batch limit allows)."""
+        partition = f"p{self._next_partition % self.partitions}".encode()
         self._next_partition += 1
-        items = b",".join(
-            b'{"queue":"%s","partition":"%s","payload":%s}'
-            % (self.queue.encode(), partition.encode(), PAYLOAD_JSON)
-            for _ in range(n)
-        )
-        status, body = self._request("POST", "/api/v1/push", b'{"items":[' + items + b"]}")
-        if status != 201:
-            raise RuntimeError(f"push answered {status}: {body[:200]!r}")
+        per_call = max(1, MAX_PUSH_ITEMS // n)
+        for first in range(0, len(self.copies), per_call):
+            items = b",".join(
+                b'{"queue":"%s","partition":"%s","payload":%s}' % (queue, partition, PAYLOAD_JSON)
+                for queue in self.copies[first : first + per_call]
+                for _ in range(n)
+            )
+            status, body = self._request("POST", "/api/v1/push", b'{"items":[' + items + b"]}")
+            if status != 201:
+                raise RuntimeError(f"push answered {status}: {body[:200]!r}")
         return n
 
     def pop(self, n: int) -> list[str]:
         path = f"/api/v1/pop/queue/{self.queue}?batch={n}"
+        if self.group:
+            path += f"&consumerGroup={self.group}"
         if self.wait_ms:
             path += f"&wait=true&timeout={self.wait_ms}"
         status, body = self._request("GET", path)
@@ -80,12 +94,15 @@ class QueenClient:
         return [m["transactionId"] for m in orjson.loads(body)["messages"]]
 
     def ack(self, handles: list[str]) -> None:
+        group = {"consumerGroup": self.group} if self.group else {}
         if len(handles) == 1:
-            doc: dict[str, Any] = {"transactionId": handles[0], "status": "completed"}
+            doc: dict[str, Any] = {"transactionId": handles[0], "status": "completed", **group}
             path = "/api/v1/ack"
         else:
             doc = {
-                "acknowledgments": [{"transactionId": h, "status": "completed"} for h in handles]
+                "acknowledgments": [
+                    {"transactionId": h, "status": "completed", **group} for h in handles
+                ]
             }
             path = "/api/v1/ack/batch"
         status, body = self._request("POST", path, orjson.dumps(doc))
@@ -247,13 +264,17 @@ class PgmqClient:
         )
         self.q = PGMQueue(conn_string=target["dsn"], pool=self.pool, init_extension=False)
         self.ack_mode = spec.get("pgmq_ack", "delete")
+        self.queue = spec.get("queue", QUEUE)
+        # The fan-out's copy approach: a send_batch into each queue (pgmq has no multi-queue send).
+        self.copies = spec.get("copy_queues", [self.queue])
 
     def push(self, n: int) -> int:
-        self.q.send_batch(QUEUE, [PAYLOAD] * n)
+        for queue in self.copies:
+            self.q.send_batch(queue, [PAYLOAD] * n)
         return n
 
     def pop(self, n: int) -> list[int]:
-        messages = self.q.read(QUEUE, vt=300, qty=n)
+        messages = self.q.read(self.queue, vt=300, qty=n)
         if n == 1:
             messages = [messages] if messages else []
         if not messages:
@@ -262,9 +283,9 @@ class PgmqClient:
 
     def ack(self, handles: list[int]) -> None:
         if self.ack_mode == "archive":
-            self.q.archive_batch(QUEUE, handles)
+            self.q.archive_batch(self.queue, handles)
         else:
-            self.q.delete_batch(QUEUE, handles)
+            self.q.delete_batch(self.queue, handles)
 
     def close(self) -> None:
         self.pool.close()
@@ -332,18 +353,17 @@ CLIENTS = {
 # --------------------------------------------------------------------------- preparation
 
 
-def prepare(system: str, target: dict[str, Any]) -> None:
-    """Empty the system's storage before a workload (harness process, not a driver)."""
+def prepare(system: str, target: dict[str, Any], queues: list[str] | None = None) -> None:
+    """Empty the system's storage before a workload (harness process, not a driver);
+    pgmq gets queues created (default: QUEUE), after every queue of an earlier case is dropped."""
     if system in ("queen", "queen_sql"):
         _reset_queen(target["dsn"])
     elif system == "raw":
         _sql(target["dsn"], RAW_DDL)
     elif system == "pgmq":
-        _sql(
-            target["dsn"],
-            f"SELECT pgmq.drop_queue('{QUEUE}') FROM pgmq.meta WHERE queue_name = '{QUEUE}'",
-        )
-        _sql(target["dsn"], f"SELECT pgmq.create('{QUEUE}')")
+        _sql(target["dsn"], "SELECT pgmq.drop_queue(queue_name) FROM pgmq.meta")
+        for queue in queues or [QUEUE]:
+            _sql(target["dsn"], f"SELECT pgmq.create('{queue}')")
     elif system == "rabbitmq":
         import pika
 

@@ -21,7 +21,7 @@ from typing import Any  # noqa: E402
 
 import gevent  # noqa: E402
 
-from bench.adapters import CLIENTS, EmptyPop  # noqa: E402
+from bench.adapters import CLIENTS, EmptyPop, fanout_queues  # noqa: E402
 
 MAX_SAMPLES = 20000  # latency samples kept per operation and process (reservoir)
 EMPTY_SLEEP = 0.002  # seconds a polling consumer waits after an empty pop
@@ -81,9 +81,12 @@ class Backlog:
         self.outstanding = 0
 
 
-def producer(client: Any, batch: int, window: Window, backlog: Backlog | None) -> None:
+def producer(
+    client: Any, batch: int, window: Window, backlog: Backlog | None, readers: int = 1
+) -> None:
+    """Push batch after batch; each message is readers deliveries to ack (fan-out)."""
     while window.running():
-        if backlog is not None and backlog.outstanding + batch > backlog.cap:
+        if backlog is not None and backlog.outstanding + batch * readers > backlog.cap:
             gevent.sleep(0.001)
             continue
         started = time.time()
@@ -93,7 +96,7 @@ def producer(client: Any, batch: int, window: Window, backlog: Backlog | None) -
             window.error(exc)
             continue
         if backlog is not None:
-            backlog.outstanding += batch
+            backlog.outstanding += batch * readers
         window.record("push", started, "pushed", batch)
 
 
@@ -127,16 +130,36 @@ def consumer(
             gevent.sleep(pause)
 
 
-def build_clients(spec: dict[str, Any], count: int, offset: int) -> list[Any]:
+def build_clients(
+    spec: dict[str, Any], count: int, offset: int, role: str = "producer"
+) -> list[Any]:
     cls = CLIENTS[spec["system"]]
-    return [cls(spec["target"], {**spec, "client_index": offset + i}) for i in range(count)]
+    return [
+        cls(spec["target"], {**spec, **fanout_role(spec, role, i), "client_index": offset + i})
+        for i in range(count)
+    ]
+
+
+def fanout_role(spec: dict[str, Any], role: str, i: int) -> dict[str, Any]:
+    """What client i of a fan-out case reads or writes: consumers are dealt round the G
+    groups (or copy queues) by their number over all processes, so each has as many."""
+    if spec["workload"] != "fanout":
+        return {}
+    groups = int(spec["groups"])
+    lane = (int(spec.get("first_consumer", 0)) + i) % groups
+    if spec["variant"] == "groups":
+        return {"consumer_group": f"g{lane}"} if role == "consumer" else {}
+    queues = fanout_queues(groups)
+    return {"queue": queues[lane]} if role == "consumer" else {"copy_queues": queues}
 
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
     workload, batch = spec["workload"], int(spec["batch"])
     producers = build_clients(spec, int(spec.get("producers", 0)), spec.get("index", 0) * 100)
-    consumers = build_clients(spec, int(spec.get("consumers", 0)), spec.get("index", 0) * 100 + 50)
+    consumers = build_clients(
+        spec, int(spec.get("consumers", 0)), spec.get("index", 0) * 100 + 50, "consumer"
+    )
     if workload == "latency":
         # Pre-fill the queue so that every pop of the probe finds a message.
         for _ in range(int(spec.get("prefill_batches", 1))):
@@ -149,11 +172,12 @@ def main() -> None:
 
     cap = int(spec.get("backlog_cap", 0))
     backlog = Backlog(cap) if cap else None
-    jobs = []
+    jobs: list[Any] = []
     if workload == "push":
         jobs = [gevent.spawn(producer, c, batch, window, None) for c in producers]
-    elif workload == "e2e":
-        jobs = [gevent.spawn(producer, c, batch, window, backlog) for c in producers]
+    elif workload in ("e2e", "fanout"):
+        readers = int(spec["groups"]) if workload == "fanout" else 1
+        jobs = [gevent.spawn(producer, c, batch, window, backlog, readers) for c in producers]
         jobs += [gevent.spawn(consumer, c, batch, window, backlog) for c in consumers]
     elif workload == "latency":
         jobs = [

@@ -29,6 +29,10 @@ class Profile:
     systems: tuple[str, ...] = ALL_SYSTEMS
     latency_systems: tuple[str, ...] = ("queen", "queen_sql", "raw", "pgmq", "rabbitmq")
     pop_wait_ms: int = 1000  # long-poll timeout of Queen consumers
+    fanout_batch: int = 100  # push, pop and ack batch of the fan-out cases
+    fanout_partitions: int = 16
+    fanout_producers: int = 4
+    fanout_consumers: int = 2  # per consumer group (or copy queue)
     notes: list[str] = field(default_factory=list)
 
 
@@ -65,6 +69,8 @@ SMOKE = Profile(
     systems=("queen", "raw"),
     latency_systems=("queen",),
     pop_wait_ms=200,
+    fanout_producers=1,
+    fanout_consumers=1,
 )
 
 PROFILES = {p.name: p for p in (SMOKE, QUICK, FULL)}

@@ -86,20 +86,22 @@ def median_windows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def goals(
-    results: list[dict[str, Any]],
+    results: list[dict[str, Any]], wal_baseline: float | None = None
 ) -> list[tuple[str, float, str, bool | None, list[float]]]:
     """Return (goal, measured, target, met, per round) for each goal of docs/PERFORMANCE.md.
 
     A goal measured in several rounds is each round's value (its ratios side by side in
     that round) and measured is their median; per round is empty with one round.
+    wal_baseline: the earlier row store's WAL bytes per message (else only reported).
     """
     numbers = rounds(results)
     if len(numbers) <= 1:
-        return [(*row, []) for row in _goals(results)]
+        return [(*row, []) for row in _goals(results, wal_baseline)]
     values: dict[str, list[float]] = {}
     targets: dict[str, str] = {}
     for n in numbers:
-        for name, value, target, _ in _goals([r for r in results if round_of(r) == n]):
+        measured = _goals([r for r in results if round_of(r) == n], wal_baseline)
+        for name, value, target, _ in measured:
             if not math.isnan(value):
                 values.setdefault(name, []).append(value)
             targets.setdefault(name, target)
@@ -114,7 +116,10 @@ def goals(
     return rows
 
 
-def _meets(value: float, target: str) -> bool:
+def _meets(value: float, target: str) -> bool | None:
+    """Whether value meets target ("op bound"); None for a figure only reported."""
+    if target == REPORTED:
+        return None
     op, bound = target.split()
     limit = float(bound)
     return {">=": value >= limit, "<=": value <= limit, "<": value < limit}[op]
@@ -134,6 +139,22 @@ RATE_GOALS = (
 )
 
 
+FANOUT_GOAL = ("fan-out 4 groups / copy approach", 4, 1.3)  # (goal, groups, factor)
+WAL_GOAL = f"WAL bytes/msg e2e batch 100 (p{HEADLINE_PARTITIONS})"
+REPORTED = "reported"  # the target of a figure without a bound to meet
+
+
+def fanout_window(
+    results: list[dict[str, Any]], system: str, variant: str, groups: int
+) -> dict[str, Any] | None:
+    return find(results, system=system, workload="fanout", variant=variant, groups=groups)
+
+
+def wal_per_message(r: dict[str, Any] | None) -> float:
+    value = r.get("wal_bytes_per_msg") if r else None
+    return math.nan if value is None else float(value)
+
+
 def queen_window(results: list[dict[str, Any]], workload: str, batch: int) -> dict[str, Any] | None:
     """Queen's window a throughput goal compares (end to end: the headline partitions)."""
     if workload == "e2e":
@@ -143,7 +164,9 @@ def queen_window(results: list[dict[str, Any]], workload: str, batch: int) -> di
     return find(results, system="queen", workload=workload, batch=batch)
 
 
-def _goals(results: list[dict[str, Any]]) -> list[tuple[str, float, str, bool | None]]:
+def _goals(
+    results: list[dict[str, Any]], wal_baseline: float | None = None
+) -> list[tuple[str, float, str, bool | None]]:
     """(goal, measured, target, met) from one round's results."""
     lat = find(results, system="queen", workload="latency")
     backlogs = sorted(
@@ -152,7 +175,7 @@ def _goals(results: list[dict[str, Any]]) -> list[tuple[str, float, str, bool | 
     mem = find(results, workload="memory")
     rows: list[tuple[str, float, str, bool | None]] = []
 
-    def add(name: str, value: float, target: str, met: bool) -> None:
+    def add(name: str, value: float, target: str, met: bool | None) -> None:
         rows.append((name, value, target, None if math.isnan(value) else met))
 
     for name, workload, batch, system, factor in RATE_GOALS:
@@ -162,6 +185,20 @@ def _goals(results: list[dict[str, Any]]) -> list[tuple[str, float, str, bool | 
             rate(results, system=system, workload=workload, batch=batch),
         )
         add(name, v, f">= {factor:g}", v >= factor)
+    name, groups, factor = FANOUT_GOAL
+    together, copied = (
+        fanout_window(results, "queen", variant, groups) for variant in ("groups", "copy")
+    )
+    v = ratio(
+        float(together["msgs_per_s"]) if together else math.nan,
+        float(copied["msgs_per_s"]) if copied else math.nan,
+    )
+    add(name, v, f">= {factor:g}", v >= factor)
+    v = wal_per_message(queen_window(results, "e2e", 100))
+    if wal_baseline:
+        add(WAL_GOAL, v, f"<= {wal_baseline / 2:g}", v <= wal_baseline / 2)
+    else:
+        add(WAL_GOAL, v, REPORTED, None)
     v = pop_latency(lat, "p50")
     add("pop p50 at low load (ms)", v, "<= 2", v <= 2)
     v = pop_latency(lat, "p99")
@@ -252,16 +289,30 @@ def markdown(mode: str, results: list[dict[str, Any]], facts: dict[str, Any]) ->
         ]
     else:
         out += ["| goal | measured | target | met |", "|---|---:|---|---|"]
-    for name, value, target, met, per_round in goals(results):
+    baseline = facts.get("wal_baseline")
+    for name, value, target, met, per_round in goals(results, baseline):
         mark = "–" if met is None else ("yes" if met else "**no**")
         each = f" {' / '.join(fmt(v, 2) for v in per_round) or '–'} |" if len(numbers) > 1 else ""
         out.append(f"| {name} | {fmt(value, 2)} |{each} {target} | {mark} |")
+    out += [
+        "",
+        "WAL bytes are the whole server's over the window (every database's): exact only on "
+        "a server nobody else writes to, as the bench's own (`--cluster`)."
+        + (
+            f" The WAL goal is half the earlier row store's {fmt(baseline)} bytes per "
+            "message (`--wal-baseline`)."
+            if baseline
+            else ""
+        ),
+    ]
     shown = median_windows(results)
     out += [
         "",
         *_push_table(shown),
         "",
         *_e2e_table(shown),
+        "",
+        *_fanout_table(shown),
         "",
         *_latency_table(shown),
         "",
@@ -350,11 +401,11 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
             fmt(rate(results, system=s, workload="e2e", batch=b, partitions=n)) for s, n in queens
         ]
         cells += [fmt(rate(results, system=s, workload="e2e", batch=b)) for s in peers]
-        r = ratio(
+        vs_raw = ratio(
             rate(results, system="queen", workload="e2e", batch=b, partitions=HEADLINE_PARTITIONS),
             rate(results, system="raw", workload="e2e", batch=b),
         )
-        out.append(f"| {b} | " + " | ".join(cells) + f" | {fmt(r, 2)} |")
+        out.append(f"| {b} | " + " | ".join(cells) + f" | {fmt(vs_raw, 2)} |")
     out += [
         "",
         "Per-operation latency under that load (ms, p50 / p99):",
@@ -373,6 +424,34 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
         per_pop = fmt(counts.get("popped", 0) / calls, 1) if calls else "–"
         cells += [per_pop, fmt(float(counts.get("empty_pops", 0)))]
         out.append(f"| {r['case']} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _fanout_table(results: list[dict[str, Any]]) -> list[str]:
+    """Each fan-out window, and consumer groups against each copy approach of its run."""
+    rows = [r for r in _ok(results) if r["workload"] == "fanout"]
+    if not rows:
+        return []
+    out = [
+        "## Fan-out: G consumer groups on one queue against a copy per reader",
+        "",
+        "groups: producers push batch B into one queue, G consumer groups each pop it (by "
+        "queue, consumerGroup) and ack; copy: each push carries its messages into G queues "
+        "(Queen: one push call of G·B items; pgmq: a send_batch per queue), each queue "
+        "consumed in queue mode. Same producers, consumers per group or queue, batch and "
+        "window. deliveries/s = acked per second over all groups (queues); published/s = "
+        "messages the producers pushed per second, a copied message counted once.",
+        "",
+        "| case | deliveries/s | published/s | WAL bytes/delivery | groups / this |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        together = fanout_window(results, "queen", "groups", r["groups"])
+        vs = ratio(float(together["msgs_per_s"]) if together else math.nan, r["msgs_per_s"])
+        out.append(
+            f"| {r['case']} | {fmt(r['msgs_per_s'])} | {fmt(r.get('published_per_s', math.nan))}"
+            f" | {fmt(wal_per_message(r))} | {'–' if r is together else fmt(vs, 2)} |"
+        )
     return out
 
 
@@ -460,22 +539,26 @@ def _cpu_table(results: list[dict[str, Any]]) -> list[str]:
 def _cpu_per_message_table(results: list[dict[str, Any]]) -> list[str]:
     rows = []
     for r in _ok(results):
-        c = cpu_per_message(r) if r["workload"] in ("push", "e2e") else None
+        c = cpu_per_message(r) if r["workload"] in ("push", "e2e", "fanout") else None
         if c is not None:
             rows.append((r, c))
     if not rows:
         return []
     out = [
-        "## CPU per message (µs, both cores' time over the messages of the window)",
+        "## CPU and WAL per message (µs, both cores' time over the messages of the window)",
         "",
-        "postgres includes its background processes; other users' CPU is left out.",
+        "postgres includes its background processes; other users' CPU is left out. WAL "
+        "bytes/msg: the server's WAL over the window per message pushed (push cases) or "
+        "acked (the others), every database's WAL counted.",
         "",
-        "| case | msg/s | client | server | postgres | all |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| case | msg/s | client | server | postgres | all | WAL bytes/msg |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r, c in rows:
         cells = " | ".join(fmt(c[k], 1) for k in (*CPU_PARTS, "all"))
-        out.append(f"| {r['case']} | {fmt(r['msgs_per_s'])} | {cells} |")
+        out.append(
+            f"| {r['case']} | {fmt(r['msgs_per_s'])} | {cells} | {fmt(wal_per_message(r))} |"
+        )
     allowed = budgets(results)
     if allowed:
         out += [
@@ -499,14 +582,15 @@ def _rounds_table(results: list[dict[str, Any]], numbers: list[int]) -> list[str
     """Every push and end-to-end case's rate in each round, and their median."""
     by_case: dict[str, dict[int, float]] = {}
     for r in _ok(results):
-        if r["workload"] in ("push", "e2e"):
+        if r["workload"] in ("push", "e2e", "fanout"):
             by_case.setdefault(r["case"], {})[round_of(r)] = float(r["msgs_per_s"])
     if not by_case:
         return []
     out = [
         "## Rounds (messages/s)",
         "",
-        "Every round's window of each push and end-to-end case; median of the rounds' rates.",
+        "Every round's window of each push, end-to-end and fan-out case; median of the "
+        "rounds' rates.",
         "",
         "| case | " + " | ".join(f"round {n}" for n in numbers) + " | median |",
         "|---|" + "---:|" * (len(numbers) + 1),

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
+
 from bench import procstat
 from bench.systems import BENCH_DIR, ROOT, backend_pids, background_pids
 
@@ -23,7 +25,7 @@ class Case:
     """One measured point: a system, a workload and its shape."""
 
     system: str
-    workload: str  # push | e2e | latency | backlog
+    workload: str  # push | e2e | fanout | latency | backlog
     batch: int = 1
     partitions: int = 1
     producers: int = 0
@@ -36,7 +38,10 @@ class Case:
     @property
     def label(self) -> str:
         parts = [self.system, self.workload, f"b{self.batch}"]
-        if self.workload == "e2e":
+        if self.workload == "fanout":
+            parts[1] = f"fanout-{self.extra['variant']}"
+            parts.append(f"g{self.extra['groups']}")
+        if self.workload in ("e2e", "fanout"):
             parts.append(f"p{self.partitions}")
         return "/".join(parts)
 
@@ -74,9 +79,54 @@ def _read_ready(proc: subprocess.Popen[str], deadline: float) -> None:
             raise RuntimeError("driver did not become ready in time")
 
 
+WAL_NOW = (
+    "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint,"
+    " (SELECT wal_bytes FROM pg_stat_wal)::bigint"
+)
+WAL_NOW_BEFORE_14 = (
+    "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint, NULL::bigint"
+)
+
+
+class WalMeter:
+    """The WAL the whole server wrote over a window, read at its edges.
+
+    The bytes are the distance between the WAL insert positions (pg_current_wal_insert_lsn),
+    exact at any moment. pg_stat_wal.wal_bytes (PostgreSQL 14+) counts the same bytes but
+    each backend adds its share at most once a second, so over a window of a few seconds
+    it is off by tens of percent; it is kept beside, as a check. Both count every
+    database's WAL: exact for the bench only on a server nobody else writes to (--cluster).
+    """
+
+    def __init__(self, dsn: str | None) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True) if dsn else None
+        self.edges: list[tuple[int, int | None]] = []
+
+    def read(self) -> None:
+        if self.conn is None:
+            return
+        with_stat = self.conn.info.server_version >= 140000
+        row = self.conn.execute(WAL_NOW if with_stat else WAL_NOW_BEFORE_14).fetchone()
+        assert row is not None
+        self.edges.append((int(row[0]), row[1]))
+
+    def written(self) -> dict[str, int | None]:
+        """wal_bytes over the window, and pg_stat_wal's count of it (None where unknown)."""
+        if len(self.edges) != 2:
+            return {"wal_bytes": None, "wal_bytes_pg_stat_wal": None}
+        (lsn0, stat0), (lsn1, stat1) = self.edges
+        stat = stat1 - stat0 if stat0 is not None and stat1 is not None else None
+        return {"wal_bytes": lsn1 - lsn0, "wal_bytes_pg_stat_wal": stat}
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
 def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict[str, Any]:
-    """Run case against target; return throughput, latency percentiles and CPU shares."""
+    """Run case against target; return throughput, latency percentiles, CPU shares and WAL."""
     procs = []
+    wal = WalMeter(target.get("dsn"))
     for i in range(case.processes):
         spec = {
             "system": case.system,
@@ -87,6 +137,7 @@ def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict
             "target": target,
             "producers": _split(case.producers, case.processes, i),
             "consumers": _split(case.consumers, case.processes, i),
+            "first_consumer": sum(_split(case.consumers, case.processes, k) for k in range(i)),
             "warmup": case.warmup,
             "duration": case.duration,
             **case.extra,
@@ -112,6 +163,7 @@ def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict
             proc.stdin.flush()
         meter = procstat.CpuMeter()
         time.sleep(max(0.0, start + case.warmup - time.time()))
+        wal.read()
         db_pids = backend_pids(target["dsn"]) if "dsn" in target else []
         bg_pids = background_pids(target["dsn"]) if "dsn" in target else []
         groups = {
@@ -123,6 +175,7 @@ def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict
         meter.start(groups)
         time.sleep(max(0.0, start + case.warmup + case.duration - time.time()))
         cpu = meter.stop()
+        wal.read()
         outputs = []
         for proc in procs:
             out, err = proc.communicate(timeout=60)
@@ -131,14 +184,20 @@ def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict
                 raise RuntimeError(f"driver failed ({proc.returncode}): {err[-1500:]}")
             outputs.append(json.loads(lines[-1]))
     finally:
+        wal.close()
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return _merge(case, outputs, cpu)
+    return _merge(case, outputs, cpu, wal.written())
 
 
-def _merge(case: Case, outputs: list[dict[str, Any]], cpu: dict[str, float]) -> dict[str, Any]:
+def _merge(
+    case: Case,
+    outputs: list[dict[str, Any]],
+    cpu: dict[str, float],
+    wal: dict[str, int | None],
+) -> dict[str, Any]:
     counts: dict[str, int] = {}
     samples: dict[str, list[float]] = {}
     errors: list[str] = []
@@ -149,6 +208,7 @@ def _merge(case: Case, outputs: list[dict[str, Any]], cpu: dict[str, float]) -> 
             samples.setdefault(op, []).extend(values)
         errors.extend(out.get("errors", []))
     done = counts.get("pushed", 0) if case.workload == "push" else counts.get("acked", 0)
+    wal_bytes = wal["wal_bytes"]
     latency = {
         op: {f"p{q}": percentile(values, q) for q in (50, 90, 99)} | {"n": len(values)}
         for op, values in samples.items()
@@ -166,8 +226,24 @@ def _merge(case: Case, outputs: list[dict[str, Any]], cpu: dict[str, float]) -> 
         "duration_s": case.duration,
         "msgs_per_s": done / case.duration,
         "counts": counts,
+        **wal,
+        # pushed messages for push cases, acked ones (deliveries) for the others
+        "wal_bytes_per_msg": wal_bytes / done if wal_bytes is not None and done else None,
         "latency_ms": latency,
         "cpu": cpu,
         "cores": os.cpu_count() or 1,  # cpu shares are of all of them
         "errors": errors[:5],
+        **_fanout_fields(case, counts),
+    }
+
+
+def _fanout_fields(case: Case, counts: dict[str, int]) -> dict[str, Any]:
+    """A fan-out window's variant, its readers and the messages published per second (a
+    copied message counts once: what the producers' callers asked for)."""
+    if case.workload != "fanout":
+        return {}
+    return {
+        "variant": case.extra["variant"],
+        "groups": case.extra["groups"],
+        "published_per_s": counts.get("pushed", 0) / case.duration,
     }

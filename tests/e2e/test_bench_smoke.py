@@ -1,9 +1,10 @@
 """The benchmark harness runs end to end in its tiny mode against a fresh database.
 
-Marked slow: it takes 20-40 s (two rounds of six one-second cases, each in a fresh
+Marked slow: it takes 20-40 s (two rounds of eight one-second cases, each in a fresh
 load-generator process, plus seeding and a gunicorn start), over the 20 s budget of the
 default run. The second test runs it once on a cluster the bench starts itself (initdb,
-default settings), as the goals are measured.
+default settings), as the goals are measured; the third only its fan-out phase there,
+with pgmq's copy approach beside Queen's.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from bench.cluster import pg_bin
 from tests.conftest import ROOT
 
 
-def run_smoke(out: Path, *server: str, rounds: int = 1) -> tuple[str, list[dict[str, Any]]]:
-    """Run `python -m bench --smoke` on server (its arguments); return the report and results."""
+def run_smoke(
+    out: Path, *server: str, rounds: int = 1, systems: tuple[str, ...] = ("queen", "raw")
+) -> tuple[str, list[dict[str, Any]]]:
+    """Run `python -m bench --smoke` on server (its arguments, and any more); return the
+    report and results, after checking that systems ran on the cursor store and none failed."""
     run = subprocess.run(
         [
             sys.executable,
@@ -46,7 +50,7 @@ def run_smoke(out: Path, *server: str, rounds: int = 1) -> tuple[str, list[dict[
     assert run.returncode == 0, run.stderr[-3000:]
     report = (out / "RESULTS-smoke.md").read_text()
     results = json.loads((out / "results-smoke.json").read_text())["results"]
-    assert {r["system"] for r in results} == {"queen", "raw"}
+    assert {r["system"] for r in results} == set(systems)
     assert not [r for r in results if "failed" in r]
     return report, results
 
@@ -61,6 +65,7 @@ def test_bench_smoke(server_dsn, tmp_path):
         "## Pop latency",
         "## Backlog scale",
         "## Server memory",
+        "## Fan-out",
         "## Where the CPU went",
         "## Rounds",
     ):
@@ -74,9 +79,22 @@ def test_bench_smoke(server_dsn, tmp_path):
         once = "/backlog/" in case or "/memory/" in case
         assert sorted(seen) == ([1] if once else [1, 2]), case
     for r in results:
-        if r["workload"] in ("push", "e2e", "memory"):
+        if r["workload"] in ("push", "e2e", "fanout", "memory"):
             assert r["msgs_per_s"] > 0, r["case"]
             assert r["counts"]["errors"] == 0, r["errors"]
+    variants = {r["variant"] for r in results if r["workload"] == "fanout"}
+    assert variants == {"groups", "copy"}
+
+
+def fanout_delivers_every_message_to_each_group(results: list[dict[str, Any]]) -> None:
+    """Each fan-out window acked about G deliveries per published message, with its WAL."""
+    fanout = [r for r in results if r["workload"] == "fanout"]
+    assert fanout
+    for r in fanout:
+        assert r["groups"] == 4 and r["counts"]["errors"] == 0, r
+        # a backlog of at most a few batches is in flight at either edge of the window
+        assert r["counts"]["acked"] == pytest.approx(4 * r["counts"]["pushed"], rel=0.5), r
+        assert r["wal_bytes"] > 0 and r["wal_bytes_per_msg"] > 0, r
 
 
 @pytest.mark.slow
@@ -89,3 +107,33 @@ def test_bench_smoke_on_its_own_cluster(tmp_path):
     # the seeded backlog (bench/backlog.py) is what the pops found
     assert backlog and all(r["counts"]["popped"] > 0 for r in backlog), backlog
     assert all(r["counts"]["empty_pops"] == 0 for r in backlog), backlog
+    # the server's WAL over each window, per message (the bench's own cluster: only its WAL)
+    for r in results:
+        if r["workload"] in ("push", "e2e"):
+            assert r["wal_bytes_per_msg"] > 0, r["case"]
+    assert "| WAL bytes/msg e2e batch 100 (p16) |" in report
+    assert "fan-out 4 groups / copy approach" in report
+    fanout_delivers_every_message_to_each_group(results)
+
+
+@pytest.mark.slow
+def test_bench_fanout_against_pgmq_on_its_own_cluster(tmp_path):
+    if pg_bin() is None:
+        pytest.skip("no PostgreSQL binaries for a cluster of the bench's own")
+    pytest.importorskip("pgmq")
+    report, results = run_smoke(
+        tmp_path,
+        "--cluster",
+        "--only",
+        "fanout",
+        "--systems",
+        "queen,pgmq",
+        systems=("queen", "pgmq"),
+    )
+    assert {(r["system"], r["variant"]) for r in results} == {
+        ("queen", "groups"),
+        ("queen", "copy"),
+        ("pgmq", "copy"),
+    }
+    fanout_delivers_every_message_to_each_group(results)
+    assert "| pgmq/fanout-copy/b100/g4/p16 |" in report

@@ -178,3 +178,105 @@ def test_the_cpu_plot_shows_the_end_to_end_cases(tmp_path):
     paths = report.plots(tmp_path, "t", results)
     assert tmp_path / "cpu-t.png" in paths
     assert (tmp_path / "cpu-t.png").stat().st_size > 10_000
+
+
+def fanout(system: str, variant: str, rate: float, rnd: int = 1, groups: int = 4) -> dict:
+    r = window(system, "fanout", 100, rate, rnd)
+    label = f"{system}/fanout-{variant}/b100/g{groups}/p16"
+    return {
+        **r,
+        "case": label,
+        "partitions": 16,
+        "variant": variant,
+        "groups": groups,
+        "published_per_s": rate / groups,
+        "wal_bytes_per_msg": 150.0 if variant == "groups" else 520.0,
+    }
+
+
+def test_the_fanout_goal_is_four_groups_against_the_copy_approach_on_queen():
+    results = [
+        fanout("queen", "groups", 16_000),
+        fanout("queen", "copy", 10_000),
+        fanout("pgmq", "copy", 20_000),  # beside, in the table: not the goal's baseline
+    ]
+    assert goal(report.goals(results), "fan-out 4 groups")[:4] == (
+        "fan-out 4 groups / copy approach",
+        1.6,
+        ">= 1.3",
+        True,
+    )
+
+
+def test_the_fanout_goal_takes_each_rounds_side_by_side_ratio():
+    results = [
+        fanout("queen", variant, rate, rnd)
+        for rnd, (together, copied) in enumerate([(12_000, 10_000), (8_000, 5_000)], 1)
+        for variant, rate in (("groups", together), ("copy", copied))
+    ]
+    *_, met, per_round = goal(report.goals(results), "fan-out 4 groups")
+    assert per_round == [1.2, 1.6] and met is True  # median 1.4
+
+
+def test_the_fanout_goal_is_of_four_groups_only():
+    results = [
+        fanout("queen", "groups", 16_000, groups=2),
+        fanout("queen", "copy", 9_000, groups=2),
+    ]
+    _, value, _, met, _ = goal(report.goals(results), "fan-out 4 groups")
+    assert math.isnan(value) and met is None
+
+
+def test_wal_per_message_is_reported_without_a_baseline():
+    results = [window("queen", "e2e", 100, 20_000, 1, wal_bytes_per_msg=700.0)]
+    row = goal(report.goals(results), "WAL bytes/msg")
+    assert row == ("WAL bytes/msg e2e batch 100 (p16)", 700.0, "reported", None, [])
+
+
+def test_wal_per_message_against_half_the_row_stores_baseline():
+    results = [window("queen", "e2e", 100, 20_000, 1, wal_bytes_per_msg=700.0)]
+    _, _, target, met, _ = goal(report.goals(results, wal_baseline=1208), "WAL bytes/msg")
+    assert (target, met) == ("<= 604", False)
+    _, _, target, met, _ = goal(report.goals(results, wal_baseline=1500), "WAL bytes/msg")
+    assert (target, met) == ("<= 750", True)
+
+
+def test_wal_per_message_over_rounds_is_the_median_and_only_reported():
+    results = [
+        window("queen", "e2e", 100, 20_000, rnd, wal_bytes_per_msg=wal)
+        for rnd, wal in enumerate([700.0, 650.0, 900.0], 1)
+    ]
+    _, value, target, met, per_round = goal(report.goals(results), "WAL bytes/msg")
+    assert (value, target, met, per_round) == (700.0, "reported", None, [700.0, 650.0, 900.0])
+
+
+def test_a_window_without_wal_leaves_the_wal_goal_unmeasured():
+    results = [window("queen", "e2e", 100, 20_000, 1, wal_bytes_per_msg=None)]
+    _, value, _, met, _ = goal(report.goals(results), "WAL bytes/msg")
+    assert math.isnan(value) and met is None
+
+
+def test_the_report_shows_the_fanout_ratios_and_wal_per_message():
+    results = [
+        with_cores(fanout("queen", "groups", 16_000)),
+        with_cores(fanout("queen", "copy", 10_000)),
+        with_cores(fanout("pgmq", "copy", 20_000)),
+        with_cores(window("queen", "e2e", 100, 20_000, 1, wal_bytes_per_msg=700.0)),
+    ]
+    text = report.markdown("quick", results, {"wal_baseline": 1208})
+    assert "| fan-out 4 groups / copy approach | 1.60 | >= 1.3 | yes |" in text
+    assert "| WAL bytes/msg e2e batch 100 (p16) | 700.00 | <= 604 | **no** |" in text
+    assert "half the earlier row store's 1,208 bytes per message" in text
+    assert "| queen/fanout-groups/b100/g4/p16 | 16,000 | 4,000 | 150 | – |" in text
+    assert "| queen/fanout-copy/b100/g4/p16 | 10,000 | 2,500 | 520 | 1.60 |" in text
+    assert "| pgmq/fanout-copy/b100/g4/p16 | 20,000 | 5,000 | 520 | 0.80 |" in text
+    # the per-message table has the WAL column, the fan-out cases included
+    assert "| queen/e2e/b100/p16 | 20,000 | 10.0 | 30.0 | 50.0 | 90.0 | 700 |" in text
+    assert "| queen/fanout-copy/b100/g4/p16 | 10,000 |" in text.split("## CPU and WAL")[1]
+
+
+def test_a_report_without_a_baseline_names_none():
+    results = [window("queen", "e2e", 100, 20_000, 1, wal_bytes_per_msg=700.0)]
+    text = report.markdown("quick", results, {})
+    assert "| WAL bytes/msg e2e batch 100 (p16) | 700.00 | reported | – |" in text
+    assert "--wal-baseline" not in text
