@@ -44,9 +44,11 @@ LANGUAGE sql STABLE AS $$
                   WHERE c.partition_id = w.id
                     AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
                     AND (c.not_before IS NULL OR c.not_before <= now())
-                    AND EXISTS (SELECT 1 FROM queen.cursor_messages m
-                                WHERE m.partition_id = w.id AND m.id > c.cursor_id
-                                  AND m.id <> ALL (c.done_ids)))
+                    -- in key order, as queen.cursor_settle's probe (an EXISTS may scan)
+                    AND (SELECT m.id FROM queen.cursor_messages m
+                         WHERE m.partition_id = w.id AND m.id > c.cursor_id
+                           AND m.id <> ALL (c.done_ids)
+                         ORDER BY m.id LIMIT 1) IS NOT NULL)
        OR (NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c WHERE c.partition_id = w.id)
            AND EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = w.id))
     LIMIT p_limit
