@@ -4,7 +4,7 @@ Every system runs in this one invocation on the same PostgreSQL server (one fres
 database each), with the same workload shapes, so the ratios are comparable: the server
 of --dsn, or with --cluster one the bench starts with default settings (autovacuum on)
 and removes at the end. Queen is started here (gunicorn -c gunicorn.conf.py,
-QUEEN_WORKERS=2, QUEEN_STORAGE=cursors, migrations first). Results
+QUEEN_WORKERS=2, migrations first). Results
 go to bench/results/ (or --out): RESULTS-<mode>.md, results-<mode>.json and PNG plots.
 See docs/PERFORMANCE.md for what the numbers mean.
 """
@@ -475,7 +475,6 @@ def conditions(ctx: Context, started: float) -> dict[str, Any]:
         "skipped": ctx.skipped,
         "queen_workers": 2,
         "queen_maintenance": bool(ctx.queen and ctx.queen.maintenance),
-        "queen_storage": ctx.queen.env["QUEEN_STORAGE"] if ctx.queen else "",
     }
 
 

@@ -117,17 +117,15 @@ class QueenClient:
 
 
 class QueenSqlClient:
-    """Queen's own named queries of the cursor store (queen/store/cursor_messages.sql)
-    straight over psycopg: what the SQL costs without HTTP, Falcon and the gunicorn worker
-    (a diagnostic, not a product)."""
+    """Queen's own named queries (queen/store/queries.sql) straight over psycopg: what the
+    SQL costs without HTTP, Falcon and the gunicorn worker (a diagnostic, not a product)."""
 
     def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
         import psycopg
 
-        from queen.store.cursor_messages import QUERIES
         from queen.store.sqlfile import load_queries
 
-        self.queries = {**QUERIES, "notify_pushed": load_queries()["notify_pushed"]}
+        self.queries = load_queries()
         self.conn = psycopg.connect(target["dsn"], autocommit=True)
         # The session as the server's pool sets it up (queen.store.db): timestamps in
         # UTC, and a push's wake-up sent after its commit by notify_pushed, not by a
@@ -151,7 +149,7 @@ class QueenSqlClient:
         )
         body = b'{"items":[' + b",".join([item] * n) + b"]}"
         self.conn.execute(
-            self.queries["cursor_api_push"], {"body": body.decode(), "producer": None}
+            self.queries["push"], {"body": body.decode(), "producer": None}
         ).fetchall()
         # What a worker sends once the push committed (queen.store.polling.PushWakeups).
         self.conn.execute(
@@ -162,7 +160,7 @@ class QueenSqlClient:
     def pop(self, n: int) -> list[str]:
         route = {"kind": "queue", "queue": self.queue, "partition": None, "namespace": None}
         cur = self.conn.execute(
-            self.queries["cursor_api_pop"],
+            self.queries["pop"],
             {
                 **route,
                 "task": None,
@@ -185,7 +183,7 @@ class QueenSqlClient:
     def ack(self, handles: list[str]) -> None:
         acks = [{"transactionId": h, "status": "completed"} for h in handles]
         self.conn.execute(
-            self.queries["cursor_api_ack"], {"acks": orjson.dumps(acks).decode()}
+            self.queries["ack"], {"acks": orjson.dumps(acks).decode()}
         ).fetchall()
 
     def close(self) -> None:

@@ -121,8 +121,6 @@ def running_server(dsn: str, workers: int, maintenance: bool) -> Iterator[str]:
         "PORT": str(port),
         "QUEEN_WORKERS": str(workers),
         "LOG_LEVEL": "warning",
-        # The store measured; the setting goes once the cursor store is the only one.
-        "QUEEN_STORAGE": "cursors",
     }
     procs = [
         subprocess.Popen(
@@ -324,7 +322,7 @@ def measure_direct(args: argparse.Namespace) -> str:
     from queen.store import Store
 
     sample = pick_sample(args.dsn)
-    settings = Settings.from_env(database_url=args.dsn, storage="cursors")
+    settings = Settings.from_env(database_url=args.dsn)
     store = Store.from_settings(settings)
     store.db.pool.open(wait=True)
     client = testing.TestClient(create_app(settings, store=store))

@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         refresh(conn)
         conn.execute("ANALYZE")
         print(f"seeded in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-        store = Store(Database(dsn, pool_size=2, timeout_s=30), storage="cursors")
+        store = Store(Database(dsn, pool_size=2, timeout_s=30))
         store.db.pool.open(wait=True)
         try:
             per = args.messages // PARTITIONS

@@ -1,4 +1,4 @@
-"""The cursor store's SQL beside the current functions and a naive lifecycle, over plain psycopg.
+"""The store's SQL beside a naive lifecycle, over plain psycopg.
 
     python -m bench.cursor_sql [--dsn DSN] [--seconds 7] [--rounds 3] [--out FILE]
 
@@ -72,20 +72,6 @@ def cursor_consume(conn: Conn, worker: str) -> int:
     return len(rows)
 
 
-def current_push(conn: Conn, partition: int, first: int) -> None:
-    conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)",
-                 (orjson.dumps(_items(partition, first)).decode(),))
-
-
-def current_consume(conn: Conn, worker: str) -> int:
-    rows = conn.execute("SELECT transaction_id FROM queen.pop_queue('bench', %s, %s)",
-                        (BATCH, worker)).fetchall()
-    if rows:
-        acks = [{"transactionId": r[0], "status": "completed"} for r in rows]
-        conn.execute("SELECT count(*) FROM queen.ack(%s::jsonb)", (orjson.dumps(acks).decode(),))
-    return len(rows)
-
-
 NAIVE_TABLE = """
 CREATE TABLE bench_naive (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, part text NOT NULL,
@@ -116,7 +102,6 @@ def naive_consume(conn: Conn, worker: str) -> int:
 
 SYSTEMS = [
     System("cursor store (queen.cursor_*)", cursor_push, cursor_consume),
-    System("current functions (queen.push / pop_queue / ack)", current_push, current_consume),
     System("naive lifecycle (insert, claim UPDATE, UPDATE)", naive_push, naive_consume),
 ]
 

@@ -284,7 +284,7 @@ def direct(args: argparse.Namespace) -> list[str]:
     name = "queen_bench_dashcost_direct"
     dsn = fresh_database(args.server_dsn, name)
     migrate(dsn)
-    settings = Settings.from_env({}, database_url=dsn, storage="cursors")
+    settings = Settings.from_env({}, database_url=dsn)
     store = Store.from_settings(settings)
     store.open()
     events = Events(dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)

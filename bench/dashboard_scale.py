@@ -3,10 +3,10 @@
     python -m bench.dashboard_scale [--dsn ... | --cluster] [--skip-seed] [--repeat 5]
         [--messages 1000000]
 
-Seeds (bench.seed, the cursor store) 100 queues, 1,000 partitions and 1 million messages
+Seeds (bench.seed) 100 queues, 1,000 partitions and 1 million messages
 into a fresh database on $QUEEN_BENCH_DSN's server, or with --cluster on a throwaway
-cluster with default settings (autovacuum on), starts Queen (2 workers plus maintenance,
-QUEEN_STORAGE=cursors) and requests what each page asks for, --repeat times
+cluster with default settings (autovacuum on), starts Queen (2 workers plus maintenance)
+and requests what each page asks for, --repeat times
 one after another, on an otherwise idle server: the overview (page, scripts, token,
 throughput, the socket's first queue.depth snapshot), a queue's page, the message browser
 with each filter and a deep page, a message, dead letters, consumer groups, and the

@@ -1,6 +1,6 @@
 """`python -m bench.maintenance`: what the maintenance process costs, and how long a cycle takes.
 
-Queen runs on the cursor store (QUEEN_STORAGE=cursors), on the server of --dsn or, with
+Queen runs on the server of --dsn or, with
 --cluster, on a throwaway cluster with default settings. Two phases (both by default;
 --only throughput|cycle):
 
@@ -69,7 +69,6 @@ def conditions(server_dsn: str, own: bool) -> dict[str, Any]:
         "platform": platform.platform(),
         "postgres": server_facts(server_dsn),
         "postgres_server": cluster.origin(server_dsn, own),
-        "queen_storage": "cursors",
     }
 
 
@@ -438,7 +437,7 @@ def run_cycle(server_dsn: str, cycles: int, gap: float, completed: int) -> dict[
     say(f"cycle: seeding {completed:,} completed and {pending:,} pending messages")
     seed_s = seed(dsn, completed, pending)
     say(f"  seeded in {seed_s:.0f}s")
-    settings = Settings.from_env(database_url=dsn, partition_cleanup_s=3600, storage="cursors")
+    settings = Settings.from_env(database_url=dsn, partition_cleanup_s=3600)
     maintenance = Maintenance(settings)
     maintenance.session.connect()
     assert maintenance.session.try_lead()

@@ -294,7 +294,7 @@ def profile_case(
         [
             f"# Queen {workload} batch {batch}, {partitions} partitions, {args.duration:.0f} s",
             "",
-            f"- {cluster.describe(args.dsn, args.cluster)}; QUEEN_STORAGE=cursors",
+            f"- {cluster.describe(args.dsn, args.cluster)}",
             f"- throughput {result['msgs_per_s']:,.0f} msg/s; CPU: {cpu}",
             "- client-side latency ms (p50/p99): "
             + ", ".join(f"{op} {v['p50']:.1f}/{v['p99']:.1f}" for op, v in lat.items()),

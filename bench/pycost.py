@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         migrate(dsn)
         settings = Settings.from_env(
-            {"DATABASE_URL": dsn, "LOG_LEVEL": "warning", "QUEEN_STORAGE": "cursors"}
+            {"DATABASE_URL": dsn, "LOG_LEVEL": "warning"}
         )
         store = Store.from_settings(settings)
         store.db.pool.open(wait=True)

@@ -341,8 +341,7 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
         f"autovacuum {pg.get('autovacuum', '?')}, shared_buffers {pg.get('shared_buffers')}, "
         f"synchronous_commit {pg.get('synchronous_commit')}, fsync {pg.get('fsync')}",
         f"- Queen: gunicorn, 2 gevent workers, maintenance process "
-        f"{'on' if facts.get('queen_maintenance') else 'absent'}, "
-        f"QUEEN_STORAGE={facts.get('queen_storage', '?')}; Python {facts.get('python')}",
+        f"{'on' if facts.get('queen_maintenance') else 'absent'}; Python {facts.get('python')}",
         f"- versions: {versions}",
     ]
     for system, why in facts.get("skipped", {}).items():

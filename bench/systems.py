@@ -131,8 +131,6 @@ class QueenServer:
             "PORT": str(self.port),
             "QUEEN_WORKERS": str(workers),
             "LOG_LEVEL": "warning",
-            # The store measured; the setting goes once the cursor store is the only one.
-            "QUEEN_STORAGE": "cursors",
             **(extra_env or {}),
         }
         self.maintenance = maintenance and (ROOT / "workers" / "maintenance.py").exists()

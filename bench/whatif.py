@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
         args.dsn = cluster.server_dsn(args.dsn, args.cluster, stack)
-        print(cluster.describe(args.dsn, args.cluster) + "; QUEEN_STORAGE=cursors", end="\n\n")
+        print(cluster.describe(args.dsn, args.cluster), end="\n\n")
         return run(args)
 
 

@@ -144,15 +144,15 @@ def create_app(
     app.add_route(f"{API}/configure", ConfigureResource(store))
     app.add_route(f"{API}/lease/{{lease}}/extend", leases.LeaseExtendResource(store))
     app.add_route("/health", HealthResource(store, events, clock))
-    _add_cursor_routes(app, store, batch, hub)
+    _add_group_routes(app, store, batch, hub)
     app.add_route(f"{API}/auth/me", WhoAmIResource())
     _add_dashboard_routes(app, hub)
     _add_read_routes(app, store, measure)
     return app
 
 
-def _add_cursor_routes(app: falcon.App, store: Store, max_batch: int, hub: Hub) -> None:
-    """Transactions and consumer-group management (QUEEN_STORAGE=cursors; 400 otherwise)."""
+def _add_group_routes(app: falcon.App, store: Store, max_batch: int, hub: Hub) -> None:
+    """Transactions and consumer-group management."""
     app.add_route(f"{API}/transaction", transactions.TransactionResource(store, max_batch, hub))
     g = f"{API}/consumer-groups"
     app.add_route(g, groups.ConsumerGroupsResource(store))

@@ -133,13 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.func is not cmd_maintenance:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from queen.embedded import EmbeddedError
-    from queen.store.migrate import MigrationsNotFound
+    from queen.store.migrate import EarlierDatabase, MigrationsNotFound
 
     try:
         return int(args.func(args))
     except SettingError as exc:
         parser.exit(2, f"queen: {exc}\n")
-    except (MigrationsNotFound, EmbeddedError) as exc:
+    except (MigrationsNotFound, EarlierDatabase, EmbeddedError) as exc:
         parser.exit(1, f"queen: {exc}\n")
 
 

@@ -131,13 +131,6 @@ class Settings:
         "per-message dashboard events per second per worker",
         least=0,
     )
-    storage: str = _s(
-        "QUEEN_STORAGE",
-        "cursors",
-        "message store: cursors (immutable messages, a cursor per partition and consumer "
-        "group; docs/STORAGE.md) or rows (the earlier status per message row, going away)",
-        choices=("rows", "cursors"),
-    )
     log_level: str = _s("LOG_LEVEL", "info", "log level")
     auth: str = _s(
         "QUEEN_AUTH",

@@ -1,7 +1,7 @@
 """Per-process LISTEN connection and the registry of parked long polls.
 
 PostgreSQL sends `pg_notify('queen', 'queue/partition/namespace/task')` when a partition
-may have work for a consumer (see queen.notify_partitions in sql/schema.sql). The
+may have work for a consumer (queen.wake_payload, in sql/functions/wakeups.sql). The
 listener (one dedicated autocommit connection per process, outside the pool) hands each
 notification to the registry, which wakes ONE parked poll whose route matches: a
 partition is leased to one consumer at a time, so one waiter per notification is what

@@ -84,7 +84,7 @@ class PopRoute:
     """What a pop asks for: one partition, any partition of a queue, or a filter.
 
     consumer_group (None: queue mode) and its subscription (subscription_mode all / new,
-    subscription_from), applied at the group's first pop of a queue: the cursor store only.
+    subscription_from), applied at the group's first pop of a queue.
     """
 
     queue: str | None = None

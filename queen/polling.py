@@ -133,18 +133,19 @@ class LongPoller:
         return timeout_s
 
     def release(self, messages: Sequence[Popped]) -> None:
-        """Give back messages claimed for a response that never reached the client."""
-        leases: dict[uuid.UUID, list[str]] = {}
+        """Give back the leases of messages popped for a response that never reached the
+        client (a pop is one lease; the whole lease goes back)."""
+        leases: dict[uuid.UUID, int] = {}
         for message in messages:
-            leases.setdefault(message.lease_id, []).append(message.transaction_id)
-        for lease_id, transaction_ids in leases.items():
+            leases[message.lease_id] = leases.get(message.lease_id, 0) + 1
+        for lease_id, count in leases.items():
             try:
-                released = self.store.polling.unclaim(lease_id, transaction_ids)
+                released = self.store.polling.unclaim(lease_id)
             except QueenError as exc:
                 log.warning(
                     "could not give back %d undelivered messages (%s); they return when"
                     " lease %s expires",
-                    len(transaction_ids),
+                    count,
                     exc.message,
                     lease_id,
                 )

@@ -2,8 +2,8 @@
 
 The database server comes from QUEEN_TEST_DSN (set by .ci/run), else the local
 PostgreSQL at 127.0.0.1:5432 when it answers, else an embedded one. Integration and
-e2e tests get a fresh database per test, cloned from a template built once from
-sql/schema.sql and the functions of sql/functions/.
+e2e tests get a fresh database per test, cloned from a template built once by
+`queen migrate`'s own function (sql/migrations/, then the functions of sql/functions/).
 """
 
 from __future__ import annotations
@@ -61,15 +61,13 @@ def _admin(server_dsn: str, statement: sql.Composable) -> None:
 
 @pytest.fixture(scope="session")
 def template_db(server_dsn: str) -> Iterator[str]:
-    """A database built once from sql/schema.sql and sql/functions/, cloned by each test."""
+    """A database built once by migrate (as `queen migrate` builds one), cloned by each test."""
+    from queen.store.migrate import migrate
+
     name = f"queen_tmpl_{os.getpid()}"
     _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
     _admin(server_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    with psycopg.connect(dsn_for(server_dsn, name), autocommit=True) as conn:
-        conn.execute((ROOT / "sql" / "schema.sql").read_text())  # type: ignore[arg-type]
-        from queen.store.migrate import install_functions
-
-        install_functions(conn)
+    migrate(dsn_for(server_dsn, name))
     yield name
     _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
         sql.Identifier(name)))
@@ -100,9 +98,7 @@ def store(db_dsn: str) -> Iterator[object]:
     from queen.store import Store
     from queen.store.db import Database
 
-    # QUEEN_STORAGE picks the message model, as it does for the servers the e2e tests start.
-    s = Store(Database(db_dsn, pool_size=8, timeout_s=5),
-              storage=os.environ.get("QUEEN_STORAGE", "cursors"))
+    s = Store(Database(db_dsn, pool_size=8, timeout_s=5))
     s.db.pool.open(wait=True)
     yield s
     s.close()

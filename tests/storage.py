@@ -1,20 +1,14 @@
-"""What tests ask of the database directly, in the message model QUEEN_STORAGE selects.
+"""What tests ask of the database directly: SQL over the store's tables.
 
-The servers the e2e tests start inherit the environment, so tests that look at the
-tables themselves read the tables of the model in use.
+The tests that look at the tables themselves (e2e tests beside a real server included)
+read them through these, so that each shape is written once.
 """
 
 from __future__ import annotations
 
-import os
-
-CURSORS = os.environ.get("QUEEN_STORAGE", "cursors") == "cursors"
-
-# Every message as the row store keeps it: transaction_id, queue, status, retry_count,
-# worker, error (the cursor store: derived for queue mode from its cursors, leases and
-# failure records).
-MESSAGE_VIEW = (
-    """
+# Every message as the API shows it: transaction_id, queue, status, retry_count, worker,
+# error (queue mode's, derived from its cursors, leases and failure records).
+MESSAGE_VIEW = """
     SELECT x.transaction_id, x.queue,
            CASE WHEN f.status IN ('dead_letter', 'failed') THEN f.status
                 WHEN x.leased THEN 'processing' WHEN x.done THEN 'completed'
@@ -36,73 +30,39 @@ MESSAGE_VIEW = (
            ON f.partition_id = x.partition_id AND f.message_id = x.id
           AND f.consumer_group = '__queue__'
     """
-    if CURSORS
-    else """
-    SELECT m.transaction_id, q.name AS queue, m.status, m.retry_count, m.worker_id AS worker,
-           m.error_message AS error
-    FROM queen.messages m
-    JOIN queen.partitions p ON p.id = m.partition_id
-    JOIN queen.queues q ON q.id = p.queue_id
-    """
-)
 
 # status -> count of every message.
 STATUS_COUNTS = f"SELECT status, count(*) FROM ({MESSAGE_VIEW}) v GROUP BY 1"
 
-# The workers that hold (or held) leases.
-LEASE_HOLDERS = (
-    "SELECT DISTINCT leased_by FROM queen.cursor_consumers WHERE leased_by IS NOT NULL"
-    if CURSORS
-    else "SELECT DISTINCT worker_id FROM queen.messages"
-)
-# The same, for the queue named by the one parameter.
+# The workers that hold (or held) leases on the queue named by the one parameter.
 LEASE_HOLDERS_OF_QUEUE = (
     "SELECT DISTINCT c.leased_by FROM queen.cursor_consumers c"
     " JOIN queen.queues q ON q.id = c.queue_id WHERE q.name = %s AND c.leased_by IS NOT NULL"
-    if CURSORS
-    else "SELECT DISTINCT m.worker_id FROM queen.messages m"
-    " JOIN queen.partitions p ON p.id = m.partition_id"
-    " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s"
 )
 
 # Queue mode's lease of each partition of the queue named by the one parameter:
-# (held, lease_size) (the cursor store: one row per partition it has a cursor for).
+# (held, lease_size), one row per partition it has a cursor for.
 PARTITION_LEASES = (
     "SELECT c.lease_id IS NOT NULL, c.lease_size FROM queen.cursor_consumers c"
     " JOIN queen.queues q ON q.id = c.queue_id"
     " WHERE q.name = %s AND c.consumer_group = '__queue__'"
-    if CURSORS
-    else "SELECT p.lease_id IS NOT NULL, p.lease_size FROM queen.partitions p"
-    " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s"
 )
 # Who holds queue mode's lease of the partition named by the one parameter.
 PARTITION_LEASED_BY = (
     "SELECT c.leased_by FROM queen.cursor_consumers c"
     " JOIN queen.partitions p ON p.id = c.partition_id"
     " WHERE p.name = %s AND c.consumer_group = '__queue__'"
-    if CURSORS
-    else "SELECT leased_by FROM queen.partitions WHERE name = %s"
 )
 # How many partitions hold a lease (live or expired, not yet ended).
-LEASED_PARTITIONS = (
-    "SELECT count(*) FROM queen.cursor_consumers WHERE lease_id IS NOT NULL"
-    if CURSORS
-    else "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL"
-)
+LEASED_PARTITIONS = "SELECT count(*) FROM queen.cursor_consumers WHERE lease_id IS NOT NULL"
 # Make every lease expired (as if its time had passed), without ending it.
 EXPIRE_LEASES = (
     "UPDATE queen.cursor_consumers SET lease_expires_at = now() - interval '1 s'"
     " WHERE lease_id IS NOT NULL"
-    if CURSORS
-    else "UPDATE queen.partitions SET lease_expires_at = now() - interval '1 s'"
-    " WHERE lease_id IS NOT NULL"
 )
 
-# How many partitions hold a message queue mode has not finished (pending or leased); the
-# row store: its partition heads, which a partition leaves when its last lease ends on it
-# drained.
-PARTITIONS_WITH_WORK = (
-    """
+# How many partitions hold a message queue mode has not finished (pending or leased).
+PARTITIONS_WITH_WORK = """
     SELECT count(*) FROM queen.partitions p
     LEFT JOIN queen.cursor_consumers c
            ON c.partition_id = p.id AND c.consumer_group = '__queue__'
@@ -110,21 +70,12 @@ PARTITIONS_WITH_WORK = (
                   WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
                     AND m.id <> ALL (coalesce(c.done_ids, '{}')))
     """
-    if CURSORS
-    else "SELECT count(*) FROM queen.partition_heads"
-)
 
 # Push a JSON array of items in SQL, as a client of the store would.
-PUSH_ITEMS = (
-    "SELECT count(*) FROM queen.cursor_push(%s::jsonb)"
-    if CURSORS
-    else "SELECT count(*) FROM queen.push(%s::jsonb)"
-)
+PUSH_ITEMS = "SELECT count(*) FROM queen.cursor_push(%s::jsonb)"
 
-# Failures recorded for a transactionId (retries counted: 0 when it never failed).
 # The table of the messages themselves.
-MESSAGES = "queen.cursor_messages" if CURSORS else "queen.messages"
-STORAGE = "cursors" if CURSORS else "rows"
+MESSAGES = "queen.cursor_messages"
 
 # (status, retry_count, worker) of every message of a queue (%s).
 QUEUE_MESSAGES = f"SELECT status, retry_count, worker FROM ({MESSAGE_VIEW}) v WHERE queue = %s"

@@ -11,29 +11,23 @@ The leader runs a small scheduler over one connection. Each task runs when due a
 when it wants to run next:
 
 - timed: learn which queues are delayed or windowed (and listen to pushes while any are);
-- leases: release expired partition leases; next run when the next lease expires;
-- due: wake long polls the moment delayed/windowed messages become poppable; next run
-  when the next one becomes due, or sooner when a push into such a queue arrives
-  (the session LISTENs to the push notifications while it sleeps);
-- ttl: pending messages past their queue's ttl go to the dead letter queue;
-- fold: fold status deltas into partition counts and per-minute metrics;
-- retention: delete old pending/completed messages of queues with retention enabled;
-- cleanup: remove partitions that stayed empty and idle for QUEEN_PARTITION_CLEANUP;
-- reconcile: recount a few partitions and correct drift in the folded counts;
-- prune: drop per-minute metrics older than METRICS_RETENTION_DAYS.
-- counts (QUEEN_STORAGE=cursors, instead of fold, reconcile and prune, the rollups of
-  the message rows): move the cursor store's count rollup and per-minute activity over
-  what arrived and was consumed since its last step; cursor prune drops old minutes.
-- analyze: ANALYZE hot tables that doubled since their statistics (cached plans follow);
+- leases: end expired partition leases; next run when the next lease expires;
+- due: wake long polls the moment delayed/windowed messages become poppable or a
+  retryDelay ends; next run when the next one becomes due, or sooner when a push into
+  such a queue arrives (the session LISTENs to the push notifications while it sleeps);
+- ttl: messages past their queue's ttl go to the dead letter queue, per group from its
+  cursor (queue mode's too when nobody popped; pops apply the ttl as well);
+- counts: move the count rollup and the per-minute activity over what arrived and was
+  consumed since its last step;
+- analyze: ANALYZE the message tables that changed by a tenth (new tables have no
+  statistics where autovacuum is off);
 - vacuum: VACUUM the small tables rewritten by every batch when they fill with dead row
-  versions (autovacuum comes by once a minute at best), and messages too when autovacuum
-  is off.
-
-On the cursor store (QUEEN_STORAGE=cursors) the leader runs timed, leases, due (also for
-partitions whose retryDelay ends), cursor ttl (each group's messages past the ttl from
-its cursor, queue mode's too when nobody popped), analyze (the cursor tables changed by a tenth),
-vacuum, retention, cleanup (partitions without cursor messages), counts and cursor prune
-over the cursor functions; the row store's ttl, fold, reconcile and prune do not run.
+  versions (autovacuum comes by once a minute at best), and large ones too when
+  autovacuum is off;
+- retention: delete messages past their queue's retention (docs/STORAGE.md);
+- cleanup: remove partitions without messages or live leases, idle for
+  QUEEN_PARTITION_CLEANUP;
+- prune: drop per-minute activity older than METRICS_RETENTION_DAYS.
 
 A run is one bounded statement (QUEEN_MAINTENANCE_BATCH rows, LEASE_BATCH leases); a
 task that filled its batch runs again MORE_DELAY later, after the other due tasks, so a
@@ -53,23 +47,19 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 
 from queen.config import Settings
 from queen.errors import Unavailable
 from queen.store.maintenance import DueScan, MaintenanceSession, TimedQueue, vacuum_apart
+from queen.store.migrate import EarlierDatabase
 
 log = logging.getLogger("queen.maintenance")
 
-LEASE_BATCH = 100  # leases released per statement (their acks wait while it runs)
-FOLD_BATCH = 20000  # status deltas folded per statement
-RECONCILE_PARTITIONS = 100  # partitions recounted per reconcile run, at most
-RECONCILE_BUDGET = 20_000  # rows recounted per run (bigger partitions: pending/processing only)
+LEASE_BATCH = 100  # leases ended per statement (their acks wait while it runs)
 PRUNE_EVERY = 300.0  # seconds between metric pruning runs
 COUNT_PARTITIONS = 200  # partitions whose count rows one counts step refreshes
 COUNT_STEP = 5000  # messages a counts step walks per partition and watermark, at most
-ROWS_ROLLUPS = ("fold", "reconcile", "prune")  # tasks that roll up the message rows
 MORE_DELAY = 0.02  # seconds before the next batch of a task that filled its batch
 MIN_DELAY = 0.05  # seconds: the soonest the lease task looks again at a lease it skipped
 DUE_MARGIN = 0.002  # seconds past a due time before the scan that wakes it
@@ -119,10 +109,7 @@ class Maintenance:
     ) -> None:
         self.settings = settings
         self.name = f"queen-maintenance-{socket.gethostname()}-{os.getpid()}"
-        self.cursors = settings.storage == "cursors"
-        self.session = session or MaintenanceSession(
-            settings.dsn, application_name=self.name, cursors=self.cursors
-        )
+        self.session = session or MaintenanceSession(settings.dsn, application_name=self.name)
         self.clock = clock
         self.leading = False
         self.stopping = False
@@ -130,13 +117,10 @@ class Maintenance:
         self._since_scan: dt.datetime | None = None  # DueScan.scanned_at of the last scan
         self._timed: dict[str, TimedQueue] = {}
         self._listening = False
-        self._reconcile_after: uuid.UUID | None = None
         self._big_vacuum: threading.Thread | None = None
         self.tasks = self._make_tasks()
 
     def _make_tasks(self) -> list[Task]:
-        if self.cursors:
-            return self._cursor_tasks()
         s = self.settings
         cycle = s.maintenance_interval_s
         return [
@@ -144,32 +128,12 @@ class Maintenance:
             Task("leases", self._expire_leases, cycle, punctual=True),
             Task("due", self._wake_due, cycle, punctual=True),
             Task("ttl", self._expire_ttl, cycle),
-            Task("fold", self._fold, cycle),
-            Task("analyze", self._analyze_grown, cycle),
+            Task("counts", self._counts, cycle),
+            Task("analyze", self._analyze, cycle),
             Task("vacuum", self._vacuum, cycle),
             Task("retention", self._retention, s.retention_interval_s),
             Task("cleanup", self._cleanup, s.retention_interval_s),
-            Task("reconcile", self._reconcile, s.metrics_interval_s),
             Task("prune", self._prune_metrics, max(PRUNE_EVERY, cycle)),
-        ]
-
-    def _cursor_tasks(self) -> list[Task]:
-        """The tasks on the cursor store: cursor ttl (pops apply the ttl too), and its
-        rollups are counts and cursor prune (the row store's ttl, fold, reconcile and
-        prune do not run)."""
-        s = self.settings
-        cycle = s.maintenance_interval_s
-        return [
-            Task("timed", self._watch_timed_queues, cycle, punctual=True),
-            Task("leases", self._expire_leases, cycle, punctual=True),
-            Task("due", self._wake_due, cycle, punctual=True),
-            Task("cursor ttl", self._cursor_ttl, cycle),
-            Task("analyze", self._analyze_cursors, cycle),
-            Task("vacuum", self._vacuum, cycle),
-            Task("retention", self._cursor_retention, s.retention_interval_s),
-            Task("cleanup", self._cleanup, s.retention_interval_s),
-            Task("counts", self._cursor_counts, cycle),
-            Task("cursor prune", self._prune_cursor_metrics, max(PRUNE_EVERY, cycle)),
         ]
 
     # -- lifecycle -------------------------------------------------------------------
@@ -178,23 +142,29 @@ class Maintenance:
         self.stopping = True
 
     def run(self) -> int:
-        """Run until stop() (SIGTERM, SIGINT); return the exit code."""
+        """Run until stop() (SIGTERM, SIGINT); return the exit code.
+
+        A database made by an earlier build raises EarlierDatabase (nothing is done there).
+        """
         backoff = 0.1
-        while not self.stopping:
-            try:
-                self.session.connect()
-                backoff = 0.1
-                self._stand_by_or_lead()
-            except Unavailable as exc:
-                if self.leading:
-                    log.warning("%s: lost the database (%s); stepping down", self.name, exc)
-                else:
-                    log.warning("%s: database unavailable (%s)", self.name, exc)
-                self.leading = False
-                self.session.close()
-                self._sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
-        self.session.close()
+        try:
+            while not self.stopping:
+                try:
+                    self.session.connect()
+                    self.session.check_schema()
+                    backoff = 0.1
+                    self._stand_by_or_lead()
+                except Unavailable as exc:
+                    if self.leading:
+                        log.warning("%s: lost the database (%s); stepping down", self.name, exc)
+                    else:
+                        log.warning("%s: database unavailable (%s)", self.name, exc)
+                    self.leading = False
+                    self.session.close()
+                    self._sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+        finally:
+            self.session.close()
         log.info("%s: stopped", self.name)
         return 0
 
@@ -343,39 +313,23 @@ class Maintenance:
         limit = self.settings.maintenance_batch
         return self._batch(lambda: self.session.expire_ttl(limit), "ttl expired", limit)
 
-    def _fold(self) -> float | None:
-        return self._batch(
-            lambda: self.session.fold_deltas(FOLD_BATCH), "deltas folded", FOLD_BATCH
-        )
+    def _counts(self) -> float | None:
+        behind = self.session.refresh_counts(COUNT_PARTITIONS, COUNT_STEP)
+        self._count("partitions behind in counts", behind)
+        return MORE_DELAY if behind else None
 
-    def _analyze_grown(self) -> float | None:
-        for name in self.session.analyze_grown():
-            log.info("analyzed %s (grown past its statistics)", name)
-            self._count("tables analyzed", 1)
-        return None
-
-    def _analyze_cursors(self) -> float | None:
-        for name in self.session.cursor_analyze():
+    def _analyze(self) -> float | None:
+        for name in self.session.analyze():
             log.info("analyzed queen.%s (changed by a tenth)", name)
             self._count("tables analyzed", 1)
         return None
 
-    def _cursor_ttl(self) -> float | None:
-        limit = self.settings.maintenance_batch
-        return self._batch(lambda: self.session.cursor_ttl(limit), "ttl expired", limit)
-
-    def _cursor_retention(self) -> float | None:
-        limit = self.settings.maintenance_batch
-        return self._batch(
-            lambda: self.session.cursor_retention(limit), "messages deleted", limit
-        )
-
     def _vacuum(self) -> float | None:
         """VACUUM the tables that churn when nothing else has lately.
 
-        Small tables (partitions, heads, deltas: rewritten by every batch) are vacuumed
-        here, since autovacuum comes by at most once a minute. A large one (messages) is
-        left to autovacuum and its per-table settings, unless autovacuum is off: then it
+        Small tables (consumer rows, partitions, counts: rewritten by every batch) are
+        vacuumed here, since autovacuum comes by at most once a minute. A large one
+        (messages) is left to autovacuum and its per-table settings, unless autovacuum is off: then it
         is vacuumed on a thread and connection of its own, one at a time, so the
         timing-sensitive tasks keep running meanwhile.
         """
@@ -400,41 +354,13 @@ class Maintenance:
 
     def _retention(self) -> float | None:
         limit = self.settings.maintenance_batch
-        pending = self._batch(
-            lambda: self.session.delete_retained_pending(limit), "pending deleted", limit
-        )
-        completed = self._batch(
-            lambda: self.session.delete_retained_completed(limit), "completed deleted", limit
-        )
-        return MORE_DELAY if MORE_DELAY in (pending, completed) else None
+        return self._batch(lambda: self.session.retention(limit), "messages deleted", limit)
 
     def _cleanup(self) -> float | None:
         limit = self.settings.maintenance_batch
         idle_s = self.settings.partition_cleanup_s
         return self._batch(
             lambda: self.session.cleanup_partitions(idle_s, limit), "partitions removed", limit
-        )
-
-    def _reconcile(self) -> float | None:
-        result = self.session.reconcile_counts(
-            self._reconcile_after, RECONCILE_PARTITIONS, RECONCILE_BUDGET
-        )
-        self._reconcile_after = result.last
-        if result.drifted:
-            log.warning("corrected count drift in %d partition(s)", result.drifted)
-        self._count("partitions recounted", result.looked_at)
-        return None
-
-    def _cursor_counts(self) -> float | None:
-        behind = self.session.refresh_cursor_counts(COUNT_PARTITIONS, COUNT_STEP)
-        self._count("partitions behind in counts", behind)
-        return MORE_DELAY if behind else None
-
-    def _prune_cursor_metrics(self) -> float | None:
-        limit = self.settings.maintenance_batch
-        days = self.settings.metrics_retention_days
-        return self._batch(
-            lambda: self.session.prune_cursor_metrics(days, limit), "metric rows pruned", limit
         )
 
     def _prune_metrics(self) -> float | None:
@@ -480,7 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     maintenance = Maintenance(settings)
     signal.signal(signal.SIGTERM, maintenance.stop)
     signal.signal(signal.SIGINT, maintenance.stop)
-    return maintenance.run()
+    try:
+        return maintenance.run()
+    except EarlierDatabase as exc:
+        log.error("%s", exc.message)
+        return 1
 
 
 if __name__ == "__main__":

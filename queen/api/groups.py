@@ -1,4 +1,4 @@
-"""Consumer groups of the cursor store: list, describe, seek, delete.
+"""Consumer groups: list, describe, seek, delete.
 
 Queue mode's built-in group `__queue__` is listed with the named groups (queueMode: true):
 its backlog is the queue's. It can be described and sought; deleting it is refused,
@@ -19,15 +19,6 @@ from queen.store import Store
 from queen.store.cursors import QUEUE_MODE, GroupPartition, GroupSummary, SeekTarget
 
 SEEK_TARGETS = ("beginning", "end")
-
-
-def require_cursors(store: Store, route: str) -> None:
-    """Refuse (400) a route of the cursor store while the server runs another one."""
-    if store.storage != "cursors":
-        raise InvalidInput(
-            f"{route} needs the cursor store: run the server with QUEEN_STORAGE=cursors"
-            f" (it runs with QUEEN_STORAGE={store.storage})"
-        )
 
 
 def group_name(value: Any, field: str = "consumer group") -> str:
@@ -133,7 +124,6 @@ class ConsumerGroupsResource:
         self.store = store
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        require_cursors(self.store, "consumer groups")
         summaries = self.store.groups.summaries(queue_param(req))
         send_json(resp, {"consumerGroups": [summary_json(s) for s in summaries]})
 
@@ -145,7 +135,6 @@ class ConsumerGroupResource:
         self.store = store
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, group: str) -> None:
-        require_cursors(self.store, "consumer groups")
         name = group_name(group)
         queue = queue_param(req)
         rows = self.store.groups.partitions(name, queue)
@@ -155,7 +144,6 @@ class ConsumerGroupResource:
         send_json(resp, group_json(name, rows))
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, group: str) -> None:
-        require_cursors(self.store, "consumer groups")
         name = group_name(group)
         if name == QUEUE_MODE:
             raise InvalidInput("queue mode cannot be deleted (seek it instead)")
@@ -180,7 +168,6 @@ class ConsumerGroupSeekResource:
         self.store = store
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, group: str) -> None:
-        require_cursors(self.store, "consumer groups")
         name = group_name(group)
         doc = validation.parse_json_object(read_body(req))
         queue = validation.name(doc.get("queue"), "queue")

@@ -73,18 +73,14 @@ def message_json(m: Popped, stamp: Callable[[dt.datetime], str | None] = iso) ->
     }
 
 
-def messages_json(
-    messages: list[Popped], *, with_group: bool = False, group: str | None = None
-) -> list[dict[str, Any]]:
+def messages_json(messages: list[Popped], group: str | None = None) -> list[dict[str, Any]]:
     """Shape a pop's messages, formatting each distinct timestamp once.
 
     A claim's messages share lockedAt and leaseExpiresAt, and messages pushed in one
-    batch share createdAt, so most timestamps repeat within a response. with_group (the
-    cursor store): each message shows the pop's consumerGroup, null in queue mode.
+    batch share createdAt, so most timestamps repeat within a response. Each message
+    shows the pop's consumerGroup, null in queue mode.
     """
     stamp = functools.cache(iso)  # this response's own cache
-    if not with_group:
-        return [message_json(m, stamp) for m in messages]
     return [{**message_json(m, stamp), "consumerGroup": group} for m in messages]
 
 
@@ -100,7 +96,6 @@ class PopResource:
         hub: Publisher = SILENT,
     ) -> None:
         self.poller = poller
-        self.cursors = poller.store.cursors
         self.hub = hub
         self.max_batch = max_batch
         self.default_timeout_ms = default_timeout_ms
@@ -114,7 +109,7 @@ class PopResource:
         partition: str | None = None,
     ) -> None:
         params = req.params
-        group, mode, since = validation.subscription(params, self.cursors)
+        group, mode, since = validation.subscription(params)
         if queue is None:
             route = PopRoute(
                 namespace=validation.name(params.get("namespace"), "namespace", required=False),
@@ -144,7 +139,7 @@ class PopResource:
                 resp.set_header("Connection", "close")  # lets the worker exit promptly
             return
         try:
-            shaped = messages_json(messages, with_group=self.cursors, group=group)
+            shaped = messages_json(messages, group)
             body = orjson.dumps({"messages": shaped})
         except Exception:
             self.poller.release(messages)
@@ -171,7 +166,7 @@ class AckResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         doc = validation.parse_json_object(read_body(req))
-        ack = validation.acknowledgment(doc, self.store.cursors)
+        ack = validation.acknowledgment(doc)
         auth.check_messages(req, self.store, [ack["transactionId"]])
         (result,) = self.store.messages.ack([ack])
         if result.status == "not_found":
@@ -194,7 +189,7 @@ class AckBatchResource:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         doc = validation.parse_json_object(read_body(req))
-        acks = validation.acknowledgments(doc, self.max_batch, self.store.cursors)
+        acks = validation.acknowledgments(doc, self.max_batch)
         auth.check_messages(req, self.store, [a["transactionId"] for a in acks])
         results = self.store.messages.ack(acks)
         self.hub.publish(formats.ACKED, acks, results)

@@ -7,7 +7,7 @@ sums every worker's files (prometheus_client's multiprocess mode). Without that
 variable (tests, a bare WSGI server) the samples live in this process only.
 
 Queue depths are not kept as samples: the worker answering a scrape reads them from
-PostgreSQL at that moment (exact counts from queen.partition_stats).
+PostgreSQL at that moment (queue mode's counts, as the analytics read them).
 """
 
 from __future__ import annotations

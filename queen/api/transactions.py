@@ -1,4 +1,4 @@
-"""POST /transaction: acks and pushes on the cursor store, applied together or not at all.
+"""POST /transaction: acks and pushes, applied together or not at all.
 
 Body: {"operations": [{"type": "ack", "transactionId", "status", "error"?,
 "consumerGroup"?, "leaseId"?} | {"type": "push", "items": [...]}, ...]}. At most
@@ -18,7 +18,7 @@ from typing import Any
 import falcon
 
 from queen.api import auth, read_body, send_json, validation
-from queen.api.groups import group_name, require_cursors
+from queen.api.groups import group_name
 from queen.auth import Permission
 from queen.dashboard import formats
 from queen.dashboard.hub import SILENT, Publisher
@@ -182,7 +182,6 @@ class TransactionResource:
         try:
             ops = operations(validation.parse_json_object(raw), raw, self.max_batch)
             authorize(req, self.store, ops)
-            require_cursors(self.store, "transactions")
             principal = auth.principal_of(req)
             producer = principal.name if principal is not None else None
             results = self.store.transactions.commit(ops, producer)

@@ -20,7 +20,6 @@ MAX_ERROR_TEXT = 10_000
 MAX_INT = 2**31 - 1
 INTEGER = re.compile(r"-?[0-9]{1,10}")  # matched whole; ASCII digits only
 SUBSCRIPTION_MODES = ("all", "new")
-CURSORS_ONLY = "needs the cursor store (QUEEN_STORAGE=cursors)"
 TRUE = {"true", "1", "yes"}
 FALSE = {"false", "0", "no"}
 
@@ -113,26 +112,23 @@ def push_items(doc: Mapping[str, Any], raw: bytes, max_items: int) -> list[dict[
     return items
 
 
-def acknowledgments(
-    doc: Mapping[str, Any], max_items: int, cursors: bool = False
-) -> list[dict[str, Any]]:
+def acknowledgments(doc: Mapping[str, Any], max_items: int) -> list[dict[str, Any]]:
     """Check an ack batch: {"acknowledgments": [{"transactionId", "status", "error"?,
-    "consumerGroup"?, "leaseId"?}]}; cursors: whether the store takes consumer groups."""
+    "consumerGroup"?, "leaseId"?}]}."""
     items = _items(doc, "acknowledgments", max_items)
-    return [_acknowledgment(item, i, cursors) for i, item in enumerate(items)]
+    return [_acknowledgment(item, i) for i, item in enumerate(items)]
 
 
-def acknowledgment(item: Any, cursors: bool = False) -> dict[str, Any]:
+def acknowledgment(item: Any) -> dict[str, Any]:
     """Check one ack: {"transactionId", "status": "completed"|"failed", "error"?,
     "consumerGroup"?, "leaseId"?}."""
-    return _acknowledgment(item, None, cursors)
+    return _acknowledgment(item, None)
 
 
-def _acknowledgment(item: Any, index: int | None, cursors: bool) -> dict[str, Any]:
+def _acknowledgment(item: Any, index: int | None) -> dict[str, Any]:
     """Check one ack, the body's own or acknowledgments[index] of a batch.
 
-    consumerGroup (null: queue mode) is refused by the row store; leaseId is checked
-    and passed on (the row store has no stale-lease check and ignores it).
+    consumerGroup null (or absent) is queue mode.
     """
     if not isinstance(item, dict):
         raise InvalidInput(f"{_ack_where(index)} must be an object")
@@ -150,8 +146,6 @@ def _acknowledgment(item: Any, index: int | None, cursors: bool) -> dict[str, An
     ack = {"transactionId": txid, "status": status, "error": error}
     group = item.get("consumerGroup")
     if group is not None:
-        if not cursors:
-            raise InvalidInput(f"{_ack_where(index)}.consumerGroup {CURSORS_ONLY}")
         ack["consumerGroup"] = name(group, f"{_ack_where(index)}.consumerGroup")
     lease = item.get("leaseId")
     if lease is not None:
@@ -168,19 +162,11 @@ def _uuid(value: Any, field: str) -> uuid.UUID:
     raise InvalidInput(f"{field} must be a UUID")
 
 
-def subscription(
-    params: Mapping[str, Any], cursors: bool
-) -> tuple[str | None, str | None, dt.datetime | None]:
+def subscription(params: Mapping[str, Any]) -> tuple[str | None, str | None, dt.datetime | None]:
     """Read consumerGroup, subscriptionMode (all | new) and subscriptionFrom (ISO-8601)."""
     group = name(_single(params, "consumerGroup") or None, "consumerGroup", required=False)
     mode = _single(params, "subscriptionMode") or None
     since_text = _single(params, "subscriptionFrom") or None
-    if not cursors:
-        for key, value in (("consumerGroup", group), ("subscriptionMode", mode),
-                           ("subscriptionFrom", since_text)):
-            if value is not None:
-                raise InvalidInput(f"{key} {CURSORS_ONLY}")
-        return None, None, None
     if mode is not None and mode not in SUBSCRIPTION_MODES:
         raise InvalidInput("subscriptionMode must be 'all' or 'new'")
     since = None

@@ -1,4 +1,7 @@
-"""Message management: browse, inspect, delete, retry, dead-letter, clear."""
+"""Message management: browse, inspect, delete, retry, dead-letter, clear.
+
+Statuses are queue mode's, derived from its cursor, lease and records (docs/STORAGE.md).
+"""
 
 from __future__ import annotations
 
@@ -18,42 +21,6 @@ from queen.store.reads import Reads
 
 RETRYABLE = ("failed", "dead_letter")
 DEAD_LETTERABLE = ("pending", "failed")
-
-
-WALK_SKEW = 10  # a walk reads this many times what an even spread over time would need
-MERGE_BUDGET = 50_000  # rows a merge may read before a (riskier) walk is considered
-
-
-def choose_listing(
-    partitions: int, matching: int, held: int, walked: int, wanted: int, rare: bool = False
-) -> str:
-    """Pick how to read the newest `wanted` qualifying messages of some partitions.
-
-    Counts come from partition_stats: `matching` messages qualify, the partitions hold
-    `held` in all, the global newest-first index holds `walked`. Estimated rows read:
-    - walk the global index: wanted x walked / matching, times WALK_SKEW, because recent
-      messages are rarely spread evenly (a busy queue fills the newest end of the index);
-      not for the rare statuses (`rare`: failed, dead_letter), whose own small index holds
-      nothing but them;
-    - merge: each partition's newest qualifying messages from its own index,
-      partitions x wanted x held / matching;
-    - gather every qualifying message and sort: matching.
-    The cheapest wins, except that a merge within MERGE_BUDGET rows is preferred to a
-    walk of the global index: its cost is bounded, a walk's depends on what else arrived
-    lately. The planner cannot make this choice: it assumes messages spread evenly over
-    partitions, which is badly wrong for a small queue in a large table.
-    """
-    if partitions == 1:
-        return "read_messages_of_partition"
-    share = matching / max(walked, 1)
-    costs = {
-        "read_messages": wanted / max(share, 1e-12) * (1 if rare else WALK_SKEW),
-        "read_messages_merged": partitions * wanted * held / max(matching, 1),
-        "read_messages_gathered": float(matching),
-    }
-    if not rare and costs["read_messages_merged"] <= MERGE_BUDGET:
-        del costs["read_messages"]
-    return min(costs, key=lambda name: costs[name])
 
 
 class MessageFilter(NamedTuple):
@@ -144,34 +111,18 @@ class Admin:
         )
 
     def page(self, where: MessageFilter, limit: int, offset: int) -> list[StoredMessage]:
-        """Return one page of matching messages, newest first (created_at, then seq)."""
+        """Return one page of matching messages, newest first (by id: push order)."""
         with self.reads.session() as session:
-            params: dict[str, Any] = {
-                "any": where.any_partition,
-                "partitions": [],
-                "partition": None,
+            (found,) = session.rows("read_page_partitions", where._asdict())
+            if not found["ids"]:
+                return []
+            params = {
+                "partitions": found["ids"],
                 "status": where.status,
                 "limit": limit,
                 "offset": offset,
-                "wanted": limit + offset,
             }
-            query = "read_messages"
-            if not where.any_partition:
-                (found,) = session.rows("read_partition_ids", where._asdict())
-                if not found["matching"]:
-                    return []
-                params["partitions"] = found["ids"]
-                query = choose_listing(
-                    len(found["ids"]),
-                    found["matching"],
-                    found["held"],
-                    found["walked"],
-                    limit + offset,
-                    rare=where.status in RETRYABLE,
-                )
-                if query == "read_messages_of_partition":
-                    params["partition"] = found["ids"][0]
-            rows = session.rows(query, params, raw_json=True)
+            rows = session.rows("read_page", params, raw_json=True)
         return [self._message(row) for row in rows]
 
     def get(self, transaction_id: str) -> StoredMessage:
@@ -198,16 +149,20 @@ class Admin:
             if row["transaction_id"] is not None
         ]
 
+    def _value(self, name: str, params: dict[str, Any]) -> Any:
+        """Run one action (one statement, its own transaction); its one value, None: no row."""
+        rows = self.db.fetch(name, params)
+        return rows[0][0] if rows else None
+
     def delete(self, transaction_id: str) -> str:
-        """Delete a message; return the status it had."""
-        ((status,),) = self.db.fetch("delete_message", {"transaction_id": transaction_id})
+        """Delete a message; return queue mode's status it had."""
+        status = self._value("delete_message", {"transaction_id": transaction_id})
         if status is None:
             raise NotFound(f"message {transaction_id!r} not found")
         return str(status)
 
-    def _move(self, transaction_id: str, allowed: tuple[str, ...], to: str, action: str) -> None:
-        params = {"transaction_id": transaction_id, "from": list(allowed), "to": to}
-        ((status,),) = self.db.fetch("set_message_status", params)
+    def _act(self, name: str, transaction_id: str, allowed: tuple[str, ...], action: str) -> None:
+        status = self._value(name, {"transaction_id": transaction_id})
         if status is None:
             raise NotFound(f"message {transaction_id!r} not found")
         if status not in allowed:
@@ -217,16 +172,21 @@ class Admin:
             )
 
     def retry(self, transaction_id: str) -> None:
-        """Make a failed or dead-lettered message pending again, with retryCount 0."""
-        self._move(transaction_id, RETRYABLE, "pending", "retried")
+        """Deliver a failed or dead-lettered message to queue mode again, retryCount 0.
+
+        It is delivered next, in its place (queue mode's cursor steps back before it);
+        past 1,000 done messages after it, it is written again at the tail instead (a new
+        id, the same transactionId, payload and createdAt). Other groups keep it done.
+        """
+        self._act("retry_message", transaction_id, RETRYABLE, "retried")
 
     def dead_letter(self, transaction_id: str) -> None:
-        """Move a pending or failed message to the dead letter queue."""
-        self._move(transaction_id, DEAD_LETTERABLE, "dead_letter", "moved to the DLQ")
+        """Move a pending or failed message to queue mode's dead letter queue."""
+        self._act("dead_letter_message", transaction_id, DEAD_LETTERABLE, "moved to the DLQ")
 
     def clear(self, queue: str, partition: str | None) -> int:
         """Delete every message of a queue (or of one partition); return how many."""
-        ((cleared,),) = self.db.fetch("clear_messages", {"queue": queue, "partition": partition})
+        cleared = self._value("clear_messages", {"queue": queue, "partition": partition})
         if cleared is None:
             what = (
                 f"partition {partition!r} of queue {queue!r}" if partition else f"queue {queue!r}"

@@ -1,9 +1,9 @@
 """What the analytics and resources endpoints read: counts, time series, lag, structure.
 
-Counts come from queen.partition_stats (folded counters plus the deltas not folded
-yet: exact, never a count over messages); time series from queen.metrics_minute plus
-the unfolded deltas; processing times from the rolling 24 h window kept in
-queen.lag_window.
+Counts are queue mode's: the rollup maintenance keeps (queen.cursor_counts) plus bounded
+walks past its watermarks (queen.cursor_partition_counts), never a count over the
+messages; time series and processing times from the per-minute activity
+(queen.cursor_metrics_minute) plus the same walks (queen.cursor_activity).
 """
 
 from __future__ import annotations

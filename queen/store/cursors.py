@@ -1,9 +1,10 @@
-"""The cursor store: immutable messages, one cursor and lease per (partition, consumer group).
+"""Immutable messages, one cursor and lease per (partition, consumer group), on a connection.
 
-Beside the message-row store of queen.store.messages, not yet behind the API. Every
-function runs one statement on the connection it is given, so that a caller can hold
-several in one transaction (`with conn.transaction(): ...`); on an autocommit
-connection each one commits by itself. Items are validated (and sealed, for encrypted
+What transactions, consumer groups and tests call on a connection of their own
+(queen.store.messages is the API's hot path over the same SQL). Every function runs one
+statement on the connection it is given, so that a caller can hold several in one
+transaction (`with conn.transaction(): ...`); on an autocommit connection each one
+commits by itself. Items are validated (and sealed, for encrypted
 queues) by the caller, as for queen.store.messages. docs/STORAGE.md describes the model.
 """
 

@@ -1,4 +1,4 @@
--- Statements of the cursor store (queen.store.cursors), by name.
+-- Statements of queen.store.cursors (the store's functions on a caller's connection), by name.
 
 -- cursor_push: store a batch of items (a JSON array) for a producer --
 SELECT idx, message_id, transaction_id, status FROM queen.cursor_push(%(items)s::jsonb, %(producer)s)

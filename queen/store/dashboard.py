@@ -45,25 +45,19 @@ class MessagePlace(NamedTuple):
 class Dashboard:
     """Read-only queries for the dashboard, each one short and cluster-wide."""
 
-    def __init__(
-        self,
-        db: Database,
-        timeout_ms: int = DASHBOARD_STATEMENT_TIMEOUT_MS,
-        queries: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, db: Database, timeout_ms: int = DASHBOARD_STATEMENT_TIMEOUT_MS) -> None:
         self.db = db
         self.timeout_ms = timeout_ms
-        self.queries = queries or db.queries  # named statements (the cursor store's overlay)
 
     def _fetch(
         self, name: str, params: Mapping[str, Any] | None, row_factory: RowFactory[Any]
     ) -> list[Any]:
         with self.db.connection() as conn, conn.transaction():
             conn.execute(
-                self.queries["dashboard_statement_timeout"], {"ms": str(self.timeout_ms)}
+                self.db.queries["dashboard_statement_timeout"], {"ms": str(self.timeout_ms)}
             )
             cur = conn.cursor(row_factory=row_factory)
-            cur.execute(self.queries[name], params)
+            cur.execute(self.db.queries[name], params)
             return cur.fetchall()
 
     def depths(self) -> list[PartitionDepth]:

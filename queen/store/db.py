@@ -293,29 +293,11 @@ class Database:
         row_factory: RowFactory[Any] = tuple_row,
         *,
         raw_json: bool = False,
-        on_lost: Callable[[int], None] | None = None,
-        large: Callable[[list[Any]], bool] | None = None,
-    ) -> list[Any]:
-        """Run the named query and return all rows; retry deadlocks (each call is atomic).
-
-        on_lost and large: as for run().
-        """
-        return self.run(QUERIES[name], params, row_factory, raw_json=raw_json, name=name,
-                        on_lost=on_lost, large=large)
-
-    def run(
-        self,
-        statement: str,
-        params: Mapping[str, Any] | None = None,
-        row_factory: RowFactory[Any] = tuple_row,
-        *,
-        raw_json: bool = False,
-        name: str = "statement",
         after_execute: Callable[[psycopg.Connection[Any]], None] | None = None,
         on_lost: Callable[[int], None] | None = None,
         large: Callable[[list[Any]], bool] | None = None,
     ) -> list[Any]:
-        """Run a statement of a named-query file and return all rows; retry deadlocks.
+        """Run the named query and return all rows; retry deadlocks (each call is atomic).
 
         after_execute: called with the connection once the statement has run (a test
         hook: it may break the connection there).
@@ -323,6 +305,7 @@ class Database:
         large: tells whether the rows hold a value over LARGE_CALL_BYTES (parameters are
         weighed here), after which the connection is retired.
         """
+        statement = QUERIES[name]
         for attempt in range(RETRIES_ON_DEADLOCK):
             try:
                 with self.connection(on_lost) as conn:

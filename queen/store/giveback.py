@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 
 from queen.errors import QueenError
-from queen.store.db import QUERIES, Database
+from queen.store.db import Database
 
 log = logging.getLogger(__name__)
 
@@ -26,20 +26,13 @@ class GiveBacks:
     messages are then leased to no one, and would return only when the lease expires,
     counted as a retry (with retryLimit 0, dead-lettered without a delivery). The pop
     drew its lease id itself, so the claim can be found: one thread (a greenlet under
-    gevent) per process calls queen.give_back_claim for it until the database answers.
-    statement: the store's give-back call, with parameters lease and backend (the cursor
-    store's is queen.cursor_give_back_claim).
+    gevent) per process calls queen.cursor_give_back_claim for it until the database
+    answers.
     """
 
-    def __init__(
-        self,
-        db: Database,
-        clock: Callable[[], float] = time.monotonic,
-        statement: str = QUERIES["give_back_claim"],
-    ) -> None:
+    def __init__(self, db: Database, clock: Callable[[], float] = time.monotonic) -> None:
         self.db = db
         self.clock = clock
-        self.statement = statement
         self.given_back = 0  # messages returned to pending so far
         self._pending: dict[uuid.UUID, tuple[int, float]] = {}  # lease: (backend, until)
         self._lock = threading.Lock()
@@ -85,9 +78,7 @@ class GiveBacks:
     def _give_back(self, lease: uuid.UUID, backend: int) -> bool:
         """Try once; tell whether the claim is settled (given back, or there was none)."""
         try:
-            ((released,),) = self.db.run(
-                self.statement, {"lease": lease, "backend": backend}, name="give_back_claim"
-            )
+            ((released,),) = self.db.fetch("give_back_claim", {"lease": lease, "backend": backend})
         except QueenError as exc:
             log.info("cannot give back lease %s yet: %s", lease, exc.message)
             return False

@@ -1,4 +1,4 @@
-"""Consumer groups of the cursor store: list, describe, seek, delete (over the pool).
+"""Consumer groups: list, describe, seek, delete (over the pool).
 
 Backlogs are counted, never estimated, but only up to a cap of messages per (group,
 partition) and a budget per request, shared among its pairs (queen.cursor_backlog): a
@@ -20,7 +20,7 @@ DETAIL_BUDGET = 200_000
 
 
 class ConsumerGroups:
-    """What the consumer-group routes ask of the cursor store."""
+    """What the consumer-group routes ask of the store."""
 
     def __init__(self, db: Database) -> None:
         self.db = db

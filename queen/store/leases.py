@@ -19,10 +19,11 @@ class Leases:
 
         Return the new expiry, or None when the lease is unknown, ended or expired.
         """
-        ((expires,),) = self.db.fetch("extend_lease", {"lease": lease_id, "seconds": seconds})
+        params = {"lease": lease_id, "seconds": seconds}
+        ((expires,),) = self.db.fetch("extend_lease", params)
         return expires  # type: ignore[no-any-return]
 
     def queue_of(self, lease_id: uuid.UUID) -> str | None:
         """Return the queue the lease is on, or None when no partition holds it."""
-        rows = self.db.fetch("lease_queue", {"lease": lease_id})
-        return rows[0][0] if rows else None
+        ((queue,),) = self.db.fetch("lease_queue", {"lease": lease_id})
+        return queue  # type: ignore[no-any-return]

@@ -17,9 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import uuid
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,19 +25,13 @@ from psycopg import sql
 
 from queen.errors import Unavailable
 from queen.store.bounds import DEADLINE_MARGIN_S, WATCHDOG, bounded_conninfo, call_deadline_s
-from queen.store.cursor_admin import CURSOR_READ_QUERIES
-from queen.store.db import RETRYABLE, returns_rows, translate_errors
-from queen.store.sqlfile import load_queries
+from queen.store.db import QUERIES, RETRYABLE, returns_rows, translate_errors
+from queen.store.migrate import migration_files, refuse_earlier
 
 log = logging.getLogger(__name__)
 
 LEADER_LOCK = 0x5155_4545_4E01  # pg_advisory_lock key of the maintenance leader
-CHANNEL = "queen"  # the channel the triggers notify (queen.notify_partitions)
-# queries.sql, the cursor read side's and the cursor store's maintenance statements.
-QUERIES = {
-    **CURSOR_READ_QUERIES,
-    **load_queries(Path(__file__).with_name("cursor_maintenance.sql")),
-}
+CHANNEL = "queen"  # the channel pushes notify (queen.wake_payload)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,15 +67,8 @@ class VacuumCandidate:
     autovacuum: bool  # the server's autovacuum setting
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Reconciled:
-    looked_at: int
-    drifted: int  # partitions whose counts were corrected
-    last: uuid.UUID | None  # cursor for the next call; None: start again from the first
-
-
 def table_statement(command: str, name: str) -> sql.Composed:
-    """A utility statement on a schema-qualified table: ("VACUUM (SKIP_LOCKED)", "queen.x")."""
+    """A utility statement on a schema-qualified table: ("VACUUM (SKIP_LOCKED)", "queen.partitions")."""
     return sql.SQL(command + " {}").format(sql.Identifier(*name.split(".")))
 
 
@@ -109,10 +94,8 @@ class MaintenanceSession:
         application_name: str = "queen-maintenance",
         statement_timeout_ms: int = 60000,
         lock_timeout_ms: int = 1000,
-        cursors: bool = False,
     ) -> None:
         self.dsn = dsn
-        self.cursors = cursors  # the cursor store (QUEEN_STORAGE=cursors): its statements
         self.application_name = application_name
         self._statement_timeout_ms = statement_timeout_ms
         self._lock_timeout_ms = lock_timeout_ms
@@ -147,6 +130,13 @@ class MaintenanceSession:
                 conn.close()
                 raise
         self._conn = conn
+
+    def check_schema(self) -> None:
+        """Raise EarlierDatabase for a database made by an earlier build (changing nothing)."""
+        if self._conn is None:
+            raise Unavailable("maintenance session is not connected")
+        with translate_errors(), WATCHDOG.guard(self._conn, self._deadline_s):
+            refuse_earlier(self._conn, [path.name for path in migration_files()])
 
     def close(self) -> None:
         """Close the session; a lock it held is released by the server."""
@@ -207,69 +197,37 @@ class MaintenanceSession:
 
     # -- work ------------------------------------------------------------------------
 
-    def _named(self, name: str) -> str:
-        """The statement of the store in use for a maintenance step (maintenance_x)."""
-        return name.replace("maintenance_", "maintenance_cursor_") if self.cursors else name
-
     def expire_leases(self, limit: int) -> LeaseExpiry:
-        (row,) = self._rows(self._named("maintenance_expire_leases"), {"limit": limit})
+        (row,) = self._rows("maintenance_expire_leases", {"limit": limit})
         return LeaseExpiry(*row)
 
     def wake_due(self, since: dt.datetime | None) -> DueScan:
         since = since or dt.datetime.min.replace(tzinfo=dt.UTC)
-        (row,) = self._rows(self._named("maintenance_wake_due"), {"since": since})
+        (row,) = self._rows("maintenance_wake_due", {"since": since})
         return DueScan(*row)
-
-    def cursor_ttl(self, limit: int) -> int:
-        """Dead-letter up to limit messages of the cursor store past their queue's ttl."""
-        return int(self._value("maintenance_cursor_ttl", {"limit": limit}))
-
-    def cursor_retention(self, limit: int) -> int:
-        """Delete up to limit messages of the cursor store past their queue's retention."""
-        return int(self._value("maintenance_cursor_retention", {"limit": limit}))
-
-    def cursor_analyze(self, min_changes: int = 1000) -> list[str]:
-        """ANALYZE the cursor store's tables that changed by a tenth; return their names."""
-        return list(self._value("maintenance_cursor_analyze", {"min_changes": min_changes}))
 
     def timed_queues(self) -> dict[str, TimedQueue]:
         return {r[0]: TimedQueue(*r) for r in self._rows("maintenance_timed_queues")}
 
     def expire_ttl(self, limit: int) -> int:
+        """Dead-letter up to limit messages past their queue's ttl (every group's)."""
         return int(self._value("maintenance_expire_ttl", {"limit": limit}))
 
-    def delete_retained_pending(self, limit: int) -> int:
-        return int(self._value("maintenance_retention_pending", {"limit": limit}))
-
-    def delete_retained_completed(self, limit: int) -> int:
-        return int(self._value("maintenance_retention_completed", {"limit": limit}))
+    def retention(self, limit: int) -> int:
+        """Delete up to limit messages past their queue's retention."""
+        return int(self._value("maintenance_retention", {"limit": limit}))
 
     def cleanup_partitions(self, idle_s: int, limit: int) -> int:
         params = {"idle_s": idle_s, "limit": limit}
-        return int(self._value(self._named("maintenance_cleanup_partitions"), params))
+        return int(self._value("maintenance_cleanup_partitions", params))
 
-    def fold_deltas(self, limit: int) -> int:
-        return int(self._value("maintenance_fold_deltas", {"limit": limit}))
+    def analyze(self, min_changes: int = 1000) -> list[str]:
+        """ANALYZE the message tables that changed by a tenth; return their names.
 
-    def reconcile_counts(self, after: uuid.UUID | None, limit: int, budget: int) -> Reconciled:
-        rows = self._rows(
-            "maintenance_reconcile_counts", {"after": after, "limit": limit, "budget": budget}
-        )
-        drifted = sum(1 for _, drift in rows if drift)
-        return Reconciled(len(rows), drifted, rows[-1][0] if rows else None)
-
-    def analyze_grown(self) -> list[str]:
-        """ANALYZE the hot tables that outgrew their statistics; return their names.
-
-        The hot functions keep one plan per session (docs/DECISIONS.md), made for the
-        table size of the moment and remade only when statistics change. A table that
-        starts empty and fills up would otherwise be served by plans made for an empty
-        table until autovacuum gets to it (a minute or more).
+        This machine's kind of server may run without autovacuum, and a table that
+        starts empty and fills up is otherwise planned as if it were still empty.
         """
-        names = [r[0] for r in self._rows("maintenance_grown_tables")]
-        for name in names:
-            self._utility(table_statement("ANALYZE", name))
-        return names
+        return list(self._value("maintenance_analyze", {"min_changes": min_changes}))
 
     def vacuum_candidates(
         self, min_dead: int, dead_ratio: float, quiet_s: float
@@ -286,13 +244,11 @@ class MaintenanceSession:
         self._utility(table_statement("VACUUM (SKIP_LOCKED)", name))
 
     def prune_metrics(self, days: int, limit: int) -> int:
+        """Delete up to limit rows of per-minute activity older than days."""
         return int(self._value("maintenance_prune_metrics", {"days": days, "limit": limit}))
 
-    def refresh_cursor_counts(self, partitions: int, step: int) -> int:
-        """Bring the cursor store's count rollup up to date by a bounded step; return how
-        many partitions are still behind."""
+    def refresh_counts(self, partitions: int, step: int) -> int:
+        """Bring the count rollup up to date by a bounded step; return how many
+        partitions are still behind."""
         params = {"partitions": partitions, "step": step}
-        return int(self._value("cursor_count_refresh", params))
-
-    def prune_cursor_metrics(self, days: int, limit: int) -> int:
-        return int(self._value("cursor_metrics_prune", {"days": days, "limit": limit}))
+        return int(self._value("maintenance_refresh_counts", params))

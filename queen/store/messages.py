@@ -1,24 +1,40 @@
-"""Push, pop and ack: the hot paths, one database call each."""
+"""The API's hot path: push, pop, ack, one database call each.
+
+Over the functions of sql/functions/ (push, pop, ack); the model is in docs/STORAGE.md.
+Message ids in answers are UUIDs derived from the bigint id and created_at
+(queen.cursor_message_uuid), made the same way here (message_uuid).
+
+A pop names its lease id itself. When the database connection breaks during a pop, the
+pop may have committed and its answer be lost: GiveBacks gives that lease back in the
+background without counting an attempt (queen.cursor_give_back_claim), instead of
+letting it expire into a retry.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+import os
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
+import psycopg
 from psycopg import Cursor
 from psycopg.rows import RowMaker
 
 from queen import crypto
 from queen.errors import InvalidInput
 from queen.models import AckResult, Popped, PopRoute, PushResult
+from queen.store.cursors import QUEUE_MODE
 from queen.store.db import LARGE_CALL_BYTES, Database
 from queen.store.giveback import GiveBacks
 from queen.store.polling import PushWakeups
 from queen.store.queues import Queues
 
-POP_QUERIES = {"partition": "pop_partition", "queue": "pop_queue", "filter": "pop_filtered"}
+AfterExecute = Callable[[psycopg.Connection[Any]], None]
 
 POPPED_COLUMNS = list(Popped._fields)
 
@@ -70,8 +86,31 @@ def _claims_encrypted(body: bytes | str, items: list[dict[str, Any]]) -> bool:
     return marker in body and any("encrypted" in item for item in items)  # type: ignore[operator]
 
 
+def new_lease_id() -> uuid.UUID:
+    """Return a time-ordered lease id (UUIDv7: 48 bits of milliseconds, then random bits)."""
+    millis = time.time_ns() // 1_000_000
+    value = (millis & (2**48 - 1)) << 80 | int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # variant 10
+    return uuid.UUID(int=value)
+
+
+def message_uuid(message_id: int, created_at: dt.datetime) -> uuid.UUID:
+    """The API id of a stored message, as queen.cursor_message_uuid makes it."""
+    millis = int(created_at.timestamp() * 1000) & (2**48 - 1)
+    high = (message_id >> 62) & 0xFFF  # rand_a: the id's bits above the low 62
+    return uuid.UUID(
+        int=millis << 80 | 0x7 << 76 | high << 64 | 0x2 << 62 | (message_id & (2**62 - 1))
+    )
+
+
+def message_id_of(api_id: uuid.UUID) -> int:
+    """The bigint id inside an API id (queen.cursor_message_id)."""
+    return ((api_id.int >> 64) & 0xFFF) << 62 | (api_id.int & (2**62 - 1))
+
+
 class Messages:
-    """The message lifecycle: push, pop (claim under a lease) and ack."""
+    """The message lifecycle: push, pop (a partition lease per group) and ack."""
 
     def __init__(self, db: Database, queues: Queues, encryption_key: str = "") -> None:
         self.db = db
@@ -80,6 +119,8 @@ class Messages:
         # Wakes long polls once a push committed (the session defers it: see db.py).
         self.after_push = PushWakeups(db).pushed
         self.give_backs = GiveBacks(db)
+        # Called with the pop's connection once its statement ran (tests break it there).
+        self.after_pop_statement: AfterExecute | None = None
 
     def push(
         self, body: bytes | str, items: list[dict[str, Any]], producer: str | None = None
@@ -118,29 +159,29 @@ class Messages:
     def pop(
         self, route: PopRoute, batch: int, worker: str, prefer: str | None = None
     ) -> list[Popped]:
-        """Claim up to batch messages for route; an empty list when none is available.
+        """Lease a partition for route's group and return up to batch of its messages.
 
         prefer: for a route by queue, a partition of it to try first (in the same call).
-        The lease id is drawn here, so that a claim whose answer is lost with the
-        connection can be given back without counting a retry (GiveBacks).
         """
-        lease = uuid.uuid4()
-        query = POP_QUERIES[route.kind]
-        partition = route.partition
-        if prefer is not None and route.kind == "queue":
-            query, partition = "pop_queue_preferring", prefer
+        lease = new_lease_id()
         params = {
-            "batch": batch,
-            "worker": worker,
+            "kind": route.kind,
             "queue": route.queue,
-            "partition": partition,
+            "partition": route.partition,
             "namespace": route.namespace,
             "task": route.task,
+            "group": route.consumer_group or QUEUE_MODE,
+            "mode": route.subscription_mode,
+            "since": route.subscription_from,
+            "batch": batch,
+            "worker": worker,
             "lease": lease,
+            "prefer": prefer if route.kind == "queue" else None,
         }
-        lost = functools.partial(self.give_backs.add, lease)
         rows = self.db.fetch(
-            query, params, _popped, raw_json=True, on_lost=lost, large=_large_payload
+            "pop", params, _popped, raw_json=True, large=_large_payload,
+            after_execute=self.after_pop_statement,
+            on_lost=functools.partial(self.give_backs.add, lease),
         )
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
@@ -152,4 +193,5 @@ class Messages:
 
     def ack(self, acks: list[dict[str, Any]]) -> list[AckResult]:
         """Apply validated acknowledgments; one result per item, in order."""
-        return self.db.fetch("ack", {"acks": orjson.dumps(acks).decode()}, _ack_results)
+        params = {"acks": orjson.dumps(acks).decode()}
+        return self.db.fetch("ack", params, _ack_results)

@@ -1,6 +1,9 @@
 """Apply sql/migrations/ in order, once each, under an advisory lock (hosts may start together).
 
 Then install the functions of sql/functions/ (CREATE OR REPLACE, on every start).
+A database made by an earlier build (migrations this build does not have, or the tables
+of the message-row store) is refused before anything is changed: this build has one
+baseline and cannot upgrade such a database.
 """
 
 from __future__ import annotations
@@ -17,14 +20,23 @@ from queen.store.db import translate_errors
 log = logging.getLogger(__name__)
 
 MIGRATIONS_LOCK = 0x5155_4545_4E00  # pg_advisory_lock key ("QUEEN")
+# Tables of the message-row store, which earlier builds made (and this one never does).
+EARLIER_TABLES = (
+    "queen.messages", "queen.partition_heads", "queen.status_deltas", "queen.partition_counts",
+    "queen.metrics_minute", "queen.lag_hour", "queen.lag_window",
+)
 
 
 class MigrationsNotFound(QueenError):
     """No migration files found."""
 
 
+class EarlierDatabase(QueenError):
+    """The database was made by an earlier build of Queen; nothing was changed."""
+
+
 def sql_dir() -> Path:
-    """Return the directory of Queen's SQL (schema.sql, migrations/, function files).
+    """Return the directory of Queen's SQL (migrations/ and functions/).
 
     An installed package carries it as queen/_sql/ (setup.cfg maps sql/ there); a
     checkout or an editable install has it as sql/ beside the package.
@@ -69,9 +81,40 @@ def install_functions(conn: psycopg.Connection[Any], directory: Path | None = No
             conn.execute(path.read_text(encoding="utf-8"))  # type: ignore[arg-type]
 
 
+def refuse_earlier(conn: psycopg.Connection[Any], names: list[str]) -> None:
+    """Raise EarlierDatabase when the database records migrations other than names (this
+    build's) or holds the message-row store's tables. Reads only."""
+    recorded: list[str] = []
+    if conn.execute("SELECT to_regclass('queen.schema_migrations')").fetchone() != (None,):
+        recorded = [r[0] for r in conn.execute("SELECT name FROM queen.schema_migrations")]
+    unknown = sorted(set(recorded) - set(names))
+    tables = [
+        r[0] for r in conn.execute(
+            "SELECT t FROM unnest(%s::text[]) t WHERE to_regclass(t) IS NOT NULL",
+            (list(EARLIER_TABLES),),
+        )
+    ]
+    found = [f"migrations {', '.join(unknown)}"] if unknown else []
+    found += [f"tables {', '.join(tables)}"] if tables else []
+    if found:
+        raise EarlierDatabase(
+            f"this database was made by an earlier build of Queen ({'; '.join(found)}) and"
+            " cannot be upgraded: drain it with that build, or point DATABASE_URL at a new"
+            " database (nothing was changed)"
+        )
+
+
+def check_database(dsn: str) -> None:
+    """Refuse (EarlierDatabase) a database made by an earlier build, changing nothing."""
+    names = [path.name for path in migration_files()]
+    with translate_errors(), psycopg.connect(dsn, autocommit=True) as conn:
+        refuse_earlier(conn, names)
+
+
 def migrate(dsn: str, directory: Path | None = None) -> list[str]:
     """Apply pending migrations, then install the functions; return the migrations applied.
 
+    Raise EarlierDatabase, changing nothing, for a database made by an earlier build.
     directory: migrations of another folder, and no functions (tests of migrate itself).
     """
     files = migration_files(directory)  # before connecting: none is an error, not "none pending"
@@ -79,6 +122,7 @@ def migrate(dsn: str, directory: Path | None = None) -> list[str]:
     with translate_errors(), psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATIONS_LOCK,))
         try:
+            refuse_earlier(conn, [path.name for path in files])
             conn.execute("CREATE SCHEMA IF NOT EXISTS queen")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS queen.schema_migrations ("

@@ -17,14 +17,13 @@ log = logging.getLogger(__name__)
 DEFAULT_PARTITION = "Default"
 
 
-
 def ready_params(
     queues: Iterable[str],
     partitions: Iterable[tuple[str, str]],
     filters: Iterable[tuple[str | None, str | None]],
     limit: int,
 ) -> dict[str, Any]:
-    """The parameters of a ready_partitions query (either store's) for these routes."""
+    """The parameters of a ready_partitions query for these routes."""
     pairs = list(partitions)
     filter_list = list(filters)
     return {
@@ -35,6 +34,7 @@ def ready_params(
         "tasks": [task for _, task in filter_list],
         "limit": limit,
     }
+
 
 class Polling:
     """The fallback re-check of parked polls, and giving back claims nobody received."""
@@ -50,7 +50,7 @@ class Polling:
         filters: Iterable[tuple[str | None, str | None]],
         limit: int,
     ) -> list[str]:
-        """Return wake payloads of free partitions with pending work for these routes.
+        """Return wake payloads of partitions with work for these routes (a hint).
 
         queues: routes by queue; partitions: (queue, partition) routes; filters:
         (namespace, task) routes, None matching anything.
@@ -62,10 +62,11 @@ class Polling:
         """List this worker as having parked polls for the next seconds (pushes then notify)."""
         self.db.fetch("list_waiting_worker", {"worker": worker, "seconds": seconds})
 
-    def unclaim(self, lease_id: uuid.UUID, transaction_ids: list[str]) -> int:
-        """Return claimed messages to pending without counting a retry; how many went back."""
-        rows = self.db.fetch("unclaim", {"lease": lease_id, "transaction_ids": transaction_ids})
-        return int(rows[0][0]) if rows else 0
+    def unclaim(self, lease_id: uuid.UUID) -> int:
+        """Give back a pop's lease (the whole batch of a response) without counting a retry;
+        how many messages went back."""
+        rows = self.db.fetch("unclaim", {"lease": lease_id})
+        return int(rows[0][0] or 0) if rows else 0
 
 
 class PushWakeups:

@@ -1,21 +1,13 @@
 -- Runtime statements, by name. DDL and the functions they call live in sql/.
 
--- push: insert the items of a push body ({"items": [...]}), one row per item --
+-- push: store the items of a push body ({"items": [...]}), one row per item with its API id --
 SELECT idx, message_id, transaction_id, status
-FROM queen.push(%(body)s::jsonb -> 'items', %(producer)s)
+FROM queen.cursor_push_api(%(body)s::jsonb -> 'items', %(producer)s)
 
--- pop_partition: claim up to batch messages from one named partition --
-SELECT * FROM queen.pop_partition(%(queue)s, %(partition)s, %(batch)s, %(worker)s, %(lease)s)
-
--- pop_queue: claim up to batch messages from the oldest free partition of a queue --
-SELECT * FROM queen.pop_queue(%(queue)s, %(batch)s, %(worker)s, %(lease)s)
-
--- pop_queue_preferring: claim from one partition of a queue if it is free, else from the queue --
-SELECT * FROM queen.pop_queue_preferring(%(queue)s, %(partition)s, %(batch)s, %(worker)s,
-    %(lease)s)
-
--- pop_filtered: claim up to batch messages across queues by namespace/task and priority --
-SELECT * FROM queen.pop_filtered(%(namespace)s, %(task)s, %(batch)s, %(worker)s, %(lease)s)
+-- pop: lease a partition for a group on any route and return its batch as queen.popped --
+SELECT * FROM queen.cursor_pop_api(%(kind)s, %(queue)s, %(partition)s, %(namespace)s, %(task)s,
+                                   %(group)s, %(batch)s, %(worker)s, %(mode)s, %(since)s,
+                                   %(lease)s, %(prefer)s)
 
 -- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
 SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
@@ -23,20 +15,20 @@ SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
 -- list_waiting_worker: list this worker as having parked polls, for the next seconds --
 SELECT queen.list_waiting_worker(%(worker)s, %(seconds)s)
 
--- unclaim: give back a claim whose response never reached the client (no retry counted) --
-SELECT queen.unclaim(%(lease)s, %(transaction_ids)s::text[])
+-- unclaim: give back a lease whose pop never reached its consumer (no attempt counted) --
+SELECT queen.cursor_unclaim(%(lease)s)
 
--- give_back_claim: give back a claim whose answer was lost with its connection; NULL: not yet --
-SELECT queen.give_back_claim(%(lease)s, %(backend)s)
+-- give_back_claim: give back a pop whose answer was lost with its connection; NULL: not yet --
+SELECT queen.cursor_give_back_claim(%(lease)s, %(backend)s)
 
--- ready_partitions: wake payloads of free partitions with pending work for the parked polls' routes --
-SELECT payload FROM queen.ready_partitions(
+-- ready_partitions: wake payloads of partitions with work for the parked polls' routes --
+SELECT payload FROM queen.cursor_ready_partitions(
     %(queues)s::text[], %(partition_queues)s::text[], %(partitions)s::text[],
     %(namespaces)s::text[], %(tasks)s::text[], %(limit)s) AS payload
 
 -- ack: acknowledge a batch, one row per acknowledgment in request order --
 SELECT idx, transaction_id, status, retry_count, now() AS acknowledged_at
-FROM queen.ack(%(acks)s::jsonb)
+FROM queen.cursor_ack(%(acks)s::jsonb)
 
 -- create_queue: make sure a queue exists (its options start at the schema defaults) --
 INSERT INTO queen.queues (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING
@@ -79,17 +71,18 @@ SELECT q.name AS queue, q.namespace, q.task, p.name AS partition,
        coalesce(s.dead_letter, 0) AS dead_letter
 FROM queen.queues q
 LEFT JOIN queen.partitions p ON p.queue_id = q.id
-LEFT JOIN queen.partition_stats s ON s.partition_id = p.id
+LEFT JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+       ON s.partition_id = p.id
 ORDER BY q.name, p.name
 
--- dashboard_recent: messages created and completed in the last complete minute (folded metrics) --
+-- dashboard_recent: messages created and completed in the last complete minute (as maintenance counted them) --
 SELECT coalesce(sum(incoming), 0)::bigint AS created, coalesce(sum(completed), 0)::bigint AS completed
-FROM queen.metrics_minute
+FROM queen.cursor_metrics_minute
 WHERE minute = date_trunc('minute', now()) - interval '1 minute'
 
 -- dashboard_locate: queue and partition of messages named by transactionId --
 SELECT m.transaction_id, q.name AS queue, p.name AS partition
-FROM queen.messages m
+FROM queen.cursor_messages m
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
 WHERE m.transaction_id = ANY (%(ids)s::text[])
@@ -97,11 +90,9 @@ WHERE m.transaction_id = ANY (%(ids)s::text[])
 -- dashboard_notify: one dashboard batch or presence note to every worker's listener --
 SELECT pg_notify(%(channel)s, %(payload)s)
 
--- maintenance_setup: session settings of the maintenance connection (timeouts, keepalives, plans) --
--- Every maintenance statement walks an index in order under a LIMIT; a bitmap scan would
--- read a whole partition and sort it. JIT only adds compile time to these short statements.
+-- maintenance_setup: session settings of the maintenance connection (timeouts, keepalives, no JIT) --
+-- JIT only adds compile time to these short statements.
 SELECT set_config('statement_timeout', %(statement_ms)s, false),
-       set_config('enable_bitmapscan', 'off', false),
        set_config('jit', 'off', false),
        set_config('lock_timeout', %(lock_ms)s, false),
        set_config('idle_in_transaction_session_timeout', '60s', false),
@@ -121,76 +112,30 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
   AND l.classid::bigint = (%(key)s::bigint >> 32) AND l.objid::bigint = (%(key)s::bigint & 4294967295)
   AND l.objsubid = 1
 
--- maintenance_expire_leases: release expired partition leases (retry, DLQ or failed), wake polls --
-SELECT leases, messages, next_expiry_in FROM queen.expire_leases(%(limit)s)
+-- maintenance_expire_leases: end expired leases (retry, DLQ or failed), wake polls --
+SELECT leases, messages, next_expiry_in FROM queen.cursor_expire(%(limit)s)
 
--- maintenance_wake_due: wake polls for delayed/windowed partitions that became due since the last scan --
-SELECT woken, next_due_in, scanned_at FROM queen.wake_due(%(since)s)
+-- maintenance_wake_due: wake polls for partitions whose retryDelay ended or whose delayed/windowed messages became due --
+SELECT woken, next_due_in, scanned_at FROM queen.cursor_wake_due(%(since)s)
 
 -- maintenance_timed_queues: queues whose messages become poppable later (delayedProcessing, windowBuffer) --
 SELECT name, delayed_processing, window_buffer FROM queen.queues
 WHERE delayed_processing > 0 OR window_buffer > 0
 
--- maintenance_expire_ttl: pending messages older than their queue's ttl go to dead_letter, at most limit --
-WITH moved AS (
-    UPDATE queen.messages m
-    SET status = 'dead_letter', failed_at = now(), error_message = 'ttl expired'
-    WHERE m.transaction_id = ANY (ARRAY(SELECT queen.overdue_pending('ttl', %(limit)s)))
-    RETURNING m.partition_id
-), counted AS (
-    INSERT INTO queen.status_deltas (partition_id, from_status, to_status, n)
-    SELECT partition_id, 'pending', 'dead_letter', count(*) FROM moved GROUP BY 1
-)
-SELECT count(*) FROM moved
+-- maintenance_expire_ttl: dead-letter messages past their queue's ttl that nobody popped, at most limit --
+SELECT queen.cursor_maintain_ttl(%(limit)s)
 
--- maintenance_retention_pending: delete pending messages older than retentionSeconds, at most limit --
-WITH gone AS (
-    DELETE FROM queen.messages m
-    WHERE m.transaction_id = ANY (ARRAY(SELECT queen.overdue_pending('retention', %(limit)s)))
-    RETURNING 1
-)
-SELECT count(*) FROM gone
+-- maintenance_cleanup_partitions: remove partitions without messages or live leases, idle for idle_s seconds, at most limit --
+SELECT queen.cursor_cleanup_partitions(%(idle_s)s, %(limit)s)
 
--- maintenance_retention_completed: delete completed messages older than completedRetentionSeconds, at most limit --
-WITH parts AS (
-    SELECT p.id, now() - make_interval(secs => q.completed_retention_seconds) AS cutoff
-    FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
-    WHERE q.retention_enabled AND q.completed_retention_seconds > 0
-), doomed AS (
-    SELECT m.transaction_id
-    FROM parts p CROSS JOIN LATERAL (
-        SELECT x.transaction_id FROM queen.messages x
-        WHERE x.partition_id = p.id AND x.created_at < p.cutoff
-          AND x.status = 'completed' AND x.completed_at < p.cutoff
-        ORDER BY x.created_at LIMIT %(limit)s) m
-    LIMIT %(limit)s
-), locked AS (
-    SELECT x.transaction_id FROM queen.messages x
-    WHERE x.transaction_id = ANY (ARRAY(SELECT transaction_id FROM doomed)) AND x.status = 'completed'
-    FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM queen.messages m USING locked
-    WHERE m.transaction_id = locked.transaction_id
-    RETURNING 1
-)
-SELECT count(*) FROM gone
+-- maintenance_retention: delete messages past their queue's retention, at most limit --
+SELECT queen.cursor_retention(%(limit)s)
 
--- maintenance_cleanup_partitions: remove empty partitions idle for idle_s seconds, at most limit --
-SELECT queen.cleanup_partitions(%(idle_s)s, %(limit)s)
+-- maintenance_analyze: ANALYZE the message tables that changed by a tenth --
+SELECT queen.cursor_analyze(%(min_changes)s)
 
--- maintenance_fold_deltas: fold at most limit status deltas into partition_counts and metrics_minute --
-SELECT queen.fold_deltas(%(limit)s)
-
--- maintenance_reconcile_counts: recount a few partitions after a cursor and correct count drift --
-SELECT partition_id, drift FROM queen.reconcile_counts(%(after)s, %(limit)s, %(budget)s)
-
--- maintenance_grown_tables: hot tables now more than twice the size their planner statistics were taken at --
-SELECT c.oid::regclass::text AS name
-FROM pg_class c
-WHERE c.oid = ANY (ARRAY['queen.messages', 'queen.partitions', 'queen.partition_heads',
-                         'queen.queues']::regclass[])
-  AND pg_relation_size(c.oid) / current_setting('block_size')::bigint
-      > greatest(2 * c.relpages::bigint, 16)
+-- maintenance_refresh_counts: bring the count rows of some partitions up to date, a bounded step each; how many are behind --
+SELECT queen.cursor_count_refresh(%(partitions)s, %(step)s)
 
 -- maintenance_vacuum_candidates: Queen's tables holding many dead row versions that no vacuum has cleaned for a while, smallest first, and whether autovacuum runs at all --
 SELECT s.schemaname || '.' || s.relname AS name, pg_table_size(s.relid) AS bytes,
@@ -202,16 +147,8 @@ WHERE s.schemaname = 'queen'
       < now() - make_interval(secs => %(quiet_s)s)
 ORDER BY bytes
 
--- maintenance_prune_metrics: delete per-minute metrics older than the retention, at most limit rows --
-WITH gone AS (
-    DELETE FROM queen.metrics_minute m
-    USING (SELECT minute, queue, partition FROM queen.metrics_minute
-           WHERE minute < date_trunc('minute', now()) - make_interval(days => %(days)s)
-           ORDER BY minute LIMIT %(limit)s) old
-    WHERE m.minute = old.minute AND m.queue = old.queue AND m.partition = old.partition
-    RETURNING 1
-)
-SELECT count(*) FROM gone
+-- maintenance_prune_metrics: delete per-minute activity older than the retention, at most limit rows --
+SELECT queen.cursor_metrics_prune(%(days)s, %(limit)s)
 
 -- read_session: settings of an analytics or browsing read, for its transaction only: a short statement timeout, and no JIT (compiling costs more than these queries take) --
 SELECT set_config('statement_timeout', %(ms)s, true), set_config('jit', 'off', true)
@@ -228,16 +165,20 @@ WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
   AND (%(task)s::text IS NULL OR q.task = %(task)s)
 ORDER BY q.name
 
--- read_partitions: every partition of the queues matching the filters with its exact counts, by queue then name --
-SELECT p.queue_id, p.id, p.name, p.created_at,
+-- read_partitions: every partition of the queues matching the filters with its counts, by queue then name --
+WITH picked AS (
+    SELECT p.queue_id, p.id, p.name, p.created_at, q.name AS queue
+    FROM queen.queues q
+    JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+      AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+      AND (%(task)s::text IS NULL OR q.task = %(task)s)
+)
+SELECT t.queue_id, t.id, t.name, t.created_at,
        s.pending, s.processing, s.completed, s.failed, s.dead_letter
-FROM queen.queues q
-JOIN queen.partitions p ON p.queue_id = q.id
-JOIN queen.partition_stats s ON s.partition_id = p.id
-WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
-  AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
-  AND (%(task)s::text IS NULL OR q.task = %(task)s)
-ORDER BY q.name, p.name
+FROM picked t
+JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM picked)) s ON s.partition_id = t.id
+ORDER BY t.queue, t.name
 
 -- read_queue_totals: messages per status and partitions of every queue (partition-less ones too), by name --
 SELECT q.name, count(p.id) AS partitions,
@@ -248,16 +189,17 @@ SELECT q.name, count(p.id) AS partitions,
        coalesce(sum(s.dead_letter), 0)::bigint AS dead_letter
 FROM queen.queues q
 LEFT JOIN queen.partitions p ON p.queue_id = q.id
-LEFT JOIN queen.partition_stats s ON s.partition_id = p.id
+LEFT JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+       ON s.partition_id = p.id
 GROUP BY q.name
 ORDER BY q.name
 
--- read_message_span: created_at of the oldest and newest message of each partition of a queue --
+-- read_message_span: created_at of the oldest and newest message of each partition of a queue (its first and last by id) --
 SELECT p.id AS partition_id,
-       (SELECT m.created_at FROM queen.messages m WHERE m.partition_id = p.id
-        ORDER BY m.created_at LIMIT 1) AS oldest,
-       (SELECT m.created_at FROM queen.messages m WHERE m.partition_id = p.id
-        ORDER BY m.created_at DESC LIMIT 1) AS newest
+       (SELECT m.created_at FROM queen.cursor_messages m WHERE m.partition_id = p.id
+        ORDER BY m.id LIMIT 1) AS oldest,
+       (SELECT m.created_at FROM queen.cursor_messages m WHERE m.partition_id = p.id
+        ORDER BY m.id DESC LIMIT 1) AS newest
 FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
 WHERE q.name = %(queue)s
 
@@ -269,7 +211,8 @@ SELECT CASE WHEN %(label)s = 'namespace' THEN q.namespace ELSE q.task END AS lab
        coalesce(sum(s.dead_letter), 0) AS dead_letter
 FROM queen.queues q
 LEFT JOIN queen.partitions p ON p.queue_id = q.id
-LEFT JOIN queen.partition_stats s ON s.partition_id = p.id
+LEFT JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+       ON s.partition_id = p.id
 WHERE CASE WHEN %(label)s = 'namespace' THEN q.namespace ELSE q.task END IS NOT NULL
 GROUP BY 1
 ORDER BY 1
@@ -283,35 +226,44 @@ SELECT (SELECT count(*) FROM queen.queues) AS queues,
        coalesce(sum(s.completed), 0) AS completed, coalesce(sum(s.failed), 0) AS failed,
        coalesce(sum(s.dead_letter), 0) AS dead_letter,
        now() AS at
-FROM queen.partition_stats s
+FROM queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
 
--- read_throughput: activity per minute over the last hour (60 rows, newest first, zero-filled) for the queues matching the filters, folded or not --
+-- read_throughput: activity per minute over the last hour (60 rows, newest first, zero-filled) for the queues matching the filters: what maintenance counted plus what lies past its watermarks; popped: deliveries that ended for good (completed, failed, dead-lettered) and those leased now, by the lease's start --
 WITH minutes AS (
     SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
                            date_trunc('minute', now()), interval '1 minute') AS minute
 ), picked AS (
-    SELECT q.name FROM queen.queues q
-    WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
-      AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
-      AND (%(task)s::text IS NULL OR q.task = %(task)s)
+    SELECT p.id, q.lease_time FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE %(any)s OR ((%(queue)s::text IS NULL OR q.name = %(queue)s)
+                      AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+                      AND (%(task)s::text IS NULL OR q.task = %(task)s))
 ), activity AS (
-    SELECT a.minute, a.incoming, a.popped, a.completed, a.failed, a.dead_letter, a.lag_ms
-    FROM queen.metrics_minute a
+    SELECT a.minute, a.incoming, a.completed, a.failed, a.dead_letter, a.lag_ms, 0 AS leased
+    FROM queen.cursor_metrics_minute a JOIN picked t ON t.id = a.partition_id
     WHERE a.minute >= date_trunc('minute', now()) - interval '59 minutes'
-      AND (%(any)s OR a.queue IN (SELECT name FROM picked))
     UNION ALL
-    SELECT u.minute, u.incoming, u.popped, u.completed, u.failed, u.dead_letter, u.lag_ms
-    FROM queen.metrics_minute_unfolded u
-    WHERE u.minute >= date_trunc('minute', now()) - interval '59 minutes'
-      AND (%(any)s OR u.queue IN (SELECT name FROM picked))
+    SELECT x.minute, x.incoming, x.completed, x.failed, x.dead_letter, x.lag_ms, 0
+    FROM picked t
+    LEFT JOIN queen.cursor_counts k ON k.partition_id = t.id
+    LEFT JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+    CROSS JOIN LATERAL queen.cursor_activity(t.id, coalesce(k.counted_id, 0),
+                                             coalesce(k.cursor_counted, 0),
+                                             coalesce(c.cursor_id, 0), 5000) x
+    UNION ALL
+    SELECT date_trunc('minute', c.lease_expires_at - make_interval(secs => t.lease_time)),
+           0, 0, 0, 0, 0, c.lease_size - cardinality(c.lease_acked)
+    FROM picked t
+    JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+    WHERE c.lease_id IS NOT NULL AND c.lease_expires_at > now()
 ), per_minute AS (
-    SELECT a.minute, sum(a.incoming) AS incoming, sum(a.popped) AS popped,
-           sum(a.completed) AS completed, sum(a.failed) AS failed,
-           sum(a.dead_letter) AS dead_letter, sum(a.lag_ms) AS lag_ms
+    SELECT a.minute, sum(a.incoming) AS incoming, sum(a.completed) AS completed,
+           sum(a.failed) AS failed, sum(a.dead_letter) AS dead_letter, sum(a.lag_ms) AS lag_ms,
+           sum(a.leased) AS leased
     FROM activity a GROUP BY a.minute
 )
 SELECT m.minute, coalesce(a.incoming, 0)::bigint AS incoming,
-       coalesce(a.popped, 0)::bigint AS popped,
+       (coalesce(a.completed, 0) + coalesce(a.failed, 0) + coalesce(a.dead_letter, 0)
+        + coalesce(a.leased, 0))::bigint AS popped,
        coalesce(a.completed, 0)::bigint AS completed,
        coalesce(a.failed, 0)::bigint AS failed,
        coalesce(a.dead_letter, 0)::bigint AS dead_letter,
@@ -319,155 +271,86 @@ SELECT m.minute, coalesce(a.incoming, 0)::bigint AS incoming,
 FROM minutes m LEFT JOIN per_minute a ON a.minute = m.minute
 ORDER BY m.minute DESC
 
--- read_lag: backlog and processing times of the last 24 h per partition of the queues matching the filters --
-SELECT queue, namespace, task, partition, pending, processing, completed, lag_ms, lag_hist
-FROM queen.partition_lag(%(queue)s, %(namespace)s, %(task)s)
-
--- read_partition_ids: the partitions matching the message-list filters (NULL: any), how many messages they hold in the status asked for (NULL: any) and in all, and how many the index a newest-first walk would read holds overall --
-WITH counted AS (
-    SELECT s.partition_id,
-           (%(queue)s::text IS NULL OR q.name = %(queue)s)
-           AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
-           AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
-           AND (%(task)s::text IS NULL OR q.task = %(task)s) AS picked,
-           CASE %(status)s::text WHEN 'pending' THEN s.pending WHEN 'processing' THEN s.processing
-                WHEN 'completed' THEN s.completed WHEN 'failed' THEN s.failed
-                WHEN 'dead_letter' THEN s.dead_letter
-                ELSE s.pending + s.processing + s.completed + s.failed + s.dead_letter END AS n,
-           CASE WHEN %(status)s::text IN ('failed', 'dead_letter') THEN s.failed + s.dead_letter
-                ELSE s.pending + s.processing + s.completed + s.failed + s.dead_letter END AS walked,
-           s.pending + s.processing + s.completed + s.failed + s.dead_letter AS total
-    FROM queen.partition_stats s
-    JOIN queen.partitions p ON p.id = s.partition_id
-    JOIN queen.queues q ON q.id = p.queue_id
+-- read_lag: backlog and processing times of the last 24 h per partition of the queues matching the filters (what maintenance counted plus what lies past its watermarks) --
+WITH picked AS (
+    SELECT q.name AS queue, q.namespace, q.task, p.id, p.name
+    FROM queen.queues q
+    JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+      AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+      AND (%(task)s::text IS NULL OR q.task = %(task)s)
 )
-SELECT coalesce(array_agg(c.partition_id) FILTER (WHERE c.picked), '{}') AS ids,
-       coalesce(sum(c.n) FILTER (WHERE c.picked), 0)::bigint AS matching,
-       coalesce(sum(c.total) FILTER (WHERE c.picked), 0)::bigint AS held,
-       coalesce(sum(c.walked), 0)::bigint AS walked
-FROM counted c
+SELECT t.queue, t.namespace, t.task, t.name AS partition, s.pending, s.processing,
+       coalesce(w.completed, 0)::bigint AS completed, coalesce(w.lag_ms, 0)::bigint AS lag_ms,
+       w.lag_hist
+FROM picked t
+JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM picked)) s ON s.partition_id = t.id
+LEFT JOIN queen.cursor_counts k ON k.partition_id = t.id
+LEFT JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+LEFT JOIN LATERAL (
+    SELECT sum(a.completed) AS completed, sum(a.lag_ms) AS lag_ms,
+           queen.hist_sum(a.lag_hist) AS lag_hist
+    FROM (SELECT r.completed, r.lag_ms, r.lag_hist FROM queen.cursor_metrics_minute r
+          WHERE r.partition_id = t.id
+            AND r.minute >= date_trunc('hour', now()) - interval '24 hours'
+          UNION ALL
+          SELECT x.completed, x.lag_ms, x.lag_hist
+          FROM queen.cursor_activity(t.id, coalesce(k.counted_id, 0),
+                                     coalesce(k.cursor_counted, 0),
+                                     coalesce(c.cursor_id, 0), 5000) x
+          WHERE x.completed > 0) a
+) w ON true
+ORDER BY t.queue, t.name
 
--- read_messages: one page of messages, newest first, of some partitions (any: all of them) and optionally one status --
-SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
-       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
-       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
-FROM queen.messages m
-JOIN queen.partitions p ON p.id = m.partition_id
+-- read_page_partitions: the partitions matching the message-list filters (NULL: any) --
+SELECT coalesce(array_agg(p.id), '{}') AS ids
+FROM queen.partitions p
 JOIN queen.queues q ON q.id = p.queue_id
-WHERE (%(any)s OR m.partition_id = ANY (%(partitions)s::uuid[]))
-  AND (%(status)s::text IS NULL OR m.status = %(status)s)
-  AND (%(status)s::text IS NULL OR %(status)s::text NOT IN ('failed', 'dead_letter')
-       OR m.is_failed)  -- lets a failed or dead_letter listing use messages_failed
-ORDER BY m.created_at DESC, m.seq DESC
-LIMIT %(limit)s OFFSET %(offset)s
+WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
+  AND (%(partition)s::text IS NULL OR p.name = %(partition)s)
+  AND (%(namespace)s::text IS NULL OR q.namespace = %(namespace)s)
+  AND (%(task)s::text IS NULL OR q.task = %(task)s)
 
--- read_messages_gathered: the same page as read_messages, by collecting every matching message of the partitions first (for filters that keep few messages: a newest-first walk would read far more); sorts keys only --
-WITH hits AS MATERIALIZED (
-    SELECT m.transaction_id, m.created_at, m.seq FROM queen.messages m
-    WHERE m.partition_id = ANY (%(partitions)s::uuid[])
-      AND (%(status)s::text IS NULL OR m.status = %(status)s)
-      AND (%(status)s::text IS NULL OR %(status)s::text NOT IN ('failed', 'dead_letter')
-           OR m.is_failed)  -- lets a failed or dead_letter listing use messages_failed
-), page AS (
-    SELECT h.* FROM hits h ORDER BY h.created_at DESC, h.seq DESC
-    LIMIT %(limit)s OFFSET %(offset)s
-)
-SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
-       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
-       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
-FROM page
-JOIN queen.messages m ON m.transaction_id = page.transaction_id
-JOIN queen.partitions p ON p.id = m.partition_id
-JOIN queen.queues q ON q.id = p.queue_id
-ORDER BY page.created_at DESC, page.seq DESC
-
--- read_messages_merged: the same page as read_messages, from the newest `wanted` messages of each partition (its own index), merged; sorts keys only --
+-- read_page: one page of messages of some partitions, newest first (by id), optionally in one status of queue mode --
 WITH page AS (
-    SELECT x.transaction_id, x.created_at, x.seq
-    FROM unnest(%(partitions)s::uuid[]) AS t(partition_id)
-    CROSS JOIN LATERAL (
-        SELECT m.transaction_id, m.created_at, m.seq FROM queen.messages m
-        WHERE m.partition_id = t.partition_id
-          AND (%(status)s::text IS NULL OR m.status = %(status)s)
-          AND (%(status)s::text IS NULL OR %(status)s::text NOT IN ('failed', 'dead_letter')
-               OR m.is_failed)  -- lets a failed or dead_letter listing use messages_failed
-        ORDER BY m.created_at DESC, m.seq DESC
-        LIMIT %(wanted)s
-    ) x
-    ORDER BY x.created_at DESC, x.seq DESC
-    LIMIT %(limit)s OFFSET %(offset)s
+    SELECT array_agg(x.partition_id ORDER BY x.id DESC) AS partitions,
+           array_agg(x.id ORDER BY x.id DESC) AS ids
+    FROM queen.cursor_message_page(%(partitions)s::uuid[], %(status)s, %(limit)s, %(offset)s) x
 )
-SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
-       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
-       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
-FROM page
-JOIN queen.messages m ON m.transaction_id = page.transaction_id
-JOIN queen.partitions p ON p.id = m.partition_id
-JOIN queen.queues q ON q.id = p.queue_id
-ORDER BY page.created_at DESC, page.seq DESC
-
--- read_messages_of_partition: one page of messages of one partition, newest first, optionally one status (walks that partition's index) --
-SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
-       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
-       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at
-FROM queen.messages m
-JOIN queen.partitions p ON p.id = m.partition_id
-JOIN queen.queues q ON q.id = p.queue_id
-WHERE m.partition_id = %(partition)s
-  AND (%(status)s::text IS NULL OR m.status = %(status)s)
-  AND (%(status)s::text IS NULL OR %(status)s::text NOT IN ('failed', 'dead_letter')
-       OR m.is_failed)  -- lets a failed or dead_letter listing use messages_failed
-ORDER BY m.created_at DESC, m.seq DESC
-LIMIT %(limit)s OFFSET %(offset)s
+SELECT r.* FROM page CROSS JOIN LATERAL queen.cursor_message_rows(page.partitions, page.ids) r
 
 -- read_message: one message with its queue's options --
-SELECT m.id, m.transaction_id, q.name AS queue, p.name AS partition, q.namespace, q.task,
-       m.payload, m.encrypted, m.status, m.worker_id, m.created_at, m.locked_at,
-       m.completed_at, m.failed_at, m.error_message, m.retry_count, m.lease_expires_at,
-       m.producer, q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
+SELECT r.*, q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
        q.delayed_processing, q.window_buffer, q.retention_seconds,
        q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
        q.max_wait_time_seconds, q.retry_delay
-FROM queen.messages m
-JOIN queen.partitions p ON p.id = m.partition_id
-JOIN queen.queues q ON q.id = p.queue_id
+FROM queen.cursor_messages m
+CROSS JOIN LATERAL queen.cursor_message_rows(ARRAY[m.partition_id], ARRAY[m.id]) r
+JOIN queen.queues q ON q.name = r.queue
 WHERE m.transaction_id = %(transaction_id)s
 
 -- read_related: the messages of the same partition nearest in time (within 1 h either side) to one message; a first row with NULL related fields when it has none; no row when it does not exist --
-WITH anchor AS (
-    SELECT m.transaction_id, m.partition_id, m.created_at, m.seq
-    FROM queen.messages m WHERE m.transaction_id = %(transaction_id)s
-), near AS (
-    SELECT r.* FROM anchor a CROSS JOIN LATERAL (
-        SELECT x.transaction_id, x.id, x.status, x.created_at, x.seq, x.payload, x.encrypted
-        FROM queen.messages x
-        WHERE x.partition_id = a.partition_id AND x.transaction_id <> a.transaction_id
-          AND x.created_at >= a.created_at - interval '1 hour' AND x.created_at <= a.created_at
-        ORDER BY x.created_at DESC, x.seq DESC LIMIT %(limit)s) r
-    UNION ALL
-    SELECT r.* FROM anchor a CROSS JOIN LATERAL (
-        SELECT x.transaction_id, x.id, x.status, x.created_at, x.seq, x.payload, x.encrypted
-        FROM queen.messages x
-        WHERE x.partition_id = a.partition_id AND x.transaction_id <> a.transaction_id
-          AND x.created_at > a.created_at AND x.created_at <= a.created_at + interval '1 hour'
-        ORDER BY x.created_at, x.seq LIMIT %(limit)s) r
-), nearest AS (
-    SELECT n.* FROM near n, anchor a
-    ORDER BY abs(extract(epoch FROM n.created_at - a.created_at)), n.seq
-    LIMIT %(limit)s
+WITH near AS (
+    SELECT array_agg(x.partition_id ORDER BY x.n) FILTER (WHERE x.id IS NOT NULL) AS partitions,
+           array_agg(x.id ORDER BY x.n) FILTER (WHERE x.id IS NOT NULL) AS ids,
+           count(*) AS found
+    FROM queen.cursor_related(%(transaction_id)s, %(limit)s) WITH ORDINALITY x(partition_id, id, n)
 )
-SELECT n.transaction_id, n.id, n.status, n.created_at, n.payload, n.encrypted
-FROM anchor a LEFT JOIN nearest n ON true
-ORDER BY n.created_at, n.seq
+SELECT r.transaction_id, r.id, r.status, r.created_at, r.payload, r.encrypted
+FROM near LEFT JOIN LATERAL queen.cursor_message_rows(near.partitions, near.ids) r ON true
+WHERE near.found > 0
 
--- delete_message: delete one message; its former status, or NULL when there is no such message --
-SELECT queen.delete_message(%(transaction_id)s) AS status
+-- delete_message: delete one message; queue mode's status it had, or NULL when there is no such message --
+SELECT queen.cursor_delete_message(%(transaction_id)s) AS status
 
--- set_message_status: move one message from one of the statuses given to another; the status it had (NULL: no such message) --
-SELECT queen.set_message_status(%(transaction_id)s, %(from)s::text[], %(to)s) AS status
+-- retry_message: write a failed or dead-lettered message again for queue mode; the status it had (NULL: no such message) --
+SELECT queen.cursor_retry_message(%(transaction_id)s) AS status
+
+-- dead_letter_message: move a pending or failed message to the dead letter queue; the status it had (NULL: no such message) --
+SELECT queen.cursor_dead_letter_message(%(transaction_id)s) AS status
 
 -- clear_messages: delete the messages of a queue or of one of its partitions; NULL when it does not exist --
-SELECT queen.clear_messages(%(queue)s, %(partition)s) AS cleared
+SELECT queen.cursor_clear(%(queue)s, %(partition)s) AS cleared
 
 -- token_create: store a new token's hash under its name; no row when the name is taken --
 INSERT INTO queen.tokens (name, token_hash, role, queues, rate)
@@ -487,9 +370,10 @@ UPDATE queen.tokens SET revoked_at = now()
 WHERE name = %(name)s AND revoked_at IS NULL
 RETURNING name
 
--- extend_lease: move a live lease's expiry to now() + seconds (NULL: the queue's leaseTime); NULL when it is unknown, ended or expired --
-SELECT queen.extend_lease(%(lease)s::uuid, %(seconds)s::integer) AS lease_expires_at
+-- extend_lease: extend a live lease by seconds (NULL: its queue's leaseTime); no value when it has ended --
+SELECT queen.cursor_extend(%(lease)s, coalesce(%(seconds)s::integer, (
+    SELECT q.lease_time FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
+    WHERE c.lease_id = %(lease)s)))
 
--- lease_queue: the queue of the partition a lease is on (no row: no such lease) --
-SELECT q.name FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-WHERE p.lease_id = %(lease)s::uuid
+-- lease_queue: the queue a live lease is on --
+SELECT queen.cursor_lease_queue(%(lease)s)

@@ -60,10 +60,8 @@ class Reads:
         concurrency: int = READ_CONCURRENCY,
         statement_timeout_ms: int = READ_STATEMENT_TIMEOUT_MS,
         wait_s: float = 5.0,
-        queries: Mapping[str, str] | None = None,
     ) -> None:
         self.db = db
-        self.queries = queries or db.queries  # named statements (the cursor store's overlay)
         self._slots = threading.BoundedSemaphore(concurrency)
         self._timeout = str(statement_timeout_ms)
         self._wait_s = wait_s
@@ -74,8 +72,8 @@ class Reads:
             raise Unavailable("too many analytics queries in flight, retry")
         try:
             with self.db.connection() as conn, conn.transaction():
-                conn.execute(self.queries["read_session"], {"ms": self._timeout})
-                yield ReadSession(conn, self.queries)
+                conn.execute(self.db.queries["read_session"], {"ms": self._timeout})
+                yield ReadSession(conn, self.db.queries)
         finally:
             self._slots.release()
 

@@ -1,4 +1,4 @@
-"""Transactions of the cursor store: acks and pushes that commit together or not at all.
+"""Transactions: acks and pushes that commit together or not at all.
 
 One connection, one PostgreSQL transaction: the acknowledgments first (all in one call),
 then the pushes (all items in one call). Any operation that cannot be applied raises
@@ -64,7 +64,7 @@ Result = cursors.CheckedAck | list[cursors.PushOutcome]
 
 
 class Transactions:
-    """Apply a request's operations atomically on the cursor store."""
+    """Apply a request's operations atomically."""
 
     def __init__(self, db: Database, queues: Queues, encryption_key: str = "") -> None:
         self.db = db

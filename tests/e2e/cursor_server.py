@@ -1,4 +1,4 @@
-"""A gunicorn on the cursor store (QUEEN_STORAGE=cursors), shared by a module's tests.
+"""A gunicorn shared by a module's tests.
 
 One server and one database per test module (each test uses queues of its own name):
 starting gunicorn per test would dominate these tests' time.
@@ -29,7 +29,7 @@ def cursor_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def cursor_server(cursor_dsn: str) -> Iterator[Server]:
-    srv = Server(cursor_dsn, QUEEN_STORAGE="cursors", QUEEN_ENCRYPTION_KEY=ENCRYPTION_KEY)
+    srv = Server(cursor_dsn, QUEEN_ENCRYPTION_KEY=ENCRYPTION_KEY)
     srv.start()
     yield srv
     srv.stop()
@@ -37,15 +37,15 @@ def cursor_server(cursor_dsn: str) -> Iterator[Server]:
 
 @pytest.fixture
 def cursor_store_server(db_dsn: str) -> Iterator[Server]:
-    """A server of its own on the cursor store, on this test's fresh database."""
-    srv = Server(db_dsn, QUEEN_STORAGE="cursors").start()
+    """A server of its own, on this test's fresh database."""
+    srv = Server(db_dsn).start()
     yield srv
     srv.stop()
 
 
 @pytest.fixture
 def conn(cursor_dsn: str) -> Iterator[psycopg.Connection[Any]]:
-    """An autocommit connection to the server's database (pops of the cursor store)."""
+    """An autocommit connection to the server's database."""
     with psycopg.connect(cursor_dsn, autocommit=True) as connection:
         yield connection
 

@@ -1,6 +1,6 @@
-"""The client SDK and CLI against the transaction and consumer-group routes (QUEEN_STORAGE=cursors).
+"""The client SDK and CLI against the transaction and consumer-group routes.
 
-Messages are popped with the cursor store on the server's database: what the SDK calls
+Messages are popped with queen.store.cursors on the server's database: what the SDK calls
 here is only the routes of transactions and consumer groups.
 """
 

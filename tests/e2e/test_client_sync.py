@@ -319,8 +319,8 @@ def test_a_pop_whose_answer_was_dropped_is_not_resent(queen, server):
     assert len(queen.messages("lost-pop", status="pending")) == 1
 
 
-# The tests below run on a server with QUEEN_STORAGE=cursors: push, pop and ack with
-# consumerGroup, transactions and the consumer-group routes.
+# The tests below: push, pop and ack with consumerGroup, transactions and the
+# consumer-group routes.
 
 
 @pytest.fixture

@@ -1,7 +1,4 @@
-"""The hot path on the cursor store over HTTP: consumer groups, leases, retryDelay, filters.
-
-Every test here runs a server with QUEEN_STORAGE=cursors, whatever the environment.
-"""
+"""The hot path over HTTP: consumer groups, leases, retryDelay, filters."""
 
 from __future__ import annotations
 
@@ -23,16 +20,8 @@ API = "/api/v1"
 
 @pytest.fixture
 def srv(db_dsn: str) -> Iterator[Server]:
-    """One gunicorn on the cursor store."""
-    server = Server(db_dsn, QUEEN_STORAGE="cursors").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def rows_srv(db_dsn: str) -> Iterator[Server]:
-    """One gunicorn on the row store."""
-    server = Server(db_dsn, QUEEN_STORAGE="rows").start()
+    """One gunicorn."""
+    server = Server(db_dsn).start()
     yield server
     server.stop()
 
@@ -246,17 +235,6 @@ def test_bad_ack_fields_are_400(srv):
         assert many.status_code == 400, extra
 
 
-def test_the_row_store_refuses_consumer_groups_naming_the_setting(rows_srv):
-    for params in ({"consumerGroup": "g"}, {"subscriptionMode": "new"}):
-        resp = requests.get(f"{rows_srv.url}{API}/pop/queue/q", params=params, timeout=10)
-        assert resp.status_code == 400
-        assert "QUEEN_STORAGE=cursors" in resp.json()["error"]
-    resp = requests.post(f"{rows_srv.url}{API}/ack", timeout=10, json={
-        "transactionId": "t", "status": "completed", "consumerGroup": "g"})
-    assert resp.status_code == 400
-    assert "QUEEN_STORAGE=cursors" in resp.json()["error"]
-
-
 def test_twenty_consumers_in_two_groups_get_every_message_once_per_group_in_order(srv):
     partitions, per_partition = 4, 25
     for p in range(partitions):
@@ -297,8 +275,8 @@ def test_twenty_consumers_in_two_groups_get_every_message_once_per_group_in_orde
 
 
 def test_maintenance_wakes_a_parked_poll_when_the_retry_delay_ends(db_dsn, tmp_path):
-    maintainer = Maintainer(db_dsn, tmp_path, QUEEN_STORAGE="cursors").start()
-    server = Server(db_dsn, QUEEN_STORAGE="cursors", **NO_FALLBACK).start()
+    maintainer = Maintainer(db_dsn, tmp_path).start()
+    server = Server(db_dsn, **NO_FALLBACK).start()
     try:
         wait_for(lambda: leader(db_dsn) is not None, 10)
         configure(server, "later", retryDelay=1500, retryLimit=3)

@@ -1,20 +1,17 @@
-"""The consumer-group routes on a server with QUEEN_STORAGE=cursors (and refused without it).
+"""The consumer-group routes on a real server.
 
-Groups come to exist by popping with the cursor store directly on the server's database;
+Groups come to exist by popping with queen.store.cursors directly on the server's database;
 messages come through the transaction endpoint's push operations.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import requests
 
 from queen.store import cursors
-from tests.conftest import Server
 from tests.e2e.cursor_server import (
     API,
     assert_error,
@@ -209,35 +206,3 @@ def test_bad_query_parameters_are_400(cursor_server) -> None:
     resp = requests.get(f"{cursor_server.url}{API}/consumer-groups?queue=a&queue=b", timeout=30)
     assert_error(resp, 400)
     assert_error(get(cursor_server, "/consumer-groups/bad%20group"), 400)
-
-
-@pytest.fixture
-def rows_server(db_dsn: str) -> Iterator[Server]:
-    srv = Server(db_dsn, QUEEN_STORAGE="rows").start()
-    yield srv
-    srv.stop()
-
-
-def test_the_routes_need_the_cursor_store(rows_server: Server) -> None:
-    """A server on the message-row store refuses them with 400, naming the setting."""
-    server = rows_server
-    calls = [
-        requests.get(f"{server.url}{API}/consumer-groups", timeout=30),
-        requests.get(f"{server.url}{API}/consumer-groups/g", timeout=30),
-        requests.post(
-            f"{server.url}{API}/consumer-groups/g/seek",
-            json={"queue": "q", "to": "end"},
-            timeout=30,
-        ),
-        requests.delete(f"{server.url}{API}/consumer-groups/g?queue=q", timeout=30),
-        requests.post(
-            f"{server.url}{API}/transaction",
-            json={"operations": [{"type": "push", "items": [{"queue": "q", "payload": 1}]}]},
-            timeout=30,
-        ),
-    ]
-    for resp in calls:
-        doc = assert_error(resp, 400)
-        assert "QUEEN_STORAGE=cursors" in doc["error"]
-    queues = requests.get(f"{server.url}{API}/resources/queues", timeout=30).json()
-    assert queues["queues"] == []  # the refused push stored nothing

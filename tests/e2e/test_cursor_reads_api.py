@@ -1,7 +1,7 @@
-"""The read and admin routes over HTTP on a real gunicorn with QUEEN_STORAGE=cursors.
+"""The read and admin routes over HTTP on a real gunicorn.
 
-Messages are made with queen.store.cursors on a connection of the test's own (push, pop
-and ack under cursors are routed elsewhere); every answer comes from the server.
+Messages are made with queen.store.cursors on a connection of the test's own; every
+answer comes from the server.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ STATS = ("pending", "processing", "completed", "failed", "deadLetter", "total")
 @pytest.fixture(scope="module")
 def served(server_dsn: str, template_db: str) -> Iterator[tuple[str, Conn]]:
     with cloned_database(server_dsn, template_db) as dsn:
-        srv = Server(dsn, QUEEN_STORAGE="cursors").start()
+        srv = Server(dsn).start()
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 yield srv.url, conn

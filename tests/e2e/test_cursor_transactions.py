@@ -1,7 +1,7 @@
-"""POST /api/v1/transaction on a server with QUEEN_STORAGE=cursors: all operations or none.
+"""POST /api/v1/transaction on a real server: all operations or none.
 
 Messages are created through the transaction's own push operations and popped with the
-cursor store directly on the server's database (pop over HTTP is another route's work).
+queen.store.cursors directly on the server's database (pop over HTTP is another route's work).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The dashboard's pages in headless Chromium against a real gunicorn: data appears, actions
 change the server's state (checked through the API), and each page's screenshot is saved
-(under docs/screenshots/ with QUEEN_SCREENSHOTS=docs). One browser for the whole module.
-Consumer groups are tested on servers of the cursor store, whatever QUEEN_STORAGE says."""
+(under docs/screenshots/ with QUEEN_SCREENSHOTS=docs). One browser for the whole module."""
 
 from __future__ import annotations
 
@@ -211,18 +210,7 @@ def test_dead_letters_retry_one_retry_all_and_delete(browser, site):
                what="an empty list")
 
 
-def test_without_the_cursor_store_the_groups_page_shows_the_servers_error(browser, site):
-    resp = api(site, "GET", "/consumer-groups")
-    if resp.status_code == 200:
-        pytest.skip("this run's server keeps consumer groups (QUEEN_STORAGE=cursors)")
-    assert resp.status_code == 400, resp.text
-    visit(browser, site, "#/groups")
-    wait_until(lambda: resp.json()["error"] in text_of(browser, "#view-page .groups-unavailable"),
-               what="the server's error")
-    assert not find_all(browser, "table.groups")
-
-
-# -- consumer groups: a server on the cursor store, whatever QUEEN_STORAGE says ---------
+# -- consumer groups: a server of their own ------------------------------------------------
 
 N = 12  # messages each groups test pushes into its queue, over three partitions
 
@@ -230,7 +218,7 @@ N = 12  # messages each groups test pushes into its queue, over three partitions
 @pytest.fixture(scope="module")
 def cursor_site(server_dsn: str, template_db: str) -> Iterator[Server]:
     with cloned_database(server_dsn, template_db, "queen_browser_groups") as dsn:
-        srv = Server(dsn, QUEEN_STORAGE="cursors", **FAST).start()
+        srv = Server(dsn, **FAST).start()
         yield srv
         srv.stop()
 
@@ -445,7 +433,7 @@ def dead_letters_with(srv: Server, token: str, queue: str) -> str:
 def secured_groups(server_dsn: str, template_db: str) -> Iterator[tuple[Server, dict[str, str]]]:
     with cloned_database(server_dsn, template_db, "queen_browser_auth_groups") as dsn:
         tokens = {role: create(dsn, role, f"ops-{role}") for role in ("reader", "consumer", "admin")}
-        srv = Server(dsn, QUEEN_AUTH="on", QUEEN_STORAGE="cursors", **FAST).start()
+        srv = Server(dsn, QUEEN_AUTH="on", **FAST).start()
         yield srv, tokens
         srv.stop()
 

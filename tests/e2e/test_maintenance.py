@@ -103,7 +103,7 @@ def wait_for(predicate: Any, timeout: float, step: float = 0.05) -> float:
 
 def queue_totals(url: str, *queues: str) -> tuple[int, ...]:
     """(pending, processing, completed, failed, deadLetter) of the queues, as analytics counts
-    them (the row store's partition counts; the cursor store's count rollup)."""
+    them (the count rollup plus the walks past its watermarks)."""
     fields = ("pending", "processing", "completed", "failed", "deadLetter")
     sums = [0] * len(fields)
     for queue in queues:
@@ -231,9 +231,7 @@ def test_expired_leases_redeliver_then_give_up(
     assert 0.9 < at - popped_at < 1 + ON_TIME  # woken by the expiry, not a re-check
     wait_for(lambda: statuses(db_dsn)[txid][0] == final, 5)
     assert statuses(db_dsn)[txid] == (final, 1, "lease expired")
-    assert query(db_dsn, "SELECT count(*) FROM queen.partitions WHERE lease_id IS NOT NULL") == [
-        (0,)
-    ]
+    assert query(db_dsn, storage.LEASED_PARTITIONS) == [(0,)]
 
 
 # -- delayed and windowed -------------------------------------------------------------
@@ -391,15 +389,6 @@ def test_a_standby_takes_over_after_kill_9_without_doing_work_twice(
             assert time.monotonic() < deadline, seen
             time.sleep(0.05)
         assert settled_totals(url, ["f"], (20, 0, 0, 0, 0)) == (20, 0, 0, 0, 0)
-        if not storage.CURSORS:  # the row store's per-minute rollup (the cursor store's
-            # counts an expiry by its retry record's minute: test_cursor_reads)
-            wait_for(
-                lambda: query(db_dsn, "SELECT count(*) FROM queen.status_deltas") == [(0,)], 5
-            )
-            (totals,) = query(
-                db_dsn, "SELECT sum(incoming), sum(popped), sum(failed) FROM queen.metrics_minute"
-            )
-            assert totals == (20, 20, 20)
     finally:
         quick_stop(srv)
 
@@ -434,7 +423,7 @@ def test_accounting_after_a_mixed_run(stack: Server, db_dsn: str) -> None:
     pushed = [t for p in range(4) for t in push(url, "mix", *range(10), partition=f"p{p}")]
     pushed += push(url, "soft", *range(5))
     pushed += push(url, "stale", *range(5))
-    deliveries = acked_completed = 0
+    acked_completed = 0
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         batch = pop(url, "mix", batch=3, wait_ms=1500) + pop(url, "soft", batch=2)
@@ -443,7 +432,6 @@ def test_accounting_after_a_mixed_run(stack: Server, db_dsn: str) -> None:
             if terminal <= {"completed", "dead_letter", "failed"}:
                 break
             continue
-        deliveries += len(batch)
         for m in batch:
             choice = hash(m["transactionId"]) % 3
             if choice == 0:
@@ -462,21 +450,3 @@ def test_accounting_after_a_mixed_run(stack: Server, db_dsn: str) -> None:
     expected = tuple(by_status.values())
     assert settled_totals(url, ["mix", "soft", "stale"], expected) == expected
     assert by_status["completed"] == acked_completed
-    if storage.CURSORS:  # the per-minute rollup below is the row store's
-        return
-    wait_for(lambda: query(db_dsn, "SELECT count(*) FROM queen.status_deltas") == [(0,)], 5)
-    from_deliveries = sum(
-        1 for s in final.values() if s[0] == "dead_letter" and s[2] != "ttl expired"
-    )
-    (metrics,) = query(
-        db_dsn,
-        "SELECT sum(incoming), sum(popped), sum(completed), sum(failed),"
-        " sum(dead_letter) FROM queen.metrics_minute",
-    )
-    assert metrics == (
-        len(pushed),
-        deliveries,
-        by_status["completed"],
-        deliveries - by_status["completed"] - from_deliveries,
-        by_status["dead_letter"],
-    )

@@ -11,8 +11,6 @@ from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
-import psycopg
 import pytest
 
 from queen.store import Store
@@ -21,29 +19,14 @@ from tests import storage
 from tests.integration.helpers import ack, data, pop, push, rows, scalar
 
 THREADS = 8
-# Where the store keeps leases, and a stored message's id as the API answers it.
-LEASES = "queen.cursor_consumers" if storage.CURSORS else "queen.partitions"
-API_ID = "queen.cursor_message_uuid(id, created_at)" if storage.CURSORS else "id"
-
-# The row store's row locks of queen.messages (queen.set_message_status, queen.ack,
-# queen.pop_queue, queen.partition_stats): the cursor store locks a partition's consumer
-# row instead, and its races are test_cursor_concurrency.py's.
-ROWS_ONLY_ACK_RACE = pytest.mark.skipif(
-    storage.CURSORS,
-    reason="row locks of queen.messages; the cursor store's: test_cursor_concurrency.py"
-    "::test_an_ack_racing_an_operator_change_decides_on_what_was_committed",
-)
-ROWS_ONLY_CLAIM_RACE = pytest.mark.skipif(
-    storage.CURSORS,
-    reason="row locks of queen.messages; the cursor store's: test_cursor_concurrency.py"
-    "::test_a_pop_passes_over_a_partition_whose_head_is_being_changed_and_keeps_fifo",
-)
+# A stored message's id as the API answers it.
+API_ID = "queen.cursor_message_uuid(id, created_at)"
 
 
 @pytest.fixture
 def big_store(db_dsn: str) -> Any:
     """A store whose pool holds a connection for every test thread, opened beforehand."""
-    s = Store(Database(db_dsn, pool_size=THREADS + 4, timeout_s=10), storage=storage.STORAGE)
+    s = Store(Database(db_dsn, pool_size=THREADS + 4, timeout_s=10))
     s.db.pool.open(wait=True)
     s.db.pool.resize(min_size=THREADS + 4)
     s.db.pool.wait()
@@ -220,129 +203,7 @@ def test_no_partition_held_by_two_consumers_while_acking(big_store: Store) -> No
     assert all(seq == list(range(per_partition)) for seq in order.values())
     dsn = big_store.db.dsn
     assert rows(dsn, storage.STATUS_COUNTS) == [("completed", total)]
-    assert scalar(dsn, f"SELECT count(*) FROM {LEASES} WHERE lease_id IS NOT NULL") == 0
-
-
-def _wait_for_lock_wait(dsn: str, application_name: str, timeout: float = 10.0) -> None:
-    """Return once a backend of that application waits on a heavyweight lock."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        waiting = scalar(
-            dsn,
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = %s AND wait_event_type = 'Lock'",
-            (application_name,),
-        )
-        if waiting:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"no backend of {application_name} ever waited on a lock")
-
-
-@ROWS_ONLY_ACK_RACE
-@pytest.mark.parametrize(
-    ("moved_to", "wanted", "answer", "final"),
-    [
-        ("dead_letter", "completed", "dead_letter", "dead_letter"),
-        ("pending", "completed", "completed", "completed"),
-        # a failure of a message no longer processing changes nothing (no retry counted)
-        ("pending", "failed", "retry_scheduled", "pending"),
-    ],
-)
-def test_ack_racing_a_status_change_decides_on_the_new_status(
-    store: Store, moved_to: str, wanted: str, answer: str, final: str
-) -> None:
-    """An ack reads its messages without locking them: when another transaction changes
-    one between that read and the ack's update, the ack must decide again on what was
-    committed, not apply what it decided on the old status (and count that change)."""
-    dsn = store.db.dsn
-    app = "queen-race-ack"
-    push(store, [{"queue": "race", "payload": 1, "transactionId": "r1"}])
-    assert [m.transaction_id for m in pop(store, "race")] == ["r1"]
-    results: list[Any] = []
-    with psycopg.connect(dsn) as mover:
-        # An operator's move, holding the message's row lock until it commits.
-        moved = mover.execute(
-            "SELECT queen.set_message_status('r1', '{processing}', %s)", (moved_to,)
-        ).fetchone()
-        assert moved == ("processing",)
-
-        def acker() -> None:
-            with psycopg.connect(dsn, autocommit=True, application_name=app) as conn:
-                row = conn.execute(
-                    "SELECT status, retry_count FROM queen.ack(%s::jsonb)",
-                    (orjson.dumps([{"transactionId": "r1", "status": wanted}]).decode(),),
-                ).fetchone()
-                results.append(row)
-
-        thread = threading.Thread(target=acker)
-        thread.start()
-        _wait_for_lock_wait(dsn, app)  # the ack read 'processing' and waits on the row
-        mover.commit()
-        thread.join(10)
-        assert not thread.is_alive()
-    assert results == [(answer, 0)]
-    stored = rows(dsn, "SELECT status, retry_count FROM queen.messages WHERE transaction_id = 'r1'")
-    assert stored == [(final, 0)]
-    # Every status change counted once, from the status it really left.
-    counts = rows(
-        dsn,
-        "SELECT pending, processing, completed, failed, dead_letter FROM queen.partition_stats s"
-        " JOIN queen.partitions p ON p.id = s.partition_id WHERE p.name = 'Default'",
-    )
-    wanted_counts = {s: 0 for s in ("pending", "processing", "completed", "failed", "dead_letter")}
-    wanted_counts[final] = 1
-    assert counts == [tuple(wanted_counts.values())]
-
-
-@ROWS_ONLY_CLAIM_RACE
-@pytest.mark.parametrize("mover_commits", [True, False], ids=["moved", "rolled-back"])
-def test_a_claim_waits_for_a_pending_row_being_changed_and_keeps_fifo(
-    store: Store, mover_commits: bool
-) -> None:
-    """A claim reads its candidates without locking them and takes each one still pending:
-    a row another transaction holds is waited for, not skipped (a skip would deliver the
-    messages behind it first when that transaction rolls back)."""
-    dsn = store.db.dsn
-    app = "queen-race-claim"
-    push(store, [{"queue": "fifo-race", "payload": n, "transactionId": f"f{n}"} for n in range(3)])
-    claimed: list[str] = []
-    with psycopg.connect(dsn) as mover:
-        mover.execute("SELECT queen.set_message_status('f0', '{pending}', 'dead_letter')")
-
-        def claimer() -> None:
-            with psycopg.connect(dsn, autocommit=True, application_name=app) as conn:
-                found = conn.execute(
-                    "SELECT transaction_id FROM queen.pop_queue('fifo-race', 3, 'w')"
-                ).fetchall()
-                claimed.extend(txid for (txid,) in found)
-
-        thread = threading.Thread(target=claimer)
-        thread.start()
-        _wait_for_lock_wait(dsn, app)
-        if mover_commits:
-            mover.commit()
-        else:
-            mover.rollback()
-        thread.join(10)
-        assert not thread.is_alive()
-    if mover_commits:
-        assert claimed == ["f1", "f2"]
-        expected = {"f0": "dead_letter", "f1": "processing", "f2": "processing"}
-    else:
-        assert claimed == ["f0", "f1", "f2"]
-        expected = {"f0": "processing", "f1": "processing", "f2": "processing"}
-    stored = rows(dsn, "SELECT transaction_id, status FROM queen.messages ORDER BY seq")
-    assert dict(stored) == expected
-    counts = rows(
-        dsn,
-        "SELECT pending, processing, dead_letter FROM queen.partition_stats s"
-        " JOIN queen.partitions p ON p.id = s.partition_id WHERE p.name = 'Default'",
-    )
-    assert counts == ([(0, 2, 1)] if mover_commits else [(0, 3, 0)])
-
-
-# -- idempotency ------------------------------------------------------------------
+    assert scalar(dsn, storage.LEASED_PARTITIONS) == 0
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["same-order", "shuffled"])

@@ -1,8 +1,7 @@
-"""The API's families on the cursor store (Store(storage="cursors")) and its maintenance."""
+"""The API's families of the Store and its maintenance session."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,15 +15,15 @@ from queen.config import Settings
 from queen.errors import Unavailable
 from queen.models import PopRoute
 from queen.store import Store
-from queen.store.cursor_messages import message_id_of, message_uuid
 from queen.store.db import Database
 from queen.store.maintenance import MaintenanceSession
+from queen.store.messages import message_id_of, message_uuid
 from workers.maintenance import Maintenance
 
 
 @pytest.fixture
 def cstore(db_dsn: str) -> Iterator[Store]:
-    s = Store(Database(db_dsn, pool_size=4, timeout_s=5), storage="cursors")
+    s = Store(Database(db_dsn, pool_size=4, timeout_s=5))
     s.db.pool.open(wait=True)
     yield s
     s.close()
@@ -32,7 +31,7 @@ def cstore(db_dsn: str) -> Iterator[Store]:
 
 @pytest.fixture
 def session(db_dsn: str) -> Iterator[MaintenanceSession]:
-    s = MaintenanceSession(db_dsn, application_name="maint-test", cursors=True)
+    s = MaintenanceSession(db_dsn, application_name="maint-test")
     s.connect()
     yield s
     s.close()
@@ -95,8 +94,8 @@ def test_a_pop_whose_answer_was_lost_with_the_connection_counts_no_attempt(cstor
 def test_an_undelivered_pop_is_given_back_without_counting_an_attempt(cstore, db_dsn):
     pushed = push(cstore, "undelivered", 2)
     first = cstore.messages.pop(PopRoute(queue="undelivered"), 5, "w")
-    assert cstore.polling.unclaim(first[0].lease_id, [m.transaction_id for m in first]) == 2
-    assert cstore.polling.unclaim(first[0].lease_id, []) == 0  # (once)
+    assert cstore.polling.unclaim(first[0].lease_id) == 2
+    assert cstore.polling.unclaim(first[0].lease_id) == 0  # (once)
     again = cstore.messages.pop(PopRoute(queue="undelivered"), 5, "w")
     assert [(m.transaction_id, m.retry_count) for m in again] == [(t, 0) for t in pushed]
     assert again[0].lease_id != first[0].lease_id
@@ -164,26 +163,40 @@ def test_cleanup_removes_only_partitions_without_cursor_messages(cstore, session
     assert sql(db_dsn, "SELECT name FROM queen.partitions") == [("full",)]
 
 
+def test_cleanup_takes_a_removed_partitions_records_along(cstore, session, db_dsn):
+    cstore.queues.configure("swept", None, None, {"retry_limit": 0})
+    push(cstore, "swept", 2, partition="old")
+    first, second = cstore.messages.pop(PopRoute(queue="swept", partition="old"), 2, "w")
+    assert ack(cstore, first.transaction_id) == "completed"
+    assert ack(cstore, second.transaction_id, "failed") == "dead_letter"
+    sql(db_dsn, "ALTER TABLE queen.cursor_messages DISABLE TRIGGER cursor_messages_deleted")
+    sql(db_dsn, "DELETE FROM queen.cursor_messages")  # (as if the records had been left)
+    sql(db_dsn, "ALTER TABLE queen.cursor_messages ENABLE TRIGGER cursor_messages_deleted")
+    sql(db_dsn, "UPDATE queen.partitions SET created_at = now() - interval '1 day'")
+    sql(db_dsn, "UPDATE queen.cursor_consumers SET updated_at = now() - interval '1 day'")
+    records = ("SELECT (SELECT count(*) FROM queen.cursor_completions),"
+               " (SELECT count(*) FROM queen.cursor_failures)")
+    assert sql(db_dsn, records) == [(1, 1)]
+    assert session.cleanup_partitions(3600, 100) == 1
+    assert sql(db_dsn, records) == [(0, 0)]
+
+
 def test_retention_and_analyze_run_on_the_cursor_tables(cstore, session, db_dsn):
     cstore.queues.configure(
         "kept", None, None, {"retention_enabled": True, "retention_seconds": 60}
     )
     push(cstore, "kept", 3)
     sql(db_dsn, "UPDATE queen.cursor_messages SET created_at = now() - interval '2 minutes'")
-    assert session.cursor_retention(2) == 2
-    assert session.cursor_retention(10) == 1
-    assert "cursor_messages" in session.cursor_analyze(min_changes=1)
+    assert session.retention(2) == 2
+    assert session.retention(10) == 1
+    assert "cursor_messages" in session.analyze(min_changes=1)
 
 
-def test_the_row_store_jobs_do_not_run_on_the_cursor_store(db_dsn):
-    base = Settings.from_env({"DATABASE_URL": db_dsn})
-    rows = Maintenance(dataclasses.replace(base, storage="rows"))
-    cursors = Maintenance(dataclasses.replace(base, storage="cursors"))
-    assert {"ttl", "fold", "reconcile", "prune"} <= {t.name for t in rows.tasks}
-    assert {t.name for t in cursors.tasks} == {
-        "timed", "leases", "due", "analyze", "vacuum", "retention", "cleanup", "counts",
-        "cursor prune", "cursor ttl"}
-    assert cursors.session.cursors and not rows.session.cursors
+def test_maintenance_runs_every_task_of_the_store(db_dsn):
+    maintenance = Maintenance(Settings.from_env({"DATABASE_URL": db_dsn}))
+    assert {t.name for t in maintenance.tasks} == {
+        "timed", "leases", "due", "ttl", "counts", "analyze", "vacuum", "retention", "cleanup",
+        "prune"}
 
 
 def test_a_pop_refused_before_it_was_sent_keeps_no_lease(cstore, db_dsn):

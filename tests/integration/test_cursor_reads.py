@@ -29,7 +29,7 @@ Conn = psycopg.Connection[Any]
 
 @pytest.fixture
 def reads(db_dsn: str) -> Iterator[Store]:
-    s = Store(Database(db_dsn, pool_size=4, timeout_s=5), storage="cursors")
+    s = Store(Database(db_dsn, pool_size=4, timeout_s=5))
     s.db.pool.open(wait=True)
     yield s
     s.close()
@@ -288,19 +288,15 @@ def test_throughput_lag_and_dashboard_from_the_rollup(conn: Conn, reads: Store) 
     assert only.oldest is not None and only.oldest <= only.newest  # type: ignore[operator]
 
 
-def test_maintenance_keeps_the_cursor_rollups_instead_of_the_rows_ones(conn: Conn, db_dsn: str) -> None:
+def test_maintenance_brings_the_count_rollup_up_to_date(conn: Conn, db_dsn: str) -> None:
     from queen.config import Settings
-    from workers.maintenance import ROWS_ROLLUPS, Maintenance
+    from workers.maintenance import Maintenance
 
     mixed(conn)
-    rows = Maintenance(Settings(database_url=db_dsn, storage="rows"))
-    assert {"fold", "reconcile", "prune"} <= {t.name for t in rows.tasks}
-    m = Maintenance(Settings(database_url=db_dsn, storage="cursors"))
-    names = {t.name for t in m.tasks}
-    assert "counts" in names and not names & set(ROWS_ROLLUPS)
+    m = Maintenance(Settings(database_url=db_dsn))
     m.session.connect()
     try:
-        assert m._cursor_counts() is None  # caught up in one step
+        assert m._counts() is None  # caught up in one step
     finally:
         m.session.close()
     (row,) = conn.execute("SELECT total, below, dead_letter FROM queen.cursor_counts").fetchall()
@@ -356,7 +352,7 @@ def test_encrypted_payloads_are_shown_decrypted(conn: Conn, db_dsn: str) -> None
     envelope = crypto.encrypt(crypto.load_key(key), orjson.dumps({"card": "4242"}))
     cursors.push(conn, [{"queue": "secret", "payload": envelope, "encrypted": True,
                          "transactionId": "s1"}])
-    store = Store(Database(db_dsn, pool_size=2, timeout_s=5), key, storage="cursors")
+    store = Store(Database(db_dsn, pool_size=2, timeout_s=5), key)
     store.db.pool.open(wait=True)
     try:
         assert orjson.loads(store.admin.get("s1").payload) == {"card": "4242"}

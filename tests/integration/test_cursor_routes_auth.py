@@ -24,7 +24,7 @@ A = "/api/v1"
 
 @pytest.fixture
 def cursor_store(db_dsn: str) -> Iterator[Store]:
-    store = Store(Database(db_dsn, pool_size=4, timeout_s=5), storage="cursors")
+    store = Store(Database(db_dsn, pool_size=4, timeout_s=5))
     store.db.pool.open(wait=True)
     yield store
     store.close()
@@ -41,7 +41,7 @@ def tokens(cursor_store: Store) -> Tokens:
 @pytest.fixture
 def client(cursor_store: Store) -> testing.TestClient:
     settings = Settings.from_env(
-        {"QUEEN_AUTH": "on", "QUEEN_STORAGE": "cursors"}, database_url=cursor_store.db.dsn
+        {"QUEEN_AUTH": "on"}, database_url=cursor_store.db.dsn
     )
     return testing.TestClient(create_app(settings, store=cursor_store))
 

@@ -17,13 +17,13 @@ PUSH = {"operations": [{"type": "push", "items": [{"queue": "secret", "payload":
 
 
 def client_of(store: Store) -> testing.TestClient:
-    settings = Settings.from_env({"QUEEN_STORAGE": "cursors"}, database_url=store.db.dsn)
+    settings = Settings.from_env({}, database_url=store.db.dsn)
     return testing.TestClient(create_app(settings, store=store))
 
 
 @pytest.fixture
 def cursor_store(db_dsn: str) -> Iterator[Store]:
-    store = Store(Database(db_dsn, pool_size=2, timeout_s=5), storage="cursors")
+    store = Store(Database(db_dsn, pool_size=2, timeout_s=5))
     store.db.pool.open(wait=True)
     yield store
     store.close()
@@ -43,8 +43,7 @@ def test_an_encrypted_queue_without_a_key_names_the_operation(cursor_store: Stor
 
 def test_without_a_database_the_routes_answer_503() -> None:
     store = Store(
-        Database("postgresql://postgres@127.0.0.1:1/none", pool_size=1, timeout_s=0.5),
-        storage="cursors",
+        Database("postgresql://postgres@127.0.0.1:1/none", pool_size=1, timeout_s=0.5)
     )
     store.open()
     try:

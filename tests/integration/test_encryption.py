@@ -11,14 +11,14 @@ from queen.errors import InvalidInput
 from queen.store import Store
 from queen.store.db import Database
 from tests.integration.helpers import data, pop, push, rows
-from tests.storage import MESSAGES, STORAGE
+from tests.storage import MESSAGES
 
 KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 
 
 @pytest.fixture
 def sealed_store(db_dsn: str) -> Iterator[Store]:
-    s = Store(Database(db_dsn, pool_size=4), encryption_key=KEY, storage=STORAGE)
+    s = Store(Database(db_dsn, pool_size=4), encryption_key=KEY)
     s.db.pool.open(wait=True)
     yield s
     s.close()

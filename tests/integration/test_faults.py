@@ -218,7 +218,7 @@ def test_a_pop_whose_answer_was_lost_with_the_connection_counts_no_retry(
     # retryLimit 0: a claim that counted as an attempt would be dead-lettered undelivered.
     store.queues.configure("lost", None, None, {"lease_time": 1, "retry_limit": 0})
     push(store, [{"queue": "lost", "payload": n, "transactionId": f"lost-{n}"} for n in range(3)])
-    proxied = Store(Database(proxy.dsn, pool_size=2, timeout_s=5), storage=store.storage)
+    proxied = Store(Database(proxy.dsn, pool_size=2, timeout_s=5))
     proxied.db.pool.open(wait=True)
     try:
         proxy.lose_answer.set()  # the claim commits; its answer never arrives

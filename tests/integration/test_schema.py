@@ -1,7 +1,12 @@
-"""sql/schema.sql and sql/migrations/ build the same database; migrate is idempotent and safe."""
+"""migrate builds the schema the code uses, refuses an earlier build's database, and is
+idempotent and safe."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -13,8 +18,8 @@ import pytest
 from psycopg import sql
 
 from queen.errors import QueenError
-from queen.store.migrate import install_functions, migrate, migration_files
-from tests.conftest import dsn_for
+from queen.store.migrate import EarlierDatabase, install_functions, migrate, migration_files
+from tests.conftest import ROOT, dsn_for, free_port
 
 # Each entry: a name and a query returning sorted rows that describe one kind of object
 # of schema queen. Migration bookkeeping (queen.schema_migrations) is left out.
@@ -126,28 +131,64 @@ def empty_dsn(server_dsn: str) -> Iterator[str]:
 def test_catalog_query_sees_the_schema(db_dsn: str) -> None:
     described = describe(db_dsn)
     relations = {row[0] for row in described["relations"]}
-    assert {"queues", "partitions", "messages", "partition_heads"} <= relations
+    assert {"queues", "partitions", "cursor_messages", "cursor_consumers"} <= relations
     functions = {row[0] for row in described["functions"]}
-    assert {"push", "ack", "claim", "pop_queue", "pop_partition", "pop_filtered"} <= functions
-    # The cursor store: tables from migration 0006, functions from sql/functions/.
-    assert {"cursor_messages", "cursor_consumers", "cursor_groups"} <= relations
     assert {"cursor_push", "cursor_pop_queue", "cursor_ack", "cursor_extend"} <= functions
     assert described["triggers"]
     assert described["indexes"]
 
 
-def test_migrations_build_what_schema_sql_builds(db_dsn: str, empty_dsn: str) -> None:
-    applied = migrate(empty_dsn)
-    assert applied == [p.name for p in migration_files()]
-    from_schema, from_migrations = describe(db_dsn), describe(empty_dsn)
-    for kind in CATALOG:
-        only_schema = sorted(set(from_schema[kind]) - set(from_migrations[kind]), key=repr)
-        only_migrations = sorted(set(from_migrations[kind]) - set(from_schema[kind]), key=repr)
-        assert (only_schema, only_migrations) == ([], []), (
-            f"{kind} differ: only in schema.sql {only_schema!r}; "
-            f"only in migrations {only_migrations!r}"
-        )
-        assert from_schema[kind] == from_migrations[kind], f"{kind} differ in order"
+# queen.<name> in the code that talks SQL: Python modules (queen.store, queen.workers),
+# the logger queen.maintenance and the session setting queen.push_notify are not SQL.
+QUEEN_NAME = re.compile(r"\bqueen\.([a-z_][a-z0-9_]*)")
+NOT_SQL = {"workers", "maintenance", "push_notify"}
+
+
+DEFINITION = re.compile(r"^CREATE OR REPLACE (?:FUNCTION|AGGREGATE) queen\.[a-z0-9_]+")
+
+
+def names_in_code(uses_only: bool = False) -> set[str]:
+    """Every queen.<name> that the SQL functions, the statements and the store's and
+    workers' Python name (migrate.py names an earlier build's tables: left out).
+
+    uses_only: not in comments, nor the name a function's own definition gives it.
+    """
+    modules = {p.stem for p in (ROOT / "queen").iterdir() if not p.name.startswith("_")}
+    store = ROOT / "queen" / "store"
+    files = [*(ROOT / "sql" / "functions").glob("*.sql"), *store.glob("*.sql"),
+             *(p for p in store.glob("*.py") if p.name != "migrate.py"),
+             *(ROOT / "workers").glob("*.py")]
+    found: set[str] = set()
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if uses_only:
+                if line.lstrip().startswith(("--", "#")):
+                    continue
+                line = DEFINITION.sub("", line)
+            found.update(QUEEN_NAME.findall(line))
+    return found - modules - NOT_SQL
+
+
+def test_a_fresh_migrate_defines_every_name_the_code_uses(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        defined = {r[0] for r in conn.execute(
+            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = 'queen'"
+            " UNION SELECT proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = 'queen'"
+            " UNION SELECT typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
+            " WHERE n.nspname = 'queen'")}
+    assert names_in_code() - defined == set()
+
+
+def test_the_baseline_holds_nothing_the_code_does_not_use(db_dsn: str) -> None:
+    """Every table, type and function of schema queen is used somewhere in the code."""
+    described = describe(db_dsn)
+    made = {row[0] for row in described["relations"] if row[1] in ("r", "u", "p")}
+    made |= {row[0] for row in described["types"]}
+    # (A trigger's function is used by its trigger, in the baseline.)
+    made |= {row[0] for row in described["functions"] if "RETURNS trigger" not in (row[3] or "")}
+    assert made - names_in_code(uses_only=True) == set()
 
 
 def test_migrate_reinstalls_changed_functions(empty_dsn: str) -> None:
@@ -219,3 +260,124 @@ def test_a_failing_migration_is_rolled_back_and_retried(empty_dsn: str, tmp_path
         assert tables == {"schema_migrations", "t1"}
     (tmp_path / "0002_bad.sql").write_text("CREATE TABLE queen.t2 (a int);")
     assert migrate(empty_dsn, tmp_path) == ["0002_bad.sql"]
+
+
+def documented_tables() -> dict[str, list[str]]:
+    """docs/SCHEMA.md's tables ("## `queen.x`") and their columns ("Columns: `a`, ...")."""
+    tables: dict[str, list[str]] = {}
+    table = None
+    lines = iter((ROOT / "docs" / "SCHEMA.md").read_text(encoding="utf-8").splitlines())
+    for line in lines:
+        if heading := re.fullmatch(r"## `queen\.([a-z_]+)`", line):
+            table = heading.group(1)
+        elif line.startswith("Columns:") and table is not None:
+            text = line
+            for more in lines:  # the list goes on until a blank line
+                if not more.strip():
+                    break
+                text += " " + more
+            tables[table] = re.findall(r"`([a-z_]+)`", text)
+            table = None
+    return tables
+
+
+def test_a_fresh_migrate_builds_exactly_the_tables_schema_md_lists(empty_dsn: str) -> None:
+    migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, a.attname FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped"
+            " WHERE n.nspname = 'queen' AND c.relkind IN ('r', 'p')"
+            " ORDER BY c.relname, a.attnum"
+        ).fetchall()
+    built: dict[str, list[str]] = {}
+    for table, column in rows:
+        built.setdefault(table, []).append(column)
+    documented = documented_tables()
+    assert documented, "no table found in docs/SCHEMA.md"
+    assert sorted(built) == sorted(documented)
+    for table, columns in built.items():
+        assert columns == documented[table], table
+
+
+# -- databases made by an earlier build ------------------------------------------------
+
+EARLIER = {
+    # Migrations of an earlier build recorded (its message-row store applied).
+    "migrations and rows": """
+        CREATE SCHEMA queen;
+        CREATE TABLE queen.schema_migrations (name text PRIMARY KEY,
+                                              applied_at timestamptz NOT NULL DEFAULT now());
+        INSERT INTO queen.schema_migrations (name)
+        VALUES ('0001_initial.sql'), ('0002_counters.sql'), ('0010_claim_lease.sql');
+        CREATE TABLE queen.queues (id uuid PRIMARY KEY, name text NOT NULL UNIQUE);
+        CREATE TABLE queen.messages (transaction_id text PRIMARY KEY, status text);
+        INSERT INTO queen.messages VALUES ('still-pending', 'pending');
+    """,
+    # A migration this build does not have, and nothing else of it.
+    "unknown migration": """
+        CREATE SCHEMA queen;
+        CREATE TABLE queen.schema_migrations (name text PRIMARY KEY,
+                                              applied_at timestamptz NOT NULL DEFAULT now());
+        INSERT INTO queen.schema_migrations (name) VALUES ('0001_initial.sql');
+    """,
+    # The message-row store's tables without the bookkeeping.
+    "row tables": "CREATE SCHEMA queen; CREATE TABLE queen.partition_heads (partition_id uuid);",
+}
+
+
+def everything(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
+    """The schema and the rows of every table of schema queen."""
+    described = describe(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'queen' ORDER BY 1")]
+        for table in tables:
+            query = sql.SQL("SELECT * FROM queen.{} ORDER BY 1").format(sql.Identifier(table))
+            described[f"rows of {table}"] = [_hashable(r) for r in conn.execute(query)]
+    return described
+
+
+@pytest.mark.parametrize("made", list(EARLIER))
+def test_an_earlier_builds_database_is_refused_and_left_unchanged(empty_dsn: str, made: str):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(EARLIER[made])  # type: ignore[arg-type]
+    before = everything(empty_dsn)
+    with pytest.raises(EarlierDatabase) as refused:
+        migrate(empty_dsn)
+    assert "earlier build" in refused.value.message
+    assert "new database" in refused.value.message
+    assert everything(empty_dsn) == before
+
+
+def run_queen(args: list[str], dsn: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": dsn, "LOG_LEVEL": "warning"}
+    return subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_queen_migrate_serve_and_maintenance_refuse_it_with_one_line(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(EARLIER["migrations and rows"])  # type: ignore[arg-type]
+    before = everything(empty_dsn)
+    serve = ["-m", "queen.cli", "serve", "--port", str(free_port()), "--no-maintenance"]
+    for args in (["-m", "queen.cli", "migrate"], serve, ["-m", "workers.maintenance"]):
+        done = run_queen(args, empty_dsn)
+        assert done.returncode == 1, (args, done.stdout, done.stderr)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1, (args, done.stderr)
+        assert "earlier build" in lines[0] and "0001_initial.sql" in lines[0]
+        assert "queen.messages" in lines[0]
+    assert everything(empty_dsn) == before
+
+
+def test_a_database_of_this_build_is_accepted_by_maintenance(db_dsn: str) -> None:
+    from queen.store.maintenance import MaintenanceSession
+
+    session = MaintenanceSession(db_dsn, application_name="schema-check")
+    session.connect()
+    try:
+        session.check_schema()  # no error: what migrate made
+    finally:
+        session.close()

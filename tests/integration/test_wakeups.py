@@ -74,46 +74,38 @@ def test_an_expired_lease_released_notifies_even_when_nothing_is_retried(store, 
     (leased,) = pop(store, "q", "a")
     push(store, items("q", "a", 1))  # pending work behind the lease
     received(listener)
-    if storage.CURSORS:  # the lease expires, and maintenance's expiry ends it
-        with psycopg.connect(db_dsn, autocommit=True) as conn:
-            conn.execute(
-                "UPDATE queen.cursor_consumers SET lease_expires_at = now() - interval '1 second'"
-                " WHERE lease_id = %s",
-                (leased.lease_id,),
-            )
-        released = scalar(db_dsn, "SELECT queen.cursor_expire_leases(100)")
-    else:
-        released = scalar(
-            db_dsn,
-            "SELECT queen.release_lease(%s, %s)",
-            (partition_id(db_dsn, "q", "a"), leased.lease_id),
+    with psycopg.connect(db_dsn, autocommit=True) as conn:  # the lease expires, ended by
+        conn.execute(  # maintenance's expiry
+            "UPDATE queen.cursor_consumers SET lease_expires_at = now() - interval '1 second'"
+            " WHERE lease_id = %s",
+            (leased.lease_id,),
         )
+    released = scalar(db_dsn, "SELECT queen.cursor_expire_leases(100)")
     assert released == 1
     assert sorted(rows(db_dsn, storage.STATUS_COUNTS)) == [("dead_letter", 1), ("pending", 1)]
     assert received(listener) == ["q/a//"]
 
 
-def test_notify_partitions_sends_one_per_known_partition(store, db_dsn, listener):
-    push(store, items("q", "a", 1) + items("q", "b", 1))
+def test_a_wake_up_names_one_known_partition_per_queue_at_commit(store, db_dsn, listener):
+    push(store, items("q", "a", 1) + items("q", "b", 1) + items("r", "c", 1))
     received(listener)
     a, b = partition_id(db_dsn, "q", "a"), partition_id(db_dsn, "q", "b")
-    unknown = uuid.UUID(int=0)
+    c, unknown = partition_id(db_dsn, "r", "c"), uuid.UUID(int=0)
     with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SELECT queen.notify_partitions(%s::uuid[])", ([a, b, a, unknown],))
-        conn.execute("SELECT queen.notify_partitions(%s::uuid[])", ([a],))  # folded
+        conn.execute("SELECT queen.cursor_wake(%s::uuid[])", ([b, a, c, unknown],))
+        conn.execute("SELECT queen.cursor_wake(%s::uuid[])", ([a, b],))  # folded
         assert received(listener, 0.1) == []  # nothing before commit
-    assert sorted(received(listener)) == ["q/a//", "q/b//"]
+    assert sorted(received(listener)) == ["q/a//", "r/c//"]
 
 
 def test_unclaim_returns_messages_to_pending_without_a_retry(store, db_dsn, listener):
     push(store, items("q", "a", 5))
     claimed = pop(store, "q", "a", batch=3)
     received(listener)
-    back = store.polling.unclaim(claimed[0].lease_id, [m.transaction_id for m in claimed])
+    back = store.polling.unclaim(claimed[0].lease_id)
     assert back == 3
     assert received(listener) == ["q/a//"]
-    where_leases = "queen.cursor_consumers" if storage.CURSORS else "queen.partitions"
-    lease = scalar(db_dsn, f"SELECT lease_id FROM {where_leases}")  # (partition a's only)
+    lease = scalar(db_dsn, "SELECT lease_id FROM queen.cursor_consumers")  # (partition a's only)
     assert lease is None
     again = pop(store, "q", "a", batch=5)
     assert [m.transaction_id for m in again[:3]] == [m.transaction_id for m in claimed]
@@ -124,8 +116,7 @@ def test_unclaim_leaves_a_lease_it_does_not_hold_alone(store):
     push(store, items("q", "a", 1))
     (claimed,) = pop(store, "q", "a")
     assert ack(store, claimed.transaction_id).status == "completed"
-    assert store.polling.unclaim(claimed.lease_id, [claimed.transaction_id]) == 0
-    assert store.polling.unclaim(claimed.lease_id, ["no-such-message"]) == 0
+    assert store.polling.unclaim(claimed.lease_id) == 0
 
 
 def test_ready_partitions_lists_free_partitions_with_work_for_the_routes_asked(store):
@@ -237,11 +228,11 @@ def test_a_poll_by_queue_woken_for_a_partition_claims_that_partition_first(store
 def test_a_plain_session_notifies_inside_the_push_and_a_deferring_one_after(db_dsn, listener):
     body = '[{"queue": "q", "partition": "a", "payload": 1}]'
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)", (body,))
+        conn.execute(storage.PUSH_ITEMS, (body,))
         assert received(listener) == ["q/a//"]
 
         conn.execute("SELECT set_config('queen.push_notify', 'after_commit', false)")
-        conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)", (body,))
+        conn.execute(storage.PUSH_ITEMS, (body,))
         assert received(listener) == []
         conn.execute("SELECT queen.notify_pushed(%s, %s)", (["q", "q", "x"], ["a", "a", "y"]))
         assert received(listener) == ["q/a//"]

@@ -56,7 +56,7 @@ def popped(created: dt.datetime, locked: dt.datetime, lease: uuid.UUID) -> Poppe
     )  # fmt: skip
 
 
-def test_messages_json_formats_like_message_json() -> None:
+def test_messages_json_formats_like_message_json_and_names_the_group() -> None:
     now = dt.datetime(2025, 10, 8, 5, 12, 33, 893123, tzinfo=dt.UTC)
     lease = uuid.uuid4()
     messages = [
@@ -64,9 +64,10 @@ def test_messages_json_formats_like_message_json() -> None:
         popped(now + dt.timedelta(microseconds=1500), now, lease),
         popped(now, now + dt.timedelta(seconds=1), uuid.uuid4()),
     ]
-    assert orjson.dumps(messages_json(messages)) == orjson.dumps(
-        [message_json(m) for m in messages]
+    assert orjson.dumps(messages_json(messages, "billing")) == orjson.dumps(
+        [{**message_json(m), "consumerGroup": "billing"} for m in messages]
     )
+    assert [m["consumerGroup"] for m in messages_json(messages)] == [None] * 3
 
 
 def test_push_json_echoes_the_sent_transaction_id_of_rejected_items() -> None:

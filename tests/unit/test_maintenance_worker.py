@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import uuid
 from typing import Any
 
 import pytest
@@ -14,10 +13,10 @@ from queen.errors import Unavailable
 from queen.store.maintenance import (
     DueScan,
     LeaseExpiry,
-    Reconciled,
     TimedQueue,
     VacuumCandidate,
 )
+from queen.store.migrate import EarlierDatabase
 from workers import maintenance as worker
 from workers.maintenance import DUE_MARGIN, MORE_DELAY, Maintenance, build_parser
 
@@ -56,6 +55,9 @@ class FakeSession:
         self.calls.append("close")
         self.connected = False
 
+    def check_schema(self) -> None:
+        self._answer("check_schema", None)
+
     def try_lead(self) -> bool:
         self.calls.append("try_lead")
         self.lead_after -= 1
@@ -84,41 +86,20 @@ class FakeSession:
     def expire_ttl(self, limit: int) -> int:
         return self._answer("expire_ttl", 0)
 
-    def delete_retained_pending(self, limit: int) -> int:
-        return self._answer("delete_retained_pending", 0)
-
-    def delete_retained_completed(self, limit: int) -> int:
-        return self._answer("delete_retained_completed", 0)
+    def retention(self, limit: int) -> int:
+        return self._answer("retention", 0)
 
     def cleanup_partitions(self, idle_s: int, limit: int) -> int:
         return self._answer("cleanup_partitions", 0)
 
-    def fold_deltas(self, limit: int) -> int:
-        return self._answer("fold_deltas", 0)
-
-    def reconcile_counts(self, after: uuid.UUID | None, limit: int, budget: int) -> Reconciled:
-        return self._answer("reconcile_counts", Reconciled(0, 0, None))
+    def refresh_counts(self, partitions: int, step: int) -> int:
+        return self._answer("refresh_counts", 0)
 
     def prune_metrics(self, days: int, limit: int) -> int:
         return self._answer("prune_metrics", 0)
 
-    def cursor_ttl(self, limit: int) -> int:
-        return self._answer("cursor_ttl", 0)
-
-    def cursor_retention(self, limit: int) -> int:
-        return self._answer("cursor_retention", 0)
-
-    def cursor_analyze(self, min_changes: int = 1000) -> list[str]:
-        return self._answer("cursor_analyze", [])
-
-    def refresh_cursor_counts(self, partitions: int, step: int) -> int:
-        return self._answer("refresh_cursor_counts", 0)
-
-    def prune_cursor_metrics(self, days: int, limit: int) -> int:
-        return self._answer("prune_cursor_metrics", 0)
-
-    def analyze_grown(self) -> list[str]:
-        return self._answer("analyze_grown", [])
+    def analyze(self, min_changes: int = 1000) -> list[str]:
+        return self._answer("analyze", [])
 
     def vacuum_candidates(
         self, min_dead: int, dead_ratio: float, quiet_s: float
@@ -168,7 +149,7 @@ def test_every_flag_names_its_variable() -> None:
 def test_punctual_tasks_run_first_then_the_longest_waiting(session, clock) -> None:
     m = make(session, clock)
     task(m, "counts").next_at = clock.now - 5
-    task(m, "cursor ttl").next_at = clock.now - 3
+    task(m, "ttl").next_at = clock.now - 3
     task(m, "due").next_at = clock.now - 1
     assert m._next_task(clock.now).name == "due"
     task(m, "due").next_at = clock.now + 1
@@ -178,12 +159,12 @@ def test_punctual_tasks_run_first_then_the_longest_waiting(session, clock) -> No
 
 def test_a_full_batch_runs_again_soon(session, clock) -> None:
     m = make(session, clock, maintenance_batch=10)
-    session.results["cursor_ttl"] = 10
-    m._run_task(task(m, "cursor ttl"))
-    assert task(m, "cursor ttl").next_at == pytest.approx(clock.now + MORE_DELAY)
-    session.results["cursor_ttl"] = 3
-    m._run_task(task(m, "cursor ttl"))
-    assert task(m, "cursor ttl").next_at == pytest.approx(clock.now + m.settings.maintenance_interval_s)
+    session.results["expire_ttl"] = 10
+    m._run_task(task(m, "ttl"))
+    assert task(m, "ttl").next_at == pytest.approx(clock.now + MORE_DELAY)
+    session.results["expire_ttl"] = 3
+    m._run_task(task(m, "ttl"))
+    assert task(m, "ttl").next_at == pytest.approx(clock.now + m.settings.maintenance_interval_s)
     assert m.totals["ttl expired"] == 13
 
 
@@ -221,19 +202,19 @@ def test_a_push_into_a_timed_queue_schedules_a_scan(session, clock) -> None:
 
 def test_a_failing_task_backs_off_while_the_session_lives(session, clock) -> None:
     m = make(session, clock, maintenance_interval_s=1.0)
-    session.results["refresh_cursor_counts"] = RuntimeError("bug")
+    session.results["refresh_counts"] = RuntimeError("bug")
     m._run_task(task(m, "counts"))
     m._run_task(task(m, "counts"))
     assert task(m, "counts").failures == 2
     assert task(m, "counts").next_at == pytest.approx(clock.now + 4.0)  # 1 s, doubled twice
-    session.results["refresh_cursor_counts"] = 0
+    session.results["refresh_counts"] = 0
     m._run_task(task(m, "counts"))
     assert task(m, "counts").failures == 0
 
 
 def test_a_broken_session_ends_the_leadership(session, clock) -> None:
     m = make(session, clock)
-    session.results["refresh_cursor_counts"] = Unavailable("database unavailable")
+    session.results["refresh_counts"] = Unavailable("database unavailable")
     session.connected = False
     with pytest.raises(Unavailable):
         m._run_task(task(m, "counts"))
@@ -255,10 +236,10 @@ def test_stands_by_then_leads_then_stops(clock) -> None:
 
     session.on_wait = on_wait
     assert m.run() == 0
-    assert session.calls[:2] == ["connect", "try_lead"]
+    assert session.calls[:3] == ["connect", "check_schema", "try_lead"]
     assert session.calls.count("try_lead") == 3
     first_lead = session.calls.index("listen")
-    assert {"expire_leases", "wake_due", "refresh_cursor_counts", "cursor_ttl"} <= set(
+    assert {"expire_leases", "wake_due", "refresh_counts", "expire_ttl"} <= set(
         session.calls[first_lead:]
     )
     assert session.calls[-1] == "close"
@@ -284,6 +265,15 @@ def test_a_lost_database_steps_down_and_reconnects(clock, monkeypatch) -> None:
     assert session.calls.count("connect") == 2
     assert session.calls.count("listen") == 2  # led, stepped down, led again
     assert not m.leading or m.stopping
+
+
+def test_a_database_of_an_earlier_build_stops_maintenance_before_any_work(clock) -> None:
+    session = FakeSession(clock)
+    session.results["check_schema"] = EarlierDatabase("made by an earlier build")
+    m = Maintenance(Settings(), session=session, clock=clock)  # type: ignore[arg-type]
+    with pytest.raises(EarlierDatabase):
+        m.run()
+    assert session.calls == ["connect", "check_schema", "close"]
 
 
 def test_listens_to_pushes_only_while_timed_queues_exist(session, clock) -> None:
@@ -326,23 +316,22 @@ def test_small_tables_are_vacuumed_inline_and_a_big_one_apart(session, clock, mo
     # With autovacuum on, the big table is left to it.
     session.results["vacuum_candidates"] = [
         VacuumCandidate("queen.partitions", 8192, autovacuum=True),
-        VacuumCandidate("queen.messages", big, autovacuum=True),
+        VacuumCandidate("queen.cursor_messages", big, autovacuum=True),
     ]
     m._run_task(task(m, "vacuum"))
     assert "vacuum queen.partitions" in session.calls
     assert apart == []
     # With autovacuum off, Queen vacuums it, apart from the maintenance session.
-    session.results["vacuum_candidates"] = [VacuumCandidate("queen.messages", big, False)]
+    session.results["vacuum_candidates"] = [VacuumCandidate("queen.cursor_messages", big, False)]
     m._run_task(task(m, "vacuum"))
-    assert "vacuum queen.messages" not in session.calls
-    assert started.wait(5) and apart == ["queen.messages"]
+    assert "vacuum queen.cursor_messages" not in session.calls
+    assert started.wait(5) and apart == ["queen.cursor_messages"]
     assert task(m, "vacuum").failures == 0
 
 
-@pytest.mark.parametrize("storage", ["cursors", "rows"])
-def test_every_task_runs_against_the_session_interface(session, clock, storage) -> None:
+def test_every_task_runs_against_the_session_interface(session, clock) -> None:
     # A task calling a method the session lacks would only log and back off forever.
-    m = make(session, clock, storage=storage)
+    m = make(session, clock)
     for t in m.tasks:
         m._run_task(t)
         assert t.failures == 0, t.name

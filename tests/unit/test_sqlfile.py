@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from queen.models import PopRoute
-from queen.store import messages as store_messages
 from queen.store.sqlfile import load_queries, parse_queries
 
 STORE = Path(__file__).resolve().parents[2] / "queen" / "store"
@@ -81,9 +79,9 @@ def test_real_queries_load_and_hold_one_statement_each() -> None:
 
 def _names_used_in_store() -> set[str]:
     used: set[str] = set()
-    patterns = [
-        r"""\.fetch\(\s*["']([a-z_0-9]+)["']""",
-        r"""queries\[\s*["']([a-z_0-9]+)["']\s*\]""",
+    patterns = [  # a name passed to a runner of named queries, or looked up in them
+        r"""\.(?:fetch|rows|_rows|_value|_act|_fetch)\(\s*["']([a-z_0-9]+)["']""",
+        r"""(?:QUERIES|queries)\[\s*["']([a-z_0-9]+)["']\s*\]""",
     ]
     for path in STORE.glob("*.py"):
         text = path.read_text(encoding="utf-8")
@@ -99,14 +97,5 @@ def test_every_query_named_in_the_store_exists() -> None:
     assert used - set(queries) == set()
 
 
-def test_every_pop_route_has_its_query() -> None:
-    queries = load_queries()
-    routes = [
-        PopRoute(queue="q", partition="p"),
-        PopRoute(queue="q"),
-        PopRoute(namespace="n"),
-        PopRoute(task="t"),
-        PopRoute(),
-    ]
-    for route in routes:
-        assert store_messages.POP_QUERIES[route.kind] in queries
+def test_every_query_is_used_by_the_store() -> None:
+    assert set(load_queries()) - _names_used_in_store() == set()

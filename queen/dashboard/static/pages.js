@@ -91,20 +91,15 @@
     }));
   }
 
-  // Consumer groups come from /api/v1/consumer-groups, which answers with an error (shown
-  // as is) where the storage has none, e.g. QUEEN_STORAGE=rows.
+  // Consumer groups come from /api/v1/consumer-groups (an error answer is shown as is).
   async function consumerGroups(queue) {
     const doc = await api(`/api/v1/consumer-groups${queue ? `?${qs({ queue })}` : ""}`);
     const groups = (doc && doc.consumerGroups) || [];
     return queue ? groups.filter((g) => g.queue === queue) : groups;
   }
 
-  // The cursor store's 400 says the server keeps no groups: a fact, shown as such; any
-  // other failure is an error.
+  // A failed listing is shown with the server's error.
   function unavailable(error) {
-    if (error.status === 400) {
-      return el("p", { class: "notice info groups-unavailable", text: `Consumer groups are not available here: ${error.message}` });
-    }
     return el("p", { class: "notice error groups-unavailable", role: "alert", text: `Consumer groups could not be loaded: ${error.message}` });
   }
 

@@ -1,4 +1,4 @@
--- The cursor store's push: immutable messages, ids in commit order within a partition.
+-- Push: immutable messages, ids in commit order within a partition.
 
 -- The key of a partition's push lock: held by a push from before it draws ids until it
 -- commits, so the ids of a partition commit in order (see queen.cursor_messages).
@@ -44,7 +44,7 @@ END
 $$;
 
 -- Messages of a queue pending for queue mode (not consumed, not under its live lease:
--- maxSize caps pending messages, as on the row store), counted up to p_cap.
+-- maxSize caps pending messages), counted up to p_cap.
 CREATE OR REPLACE FUNCTION queen.cursor_pending(p_queue uuid, p_cap integer) RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT count(*)::integer FROM (
@@ -93,8 +93,8 @@ $$;
 
 -- The accepted items with their ids, drawn in item order (the caller holds the push
 -- locks of their partitions). An item without a transactionId gets its message's API id
--- (queen.cursor_message_uuid of the id and now(), the created_at it is stored with), as
--- on the row store: the id a client is answered is the one it acks with.
+-- (queen.cursor_message_uuid of the id and now(), the created_at it is stored with): the
+-- id a client is answered is the one it acks with.
 CREATE OR REPLACE FUNCTION queen.cursor_number(p_items jsonb, p_targets queen.push_target[],
                                                p_rejected integer[])
 RETURNS queen.cursor_push_item[]
@@ -178,19 +178,31 @@ BEGIN
 END
 $$;
 
--- Wake long polls for work in these partitions: one notification per queue (payload
--- queen.wake_payload, naming its first partition), sent at commit; nothing while no
--- worker has a poll parked (queen.waiting_workers).
-CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
+-- Push for the API: queen.cursor_push with each message's API id. A duplicate's id is
+-- the stored message's, looked up after the push (a statement of its own, so that it
+-- sees what this push and those it waited for stored); a queued one was created now().
+CREATE OR REPLACE FUNCTION queen.cursor_push_api(p_items jsonb, p_producer text DEFAULT NULL)
+RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    positions integer[];
+    ids       bigint[];
+    txids     text[];
+    statuses  text[];
 BEGIN
-    IF cardinality(p_partitions) = 0
-       OR NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
-        RETURN;
-    END IF;
-    PERFORM pg_notify('queen', queen.wake_payload(q.name, n.partition, q.namespace, q.task))
-    FROM (SELECT p.queue_id, min(p.name) AS partition
-          FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
-    JOIN queen.queues q ON q.id = n.queue_id;
+    SELECT array_agg(r.idx), array_agg(r.message_id), array_agg(r.transaction_id),
+           array_agg(r.status)
+    INTO positions, ids, txids, statuses
+    FROM queen.cursor_push(p_items, p_producer) r;
+    RETURN QUERY
+    SELECT u.idx,
+           CASE WHEN u.id IS NOT NULL THEN queen.cursor_message_uuid(u.id, CASE
+               WHEN u.status = 'queued' THEN now()
+               ELSE (SELECT m.created_at FROM queen.cursor_messages m
+                     WHERE m.transaction_id = u.txid) END) END,
+           u.txid, u.status
+    FROM unnest(positions, ids, txids, statuses) u(idx, id, txid, status)
+    ORDER BY u.idx;
 END
 $$;

@@ -1,7 +1,25 @@
--- Rollups of the cursor store for the read endpoints, kept by maintenance: queue mode's
--- counts per partition (queen.cursor_counts) and activity per minute
--- (queen.cursor_metrics_minute). Each step walks only what arrived or was consumed since
--- the last one, from a watermark, a bounded number of messages at a time.
+-- Rollups for the read endpoints, kept by maintenance: queue mode's counts per
+-- partition (queen.cursor_counts) and activity per minute (queen.cursor_metrics_minute),
+-- with its lag histograms. Each step walks only what arrived or was consumed since the
+-- last one, from a watermark, a bounded number of messages at a time.
+
+-- Bucket of a created -> completed time (ms) in the lag histograms (64 buckets).
+CREATE OR REPLACE FUNCTION queen.cursor_lag_bucket(p_ms double precision) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_ms < 1 THEN 0 ELSE least(63, floor(2 * ln(p_ms) / ln(2)))::integer END
+$$;
+
+-- Add two lag histograms (element by element).
+CREATE OR REPLACE FUNCTION queen.cursor_hist_add(a integer[], b integer[]) RETURNS integer[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ARRAY(SELECT coalesce(x, 0) + coalesce(y, 0)
+                 FROM unnest(a, b) WITH ORDINALITY u(x, y, i) ORDER BY i)
+$$;
+
+-- The sum of lag histograms (NULL counts as empty).
+CREATE OR REPLACE AGGREGATE queen.hist_sum(integer[]) (
+    SFUNC = queen.cursor_hist_add, STYPE = integer[]
+);
 
 -- Messages of a partition that arrived after id p_after: up to p_step, in id order,
 -- with the minute they were created.

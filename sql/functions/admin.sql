@@ -1,6 +1,6 @@
--- Operator actions of the cursor store on single messages and partitions: delete, retry,
--- dead-letter, clear. Messages stay immutable: an action deletes rows (and a retry
--- writes the message again); cursor invariants hold for every group of the partition.
+-- Operator actions on single messages and partitions: delete, retry, dead-letter, clear.
+-- Messages stay immutable: an action deletes rows (and a retry writes the message
+-- again); cursor invariants hold for every group of the partition.
 
 -- After message p_id of a partition was deleted: every group forgets it (done ids, the
 -- lease it was in: one message fewer to ack), and moves its cursor over what is done

@@ -1,12 +1,5 @@
--- Pops of the cursor store: lease a partition for a group and read the messages after its
--- cursor, in order.
-
--- The signatures before pops took the caller's lease id (p_lease): dropped so that calls
--- without it are not ambiguous between the two.
-DROP FUNCTION IF EXISTS queen.cursor_claim(uuid, text, integer, text);
-DROP FUNCTION IF EXISTS queen.cursor_deliver(uuid, text, integer, text);
-DROP FUNCTION IF EXISTS queen.cursor_pop_partition(text, text, text, integer, text, text, timestamptz);
-DROP FUNCTION IF EXISTS queen.cursor_pop_queue(text, text, integer, text, text, timestamptz);
+-- Pops: lease a partition for a group and read the messages after its cursor, in order;
+-- by partition, by queue, by namespace/task, and in the API's shape (queen.popped).
 
 -- Dead-letter the leading messages past a group's cursor that are older than the queue's
 -- ttl (never delivered: error 'ttl expired'), up to p_limit of them; the caller holds the
@@ -255,5 +248,42 @@ BEGIN
             RETURN;
         END IF;
     END LOOP;
+END
+$$;
+
+-- Pop for the API, on any route (p_kind: partition / queue / filter), as a group; the
+-- rows in the shape of queen.popped, with the API id. p_prefer: for a
+-- route by queue, a partition to try first (the one a wake-up named).
+CREATE OR REPLACE FUNCTION queen.cursor_pop_api(
+    p_kind text, p_queue text, p_partition text, p_namespace text, p_task text,
+    p_group text, p_batch integer, p_worker text, p_mode text, p_from timestamptz,
+    p_lease uuid, p_prefer text DEFAULT NULL)
+RETURNS SETOF queen.popped
+LANGUAGE plpgsql AS $$
+DECLARE
+    claimed queen.cursor_popped[];
+BEGIN
+    IF p_kind = 'filter' THEN
+        claimed := ARRAY(SELECT d FROM queen.cursor_pop_filtered(
+            p_namespace, p_task, p_group, p_batch, p_worker, p_mode, p_from, p_lease) d);
+    ELSIF p_kind = 'partition' OR p_prefer IS NOT NULL THEN
+        claimed := ARRAY(SELECT d FROM queen.cursor_pop_partition(
+            p_queue, coalesce(p_partition, p_prefer), p_group, p_batch, p_worker, p_mode,
+            p_from, p_lease) d);
+    END IF;
+    IF p_kind = 'queue' AND coalesce(cardinality(claimed), 0) = 0 THEN
+        claimed := ARRAY(SELECT d FROM queen.cursor_pop_queue(
+            p_queue, p_group, p_batch, p_worker, p_mode, p_from, p_lease) d);
+    END IF;
+    IF coalesce(cardinality(claimed), 0) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT queen.cursor_message_uuid(d.id, d.created_at), d.transaction_id, d.queue,
+           d.partition, d.payload, d.encrypted, d.retry_count, q.priority, d.created_at,
+           now(), d.lease_id, d.lease_expires_at, q.lease_time, q.retry_limit
+    FROM unnest(claimed) WITH ORDINALITY d
+    JOIN queen.queues q ON q.name = d.queue
+    ORDER BY d.ordinality;
 END
 $$;

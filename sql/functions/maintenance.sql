@@ -1,4 +1,5 @@
--- Time-driven work of the cursor store, run by maintenance.
+-- Time-driven work, run by the maintenance process: lease expiry, due wake-ups, ttl,
+-- retention, partition cleanup, ANALYZE.
 
 -- End up to p_limit expired leases (oldest expiry first; those another session holds
 -- are skipped): their un-acked messages become available again with retryCount + 1, or
@@ -58,7 +59,7 @@ BEGIN
 END
 $$;
 
--- ANALYZE the cursor store's tables that changed by more than a tenth since their last
+-- ANALYZE the message tables that changed by more than a tenth since their last
 -- analysis (or were never analysed): plans stay index-driven on a server without
 -- autovacuum. Returns the tables analysed.
 CREATE OR REPLACE FUNCTION queen.cursor_analyze(p_min_changes bigint DEFAULT 1000)
@@ -82,31 +83,30 @@ END
 $$;
 
 -- When a group's partition becomes poppable without any write to it: its retryDelay
--- ends (not_before), its next message is delayedProcessing old, its newest message is
--- windowBuffer old (what queen.cursor_claim checks). NULL: nothing to wait for.
-CREATE OR REPLACE FUNCTION queen.cursor_due_at(c queen.cursor_consumers, p_delay integer,
-                                               p_window integer)
+-- ends (p_not_before), its next message past the cursor (p_cursor, p_done) is
+-- delayedProcessing old, its newest message is windowBuffer old (what
+-- queen.cursor_claim checks). NULL: nothing to wait for.
+CREATE OR REPLACE FUNCTION queen.cursor_due_at(p_partition uuid, p_cursor bigint,
+                                               p_done bigint[], p_not_before timestamptz,
+                                               p_delay integer, p_window integer)
 RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN c.lease_id IS NOT NULL AND c.lease_expires_at > now() THEN NULL
-           ELSE greatest(
-               c.not_before,
-               CASE WHEN p_delay > 0 THEN
-                   (SELECT m.created_at FROM queen.cursor_messages m
-                    WHERE m.partition_id = c.partition_id AND m.id > c.cursor_id
-                      AND m.id <> ALL (c.done_ids)
-                    ORDER BY m.id LIMIT 1) + make_interval(secs => p_delay) END,
-               CASE WHEN p_window > 0 THEN
-                   (SELECT m.created_at FROM queen.cursor_messages m
-                    WHERE m.partition_id = c.partition_id AND m.id > c.cursor_id
-                    ORDER BY m.id DESC LIMIT 1) + make_interval(secs => p_window) END)
-           END
+    SELECT greatest(
+        p_not_before,
+        CASE WHEN p_delay > 0 THEN
+            (SELECT m.created_at FROM queen.cursor_messages m
+             WHERE m.partition_id = p_partition AND m.id > p_cursor AND m.id <> ALL (p_done)
+             ORDER BY m.id LIMIT 1) + make_interval(secs => p_delay) END,
+        CASE WHEN p_window > 0 THEN
+            (SELECT m.created_at FROM queen.cursor_messages m
+             WHERE m.partition_id = p_partition AND m.id > p_cursor
+             ORDER BY m.id DESC LIMIT 1) + make_interval(secs => p_window) END)
 $$;
 
--- Wake polls for the partitions of the cursor store that became poppable after p_since
--- (the scanned_at of the previous call): retryDelay over, delayed or windowed messages
--- due. Same answer as queen.wake_due: how many were woken, the seconds until the next
--- one is due (NULL: none waiting) and the time of this scan.
+-- Wake polls for the partitions that became poppable after p_since (the scanned_at of
+-- the previous call): retryDelay over, delayed or windowed messages due. Answers how
+-- many were woken, the seconds until the next one is due (NULL: none waiting) and the
+-- time of this scan.
 CREATE OR REPLACE FUNCTION queen.cursor_wake_due(p_since timestamptz)
 RETURNS TABLE (woken integer, next_due_in double precision, scanned_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -118,10 +118,21 @@ BEGIN
     SELECT array_agg(DISTINCT t.partition_id) FILTER (WHERE t.due_at > p_since AND t.due_at <= at),
            min(t.due_at) FILTER (WHERE t.due_at > at)
     INTO due, next_due
-    FROM (SELECT c.partition_id, queen.cursor_due_at(c, q.delayed_processing, q.window_buffer)
-                 AS due_at
+    FROM (SELECT c.partition_id,
+                 queen.cursor_due_at(c.partition_id, c.cursor_id, c.done_ids, c.not_before,
+                                     q.delayed_processing, q.window_buffer) AS due_at
           FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
-          WHERE c.not_before IS NOT NULL OR q.delayed_processing > 0 OR q.window_buffer > 0) t;
+          WHERE (c.not_before IS NOT NULL OR q.delayed_processing > 0 OR q.window_buffer > 0)
+            AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
+          UNION ALL
+          -- Partitions of timed queues no group has a cursor in yet: a poll may wait on
+          -- them before any pop made one (pop by queue passes over an open window).
+          SELECT p.id, queen.cursor_due_at(p.id, 0, '{}', NULL, q.delayed_processing,
+                                           q.window_buffer)
+          FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+          WHERE (q.delayed_processing > 0 OR q.window_buffer > 0)
+            AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+                            WHERE c.partition_id = p.id)) t;
     IF due IS NOT NULL THEN
         PERFORM queen.cursor_wake(due);
     END IF;
@@ -130,8 +141,8 @@ BEGIN
 END
 $$;
 
--- End expired leases (queen.cursor_expire_leases) in the answer of queen.expire_leases:
--- leases ended, the messages they covered, seconds until the next lease expires.
+-- End expired leases (queen.cursor_expire_leases) for maintenance: leases ended, the
+-- messages they covered, seconds until the next lease expires.
 CREATE OR REPLACE FUNCTION queen.cursor_expire(p_limit integer)
 RETURNS TABLE (leases integer, messages integer, next_expiry_in double precision)
 LANGUAGE plpgsql AS $$
@@ -151,10 +162,11 @@ BEGIN
 END
 $$;
 
--- Remove up to p_limit partitions that hold no message of the cursor store, no live
--- lease of any group, and saw no activity for p_idle_seconds (the consumer rows go with
--- them). A push locks its partitions (FOR KEY SHARE) before it inserts: SKIP LOCKED
--- passes over those, and the re-check runs after the locks.
+-- Remove up to p_limit partitions that hold no message, no live
+-- lease of any group, and saw no activity for p_idle_seconds (the consumer rows, counts
+-- and minutes go with them by their keys; completion and failure records, which have
+-- none, are deleted here). A push locks its partitions (FOR KEY SHARE) before it
+-- inserts: SKIP LOCKED passes over those, and the re-check runs after the locks.
 CREATE OR REPLACE FUNCTION queen.cursor_cleanup_partitions(p_idle_seconds integer, p_limit integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -175,12 +187,19 @@ BEGIN
     IF locked IS NULL THEN
         RETURN 0;
     END IF;
-    DELETE FROM queen.partitions p
-    WHERE p.id = ANY (locked)
-      AND NOT EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = p.id)
-      AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
-                      WHERE c.partition_id = p.id AND c.lease_id IS NOT NULL);
-    GET DIAGNOSTICS removed = ROW_COUNT;
+    WITH gone AS (
+        DELETE FROM queen.partitions p
+        WHERE p.id = ANY (locked)
+          AND NOT EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = p.id)
+          AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+                          WHERE c.partition_id = p.id AND c.lease_id IS NOT NULL)
+        RETURNING p.id
+    ), completions AS (
+        DELETE FROM queen.cursor_completions k USING gone WHERE k.partition_id = gone.id
+    ), failures AS (
+        DELETE FROM queen.cursor_failures f USING gone WHERE f.partition_id = gone.id
+    )
+    SELECT count(*) INTO removed FROM gone;
     RETURN removed;
 END
 $$;

@@ -1,4 +1,5 @@
--- Acknowledgments of the cursor store.
+-- Acknowledgments: decided per (partition, group) under its row lock; a batch's items
+-- are grouped so that each consumer row is locked once.
 
 -- Decide and apply the acknowledgments of one group's partition (p_items: the request's
 -- items for it, as {idx, txid, id, wanted, error, lease}); the row is locked here. A

@@ -1,17 +1,5 @@
--- Reads of the cursor store: message identity, derived statuses, counts, pages.
--- Statuses are queue mode's ('__queue__'), derived as docs/STORAGE.md says.
-
--- The API's UUID of a message: UUIDv7-shaped, its 48-bit time the message's created_at
--- (ms), its 74 random bits the message id (bigint), so it is unique, sorts by time, and
--- needs no column. The one definition: every answer naming a message uses it.
-CREATE OR REPLACE FUNCTION queen.cursor_message_uuid(p_id bigint, p_created_at timestamptz)
-RETURNS uuid
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (lpad(to_hex(floor(extract(epoch FROM p_created_at) * 1000)::bigint), 12, '0')
-            || '7' || lpad(to_hex((p_id >> 62) & 4095), 3, '0')
-            || to_hex(8 | ((p_id >> 60) & 3))
-            || lpad(to_hex(p_id & 1152921504606846975), 15, '0'))::uuid
-$$;
+-- Reads: derived statuses, counts, pages and related messages. Statuses are queue mode's
+-- ('__queue__'), derived as docs/STORAGE.md says.
 
 -- Queue mode's status of message p_id given its partition's consumer row c (NULL: never
 -- popped) and its failure record's status (NULL: none).
@@ -244,17 +232,4 @@ LANGUAGE sql STABLE AS $$
     )
     SELECT a.partition_id, n.id FROM anchor a LEFT JOIN nearest n ON true
     ORDER BY n.created_at, n.id
-$$;
-
--- Bucket of a created -> completed time (ms) in the lag histograms (64 buckets).
-CREATE OR REPLACE FUNCTION queen.cursor_lag_bucket(p_ms double precision) RETURNS integer
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN p_ms < 1 THEN 0 ELSE least(63, floor(2 * ln(p_ms) / ln(2)))::integer END
-$$;
-
--- Add two lag histograms (element by element).
-CREATE OR REPLACE FUNCTION queen.cursor_hist_add(a integer[], b integer[]) RETURNS integer[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT ARRAY(SELECT coalesce(x, 0) + coalesce(y, 0)
-                 FROM unnest(a, b) WITH ORDINALITY u(x, y, i) ORDER BY i)
 $$;

@@ -1,5 +1,5 @@
--- Consumer groups of the cursor store: subscription at the first pop, listing, seek, delete.
--- Queue mode is the built-in group '__queue__'.
+-- Consumer groups: subscription at the first pop, listing, seek, delete. Queue mode is
+-- the built-in group '__queue__'.
 
 -- Register a group on a queue at its first pop (later modes are ignored): 'all' starts
 -- at the oldest retained message, 'new' after what exists now, 'from' at p_from.

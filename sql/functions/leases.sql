@@ -1,5 +1,5 @@
--- Leases of the cursor store: a partition leased to one consumer of a group at a time,
--- its end (all acked, or expired) and what moves the cursor.
+-- Leases: a partition leased to one consumer of a group at a time, its end (all acked,
+-- or expired), what moves the cursor, extension and give-back.
 
 -- The retries a message has had for a group (0 unless a failure record says otherwise;
 -- looked up only at or below the group's retried_max in the partition).

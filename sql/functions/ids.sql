@@ -1,0 +1,35 @@
+-- Ids: time-ordered UUIDs, and the API's UUID of a message made of its bigint id and
+-- created_at (and read back).
+
+-- Time-ordered UUID (RFC 9562 version 7).
+CREATE OR REPLACE FUNCTION queen.uuid_v7() RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+    SELECT encode(
+        set_bit(set_bit(
+            overlay(uuid_send(gen_random_uuid())
+                    PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3)
+                    FROM 1 FOR 6),
+            52, 1), 53, 1),
+        'hex')::uuid
+$$;
+
+-- The API's UUID of a message: UUIDv7-shaped, its 48-bit time the message's created_at
+-- (ms), its 74 random bits the message id (bigint), so it is unique, sorts by time, and
+-- needs no column. The one definition: every answer naming a message uses it.
+CREATE OR REPLACE FUNCTION queen.cursor_message_uuid(p_id bigint, p_created_at timestamptz)
+RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (lpad(to_hex(floor(extract(epoch FROM p_created_at) * 1000)::bigint), 12, '0')
+            || '7' || lpad(to_hex((p_id >> 62) & 4095), 3, '0')
+            || to_hex(8 | ((p_id >> 60) & 3))
+            || lpad(to_hex(p_id & 1152921504606846975), 15, '0'))::uuid
+$$;
+
+-- The bigint id of a message from its API id (queen.cursor_message_uuid above: its low
+-- 62 bits, and above them the 12 bits after the version).
+CREATE OR REPLACE FUNCTION queen.cursor_message_id(p_uuid uuid) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (('x' || substr(replace(p_uuid::text, '-', ''), 14, 3))::bit(12)::bigint << 62)
+           | (('x' || right(replace(p_uuid::text, '-', ''), 16))::bit(64)::bigint
+              & 4611686018427387903)
+$$;

@@ -1,0 +1,94 @@
+-- Wake-ups of long polls: the payload they listen for, the workers with polls parked,
+-- the notifications of pushes that committed and of partitions with work, and the
+-- fallback re-check of parked polls.
+
+-- Wake long polls for work in these partitions: one notification per queue (payload
+-- queen.wake_payload, naming its first partition), sent at commit; nothing while no
+-- worker has a poll parked (queen.waiting_workers).
+CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(p_partitions) = 0
+       OR NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        RETURN;
+    END IF;
+    PERFORM pg_notify('queen', queen.wake_payload(q.name, n.partition, q.namespace, q.task))
+    FROM (SELECT p.queue_id, min(p.name) AS partition
+          FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
+    JOIN queen.queues q ON q.id = n.queue_id;
+END
+$$;
+
+-- The long-poll fallback: wake payloads of partitions of the wanted
+-- queues, queue/partition pairs and namespace/task filters (NULL matches anything) where
+-- some group is free (no live lease, not held back) with a message past its cursor, or
+-- where no group has a cursor yet and a message waits. A hint, like a notification:
+-- the woken poll's group may find nothing. Walks every partition of the wanted queues.
+CREATE OR REPLACE FUNCTION queen.cursor_ready_partitions(
+    p_queues text[], p_partition_queues text[], p_partitions text[],
+    p_namespaces text[], p_tasks text[], p_limit integer)
+RETURNS SETOF text
+LANGUAGE sql STABLE AS $$
+    WITH wanted AS (
+        SELECT p.id, queen.wake_payload(q.name, p.name, q.namespace, q.task) AS payload
+        FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+        WHERE q.name = ANY (p_queues)
+           OR EXISTS (SELECT 1 FROM unnest(p_namespaces, p_tasks) f(ns, tk)
+                      WHERE (f.ns IS NULL OR f.ns = q.namespace)
+                        AND (f.tk IS NULL OR f.tk = q.task))
+           OR EXISTS (SELECT 1 FROM unnest(p_partition_queues, p_partitions) n(queue, partition)
+                      WHERE n.queue = q.name AND n.partition = p.name)
+    )
+    SELECT w.payload FROM wanted w
+    WHERE EXISTS (SELECT 1 FROM queen.cursor_consumers c
+                  WHERE c.partition_id = w.id
+                    AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
+                    AND (c.not_before IS NULL OR c.not_before <= now())
+                    -- in key order, as queen.cursor_settle's probe (an EXISTS may scan)
+                    AND (SELECT m.id FROM queen.cursor_messages m
+                         WHERE m.partition_id = w.id AND m.id > c.cursor_id
+                           AND m.id <> ALL (c.done_ids)
+                         ORDER BY m.id LIMIT 1) IS NOT NULL)
+       OR (NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c WHERE c.partition_id = w.id)
+           AND EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = w.id))
+    LIMIT p_limit
+$$;
+
+-- What a long poll listens for: 'queue/partition/namespace/task' (names cannot contain
+-- '/'; at most ~520 bytes, far below NOTIFY's 8000-byte limit).
+CREATE OR REPLACE FUNCTION queen.wake_payload(p_queue text, p_partition text, p_namespace text, p_task text)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_queue || '/' || p_partition || '/' || coalesce(p_namespace, '') || '/' || coalesce(p_task, '')
+$$;
+
+-- List a worker as having polls parked for the next p_seconds (see queen.waiting_workers).
+CREATE OR REPLACE FUNCTION queen.list_waiting_worker(p_worker text, p_seconds integer) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO queen.waiting_workers AS w (worker, until)
+    VALUES (p_worker, now() + make_interval(secs => p_seconds))
+    ON CONFLICT (worker) DO UPDATE SET until = greatest(w.until, EXCLUDED.until);
+    DELETE FROM queen.waiting_workers WHERE until < now() - interval '1 hour';
+$$;
+
+-- Wake-ups for pushes already committed, by queue and partition name: what a session
+-- with queen.push_notify = 'after_commit' sends after its inserts, in a transaction of
+-- its own, for one push or many; nothing while no worker has a poll parked. NOTIFY
+-- holds a cluster-wide lock from the start of commit until the commit is durable, so
+-- notifying inside the push would line up the WAL flushes of all concurrent pushes one
+-- behind another (bench/notify_cost.py). Here the commit is asynchronous: a
+-- notification needs no durability, and the lock is held for microseconds. Unknown
+-- names are ignored.
+CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM pg_notify('queen', queen.wake_payload(q.name, p.name, q.namespace, q.task))
+    FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)
+    JOIN queen.queues q ON q.name = n.queue
+    JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition;
+END
+$$;
