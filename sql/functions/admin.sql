@@ -32,6 +32,24 @@ LANGUAGE sql STABLE AS $$
     SELECT r.status FROM queen.cursor_message_rows(ARRAY[p_partition], ARRAY[p_id]) r
 $$;
 
+-- The message of transactionId p_txid (a row of NULLs when there is none), once every
+-- consumer row of its partition is locked, in group order: an operator's change then
+-- waits for the acks and pops under way there, and they for it.
+CREATE OR REPLACE FUNCTION queen.cursor_lock_message(p_txid text)
+RETURNS queen.cursor_messages
+LANGUAGE plpgsql AS $$
+DECLARE
+    m queen.cursor_messages;
+BEGIN
+    SELECT * INTO m FROM queen.cursor_messages x WHERE x.transaction_id = p_txid;
+    IF FOUND THEN
+        PERFORM 1 FROM queen.cursor_consumers c WHERE c.partition_id = m.partition_id
+        ORDER BY c.consumer_group FOR UPDATE;
+    END IF;
+    RETURN m;
+END
+$$;
+
 -- Delete one message; queue mode's status it had, or NULL when there is no such message.
 CREATE OR REPLACE FUNCTION queen.cursor_delete_message(p_txid text) RETURNS text
 LANGUAGE plpgsql AS $$
@@ -39,12 +57,10 @@ DECLARE
     m      queen.cursor_messages;
     status text;
 BEGIN
-    SELECT * INTO m FROM queen.cursor_messages x WHERE x.transaction_id = p_txid;
-    IF NOT FOUND THEN
+    m := queen.cursor_lock_message(p_txid);
+    IF m.id IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM 1 FROM queen.cursor_consumers c WHERE c.partition_id = m.partition_id
-    ORDER BY c.consumer_group FOR UPDATE;
     status := queen.cursor_status_of(m.partition_id, m.id);
     DELETE FROM queen.cursor_messages x WHERE x.partition_id = m.partition_id AND x.id = m.id;
     IF NOT FOUND THEN
@@ -160,12 +176,10 @@ DECLARE
     c      queen.cursor_consumers;
     status text;
 BEGIN
-    SELECT * INTO m FROM queen.cursor_messages x WHERE x.transaction_id = p_txid;
-    IF NOT FOUND THEN
+    m := queen.cursor_lock_message(p_txid);
+    IF m.id IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM 1 FROM queen.cursor_consumers x WHERE x.partition_id = m.partition_id
-    ORDER BY x.consumer_group FOR UPDATE;
     status := queen.cursor_status_of(m.partition_id, m.id);
     IF status IS NULL OR status NOT IN ('failed', 'dead_letter') THEN
         RETURN status;
