@@ -16,7 +16,7 @@ from queen.api.dashboard import (
     DashboardSocketResource,
 )
 from queen.api.messages import AckBatchResource, AckResource, PopResource, PushResource
-from queen.api.metrics import MetricsMiddleware, PrometheusResource
+from queen.api.metrics import MetricsMiddleware, PrometheusResource, observe_fused
 from queen.api.queues import ConfigureResource
 from queen.api.system import HealthResource, MetricsResource, OpenAPIResource
 from queen.auth_cache import TokenVerifier
@@ -122,6 +122,7 @@ def create_app(
     hub = hub or Hub.from_settings(settings, store.dashboard)
     poller = LongPoller(store, events, settings.effective_worker_id, clock)
     measure = MetricsMiddleware(store)
+    store.observe_calls(observe_fused)
     middleware: list[Any] = [measure, CORSMiddleware(settings.cors_origins)]
     if settings.auth_on:
         verifier = TokenVerifier(store.tokens.find, clock)

@@ -70,6 +70,13 @@ class Settings:
         "QUEEN_POLL_FALLBACK", 2.0, "seconds between fallback re-checks of parked polls", least=0.01
     )
     max_batch: int = _s("MAX_BATCH_SIZE", 1000, "largest push or pop batch", least=1)
+    fused_calls: int = _s(
+        "QUEEN_FUSED_CALLS",
+        2,
+        "push, pop, ack or lease calls of each kind a worker runs at once; requests arriving"
+        " meanwhile share the next call (0: no fusion)",
+        least=0,
+    )
     encryption_key: str = _s(
         "QUEEN_ENCRYPTION_KEY", "", "64 hex chars (AES-256) for encryptionEnabled queues"
     )

@@ -75,7 +75,21 @@ POOL = Gauge(
     multiprocess_mode="livesum",
 )
 
+FUSED_KINDS = ("push", "pop", "ack", "extend")
+FUSED = Histogram(
+    "queen_fused_call_requests",
+    "Requests each push, pop, ack or lease-renewal database call served (fusion: above 1)",
+    ["kind"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+_fused = {kind: FUSED.labels(kind) for kind in FUSED_KINDS}
+
 _process_started = time.time()
+
+
+def observe_fused(kind: str, requests: int) -> None:
+    """Count one database call of kind that served requests requests."""
+    _fused[kind].observe(requests)
 
 
 def multiprocess_mode() -> bool:
@@ -108,6 +122,26 @@ def totals() -> dict[str, int]:
                 if operation in found:
                     found[operation] += int(sample.value)
     return found
+
+
+def fusion() -> dict[str, dict[str, float]]:
+    """Database calls and the requests they served, per kind, over every worker of this host."""
+    found = {kind: {"calls": 0, "requests": 0} for kind in FUSED_KINDS}
+    for metric in _samples_registry().collect():
+        if metric.name != "queen_fused_call_requests":
+            continue
+        for sample in metric.samples:
+            kind = sample.labels.get("kind", "")
+            if kind not in found:
+                continue
+            if sample.name.endswith("_count"):
+                found[kind]["calls"] += int(sample.value)
+            elif sample.name.endswith("_sum"):
+                found[kind]["requests"] += int(sample.value)
+    return {
+        kind: {**c, "requestsPerCall": round(c["requests"] / c["calls"], 2) if c["calls"] else 0}
+        for kind, c in found.items()
+    }
 
 
 def rates() -> dict[str, Any]:

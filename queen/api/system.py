@@ -82,6 +82,7 @@ class MetricsResource:
                     "idleConnections": pool["idle"],
                     "waitingRequests": pool["waiting"],
                 },
+                "fusion": metrics.fusion(),
                 "memory": metrics.memory(),
                 "cpu": metrics.cpu(),
                 "process": {"pid": os.getpid()},

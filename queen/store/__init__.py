@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from queen.config import Settings
+from queen.fusion import Observe
 from queen.store.admin import Admin
 from queen.store.analytics import Analytics
 from queen.store.dashboard import Dashboard, MessagePlace
 from queen.store.db import Database
 from queen.store.groups import ConsumerGroups
 from queen.store.leases import Leases
-from queen.store.messages import Messages
+from queen.store.messages import FUSED_CALLS, Messages
 from queen.store.polling import Polling
 from queen.store.queues import Queues
 from queen.store.reads import Reads
@@ -20,13 +21,15 @@ from queen.store.transactions import Transactions
 class Store:
     """Everything the API and the workers ask of PostgreSQL."""
 
-    def __init__(self, db: Database, encryption_key: str = "") -> None:
+    def __init__(
+        self, db: Database, encryption_key: str = "", fused_calls: int = FUSED_CALLS
+    ) -> None:
         self.db = db
         self.queues = Queues(db)
-        self.messages = Messages(db, self.queues, encryption_key)
+        self.messages = Messages(db, self.queues, encryption_key, fused_calls)
         self.polling = Polling(db)
         self.messages.after_push = self.polling.push_wakeups.pushed
-        self.leases = Leases(db)
+        self.leases = Leases(db, fused_calls)
         self.dashboard = Dashboard(db)
         self.reads = Reads(db)
         self.admin = Admin(db, self.reads, encryption_key)
@@ -45,7 +48,12 @@ class Store:
             statement_timeout_ms=settings.statement_timeout_ms,
             application_name=application_name,
         )
-        return cls(db, settings.encryption_key)
+        return cls(db, settings.encryption_key, settings.fused_calls)
+
+    def observe_calls(self, observe: Observe) -> None:
+        """Tell observe(kind, requests) of every push, pop, ack and lease-renewal call."""
+        self.messages.observe = observe
+        self.leases.observe = observe
 
     def locate_messages(self, transaction_ids: list[str]) -> dict[str, MessagePlace]:
         """Map transactionIds to their queue and partition."""

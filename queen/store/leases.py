@@ -1,27 +1,49 @@
-"""Leases a consumer keeps alive while it works."""
+"""Leases a consumer keeps alive while it works; concurrent renewals share one call."""
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
+from typing import NamedTuple
 
+from queen.fusion import Fuser, Observe
 from queen.store.db import Database
+
+FUSED_EXTENDS = 100  # renewals per fused call
+
+
+class _Extend(NamedTuple):
+    lease: uuid.UUID
+    seconds: int | None
 
 
 class Leases:
     """Renew partition leases."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, fused_calls: int = 2) -> None:
         self.db = db
+        self.fused_calls = fused_calls
+        self.observe: Observe = lambda kind, requests: None
+        self._extends: Fuser[_Extend, dt.datetime | None] = Fuser(
+            "extend", self._extend_call, max_calls=max(1, fused_calls), limit=FUSED_EXTENDS,
+            observe=lambda kind, requests: self.observe(kind, requests),
+        )
 
     def extend(self, lease_id: uuid.UUID, seconds: int | None) -> dt.datetime | None:
         """Move a live lease's expiry to now + seconds (None: the queue's leaseTime).
 
         Return the new expiry, or None when the lease is unknown, ended or expired.
         """
-        params = {"lease": lease_id, "seconds": seconds}
-        ((expires,),) = self.db.fetch("extend_lease", params)
-        return expires  # type: ignore[no-any-return]
+        request = _Extend(lease_id, seconds)
+        if self.fused_calls <= 0:
+            (expires,) = self._extend_call([request])
+            return expires
+        return self._extends.submit(request)
+
+    def _extend_call(self, requests: list[_Extend]) -> list[dt.datetime | None]:
+        params = {"leases": [r.lease for r in requests], "seconds": [r.seconds for r in requests]}
+        rows = self.db.fetch("extend_leases", params)
+        return [expires for _, expires in rows]
 
     def queue_of(self, lease_id: uuid.UUID) -> str | None:
         """Return the queue the lease is on, or None when no partition holds it."""

@@ -1,6 +1,10 @@
-"""The API's hot path: push, pop, ack, one database call each.
+"""The API's hot path: push, pop, ack; concurrent requests of a kind share one database call.
 
 Over the functions of sql/functions/ (push, pop, ack); the model is in docs/STORAGE.md.
+Requests that arrive while FUSED_CALLS calls of their kind are in flight wait for the
+next one, which takes them all (queen.fusion): one statement and one commit for many
+requests, each answered its own results in its own order. A request that finds a free
+slot goes at once, alone.
 Message ids in answers are UUIDs derived from the bigint id and created_at
 (queen.cursor_message_uuid), made the same way here (message_uuid).
 
@@ -18,7 +22,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import psycopg
@@ -26,7 +30,8 @@ from psycopg import Cursor
 from psycopg.rows import RowMaker
 
 from queen import crypto
-from queen.errors import InvalidInput
+from queen.errors import InvalidInput, QueenError
+from queen.fusion import Fuser, Observe, split
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.store.cursors import QUEUE_MODE
 from queen.store.db import LARGE_CALL_BYTES, Database
@@ -37,6 +42,20 @@ from queen.store.queues import Queues
 AfterExecute = Callable[[psycopg.Connection[Any]], None]
 
 POPPED_COLUMNS = list(Popped._fields)
+FUSED_CALLS = 2  # calls of one kind a worker runs at once; more requests fuse into the next
+FUSED_PUSH_BYTES = 1024 * 1024  # a fused push call takes request bodies up to this in all
+FUSED_POPS = 32  # pops per fused call
+FUSED_ACKS = 1000  # acknowledgments per fused call
+
+
+class _Push(NamedTuple):
+    body: str  # the request's JSON body, {"items": [...]}
+    items: list[dict[str, Any]]
+
+
+class _Pop(NamedTuple):
+    params: dict[str, Any]  # one element of queen.cursor_pop_many's array
+    lease: uuid.UUID
 
 
 # Row factories for the hot paths. psycopg calls the row maker they return once per row;
@@ -64,20 +83,21 @@ def _ack_results(cursor: Cursor[Any]) -> RowMaker[AckResult]:
     return _records(AckResult, cursor)
 
 
-def _popped(cursor: Cursor[Any]) -> RowMaker[Popped]:
-    """Make a Popped from each row of a pop; columns are matched by name once per query."""
+def _popped_of_pops(cursor: Cursor[Any]) -> RowMaker[tuple[int, Popped]]:
+    """Make (pop position, Popped) from each row of pop_many."""
     result = cursor.pgresult
     names = (
         [] if result is None else [(result.fname(i) or b"").decode() for i in range(result.nfields)]
     )
-    if names == POPPED_COLUMNS:
-        return _records(Popped, cursor)
-    return lambda values: Popped(**dict(zip(names, values, strict=True)))
+    if names != ["pop", *POPPED_COLUMNS]:
+        raise TypeError(f"pop_many answered columns {names}")
+    make = functools.partial(tuple.__new__, Popped)
+    return lambda values: (values[0], make(values[1:]))
 
 
-def _large_payload(rows: list[Popped]) -> bool:
+def _large_payload(rows: list[tuple[int, Popped]]) -> bool:
     """Tell whether a popped message is over LARGE_CALL_BYTES (its connection is then retired)."""
-    return any(len(row.payload) > LARGE_CALL_BYTES for row in rows)
+    return any(len(row.payload) > LARGE_CALL_BYTES for _, row in rows)
 
 
 def _claims_encrypted(body: bytes | str, items: list[dict[str, Any]]) -> bool:
@@ -112,7 +132,13 @@ def message_id_of(api_id: uuid.UUID) -> int:
 class Messages:
     """The message lifecycle: push, pop (a partition lease per group) and ack."""
 
-    def __init__(self, db: Database, queues: Queues, encryption_key: str = "") -> None:
+    def __init__(
+        self,
+        db: Database,
+        queues: Queues,
+        encryption_key: str = "",
+        fused_calls: int = FUSED_CALLS,
+    ) -> None:
         self.db = db
         self.queues = queues
         self._key = crypto.load_key(encryption_key) if encryption_key else None
@@ -121,20 +147,82 @@ class Messages:
         self.give_backs = GiveBacks(db)
         # Called with the pop's connection once its statement ran (tests break it there).
         self.after_pop_statement: AfterExecute | None = None
+        # fused_calls 0: no fusion, every request its own call.
+        self.fused_calls = fused_calls
+        # Told the kind and number of requests of every call (the metrics set it).
+        self.observe: Observe = _unobserved
+        self._push_fusers: dict[str | None, Fuser[_Push, list[PushResult]]] = {}
+        self._pops: Fuser[_Pop, list[Popped]] = self._fuser(
+            "pop", self._pop_call, limit=FUSED_POPS
+        )
+        self._acks: Fuser[list[dict[str, Any]], list[AckResult]] = self._fuser(
+            "ack", self._ack_call, limit=FUSED_ACKS, size=len
+        )
+
+    def _fuser(self, kind: str, run: Any, **options: Any) -> Fuser[Any, Any]:
+        return Fuser(
+            kind, run, max_calls=max(1, self.fused_calls), observe=self._observe, **options
+        )
+
+    def _observe(self, kind: str, requests: int) -> None:
+        self.observe(kind, requests)
+
+    def _submit(self, fuser: Fuser[Any, Any], request: Any) -> Any:
+        if self.fused_calls <= 0:
+            self.observe(fuser.kind, 1)
+            (result,) = fuser.run([request])  # fusion off: a call per request
+            if isinstance(result, BaseException):
+                raise result
+            return result
+        return fuser.submit(request)
 
     def push(
         self, body: bytes | str, items: list[dict[str, Any]], producer: str | None = None
     ) -> list[PushResult]:
         """Store validated items; body is the raw request ({"items": [...]}) they came from.
 
-        producer: the name of the token that pushed them, kept on each message.
+        producer: the name of the token that pushed them, kept on each message. Pushes of
+        one producer fuse (a call stores one producer name).
         """
         secret = self._secret_items(items) if self.queues.any_encrypted() else None
         if secret is not None or _claims_encrypted(body, items):
             body = self._seal(items, secret)
-        params = {"body": body if isinstance(body, str) else body.decode(), "producer": producer}
-        results = self.db.fetch("push", params, _push_results)
-        self.after_push(items)
+        text = body if isinstance(body, str) else body.decode()
+        fuser = self._push_fusers.get(producer)
+        if fuser is None:
+            run = functools.partial(self._push_call, producer)
+            fuser = self._push_fusers.setdefault(
+                producer,
+                self._fuser("push", run, limit=FUSED_PUSH_BYTES, size=lambda p: len(p.body)),
+            )
+        return self._submit(fuser, _Push(text, items))  # type: ignore[no-any-return]
+
+    def _push_call(
+        self, producer: str | None, pushes: list[_Push]
+    ) -> list[list[PushResult] | BaseException]:
+        """One push statement for pushes; their items are numbered across them."""
+        try:
+            bodies = pushes[0].body if len(pushes) == 1 else ",".join(p.body for p in pushes)
+            params = {"bodies": f"[{bodies}]", "producer": producer}
+            rows = self.db.fetch("push", params, _push_results)
+        except InvalidInput:
+            if len(pushes) == 1:
+                raise
+            return self._alone(functools.partial(self._push_call, producer), pushes)
+        self.after_push([item for p in pushes for item in p.items])
+        return _renumber(rows, [len(p.items) for p in pushes])
+
+    @staticmethod
+    def _alone(run: Any, requests: list[Any]) -> list[Any]:
+        """Run each request in a call of its own: a value the database refused fails only
+        the request that sent it."""
+        results: list[Any] = []
+        for request in requests:
+            try:
+                (result,) = run([request])
+            except QueenError as exc:
+                result = exc
+            results.append(result)
         return results
 
     def _secret_items(self, items: list[dict[str, Any]]) -> list[bool] | None:
@@ -172,18 +260,32 @@ class Messages:
             "task": route.task,
             "group": route.consumer_group or QUEUE_MODE,
             "mode": route.subscription_mode,
-            "since": route.subscription_from,
+            "since": route.subscription_from.isoformat() if route.subscription_from else None,
             "batch": batch,
             "worker": worker,
-            "lease": lease,
+            "lease": str(lease),
             "prefer": prefer if route.kind == "queue" else None,
         }
-        rows = self.db.fetch(
-            "pop", params, _popped, raw_json=True, large=_large_payload,
-            after_execute=self.after_pop_statement,
-            on_lost=functools.partial(self.give_backs.add, lease),
-        )
+        rows: list[Popped] = self._submit(self._pops, _Pop(params, lease))
         return [self._decrypt(row) if row.encrypted else row for row in rows]
+
+    def _pop_call(self, pops: list[_Pop]) -> list[list[Popped]]:
+        """One statement for pops, each leasing a partition of its own."""
+        leases = [p.lease for p in pops]
+
+        def lost(backend: int) -> None:
+            for lease in leases:
+                self.give_backs.add(lease, backend)
+
+        params = {"pops": orjson.dumps([p.params for p in pops]).decode()}
+        rows = self.db.fetch(
+            "pop_many", params, _popped_of_pops, raw_json=True, large=_large_payload,
+            after_execute=self.after_pop_statement, on_lost=lost,
+        )
+        popped: list[list[Popped]] = [[] for _ in pops]
+        for position, message in rows:
+            popped[position - 1].append(message)
+        return popped
 
     def _decrypt(self, message: Popped) -> Popped:
         if self._key is None:
@@ -193,5 +295,62 @@ class Messages:
 
     def ack(self, acks: list[dict[str, Any]]) -> list[AckResult]:
         """Apply validated acknowledgments; one result per item, in order."""
-        params = {"acks": orjson.dumps(acks).decode()}
-        return self.db.fetch("ack", params, _ack_results)
+        return self._submit(self._acks, acks)  # type: ignore[no-any-return]
+
+    def _ack_call(
+        self, requests: list[list[dict[str, Any]]]
+    ) -> list[list[AckResult] | BaseException]:
+        """One ack statement for the acknowledgments of requests.
+
+        A statement decides a message acked twice by its last acknowledgment: requests
+        naming a message an earlier one of the call names go to a statement of their own
+        after it, so that each request is answered for its own acknowledgment.
+        """
+        if len(requests) > 1 and len(rounds := _disjoint(requests)) > 1:
+            results: list[list[AckResult] | BaseException] = []
+            for part in rounds:
+                try:
+                    results += self._ack_call(part)
+                except QueenError as exc:
+                    results += [exc] * len(part)
+            return results
+        acks = requests[0] if len(requests) == 1 else [a for r in requests for a in r]
+        try:
+            rows = self.db.fetch("ack", {"acks": orjson.dumps(acks).decode()}, _ack_results)
+        except InvalidInput:
+            if len(requests) == 1:
+                raise
+            return self._alone(self._ack_call, requests)
+        return _renumber(rows, [len(r) for r in requests])
+
+
+def _disjoint(requests: list[list[dict[str, Any]]]) -> list[list[list[dict[str, Any]]]]:
+    """Cut requests, in order, into runs in which no two requests name the same message."""
+    runs: list[list[list[dict[str, Any]]]] = [[]]
+    named: set[str] = set()
+    for request in requests:
+        ids = {a["transactionId"] for a in request}
+        if runs[-1] and not ids.isdisjoint(named):
+            runs.append([])
+            named = set()
+        runs[-1].append(request)
+        named |= ids
+    return runs
+
+
+def _unobserved(kind: str, requests: int) -> None:
+    return None
+
+
+def _renumber(rows: list[Any], sizes: list[int]) -> list[Any]:
+    """Cut a fused call's rows (one per item, positions across the call) into each
+    request's own, positions counted in that request."""
+    if len(sizes) == 1:
+        return [rows]
+    parts = split(rows, sizes)
+    offset = 0
+    for part, size in zip(parts, sizes, strict=True):
+        if offset:
+            part[:] = [row._replace(position=row.position - offset) for row in part]
+        offset += size
+    return parts

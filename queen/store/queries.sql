@@ -1,13 +1,12 @@
 -- Runtime statements, by name. DDL and the functions they call live in sql/.
 
--- push: store the items of a push body ({"items": [...]}), one row per item with its API id --
+-- push: store the items of push bodies (a JSON array of {"items": [...]}, one per fused request), one row per item with its API id, numbered across the bodies --
 SELECT idx, message_id, transaction_id, status
-FROM queen.cursor_push_api(%(body)s::jsonb -> 'items', %(producer)s)
+FROM queen.cursor_push_api(jsonb_path_query_array(%(bodies)s::jsonb, '$[*].items[*]'),
+                           %(producer)s)
 
--- pop: lease a partition for a group on any route and return its batch as queen.popped --
-SELECT * FROM queen.cursor_pop_api(%(kind)s, %(queue)s, %(partition)s, %(namespace)s, %(task)s,
-                                   %(group)s, %(batch)s, %(worker)s, %(mode)s, %(since)s,
-                                   %(lease)s, %(prefer)s)
+-- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped --
+SELECT pop, (message).* FROM queen.cursor_pop_many(%(pops)s::jsonb)
 
 -- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
 SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
@@ -370,10 +369,12 @@ UPDATE queen.tokens SET revoked_at = now()
 WHERE name = %(name)s AND revoked_at IS NULL
 RETURNING name
 
--- extend_lease: extend a live lease by seconds (NULL: its queue's leaseTime); no value when it has ended --
-SELECT queen.cursor_extend(%(lease)s, coalesce(%(seconds)s::integer, (
+-- extend_leases: extend live leases, each by its seconds (NULL: its queue's leaseTime); one row per lease in order, NULL when it has ended --
+SELECT x.ord, queen.cursor_extend(x.lease, coalesce(x.seconds, (
     SELECT q.lease_time FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
-    WHERE c.lease_id = %(lease)s)))
+    WHERE c.lease_id = x.lease)))
+FROM unnest(%(leases)s::uuid[], %(seconds)s::integer[]) WITH ORDINALITY x(lease, seconds, ord)
+ORDER BY x.ord
 
 -- lease_queue: the queue a live lease is on --
 SELECT queen.cursor_lease_queue(%(lease)s)

@@ -287,3 +287,32 @@ BEGIN
     ORDER BY d.ordinality;
 END
 $$;
+
+-- Several pops in one call (a worker's concurrent pops, fused): p_pops is an array of
+-- {kind, queue, partition, namespace, task, group, batch, worker, mode, since, lease,
+-- prefer}, each popped in turn as queen.cursor_pop_api would, in one transaction. Each
+-- pop sees the leases of those before it, so each gets a partition of its own. Rows:
+-- the pop's position (1-based) and its messages.
+CREATE OR REPLACE FUNCTION queen.cursor_pop_many(p_pops jsonb)
+RETURNS TABLE (pop integer, message queen.popped)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT x.*
+        FROM ROWS FROM (jsonb_to_recordset(p_pops)
+                        AS (kind text, queue text, partition text, namespace text, task text,
+                            "group" text, batch integer, worker text, mode text,
+                            since timestamptz, lease uuid, prefer text))
+             WITH ORDINALITY x
+        ORDER BY x.ordinality
+    LOOP
+        RETURN QUERY
+        SELECT r.ordinality::integer, d
+        FROM queen.cursor_pop_api(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
+                                  r.batch, r.worker, r.mode, r.since, r.lease, r.prefer) d;
+    END LOOP;
+END
+$$;

@@ -50,12 +50,16 @@ def test_totals_and_prometheus_agree_across_workers(db_dsn):
         for doc in seen.values():
             assert doc["messages"]["pushed"] == 21
             assert doc["requests"]["total"] >= 7
+            fused = doc["fusion"]["push"]  # every push request was served by some call
+            assert fused["requests"] == 7 and 1 <= fused["calls"] <= 7
 
         for _ in range(6):
             text = fresh(srv.url + "/metrics/prometheus").text
             assert sample(text, 'queen_messages_total{operation="pushed"}') == 21
             assert sample(text, 'queen_queue_messages{queue="counted",status="pending"}') == 21
             assert sample(text, 'queen_queue_partitions{queue="counted"}') == 2
+            assert sample(text, 'queen_fused_call_requests_sum{kind="push"}') == 7
+            assert sample(text, 'queen_fused_call_requests_bucket{kind="push",le="+Inf"}') >= 1
             assert sample(text, 'queen_http_requests_total{method="POST",route="/api/v1/push",'
                                 'status="201"}') == 7
             assert sample(text, 'queen_http_request_duration_seconds_count{method="POST",'

@@ -144,14 +144,15 @@ def check(name: str, plans: list[Plan]) -> None:
 
 
 def pop_params(**route: Any) -> dict[str, Any]:
+    """The parameters of pop_many for one pop (rows: the pop's position, then queen.popped)."""
     params = {"kind": "queue", "queue": "big", "partition": None, "namespace": None,
               "task": None, "group": cursors.QUEUE_MODE, "mode": None, "since": None,
-              "batch": 10, "worker": "plans", "lease": uuid.uuid4(), "prefer": None}
-    return {**params, **route}
+              "batch": 10, "worker": "plans", "lease": str(uuid.uuid4()), "prefer": None}
+    return {"pops": orjson.dumps([{**params, **route}]).decode()}
 
 
 def ack_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
-    acks = [{"transactionId": r[1], "status": "completed", "leaseId": str(r[10])} for r in rows]
+    acks = [{"transactionId": r[2], "status": "completed", "leaseId": str(r[11])} for r in rows]
     return {"acks": orjson.dumps(acks).decode()}
 
 
@@ -167,8 +168,8 @@ def test_the_seed_is_what_the_plans_are_measured_against(seeded: str) -> None:
 
 def test_pop_and_ack_by_partition_skip_the_consumed_history(explained: Explained) -> None:
     for _ in range(RUNS):
-        rows, pop_plans = explained.run("pop", pop_params(kind="partition", partition="p0",
-                                                         batch=2, lease=uuid.uuid4()))
+        rows, pop_plans = explained.run("pop_many", pop_params(kind="partition", partition="p0",
+                                                              batch=2))
         assert len(rows) == 2
         acked, ack_plans = explained.run("ack", ack_params(rows))  # ends the lease
         assert {r[2] for r in acked} == {"completed"}
@@ -178,7 +179,7 @@ def test_pop_and_ack_by_partition_skip_the_consumed_history(explained: Explained
 
 def test_pop_by_queue_probes_each_partition_from_its_cursor(explained: Explained) -> None:
     for _ in range(RUNS):
-        rows, pop_plans = explained.run("pop", pop_params(batch=2, lease=uuid.uuid4()))
+        rows, pop_plans = explained.run("pop_many", pop_params(batch=2))
         assert len(rows) == 2
         _, ack_plans = explained.run("ack", ack_params(rows))
     check("pop by queue", pop_plans)
@@ -190,6 +191,6 @@ def test_push_into_existing_partitions(explained: Explained) -> None:
              for n in range(100)]
     body = orjson.dumps({"items": items}).decode()
     for _ in range(RUNS):
-        rows, plans = explained.run("push", {"body": body, "producer": None})
+        rows, plans = explained.run("push", {"bodies": f"[{body}]", "producer": None})
         assert {r[3] for r in rows} == {"queued"}
     check("push", plans)

@@ -14,7 +14,7 @@ from queen.api import validation as v
 from queen.api.messages import message_json, messages_json, push_json
 from queen.errors import InvalidInput
 from queen.models import Popped, PushResult, iso
-from queen.store.messages import _popped, _push_results
+from queen.store.messages import _popped_of_pops, _push_results
 
 EAST = dt.timezone(dt.timedelta(hours=5, minutes=30))
 
@@ -113,15 +113,14 @@ def fake_cursor(names: list[str]) -> Any:
     return SimpleNamespace(pgresult=result)
 
 
-def test_popped_rows_by_column_name_in_any_order() -> None:
+def test_popped_rows_carry_their_pop_and_refuse_other_columns() -> None:
     record = popped(dt.datetime.now(dt.UTC), dt.datetime.now(dt.UTC), uuid.uuid4())
-    names = list(Popped._fields)
-    assert _popped(fake_cursor(names))(tuple(record)) == record
-    shuffled = names[::-1]
-    values = [getattr(record, n) for n in shuffled]
-    assert _popped(fake_cursor(shuffled))(values) == record
+    names = ["pop", *Popped._fields]
+    assert _popped_of_pops(fake_cursor(names))((3, *record)) == (3, record)
     with pytest.raises(TypeError):
-        _popped(fake_cursor([*names[:-1], "surprise"]))(tuple(record))
+        _popped_of_pops(fake_cursor(["pop", *Popped._fields[::-1]]))
+    with pytest.raises(TypeError):
+        _popped_of_pops(fake_cursor(list(Popped._fields)))
 
 
 def test_positional_records_refuse_a_query_of_another_width() -> None:

@@ -1,0 +1,153 @@
+"""Request fusion: requests of one kind that wait while calls of that kind are in flight
+share the next database call.
+
+A worker runs at most `max_calls` calls of a kind at once. A request that finds fewer in
+flight goes at once, alone: nothing waits when there is nothing to fuse, and no timer
+holds a call back. A request that finds them all busy joins the queue of that kind; when
+a call ends, the oldest waiting request leads the next call, which takes every request
+queued by then (up to `limit`). The batch grows with the load and falls back to one
+request when the load does: an adaptive window with no constant in it.
+
+The call itself (`run`) gets the requests in arrival order and answers one result per
+request, in order; a result that is an exception is raised in that request only. An
+exception from `run` fails every request of that call, and only those.
+
+Works the same under gevent (monkey-patched threading) and with real threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+from queen.errors import Unavailable
+
+R = TypeVar("R")  # a request
+T = TypeVar("T")  # its result
+
+Observe = Callable[[str, int], None]
+
+
+def _ignore(kind: str, size: int) -> None:
+    return None
+
+
+class _Entry(Generic[R, T]):
+    __slots__ = ("request", "size", "done", "leads", "result", "error")
+
+    def __init__(self, request: R, size: int) -> None:
+        self.request = request
+        self.size = size
+        self.done = threading.Event()
+        self.leads = False  # set when this entry is to run the next call itself
+        self.result: T | None = None
+        self.error: BaseException | None = None
+
+
+class Fuser(Generic[R, T]):
+    """Fuse the concurrent requests of one kind into shared calls of `run`.
+
+    size: a request's weight against limit (items of a push, 1 for a pop...). A call takes
+    queued requests in order while their sizes add up to at most limit; the first
+    request of a call always goes, whatever its size.
+    observe(kind, requests): told the number of requests of every call made.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        run: Callable[[list[R]], Sequence[T | BaseException]],
+        *,
+        max_calls: int,
+        limit: int,
+        size: Callable[[R], int] = lambda request: 1,
+        observe: Observe = _ignore,
+    ) -> None:
+        if max_calls < 1:
+            raise ValueError("max_calls must be at least 1")
+        self.kind = kind
+        self.max_calls = max_calls
+        self.limit = limit
+        self.run = run
+        self._size = size
+        self.observe = observe
+        self._lock = threading.Lock()
+        self._running = 0
+        self._queued: deque[_Entry[R, T]] = deque()
+
+    def submit(self, request: R) -> T:
+        """Run request in a call of its own or with others; return its result."""
+        entry: _Entry[R, T] = _Entry(request, self._size(request))
+        with self._lock:
+            # While fewer calls than max_calls run, nothing is queued: go at once.
+            alone = self._running < self.max_calls
+            if alone:
+                self._running += 1
+            else:
+                self._queued.append(entry)
+        if alone:
+            self._call([entry])
+        else:
+            entry.done.wait()
+            if entry.leads:
+                self._call(self._take(entry))
+        if entry.error is not None:
+            raise entry.error
+        return entry.result  # type: ignore[return-value]
+
+    def _take(self, leader: _Entry[R, T]) -> list[_Entry[R, T]]:
+        """The leader and the queued requests that fit in its call, in arrival order."""
+        batch = [leader]
+        total = leader.size
+        with self._lock:
+            while self._queued and total + self._queued[0].size <= self.limit:
+                entry = self._queued.popleft()
+                batch.append(entry)
+                total += entry.size
+        return batch
+
+    def _call(self, batch: list[_Entry[R, T]]) -> None:
+        """Run one call for batch (this greenlet is batch[0]'s) and hand out its results."""
+        try:
+            self.observe(self.kind, len(batch))
+            results = self.run([e.request for e in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"{self.kind} call answered {len(results)} of {len(batch)}")
+            for entry, result in zip(batch, results, strict=True):
+                if isinstance(result, BaseException):
+                    entry.error = result
+                else:
+                    entry.result = result
+        except BaseException as exc:  # noqa: BLE001 - every request of the call must hear
+            for entry in batch:
+                entry.error = exc if isinstance(exc, Exception) else Unavailable("call ended")
+            if not isinstance(exc, Exception):
+                batch[0].error = exc  # the leader's own greenlet re-raises a kill
+        finally:
+            for entry in batch[1:]:
+                entry.done.set()
+            self._next()
+
+    def _next(self) -> None:
+        """A call ended: let the oldest queued request lead the next one."""
+        with self._lock:
+            if not self._queued:
+                self._running -= 1
+                return
+            leader = self._queued.popleft()  # the running count stays: it takes this slot
+        leader.leads = True
+        leader.done.set()
+
+
+def split(results: Sequence[T], sizes: Sequence[int]) -> list[list[T]]:
+    """Cut a fused call's results (one per item, in item order) into each request's own."""
+    parts: list[list[T]] = []
+    start = 0
+    for size in sizes:
+        parts.append(list(results[start : start + size]))
+        start += size
+    if start != len(results):
+        raise RuntimeError(f"fused call answered {len(results)} rows for {start} items")
+    return parts
