@@ -115,9 +115,12 @@ def new_lease_id() -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 def message_uuid(message_id: int, created_at: dt.datetime) -> uuid.UUID:
     """The API id of a stored message, as queen.cursor_message_uuid makes it."""
-    millis = int(created_at.timestamp() * 1000) & (2**48 - 1)
+    millis = ((created_at - _EPOCH) // dt.timedelta(milliseconds=1)) & (2**48 - 1)  # exact
     high = (message_id >> 62) & 0xFFF  # rand_a: the id's bits above the low 62
     return uuid.UUID(
         int=millis << 80 | 0x7 << 76 | high << 64 | 0x2 << 62 | (message_id & (2**62 - 1))

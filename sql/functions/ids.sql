@@ -15,14 +15,19 @@ $$;
 
 -- The API's UUID of a message: UUIDv7-shaped, its 48-bit time the message's created_at
 -- (ms), its 74 random bits the message id (bigint), so it is unique, sorts by time, and
--- needs no column. The one definition: every answer naming a message uses it.
+-- needs no column. The one definition: every answer naming a message uses it. Built as
+-- two big-endian bigints (time, version and the id's top bits; variant and its low 62
+-- bits) read as hex. Only immutable parts (the epoch of an interval, not of a
+-- timestamptz, which is stable), so that queries inline it: about 1 us a message, where
+-- a call took 12 (a push and a pop make one per message).
 CREATE OR REPLACE FUNCTION queen.cursor_message_uuid(p_id bigint, p_created_at timestamptz)
 RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (lpad(to_hex(floor(extract(epoch FROM p_created_at) * 1000)::bigint), 12, '0')
-            || '7' || lpad(to_hex((p_id >> 62) & 4095), 3, '0')
-            || to_hex(8 | ((p_id >> 60) & 3))
-            || lpad(to_hex(p_id & 1152921504606846975), 15, '0'))::uuid
+    SELECT encode(int8send((floor(extract(epoch FROM p_created_at - 'epoch'::timestamptz)
+                                  * 1000)::bigint & 281474976710655) << 16
+                           | 28672 | ((p_id >> 62) & 4095))
+                  || int8send((p_id & 4611686018427387903) | (-9223372036854775807 - 1)),
+                  'hex')::uuid
 $$;
 
 -- The bigint id of a message from its API id (queen.cursor_message_uuid above: its low

@@ -83,6 +83,23 @@ def test_message_uuid_is_a_uuidv7_of_created_at_and_id(conn: Conn) -> None:
     assert ids[0].int & ((1 << 60) - 1) == 1
 
 
+def test_message_uuid_in_sql_is_the_one_python_makes_and_reads_back(conn: Conn) -> None:
+    from queen.store.messages import message_id_of, message_uuid
+
+    rows = conn.execute(
+        "SELECT i, t, queen.cursor_message_uuid(i, t),"
+        " queen.cursor_message_id(queen.cursor_message_uuid(i, t))"
+        " FROM (SELECT (random() * 9223372036854775807)::bigint,"
+        "              now() - random() * interval '3000 days' FROM generate_series(1, 500)"
+        "       UNION ALL VALUES (1::bigint, '2026-12-01 12:00:00.123+00'::timestamptz),"
+        "                        (4611686018427387904, '2026-12-01 12:00:00.999999+00'),"
+        "                        (9223372036854775807, '1970-01-01 00:00:00+00')) v(i, t)"
+    ).fetchall()
+    for message_id, created, api_id, back in rows:
+        assert api_id == message_uuid(message_id, created), (message_id, created)
+        assert back == message_id == message_id_of(api_id)
+
+
 def test_counts_are_derived_from_cursor_lease_and_records(conn: Conn, reads: Store) -> None:
     mixed(conn)
     expected = Counts(pending=6, processing=2, completed=1, failed=0, dead_letter=1)
