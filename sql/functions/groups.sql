@@ -35,7 +35,8 @@ $$;
 CREATE OR REPLACE FUNCTION queen.cursor_ensure(p_queue uuid, p_group text,
                                                p_partition uuid DEFAULT NULL)
 RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO queen.cursor_consumers (partition_id, consumer_group, queue_id, cursor_id)
     SELECT p.id, p_group, p.queue_id,
            CASE WHEN g.subscription_from IS NULL THEN 0
@@ -46,7 +47,8 @@ LANGUAGE sql AS $$
       AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
                       WHERE c.partition_id = p.id AND c.consumer_group = p_group)
     ORDER BY p.id
-    ON CONFLICT DO NOTHING
+    ON CONFLICT DO NOTHING;
+END
 $$;
 
 -- The groups reading a queue (or every queue): partitions where they have a cursor,

@@ -163,11 +163,16 @@ $$;
 -- unknown or has ended (or expired).
 CREATE OR REPLACE FUNCTION queen.cursor_extend(p_lease uuid, p_seconds integer)
 RETURNS timestamptz
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    expires timestamptz;
+BEGIN
     UPDATE queen.cursor_consumers c
     SET lease_expires_at = now() + make_interval(secs => p_seconds), updated_at = now()
     WHERE c.lease_id = p_lease AND c.lease_id IS NOT NULL AND c.lease_expires_at > now()
-    RETURNING c.lease_expires_at
+    RETURNING c.lease_expires_at INTO expires;
+    RETURN expires;
+END
 $$;
 
 -- Give back a lease whose pop never reached its consumer (the response was not

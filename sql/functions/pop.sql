@@ -129,7 +129,9 @@ $$;
 
 -- Pop from one named partition as a group (queue mode: '__queue__'); nothing when it is
 -- leased, empty, or the queue or partition does not exist. p_mode / p_from: the group's
--- subscription, applied at its first pop of the queue.
+-- subscription, applied at its first pop of the queue. A pop locks a consumer row only
+-- while it has no live lease and is not held back: a woken poll trying a leased
+-- partition must not make that lease's ack wait for the rest of its (fused) call.
 CREATE OR REPLACE FUNCTION queen.cursor_pop_partition(
     p_queue text, p_partition text, p_group text, p_batch integer, p_worker text,
     p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
@@ -148,6 +150,7 @@ BEGIN
     PERFORM queen.cursor_ensure(target.queue_id, p_group, target.partition_id);
     PERFORM 1 FROM queen.cursor_consumers c
     WHERE c.partition_id = target.partition_id AND c.consumer_group = p_group
+      AND NOT coalesce(c.lease_expires_at > now() OR c.not_before > now(), false)
     FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
         RETURN QUERY SELECT * FROM queen.cursor_deliver(target.partition_id, p_group, p_batch, p_worker,
@@ -206,9 +209,13 @@ BEGIN
     FOR candidate IN SELECT x FROM queen.cursor_candidates(target, p_group, 32) x LOOP
         PERFORM 1 FROM queen.cursor_consumers c
         WHERE c.partition_id = candidate AND c.consumer_group = p_group
+          AND NOT coalesce(c.lease_expires_at > now() OR c.not_before > now(), false)
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
-            -- No cursor yet, or another pop holds it: make one (a no-op for the latter).
+            -- Another pop holds it or has just leased it: next. No cursor yet: make one.
+            CONTINUE WHEN EXISTS (SELECT 1 FROM queen.cursor_consumers c
+                                  WHERE c.partition_id = candidate
+                                    AND c.consumer_group = p_group);
             PERFORM queen.cursor_ensure(target, p_group, candidate);
             PERFORM 1 FROM queen.cursor_consumers c
             WHERE c.partition_id = candidate AND c.consumer_group = p_group

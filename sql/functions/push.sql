@@ -94,11 +94,15 @@ $$;
 -- The accepted items with their ids, drawn in item order (the caller holds the push
 -- locks of their partitions). An item without a transactionId gets its message's API id
 -- (queen.cursor_message_uuid of the id and now(), the created_at it is stored with): the
--- id a client is answered is the one it acks with.
+-- id a client is answered is the one it acks with. (PL/pgSQL, not SQL: PostgreSQL
+-- plans a SQL function's statement again at every call it cannot inline; PL/pgSQL keeps
+-- the plan for the session.)
 CREATE OR REPLACE FUNCTION queen.cursor_number(p_items jsonb, p_targets queen.push_target[],
                                                p_rejected integer[])
 RETURNS queen.cursor_push_item[]
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (
     SELECT coalesce(array_agg(ROW(n.idx, n.id,
                                   coalesce(n.i ->> 'transactionId',
                                            queen.cursor_message_uuid(n.id, now())::text),
@@ -111,7 +115,8 @@ LANGUAGE sql AS $$
                 JOIN unnest(p_targets) t ON t.queue = x.i ->> 'queue'
                                         AND t.partition = coalesce(x.i ->> 'partition', 'Default')
                 WHERE x.ord <> ALL (p_rejected)
-                ORDER BY x.ord) r) n
+                ORDER BY x.ord) r) n);
+END
 $$;
 
 -- Push a batch (the body's "items" array) in one call: queued / duplicate (its
