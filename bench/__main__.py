@@ -325,6 +325,8 @@ def plan_small(ctx: Context) -> list[Case]:
     }
     cases: list[Case] = []
     for system in ctx.systems:
+        if p.small_systems is not None and system not in p.small_systems:
+            continue
         cases.append(
             Case(system, "push", batch=1, producers=p.small_push_producers, phase="small", **common)
         )

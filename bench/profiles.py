@@ -41,6 +41,7 @@ class Profile:
     small_consumers: int = 32
     small_push_producers: int = 64
     small_processes: int = 4
+    small_systems: tuple[str, ...] | None = None  # None: every system of the run
     notes: list[str] = field(default_factory=list)
 
 
@@ -55,6 +56,7 @@ QUICK = Profile(
     latency_duration=2.0,
     backlog_sizes=(10_000, 300_000),
     memory_backlog=100_000,
+    small_systems=("queen", "raw", "pgmq"),
 )
 
 SMOKE = Profile(
