@@ -4,7 +4,9 @@ Every system runs in this one invocation on the same PostgreSQL server (one fres
 database each), with the same workload shapes, so the ratios are comparable: the server
 of --dsn, or with --cluster one the bench starts with default settings (autovacuum on)
 and removes at the end. Queen is started here (gunicorn -c gunicorn.conf.py,
-QUEEN_WORKERS=2, migrations first). Results
+QUEEN_WORKERS=2: one per core of the 2-core machine; DB_POOL_SIZE enough for a
+connection per concurrent client of the busiest case, at least the default 10;
+migrations first). Results
 go to bench/results/ (or --out): RESULTS-<mode>.md, results-<mode>.json and PNG plots.
 See docs/PERFORMANCE.md for what the numbers mean.
 """
@@ -41,7 +43,9 @@ from bench.systems import (
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
 OWN = ("queen", "raw")  # measured at every batch size even in quick mode
-PHASES = ("push", "e2e", "fanout", "latency", "backlog", "memory")
+PHASES = ("push", "e2e", "small", "fanout", "latency", "backlog", "memory")
+QUEEN_WORKERS = 2  # one gevent worker per core of the 2-core machine, as deployed on it
+QUEEN_DEFAULT_POOL = 10  # DB_POOL_SIZE's default (queen.config)
 
 
 @dataclass
@@ -85,7 +89,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.set_defaults(mode="full")
     parser.add_argument("--systems", help="comma list, subset of " + ",".join(profiles.ALL_SYSTEMS))
     parser.add_argument(
-        "--only", help="comma list of phases: " + ",".join(PHASES) + " (default: all of them)"
+        "--only",
+        help="comma list of phases: " + ",".join(PHASES) + " (default: all of them). small: "
+        "batches of 1 and 10 at high concurrency, where the requests of one worker overlap "
+        "(full: push batch 1 from 64 clients; end to end at batch 1 and 10 with 32 producers "
+        "and 32 consumers, 16 partitions; 4 client processes; every system alike)",
     )
     server = parser.add_mutually_exclusive_group()
     server.add_argument(
@@ -111,7 +119,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=1,
-        help="run the push, e2e, fan-out and latency cases N times, round after round (the "
+        help="run the push, e2e, small, fan-out and latency cases N times, round after round (the "
         "fan-out variants in a rotating order); goals are the median of the rounds' "
         "side-by-side ratios (default 1)",
     )
@@ -127,6 +135,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="BYTES",
         help="WAL bytes per message end to end at batch 100 of the earlier row store: the "
         "goal is at most half of it (default: the figure is only reported)",
+    )
+    parser.add_argument(
+        "--queen-pool",
+        type=int,
+        metavar="N",
+        help="Queen's DB_POOL_SIZE, connections per worker (default: enough for the run's "
+        "most concurrent case to have one per client, spread over the 2 workers; at least "
+        f"Queen's default {QUEEN_DEFAULT_POOL})",
     )
     parser.add_argument("--name", help="results file suffix (default: the mode)")
     parser.add_argument(
@@ -242,7 +258,7 @@ def plan(ctx: Context, phases: set[str]) -> list[Case]:
     """Return the throughput and latency cases of this run, in order."""
     p = ctx.profile
     cases: list[Case] = []
-    common = {"warmup": p.warmup, "duration": p.duration}
+    common: dict[str, Any] = {"warmup": p.warmup, "duration": p.duration}
     for system in ctx.systems:
         procs = 1 if system in ("pgqueuer", "pgboss") else p.processes
         if "push" in phases:
@@ -291,6 +307,55 @@ def plan(ctx: Context, phases: set[str]) -> list[Case]:
                 )
             )
     return cases
+
+
+def plan_small(ctx: Context) -> list[Case]:
+    """The small phase: push batch 1 and end to end at batch 1 and 10, many clients each.
+
+    Every system gets the same clients (greenlets, or tasks of the async drivers) over the
+    same processes; Queen's producers spread over small_partitions partitions. The
+    baselines make one call per operation, each its own transaction (at batch 1 a commit
+    per message and step): nothing shares a call or a commit across clients.
+    """
+    p = ctx.profile
+    common: dict[str, Any] = {
+        "warmup": p.warmup,
+        "duration": p.duration,
+        "processes": p.small_processes,
+    }
+    cases: list[Case] = []
+    for system in ctx.systems:
+        if p.small_systems is not None and system not in p.small_systems:
+            continue
+        cases.append(
+            Case(system, "push", batch=1, producers=p.small_push_producers, phase="small", **common)
+        )
+        parts = p.small_partitions if system in ("queen", "queen_sql") else 1
+        cases += [
+            Case(
+                system,
+                "e2e",
+                batch=b,
+                partitions=parts,
+                producers=p.small_producers,
+                consumers=p.small_consumers,
+                phase="small",
+                **common,
+                extra={
+                    "backlog_cap": max(2000, 4 * b * p.small_consumers),
+                    "pop_wait_ms": p.pop_wait_ms,
+                },
+            )
+            for b in p.small_batches
+        ]
+    return cases
+
+
+def queen_pool(cases: list[Case], workers: int = QUEEN_WORKERS) -> int:
+    """DB_POOL_SIZE at which every concurrent client of the busiest case can hold a
+    connection (its clients spread evenly over the workers), at least Queen's default."""
+    clients = max((c.producers + c.consumers for c in cases if c.system == "queen"), default=0)
+    return max(QUEEN_DEFAULT_POOL, -(-clients // workers))
 
 
 def plan_fanout(ctx: Context, groups: int) -> list[Case]:
@@ -473,7 +538,8 @@ def conditions(ctx: Context, started: float) -> dict[str, Any]:
         "postgres_server": cluster.origin(ctx.server_dsn, ctx.own_cluster),
         "versions": ctx.versions,
         "skipped": ctx.skipped,
-        "queen_workers": 2,
+        "queen_workers": QUEEN_WORKERS,
+        "queen_pool": int(ctx.queen.env["DB_POOL_SIZE"]) if ctx.queen else None,
         "queen_maintenance": bool(ctx.queen and ctx.queen.maintenance),
     }
 
@@ -521,14 +587,20 @@ def run(args: argparse.Namespace, server_dsn: str) -> int:
     if not ctx.systems:
         print("no system can run here", file=sys.stderr)
         return 2
+    if args.queen_pool is not None and args.queen_pool < 1:
+        print("--queen-pool must be at least 1", file=sys.stderr)
+        return 2
+    if "queen" not in ctx.systems:
+        phases -= {"backlog", "memory"}
+    cases = plan(ctx, phases) + (plan_small(ctx) if "small" in phases else [])
+    fanout = plan_fanout(ctx, args.groups) if "fanout" in phases else []
     setup_databases(ctx)
     if "queen" in ctx.systems:
-        ctx.queen = QueenServer(ctx.dsns["queen"], workers=2).start()
-    else:
-        phases -= {"backlog", "memory"}
+        pool = args.queen_pool or queen_pool(cases + fanout)
+        ctx.queen = QueenServer(
+            ctx.dsns["queen"], workers=QUEEN_WORKERS, extra_env={"DB_POOL_SIZE": str(pool)}
+        ).start()
     try:
-        cases = plan(ctx, phases)
-        fanout = plan_fanout(ctx, args.groups) if "fanout" in phases else []
         total = (
             (len(cases) + len(fanout)) * args.rounds
             + len(profile.backlog_sizes) * ("backlog" in phases)

@@ -33,6 +33,15 @@ class Profile:
     fanout_partitions: int = 16
     fanout_producers: int = 4
     fanout_consumers: int = 2  # per consumer group (or copy queue)
+    # The small phase: batches of 1 and 10 with enough concurrent clients for requests of
+    # one worker to overlap (what request fusion shares), spread over several processes.
+    small_batches: tuple[int, ...] = (1, 10)
+    small_partitions: int = 16
+    small_producers: int = 32
+    small_consumers: int = 32
+    small_push_producers: int = 64
+    small_processes: int = 4
+    small_systems: tuple[str, ...] | None = None  # None: every system of the run
     notes: list[str] = field(default_factory=list)
 
 
@@ -47,6 +56,7 @@ QUICK = Profile(
     latency_duration=2.0,
     backlog_sizes=(10_000, 300_000),
     memory_backlog=100_000,
+    small_systems=("queen", "raw", "pgmq"),
 )
 
 SMOKE = Profile(
@@ -71,6 +81,11 @@ SMOKE = Profile(
     pop_wait_ms=200,
     fanout_producers=1,
     fanout_consumers=1,
+    small_partitions=4,
+    small_producers=4,
+    small_consumers=4,
+    small_push_producers=8,
+    small_processes=2,
 )
 
 PROFILES = {p.name: p for p in (SMOKE, QUICK, FULL)}

@@ -168,6 +168,10 @@ def _goals(
     results: list[dict[str, Any]], wal_baseline: float | None = None
 ) -> list[tuple[str, float, str, bool | None]]:
     """(goal, measured, target, met) from one round's results."""
+    from bench import report_small
+
+    crowded = report_small.goal_rows(results)
+    results = report_small.others(results)
     lat = find(results, system="queen", workload="latency")
     backlogs = sorted(
         (r for r in _ok(results) if r["workload"] == "backlog"), key=lambda r: r["backlog"]
@@ -199,6 +203,8 @@ def _goals(
         add(WAL_GOAL, v, f"<= {wal_baseline / 2:g}", v <= wal_baseline / 2)
     else:
         add(WAL_GOAL, v, REPORTED, None)
+    for name, v, target, met in crowded:
+        add(name, v, target, met)
     v = pop_latency(lat, "p50")
     add("pop p50 at low load (ms)", v, "<= 2", v <= 2)
     v = pop_latency(lat, "p99")
@@ -253,6 +259,9 @@ def budgets(results: list[dict[str, Any]]) -> list[tuple[str, int, str, float, f
     baseline's rate times the factor), from the windows given (one round's, or the
     median windows). Goals whose windows are missing are left out.
     """
+    from bench import report_small
+
+    results = report_small.others(results)
     rows = []
     for _, workload, batch, system, factor in RATE_GOALS:
         base = find(results, system=system, workload=workload, batch=batch)
@@ -305,12 +314,17 @@ def markdown(mode: str, results: list[dict[str, Any]], facts: dict[str, Any]) ->
             else ""
         ),
     ]
+    from bench import report_small
+
     shown = median_windows(results)
+    main = report_small.others(shown)
     out += [
         "",
-        *_push_table(shown),
+        *_push_table(main),
         "",
-        *_e2e_table(shown),
+        *_e2e_table(main),
+        "",
+        *report_small.table(shown, facts),
         "",
         *_fanout_table(shown),
         "",
@@ -340,7 +354,8 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
         f"- PostgreSQL {pg.get('server_version')} ({facts.get('postgres_server', '?')}): "
         f"autovacuum {pg.get('autovacuum', '?')}, shared_buffers {pg.get('shared_buffers')}, "
         f"synchronous_commit {pg.get('synchronous_commit')}, fsync {pg.get('fsync')}",
-        f"- Queen: gunicorn, 2 gevent workers, maintenance process "
+        f"- Queen: gunicorn, {facts.get('queen_workers', 2)} gevent workers, DB_POOL_SIZE "
+        f"{facts.get('queen_pool') or 10} per worker, maintenance process "
         f"{'on' if facts.get('queen_maintenance') else 'absent'}; Python {facts.get('python')}",
         f"- versions: {versions}",
     ]
@@ -614,7 +629,26 @@ def plots(out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]
         import matplotlib.pyplot as plt
     except ImportError:
         return []
+    from bench import report_small
+
     paths = []
+    small_path = report_small.plot(plt, out_dir, mode, results)
+    if small_path is not None:
+        paths.append(small_path)
+    results = report_small.others(results)
+    if _throughput_plot(plt, out_dir, mode, results):
+        paths.append(out_dir / f"throughput-{mode}.png")
+    paths += _latency_plot(plt, out_dir, mode, results)
+    cpu_path = _cpu_plot(plt, out_dir, mode, results)
+    if cpu_path is not None:
+        paths.append(cpu_path)
+    return paths
+
+
+def _throughput_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str, Any]]) -> bool:
+    """Push and end-to-end rates by batch size, one line per system; False with neither."""
+    if not [r for r in _ok(results) if r["workload"] in ("push", "e2e")]:
+        return False
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, workload, title in (
         (axes[0], "push", "Push only"),
@@ -647,11 +681,13 @@ def plots(out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]
             ax.legend(fontsize=8)
     fig.suptitle(f"Throughput by batch size ({mode}, 2 cores, one PostgreSQL)")
     fig.tight_layout()
-    path = out_dir / f"throughput-{mode}.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(out_dir / f"throughput-{mode}.png", dpi=110)
     plt.close(fig)
-    paths.append(path)
+    return True
 
+
+def _latency_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]:
+    paths = []
     rows = [r for r in _ok(results) if r["workload"] in ("latency", "backlog")]
     if rows:
         fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -678,10 +714,6 @@ def plots(out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
-
-    cpu_path = _cpu_plot(plt, out_dir, mode, results)
-    if cpu_path is not None:
-        paths.append(cpu_path)
     return paths
 
 

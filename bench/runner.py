@@ -34,6 +34,7 @@ class Case:
     warmup: float = 1.0
     duration: float = 5.0
     extra: dict[str, Any] = field(default_factory=dict)
+    phase: str = ""  # set for a phase whose push / e2e windows are kept apart (small)
 
     @property
     def label(self) -> str:
@@ -43,6 +44,9 @@ class Case:
             parts.append(f"g{self.extra['groups']}")
         if self.workload in ("e2e", "fanout"):
             parts.append(f"p{self.partitions}")
+        if self.phase:
+            clients = f"c{self.producers}" + (f"+{self.consumers}" if self.consumers else "")
+            parts.append(clients)
         return "/".join(parts)
 
 
@@ -189,7 +193,9 @@ def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return _merge(case, outputs, cpu, wal.written())
+    # The backends open on the bench database as the window opened: a pool (Queen's)
+    # or the clients' own connections, so a report shows whether they ran short.
+    return {**_merge(case, outputs, cpu, wal.written()), "backends": len(db_pids)}
 
 
 def _merge(
@@ -223,6 +229,7 @@ def _merge(
         "producers": case.producers,
         "consumers": case.consumers,
         "processes": case.processes,
+        **({"phase": case.phase} if case.phase else {}),
         "duration_s": case.duration,
         "msgs_per_s": done / case.duration,
         "counts": counts,

@@ -4,7 +4,8 @@ Marked slow: it takes 20-40 s (two rounds of eight one-second cases, each in a f
 load-generator process, plus seeding and a gunicorn start), over the 20 s budget of the
 default run. The second test runs it once on a cluster the bench starts itself (initdb,
 default settings), as the goals are measured; the third only its fan-out phase there,
-with pgmq's copy approach beside Queen's.
+with pgmq's copy approach beside Queen's; the last only its small phase (many clients
+at batches of 1 and 10), 10-20 s.
 """
 
 from __future__ import annotations
@@ -137,3 +138,30 @@ def test_bench_fanout_against_pgmq_on_its_own_cluster(tmp_path):
     }
     fanout_delivers_every_message_to_each_group(results)
     assert "| pgmq/fanout-copy/b100/g4/p16 |" in report
+
+
+SMALL_SHAPES = (("push", 1), ("e2e", 1), ("e2e", 10))  # (workload, batch) of the small phase
+
+
+@pytest.mark.slow
+def test_bench_small_phase(server_dsn, tmp_path):
+    report, results = run_smoke(tmp_path, "--dsn", server_dsn, "--only", "small")
+    shapes = {(r["system"], r["workload"], r["batch"]) for r in results}
+    assert shapes == {(s, w, b) for s in ("queen", "raw") for w, b in SMALL_SHAPES}
+    for r in results:
+        assert r["phase"] == "small" and r["processes"] == 2, r["case"]
+        assert r["msgs_per_s"] > 0 and r["counts"]["errors"] == 0, (r["case"], r["errors"])
+        assert r["producers"] == (8 if r["workload"] == "push" else 4), r["case"]
+        assert r["backends"] > 0, r["case"]
+    e2e = [r for r in results if r["workload"] == "e2e"]
+    # every push, pop and ack of the end-to-end windows answered; Queen over its partitions
+    assert all(r["counts"]["acked"] > 0 and r["counts"]["popped"] > 0 for r in e2e), e2e
+    assert {r["partitions"] for r in e2e if r["system"] == "queen"} == {4}
+    section = report.split("## Small batches at high concurrency")[1].split("\n## ")[0]
+    assert "| queen | raw | queen / raw | queen / pgmq |" in section
+    for row in ("| push batch 1 | 8 producers |", "| e2e batch 1 | 4 + 4 |", "| e2e batch 10 |"):
+        assert row in section
+    assert "| small phase: e2e batch 1 / raw ceiling |" in report
+    assert "DB_POOL_SIZE 10 per worker" in report  # few clients: Queen's default
+    assert (tmp_path / "small-smoke.png").exists()
+    assert not (tmp_path / "throughput-smoke.png").exists()
