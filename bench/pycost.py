@@ -102,10 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", default=DEFAULT_SERVER)
     parser.add_argument("--push-batch", type=int, default=1000)
     parser.add_argument("--pop-batch", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, help="default 20 (3 with --http)")
     add_http_arguments(parser)
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 3 if args.http else 20
     with contextlib.ExitStack() as stack:
         args.dsn = cluster.server_dsn(args.dsn, args.cluster, stack)
         return run_http(args) if args.http else run(args)
