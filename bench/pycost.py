@@ -158,32 +158,43 @@ def add_http_arguments(parser: argparse.ArgumentParser) -> None:
         help="a checkout to serve (repeat to compare; default: this one, as 'this')",
     )
     parser.add_argument("--requests", type=int, default=3000, help="per operation and round")
+    parser.add_argument(
+        "--slices", type=int, default=6, help="each round's requests, in turns between the trees"
+    )
     parser.add_argument("--connections", type=int, default=4, help="the client's, in parallel")
     parser.add_argument("--profile", type=Path, help="also py-spy each operation; write here")
 
 
-def http_load(url: str, connections: int, pipe: Connection) -> None:
+def http_load(url: str, connections: int, spread: int, pipe: Connection) -> None:
     """Serve load commands from pipe: ("push", n), ("pop", n), ("ack", n); None ends.
 
-    Runs in its own process. Each push stores one message in a partition of its own
-    (p0..pn-1), so that n pops of one message each find n partitions to lease; the
-    acks then answer the messages those pops returned. Replies with the statuses seen.
+    Runs in its own process. Pushes go round partitions p0..p<spread-1>, one message
+    each, so that a round's spread pops of one message each find as many partitions
+    to lease; acks answer the oldest messages popped and not yet acked. Replies with
+    the statuses seen.
     """
     where = urlsplit(url)
     conns = [http.client.HTTPConnection(where.hostname, where.port) for _ in range(connections)]
     popped: list[str] = []
+    pushed = 0
     while (job := pipe.recv()) is not None:
         operation, count = job
-        tasks: list[Any] = list(range(count))
-        if operation == "ack":
-            tasks = [orjson.dumps({"transactionId": t, "status": "completed"}) for t in popped]
+        tasks: list[Any] = [(pushed + i) % spread for i in range(count)]
+        if operation == "push":
+            pushed += count
+        elif operation == "ack":
+            tasks = [
+                orjson.dumps({"transactionId": t, "status": "completed"}) for t in popped[:count]
+            ]
+            del popped[:count]
         load = LoadPhase(operation, tasks)
         threads = [threading.Thread(target=load.drive, args=(c,)) for c in conns]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        popped = load.popped
+        if operation == "pop":
+            popped.extend(load.popped)
         pipe.send(dict(load.statuses))
 
 
@@ -225,7 +236,9 @@ class LoadPhase:
 class TreeServer:
     """gunicorn with one worker from a checkout, on its own database, and its load process."""
 
-    def __init__(self, label: str, root: Path, server_dsn: str, connections: int) -> None:
+    def __init__(
+        self, label: str, root: Path, server_dsn: str, connections: int, spread: int
+    ) -> None:
         self.label, self.root = label, root
         self.server_dsn = server_dsn
         self.dbname = f"{DB_NAME}_{label}"
@@ -241,6 +254,7 @@ class TreeServer:
         }
         self.url = f"http://127.0.0.1:{self.env['PORT']}"
         self.connections = connections
+        self.spread = spread
 
     def start(self, timeout_s: float = 30.0) -> TreeServer:
         migrate_code = "import sys; from queen.store.migrate import migrate; migrate(sys.argv[1])"
@@ -263,7 +277,7 @@ class TreeServer:
         (self.worker,) = procstat.children(self.gunicorn.pid)
         self.pipe, theirs = multiprocessing.get_context("spawn").Pipe()
         self.client = multiprocessing.get_context("spawn").Process(
-            target=http_load, args=(self.url, self.connections, theirs), daemon=True
+            target=http_load, args=(self.url, self.connections, self.spread, theirs), daemon=True
         )
         self.client.start()
         return self
@@ -276,12 +290,11 @@ class TreeServer:
         return False
 
     def phase(self, operation: str, count: int) -> tuple[float, dict[int, int]]:
-        """Run one phase; return the worker's CPU microseconds per request and the statuses."""
+        """Run count requests; return the worker's CPU seconds meanwhile and the statuses."""
         before = procstat.cpu_seconds(self.worker)
         self.pipe.send((operation, count))
         statuses: dict[int, int] = self.pipe.recv()
-        used = procstat.cpu_seconds(self.worker) - before
-        return used * 1e6 / max(1, sum(statuses.values())), statuses
+        return procstat.cpu_seconds(self.worker) - before, statuses
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
@@ -301,19 +314,17 @@ def run_http(args: argparse.Namespace) -> int:
     servers: list[TreeServer] = []
     try:
         for label, path in trees:
-            servers.append(TreeServer(label, Path(path).resolve(), args.dsn, args.connections))
+            root = Path(path).resolve()
+            servers.append(TreeServer(label, root, args.dsn, args.connections, args.requests))
             servers[-1].start()
-        costs = {s.label: {op: [] for op in OPERATIONS} for s in servers}
+        costs: dict[str, dict[str, list[float]]] = {
+            s.label: {op: [] for op in OPERATIONS} for s in servers
+        }
         for round_no in range(args.rounds + 1):  # the first round creates the partitions
-            order = servers if round_no % 2 else servers[::-1]  # alternate who goes first
             for operation in OPERATIONS:
-                for server in order:
-                    us, statuses = server.phase(operation, args.requests)
+                for label, us in http_round(servers, operation, args).items():
                     if round_no:
-                        costs[server.label][operation].append(us)
-                    bad = {k: v for k, v in statuses.items() if k not in (200, 201)}
-                    if bad:
-                        print(f"{server.label} {operation}: statuses {statuses}")
+                        costs[label][operation].append(us)
         if args.profile:
             for server in servers:
                 profile_worker(server, args.requests, args.profile / server.label)
@@ -322,6 +333,24 @@ def run_http(args: argparse.Namespace) -> int:
             server.stop()
     print(http_table(costs, args))
     return 0
+
+
+def http_round(
+    servers: list[TreeServer], operation: str, args: argparse.Namespace
+) -> dict[str, float]:
+    """Run a round's requests of one operation on every tree, in turns (slices), so that
+    what else loads the machine meanwhile falls on all of them; CPU µs per request."""
+    used = {s.label: 0.0 for s in servers}
+    answered = dict.fromkeys(used, 0)
+    size = -(-args.requests // args.slices)
+    for i, first in enumerate(range(0, args.requests, size)):
+        for server in servers if i % 2 else servers[::-1]:  # alternate who goes first
+            seconds, statuses = server.phase(operation, min(size, args.requests - first))
+            used[server.label] += seconds
+            answered[server.label] += sum(statuses.values())
+            if set(statuses) - {200, 201}:
+                print(f"{server.label} {operation}: statuses {statuses}", file=sys.stderr)
+    return {label: used[label] * 1e6 / max(1, answered[label]) for label in used}
 
 
 def profile_worker(server: TreeServer, count: int, out: Path) -> None:
@@ -348,7 +377,8 @@ def http_table(costs: dict[str, dict[str, list[float]]], args: argparse.Namespac
         head += " | " + " | ".join(f"{label}/{labels[0]}" for label in labels[1:])
     lines = [
         f"Worker CPU per one-message request (median of {args.rounds} rounds of "
-        f"{args.requests:,}, {args.connections} connections; /proc/PID/stat of the one worker)",
+        f"{args.requests:,} in {args.slices} turns, {args.connections} connections;"
+        " /proc/PID/stat of the one worker)",
         "",
         head + " |",
         "|---" + "|---:" * (2 * len(labels) - 1) + "|",
@@ -359,6 +389,13 @@ def http_table(costs: dict[str, dict[str, list[float]]], args: argparse.Namespac
         if len(labels) > 1:
             row += " | " + " | ".join(f"{m / medians[0]:.2f}" for m in medians[1:])
         lines.append(row + " |")
+    lines.append("")
+    for operation in OPERATIONS:
+        rounds = "; ".join(
+            f"{label} " + ", ".join(f"{us:.0f}" for us in costs[label][operation])
+            for label in labels
+        )
+        lines.append(f"- {operation}, each round: {rounds}")
     return "\n".join(lines)
 
 
