@@ -20,6 +20,7 @@ import contextlib
 import http.client
 import multiprocessing
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
 # Through gunicorn: the CPU time of one real worker process per request.
 
 OPERATIONS = ("push", "pop", "ack")
+PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -325,13 +327,13 @@ def run_http(args: argparse.Namespace) -> int:
                 for label, us in http_round(servers, operation, args).items():
                     if round_no:
                         costs[label][operation].append(us)
+        print(http_table(costs, args), flush=True)
         if args.profile:
             for server in servers:
                 profile_worker(server, args.requests, args.profile / server.label)
     finally:
         for server in servers:
             server.stop()
-    print(http_table(costs, args))
     return 0
 
 
@@ -359,7 +361,7 @@ def profile_worker(server: TreeServer, count: int, out: Path) -> None:
     for operation in OPERATIONS:
         path = out / f"pyspy-{operation}.txt"
         spy = subprocess.Popen(
-            ["py-spy", "record", "-p", str(server.worker), "-r", "250", "--format", "raw",
+            [PY_SPY, "record", "-p", str(server.worker), "-r", "250", "--format", "raw",
              "--nonblocking", "--gil", "-o", str(path)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
