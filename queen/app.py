@@ -52,6 +52,9 @@ CORS_HEADERS = {
     "Access-Control-Allow-Headers": "Content-Type, Authorization",
     "Access-Control-Max-Age": "86400",
 }
+# Every origin: the same four headers on every response, set in one call (tuples are
+# falcon's fastest form).
+ANY_ORIGIN_HEADERS = [("Access-Control-Allow-Origin", "*"), *CORS_HEADERS.items()]
 
 
 class CORSMiddleware:
@@ -78,8 +81,7 @@ class CORSMiddleware:
 
     def _set_headers(self, req: falcon.Request, resp: falcon.Response) -> None:
         if self.origins is None:
-            resp.set_header("Access-Control-Allow-Origin", "*")
-            resp.set_headers(CORS_HEADERS)
+            resp.set_headers(ANY_ORIGIN_HEADERS)
             return
         resp.set_header("Vary", "Origin")
         origin = req.get_header("Origin")

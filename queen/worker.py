@@ -16,9 +16,11 @@ psycopg, which must first be imported after the worker has monkey-patched.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import gevent  # type: ignore[import-untyped]
+from gevent.pywsgi import format_date_time  # type: ignore[attr-defined]
 from geventwebsocket.gunicorn.workers import GeventWebSocketWorker  # type: ignore[import-untyped]
 from geventwebsocket.handler import WebSocketHandler  # type: ignore[import-untyped]
 
@@ -69,10 +71,27 @@ class Handler(WebSocketHandler):  # type: ignore[misc]
             return super().read_request(raw_requestline)
         return _connections.read_headers(lambda: super(Handler, self).read_request(raw_requestline))
 
+    def finalize_headers(self) -> None:
+        """Add the Date header as gevent does, formatted once a second instead of per response."""
+        if self.provided_date is None:  # type: ignore[has-type]
+            self.response_headers.append((b"Date", _http_date(int(time.time()))))
+            self.provided_date = True
+        super().finalize_headers()
+
     def get_environ(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_environ()
         env["gunicorn.socket"] = self.socket
         return env
+
+
+_date: tuple[int, bytes] = (0, b"")  # the last second formatted, and its Date header
+
+
+def _http_date(second: int) -> bytes:
+    global _date
+    if _date[0] != second:
+        _date = (second, format_date_time(second))
+    return _date[1]
 
 
 class Worker(GeventWebSocketWorker):  # type: ignore[misc]

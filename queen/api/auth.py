@@ -247,8 +247,9 @@ class JSONBodyMiddleware:
     def process_resource(
         self, req: falcon.Request, resp: falcon.Response, resource: Any, params: dict[str, Any]
     ) -> None:
-        has_body = bool(req.content_length) or (
-            req.content_length is None and "chunked" in (req.get_header("Transfer-Encoding") or "")
+        length = req.content_length
+        has_body = bool(length) or (
+            length is None and "chunked" in (req.get_header("Transfer-Encoding") or "")
         )
         if not has_body:
             return

@@ -183,11 +183,17 @@ def cpu() -> dict[str, int]:
 
 
 class MetricsMiddleware:
-    """Count and time every request; count messages the resources report handling."""
+    """Count and time every request; count messages the resources report handling.
+
+    The labelled samples of each (method, route, status) are looked up once and kept:
+    prometheus_client's labels() takes a lock and builds its key at every call.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self._pool_at = float("-inf")
+        self._requests: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._messages: dict[str, Any] = {}
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         req.context.started = time.perf_counter()
@@ -196,13 +202,21 @@ class MetricsMiddleware:
         self, req: falcon.Request, resp: falcon.Response, resource: Any, ok: bool
     ) -> None:
         started = req.context.get("started")
-        route = req.uri_template or "unmatched"
-        REQUESTS.labels(req.method, route, str(resp.status_code)).inc()
+        key = (req.method, req.uri_template or "unmatched", resp.status_code)
+        samples = self._requests.get(key)
+        if samples is None:
+            method, route, status = key
+            samples = (REQUESTS.labels(method, route, str(status)), LATENCY.labels(method, route))
+            self._requests[key] = samples
+        samples[0].inc()
         if started is not None:
-            LATENCY.labels(req.method, route).observe(time.perf_counter() - started)
+            samples[1].observe(time.perf_counter() - started)
         handled = req.context.get("messages")
         if handled and handled[1]:
-            MESSAGES.labels(handled[0]).inc(handled[1])
+            counter = self._messages.get(handled[0])
+            if counter is None:
+                counter = self._messages[handled[0]] = MESSAGES.labels(handled[0])
+            counter.inc(handled[1])
         if time.monotonic() - self._pool_at > POOL_REFRESH_S:
             self.refresh_pool()
 

@@ -22,7 +22,8 @@ from queen.store.bounds import WATCHDOG, bounded_conninfo, call_deadline_s
 from queen.store.sqlfile import load_queries
 
 try:  # the unpatched poll: a zero-timeout look must not yield to the gevent hub
-    from gevent.monkey import get_original
+    from gevent.hub import Waiter, get_hub
+    from gevent.monkey import get_original, is_module_patched
 
     _poll = get_original("select", "poll")
 except ImportError:  # pragma: no cover - gevent is a dependency
@@ -79,6 +80,54 @@ def returns_rows(cursor: psycopg.Cursor[Any]) -> bool:
     """
     result = cursor.pgresult
     return result is not None and result.status == pq.ExecStatus.TUPLES_OK
+
+
+def wait_on_hub(gen: Any, fileno: int) -> Any:
+    """Run a psycopg generator to its end, waiting for the socket on the gevent hub.
+
+    psycopg's Wait and Ready values are libev's READ and WRITE bits, so a step's wish
+    is the watcher's events and the events it fired with are the step's answer.
+    """
+    hub = get_hub()
+    try:
+        wanted = next(gen)
+        while True:
+            watcher = hub.loop.io(fileno, wanted)
+            waiter: Waiter[int] = Waiter(hub)
+            watcher.start(waiter.switch, pass_events=True)
+            try:
+                ready = waiter.get() & 3
+            finally:
+                watcher.close()
+            if not ready:  # an error on the descriptor, not readiness
+                raise psycopg.OperationalError("connection socket closed")
+            wanted = gen.send(ready)
+    except StopIteration as done:
+        return done.value
+
+
+class HubConnection(psycopg.Connection[Any]):
+    """A connection that waits for its socket on the gevent hub itself.
+
+    Under gevent psycopg waits through the patched select.poll: a poll object, a
+    registration and a result per wait, and a wake-up every 0.1 s to notice Ctrl-C (the
+    hub handles signals in a worker). One io watcher per step of the exchange does the
+    same job for a third less CPU per query. Waits with a timeout (cancelling, the
+    pool's checks) keep psycopg's own.
+    """
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        if timeout is not None:
+            return super().wait(gen, interval, timeout)
+        return wait_on_hub(gen, self.pgconn.socket)
+
+
+def connection_class() -> type[psycopg.Connection[Any]]:
+    """Return HubConnection where psycopg itself waits cooperatively (gevent patched first)."""
+    import psycopg.waiting
+
+    cooperative = psycopg.waiting.wait is not getattr(psycopg.waiting, "wait_c", None)
+    return HubConnection if cooperative and is_module_patched("select") else psycopg.Connection
 
 
 class Outage:
@@ -227,6 +276,7 @@ class Database:
             open=False,
             name=application_name,
             kwargs={"autocommit": True, "application_name": application_name},
+            connection_class=connection_class(),
             configure=self._configure,
             reconnect_timeout=RECONNECT_WINDOW_S,
         )

@@ -6,6 +6,8 @@ bad input of every kind must get a clean JSON 4xx and leave the database untouch
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import re
 import uuid
 from collections.abc import Iterator
@@ -473,6 +475,18 @@ def test_health(api: Server) -> None:
     assert doc["status"] == "healthy"
     assert re.match(r"^\d+s$", doc["uptime"])
     assert set(doc["stats"]["pool"]) == {"total", "idle", "waiting"}
+
+
+def test_every_response_has_one_date_header_of_now(api: Server) -> None:
+    with requests.Session() as session:  # one keep-alive connection, several responses
+        for path in ("/health", "/api/v1/pop/queue/no-such-queue", "/api/v1/nothing"):
+            before = dt.datetime.now(dt.UTC).replace(microsecond=0)
+            r = session.get(api.url + path, timeout=10)
+            after = dt.datetime.now(dt.UTC)
+            dates = r.raw.headers.getlist("Date")
+            assert len(dates) == 1, (path, dates)
+            assert re.fullmatch(r"\w{3}, \d\d \w{3} \d{4} \d\d:\d\d:\d\d GMT", dates[0])
+            assert before <= email.utils.parsedate_to_datetime(dates[0]) <= after, (path, dates)
 
 
 @pytest.mark.parametrize(

@@ -117,3 +117,68 @@ def test_psycopg_imported_before_patching_is_refused_and_would_block(db_dsn: str
     # What the check prevents: every query stops the whole process.
     assert result["wall"] >= n * SLEEP_S * 0.9, result
     assert result["max_gap"] >= SLEEP_S * 0.9, result
+
+
+HUB_WAIT = textwrap.dedent(
+    """
+    import json, sys
+    import gevent
+    from queen.errors import Unavailable
+    from queen.store.bounds import sever
+    from queen.store.db import Database
+
+    db = Database(sys.argv[1], pool_size=2, timeout_s=30)
+    db.pool.open(wait=True)
+    with db.connection() as conn:
+        kind = type(conn).__name__
+        # Several reads for one answer, and a statement that fails on the server.
+        rows = conn.execute("SELECT repeat('x', 1000) FROM generate_series(1, 2000)").fetchall()
+        try:
+            conn.execute("SELECT 1 / 0")
+        except Exception as exc:
+            server_error = type(exc).__name__
+
+    def sever_soon(conn):
+        gevent.sleep(0.3)
+        sever(conn)
+
+    severed = None
+    try:
+        with db.connection() as conn:
+            gevent.spawn(sever_soon, conn)
+            conn.execute("SELECT pg_sleep(10)")
+    except Unavailable as exc:
+        severed = exc.message
+    after = db.fetch("list_waiting_worker", {"worker": "hub-wait-test", "seconds": 1})
+    db.close()
+    print(json.dumps({"kind": kind, "rows": len(rows), "server_error": server_error,
+                      "severed": severed, "after": after}))
+    """
+)
+
+
+def test_the_pool_waits_on_the_hub_and_a_severed_call_fails_at_once(db_dsn: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PATCHED_FIRST + HUB_WAIT, db_dsn],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["kind"] == "HubConnection"
+    assert result["rows"] == 2000
+    assert result["server_error"] == "DivisionByZero"
+    # The cut socket woke the waiting call, which failed as a lost database does; the
+    # pool then served the next call on a new connection.
+    assert result["severed"] == "database unavailable", result
+    assert result["after"] == [[None]]
+
+
+def test_without_gevent_the_pool_keeps_psycopgs_connection() -> None:
+    import psycopg
+
+    from queen.store.db import connection_class
+
+    assert connection_class() is psycopg.Connection
