@@ -21,7 +21,8 @@ With --direct it measures the same A/B without HTTP, gunicorn or client processe
 app (falcon's test client) of one process with its real store, listener and hub, one
 request at a time, a dashboard socket attached to the hub (batched) or none; the CPU time
 of the whole process per message, which is what an open dashboard adds to the work of a
-request, free of the machine's noise. Writes bench/results/dashboard-cost.md (or
+request, free of the machine's noise, and the part of it spent collecting garbage (what
+records held past their request cost, in whichever thread the collection falls). Writes bench/results/dashboard-cost.md (or
 dashboard-cost-direct.md).
 """
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import gc
 import json
 import multiprocessing
 import os
@@ -249,6 +251,26 @@ def dashboard_share(before: dict[str, float], after: dict[str, float]) -> float:
     return ours / total if total else 0.0
 
 
+class GcClock:
+    """Seconds the garbage collector ran in this process, whichever thread it interrupted."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def start(self) -> None:
+        gc.callbacks.append(self._note)
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+
 def direct_phase(client: Any, batch: int, requests_n: int, push: bool) -> tuple[float, int]:
     """Push (or pop and ack) requests_n times; return (process CPU seconds, messages)."""
     started, moved = time.process_time(), 0
@@ -295,6 +317,8 @@ def direct(args: argparse.Namespace) -> list[str]:
     store.polling.push_wakeups.start()
     client = testing.TestClient(create_app(settings, store=store, events=events, hub=hub))
     rows: list[dict[str, Any]] = []
+    gc_clock = GcClock()
+    gc_clock.start()
     try:
         direct_phase(client, args.batch, 200, push=True)  # warm up
         for rnd in range(args.rounds):
@@ -303,13 +327,15 @@ def direct(args: argparse.Namespace) -> list[str]:
                 if sock is not None:
                     threading.Thread(target=hub.serve, args=(sock,), daemon=True).start()
                     time.sleep(0.3)
-                t0 = thread_cpu()
+                t0, gc0 = thread_cpu(), gc_clock.seconds
                 push_cpu, pushed = direct_phase(client, args.batch, args.requests, push=True)
-                t1 = thread_cpu()
+                t1, gc1 = thread_cpu(), gc_clock.seconds
                 pop_cpu, acked = direct_phase(client, args.batch, args.requests, push=False)
-                t2 = thread_cpu()
+                t2, gc2 = thread_cpu(), gc_clock.seconds
                 row = {"variant": variant, "push_us": 1e6 * push_cpu / pushed,
                        "popack_us": 1e6 * pop_cpu / max(1, acked), "frames": "",
+                       "push_gc_us": 1e6 * (gc1 - gc0) / pushed,
+                       "popack_gc_us": 1e6 * (gc2 - gc1) / max(1, acked),
                        "push_share": dashboard_share(t0, t1),
                        "popack_share": dashboard_share(t1, t2)}
                 if sock is not None:
@@ -318,9 +344,11 @@ def direct(args: argparse.Namespace) -> list[str]:
                     sock.close()
                     time.sleep(0.3)
                 rows.append(row)
-                print(f"round {rnd + 1} {variant:>6}: push {row['push_us']:.1f} µs/msg, "
-                      f"pop+ack {row['popack_us']:.1f} µs/msg", flush=True)
+                print(f"round {rnd + 1} {variant:>6}: push {row['push_us']:.1f} µs/msg "
+                      f"(GC {row['push_gc_us']:.2f}), pop+ack {row['popack_us']:.1f} µs/msg "
+                      f"(GC {row['popack_gc_us']:.2f})", flush=True)
     finally:
+        gc_clock.stop()
         events.shutdown()
         hub.shutdown()
         store.close()
@@ -343,13 +371,16 @@ def direct_report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[
         "The share columns: CPU of the dashboard's own threads (relay, ticker, socket writer,",
         "and the listener that receives the batches) over the process's CPU in that phase.",
         "",
-        "| round | variant | push CPU µs/msg | pop+ack CPU µs/msg | dashboard share push | "
-        "pop+ack | frames to the socket |",
-        "|---|---|---|---|---|---|---|",
+        "The GC columns: of the CPU per message, the time the garbage collector ran.",
+        "",
+        "| round | variant | push CPU µs/msg | pop+ack CPU µs/msg | GC µs/msg push | pop+ack | "
+        "dashboard share push | pop+ack | frames to the socket |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for i, row in enumerate(rows):
         lines.append(f"| {i // 2 + 1} | {row['variant']} | {row['push_us']:.1f} | "
-                     f"{row['popack_us']:.1f} | {100 * row['push_share']:.2f} % | "
+                     f"{row['popack_us']:.1f} | {row['push_gc_us']:.2f} | "
+                     f"{row['popack_gc_us']:.2f} | {100 * row['push_share']:.2f} % | "
                      f"{100 * row['popack_share']:.2f} % | {row['frames']} |")
     lines += ["", "Open / closed, per round: median and rounds", ""]
     for key, label in (("push_us", "push CPU/msg"), ("popack_us", "pop+ack CPU/msg")):
@@ -359,6 +390,11 @@ def direct_report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[
             ratios.append(pair["open"][key] / pair["closed"][key])
         lines.append(f"- {label}: median {statistics.median(ratios):.3f} "
                      f"({', '.join(f'{x:.3f}' for x in ratios)})")
+    for key, label in (("push_gc_us", "push"), ("popack_gc_us", "pop+ack")):
+        by = {v: statistics.median(row[key] for row in rows if row["variant"] == v)
+              for v in ("open", "closed")}
+        lines.append(f"- {label}: garbage collection took a median {by['open']:.2f} µs/msg open, "
+                     f"{by['closed']:.2f} closed")
     for key, label in (("push_share", "push"), ("popack_share", "pop+ack")):
         shares = [row[key] for row in rows if row["variant"] == "open"]
         base = [row[key] for row in rows if row["variant"] == "closed"]

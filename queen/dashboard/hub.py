@@ -1,11 +1,14 @@
 """The per-process dashboard hub: connected sockets, cluster-wide events and snapshots.
 
 Publishing costs one boolean check while no dashboard is open anywhere in the cluster.
-While one is (a socket here, or a fresh presence note from another worker), the API
-appends one record per request to an inbox and nothing more: no database work on the
-request path. A relay greenlet drains the inbox every flush_interval_s, formats the
-events (locating acknowledged messages with one query per flush) and sends them as one
-NOTIFY (queen.dashboard.relay). Every worker's listener hands those batches, its own
+While one is (a socket here, or a fresh presence note from another worker), a request
+either hands its records to the inbox, while this flush's sample (SAMPLE_EVENTS, within
+the per-second budget) has room, or adds its counts per queue and kind and keeps nothing:
+records held until the flush would survive young garbage collections and cost every
+request full ones (more than the relay itself). No database work on the request path. A
+relay greenlet drains the inbox every flush_interval_s, formats the sampled events
+(locating acknowledged messages with one query per flush) and sends them with the counts
+as one NOTIFY (queen.dashboard.relay). Every worker's listener hands those batches, its own
 included, to `receive`, which copies each event to the clients' bounded outboxes; each
 client's own writer drains its outbox. So every socket gets every worker's events, once.
 A second greenlet takes one depth snapshot per period for the clients of the process.
@@ -17,7 +20,6 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -33,7 +35,7 @@ from queen.store.dashboard import Dashboard, MessagePlace
 
 log = logging.getLogger(__name__)
 
-INBOX_LIMIT = 5000  # publications (requests) waiting for the next flush; oldest dropped
+SAMPLE_EVENTS = 128  # events kept per flush: more than one notification lists (75+ bytes each)
 PARTITION_DEPTH = "partition.depth"
 LOCATE_LIMIT = 64  # acknowledgments located per flush: about what one notification lists
 MAX_CLIENT_MESSAGE = 64 * 1024  # bytes; longer client messages are refused
@@ -53,7 +55,8 @@ class Silent:
 
 
 SILENT = Silent()
-Publication = tuple[str, tuple[Sequence[Any], ...], float]  # (kind, records, time.time())
+# (kind, records, time.time(), events of it the sample may list)
+Publication = tuple[str, tuple[Sequence[Any], ...], float, int]
 
 
 class RateBudget:
@@ -104,15 +107,17 @@ class Hub:
         self.dropped_events = 0  # cluster-wide, as reported by the batches received
         self._clients: tuple[DashboardClient, ...] = ()
         self._lock = threading.Lock()
-        self._inbox: deque[Publication] = deque(maxlen=INBOX_LIMIT)
-        self._overflow = 0  # events of publications pushed out of the full inbox
+        self._pending = threading.Lock()  # the inbox, counts and room between requests and flush
+        self._inbox: list[Publication] = []  # the publications this flush's sample comes from
+        self._room = SAMPLE_EVENTS  # events the inbox may still take before the next flush
+        self._counts: relay.Counts = {}  # events of publications not in the inbox
         self._watched_until = float("-inf")  # another worker's presence note keeps us publishing
         self._watched = threading.Event()  # set while listening: the relay loop runs
         self._announce_now = True
         self._has_clients = threading.Event()
         self._stopping = threading.Event()
         self._started = False
-        self._budget = RateBudget(max_events_per_s)
+        self._budget = RateBudget(max_events_per_s, clock)
         self._ticker = Ticker(store) if store is not None else None
 
     @classmethod
@@ -136,13 +141,27 @@ class Hub:
         return len(self._clients)
 
     def publish(self, kind: str, *records: Sequence[Any]) -> None:
-        """Hand one request's records to the dispatcher (nothing happens while nobody watches)."""
+        """Hand one request's records to the relay, or only their counts once the sample is full.
+
+        Nothing happens while nobody watches.
+        """
         if not self.listening:
             return
-        inbox = self._inbox
-        if len(inbox) == INBOX_LIMIT:
-            self._overflow += len(inbox[0][1][-1])
-        inbox.append((kind, records, time.time()))  # formatted by the relay, off the request
+        with self._pending:
+            if self._room > 0:
+                allowed = self._budget.take(min(len(records[-1]), self._room))
+                if allowed:
+                    self._room -= allowed
+                    self._inbox.append((kind, records, time.time(), allowed))
+                    return  # formatted and counted by the relay, off the request
+            formats.tally(self._counts, kind, records, {}, relay.OTHER)
+
+    def _take_pending(self) -> tuple[list[Publication], relay.Counts]:
+        """Return and forget what was published since the last flush."""
+        with self._pending:
+            inbox, counts = self._inbox, self._counts
+            self._inbox, self._counts, self._room = [], {}, SAMPLE_EVENTS
+        return inbox, counts
 
     # -- connections ---------------------------------------------------------------
 
@@ -334,7 +353,7 @@ class Hub:
             with self._lock:
                 watched = self._still_watched()
             if not watched:
-                self._inbox.clear()
+                self._take_pending()
                 self._watched.wait()
                 continue
             now = self.clock()
@@ -346,33 +365,26 @@ class Hub:
             self._flush()
 
     def _flush(self) -> None:
-        """Send what the inbox holds as one batch, within the per-second event budget."""
-        inbox = self._inbox
-        batch = [inbox.popleft() for _ in range(len(inbox))]
-        overflow, self._overflow = self._overflow, 0
-        if not batch and not overflow:
+        """Send the inbox's events and every publication's counts as one batch."""
+        inbox, counts = self._take_pending()
+        if not inbox and not counts:
             return
-        granted = [(pub, self._budget.take(len(pub[1][-1]))) for pub in batch]
-        ids = [
-            i for (kind, recs, _), n in granted if n for i in formats.acked_ids(kind, recs)[:n]
-        ]
+        ids = [i for kind, recs, _, n in inbox for i in formats.acked_ids(kind, recs)[:n]]
         places = self._locate(ids[:LOCATE_LIMIT])
-        counts: relay.Counts = {}
-        for (kind, records, _), _n in granted:
+        for kind, records, _, _ in inbox:
             formats.tally(counts, kind, records, places, relay.OTHER)
         total = sum(n for by_name in counts.values() for n in by_name.values())
-        sample = self._sample(granted, places)  # lazy: built only as far as the payload holds
-        self._note(relay.encode_batch(self.worker_id, sample, counts, total, overflow))
+        sample = self._sample(inbox, places)  # lazy: built only as far as the payload holds
+        self._note(relay.encode_batch(self.worker_id, sample, counts, total))
 
     def _sample(
-        self, granted: list[tuple[Publication, int]], places: dict[str, MessagePlace]
+        self, inbox: list[Publication], places: dict[str, MessagePlace]
     ) -> Iterator[tuple[Event, str]]:
-        for (kind, records, at), allowed in granted:
-            if allowed:
-                timestamp = formats.iso_of(at)
-                events = formats.expand(kind, records, places, self.worker_id)
-                for event in itertools.islice(events, allowed):
-                    yield event, timestamp
+        for kind, records, at, allowed in inbox:
+            timestamp = formats.iso_of(at)
+            events = formats.expand(kind, records, places, self.worker_id)
+            for event in itertools.islice(events, allowed):
+                yield event, timestamp
 
     def _locate(self, transaction_ids: list[str]) -> dict[str, MessagePlace]:
         if not transaction_ids or self.store is None:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import queue
 import threading
 import time
 import uuid
+import weakref
 from typing import Any
 
 from queen.dashboard import formats, relay
 from queen.dashboard.client import DashboardClient
-from queen.dashboard.hub import Hub, RateBudget
+from queen.dashboard.hub import SAMPLE_EVENTS, Hub, RateBudget
 from queen.dashboard.ticker import Ticker
 from queen.errors import Unavailable
 from queen.models import AckResult, Popped, PushResult
@@ -315,6 +317,25 @@ def test_tally_counts_per_queue_and_kind_without_events():
                       "b": {"message.pushed": 1}, "": {"message.failed": 1}}
 
 
+def test_tally_of_one_queue_counts_as_the_record_by_record_count_does():
+    items = [{"queue": "a"}] * 4
+    results = [PushResult(1, None, "t1", "queued"), PushResult(2, None, "t2", "duplicate"),
+                PushResult(3, None, "t3", "rejected"), PushResult(4, None, "t4", "queued")]
+    acks = [{"transactionId": f"t{i}"} for i in range(5)]
+    acked = [AckResult(1, "t0", "completed", None, NOW), AckResult(2, "t1", "retry_scheduled", 1, NOW),
+             AckResult(3, "t2", "not_found", None, NOW), AckResult(4, "t3", "failed", None, NOW),
+             AckResult(5, "t4", "completed", None, NOW)]
+    counts: dict[str, dict[str, int]] = {}
+    formats.tally(counts, formats.PUSHED, (items, results), {})
+    formats.tally(counts, formats.PUSHED, ([], []), {})
+    formats.tally(counts, formats.PROCESSING, ([popped("x", "a"), popped("y", "a")],), {})
+    formats.tally(counts, formats.PROCESSING, ([popped("z", "a"), popped("w", "b")],), {})
+    formats.tally(counts, formats.ACKED, (acks, acked), {})  # none located: all under other
+    assert counts == {"a": {"message.pushed": 2, "message.processing": 3},
+                      "b": {"message.processing": 1},
+                      "": {"message.completed": 2, "message.failed": 2}}
+
+
 def test_events_of_a_worker_without_sockets_reach_the_sockets_of_another():
     bus, (watched, other) = linked_hubs("w1", "w2")
     assert not other.listening
@@ -395,3 +416,77 @@ def test_a_subscription_gets_the_latest_queue_depths_it_wants_at_once():
             assert sock.next_event(timeout=0.3)["data"].get("queue") != "a"
     sock.incoming.put(None)
     thread.join(2)
+
+
+class Records(list):  # type: ignore[type-arg]
+    """A request's records that a weak reference can watch."""
+
+
+def watched_hub(notes: list[str], clock: Any, max_events_per_s: int = 1000) -> Hub:
+    """A hub publishing for another worker's dashboard that flushes only when told."""
+    hub = Hub(FakeStore(), "w1", max_events_per_s=max_events_per_s,  # type: ignore[arg-type]
+              relay_note=notes.append, clock=clock, flush_interval_s=3600)
+    hub.receive(relay.presence("w2"))
+    assert hub.listening
+    return hub
+
+
+def pushes(queue_name: str, prefix: str, n: int) -> tuple[list[dict[str, Any]], Records]:
+    items = [{"queue": queue_name, "partition": "p"} for _ in range(n)]
+    return items, Records(PushResult(j + 1, None, f"{prefix}-{j}", "queued") for j in range(n))
+
+
+def test_past_the_sample_a_request_leaves_its_counts_and_no_records():
+    notes: list[str] = []
+    hub = watched_hub(notes, clock=lambda: 1000.0)
+    refs = []
+    for i in range(40):
+        items, results = pushes("a", f"r{i}", 10)
+        refs.append(weakref.ref(results))
+        hub.publish(formats.PUSHED, items, results)
+    del items, results
+    kept = [ref for ref in refs if ref() is not None]
+    assert len(kept) == math.ceil(SAMPLE_EVENTS / 10)  # the sample's; the others are gone
+    hub._flush()
+    batch = relay.decode(notes[-1])
+    assert isinstance(batch, relay.Batch)
+    assert batch.counts == {"a": {"message.pushed": 400}}
+    assert batch.dropped == 400 - len(batch.events) and batch.events
+    assert batch.events[0][0].data["transactionId"] == "r0-0"  # in order of publication
+    assert not any(ref() for ref in refs)  # the flush let go of the sample too
+    hub.shutdown()
+
+
+def test_counts_stay_right_when_the_budget_bites():
+    notes: list[str] = []
+    now = [1000.0]
+    hub = watched_hub(notes, clock=lambda: now[0], max_events_per_s=25)
+    for i in range(4):
+        hub.publish(formats.PUSHED, *pushes("a", f"r{i}", 10))  # 25 listed, then counted only
+    hub.publish(formats.PROCESSING, [popped(f"b{i}", "b") for i in range(30)])
+    acks = [{"transactionId": f"c{i}", "status": "completed"} for i in range(20)]
+    results = [AckResult(i + 1, f"c{i}", "completed" if i % 4 else "dead_letter", None, NOW)
+               for i in range(20)]
+    hub.publish(formats.ACKED, acks, results)
+    hub._flush()
+    batch = relay.decode(notes[-1])
+    assert isinstance(batch, relay.Batch)
+    assert [e.data["transactionId"] for e, _ in batch.events] == (
+        [f"r0-{j}" for j in range(10)] + [f"r1-{j}" for j in range(10)]
+        + [f"r2-{j}" for j in range(5)])
+    assert batch.counts == {"a": {"message.pushed": 40}, "b": {"message.processing": 30},
+                            "": {"message.completed": 15, "message.failed": 5}}
+    assert batch.dropped == 40 + 30 + 20 - 25
+
+    hub._flush()
+    assert len(notes) == 1  # nothing published, nothing sent
+    now[0] += 1.0  # a new second: the budget is back
+    hub.publish(formats.ACKED, acks[:2], results[:2])
+    hub._flush()
+    batch = relay.decode(notes[-1])
+    assert isinstance(batch, relay.Batch)
+    assert [(e.name, e.queue) for e, _ in batch.events] == [
+        ("message.failed", "q"), ("message.completed", "q")]  # sampled acks are located
+    assert batch.counts == {"q": {"message.failed": 1, "message.completed": 1}}
+    assert batch.dropped == 0
+    hub.shutdown()
