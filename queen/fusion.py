@@ -90,7 +90,11 @@ class Fuser(Generic[R, T]):
         if alone:
             self._call([entry])
         else:
-            entry.done.wait()
+            try:
+                entry.done.wait()
+            except BaseException:  # killed while waiting: leave no slot or turn behind
+                self._abandon(entry)
+                raise
             if entry.leads:
                 self._call(self._take(entry))
         if entry.error is not None:
@@ -128,6 +132,15 @@ class Fuser(Generic[R, T]):
         finally:
             for entry in batch[1:]:
                 entry.done.set()
+            self._next()
+
+    def _abandon(self, entry: _Entry[R, T]) -> None:
+        """Forget a request whose greenlet was killed while it waited."""
+        with self._lock:
+            if entry in self._queued:
+                self._queued.remove(entry)
+                return
+        if entry.leads:  # it was to lead the next call: let the next request lead instead
             self._next()
 
     def _next(self) -> None:

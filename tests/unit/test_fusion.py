@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -170,3 +174,47 @@ def test_split_cuts_rows_by_request_and_refuses_a_short_answer() -> None:
     assert split([1, 2, 3, 4], [1, 3]) == [[1], [2, 3, 4]]
     with pytest.raises(RuntimeError):
         split([1, 2], [1, 2])
+
+
+KILLED = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import json, threading
+    import gevent
+    from queen.fusion import Fuser
+
+    release = threading.Event()
+    calls = []
+
+    def run(requests):
+        calls.append(list(requests))
+        if len(calls) == 1:
+            release.wait()
+        return list(requests)
+
+    fuser = Fuser("pop", run, max_calls=1, limit=100)
+    leader = gevent.spawn(fuser.submit, 0)
+    gevent.sleep(0.01)
+    queued = gevent.spawn(fuser.submit, 1)  # killed while queued behind the leader's call
+    gevent.sleep(0.01)
+    queued.kill()
+    release.set()
+    leader.join()
+    after = gevent.spawn(fuser.submit, 3)
+    after.join(timeout=5)
+    print(json.dumps({"after": after.value, "calls": calls, "running": fuser._running,
+                      "queued": len(fuser._queued)}))
+    """
+)
+
+
+def test_a_request_killed_while_queued_leaves_no_turn_behind() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["after"] == 3  # a later request still runs: no slot was lost
+    assert found["calls"] == [[0], [3]]  # the killed request was never run
+    assert found["running"] == 0 and found["queued"] == 0
