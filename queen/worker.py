@@ -69,7 +69,9 @@ class Handler(WebSocketHandler):  # type: ignore[misc]
     def read_request(self, raw_requestline: str) -> Any:
         if _connections is None:
             return super().read_request(raw_requestline)
-        return _connections.read_headers(lambda: super(Handler, self).read_request(raw_requestline))
+        return _connections.read_headers(
+            self, lambda: super(Handler, self).read_request(raw_requestline)
+        )
 
     def finalize_headers(self) -> None:
         """Add the Date header as gevent does, formatted once a second instead of per response."""

@@ -1,5 +1,8 @@
 """A worker bounds its client connections: idle keep-alive and slow headers are closed, and
-a worker at its connection cap makes room or answers 503 at once (queen/connections.py)."""
+a worker at its connection cap makes room or answers 503 at once (queen/connections.py).
+
+The deadlines are kept by a sweeper that looks every quarter of the shortest one, so with
+both at 1 s a connection is cut between 1 and 1.25 s (plus the machine's delays)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import websocket
 
 from tests.conftest import Server
 
@@ -112,3 +116,37 @@ def test_at_the_cap_with_nothing_idle_a_request_gets_503_at_once(bounded: Server
     finally:
         for sock in polls:
             sock.close()
+
+
+def test_a_long_poll_outlasting_both_deadlines_is_answered_then_idles_out(bounded: Server) -> None:
+    with connect(bounded) as sock:
+        sock.sendall(
+            b"GET /api/v1/pop/queue/q/partition/p?wait=true&timeout=3000 HTTP/1.1\r\n"
+            b"Host: q\r\n\r\n"
+        )
+        answer = read_all(sock)  # 204 at 3 s (three idle deadlines), then idle: closed
+        assert answer.startswith(b"HTTP/1.1 204")
+
+
+def test_a_dashboard_socket_in_use_outlasts_the_idle_deadline(bounded: Server) -> None:
+    ws = websocket.create_connection(f"ws://127.0.0.1:{bounded.port}/ws/dashboard", timeout=10)
+    try:
+        assert '"connected"' in ws.recv()
+        time.sleep(3)  # three idle deadlines, no frame from the client
+        ws.send("ping")
+        while (frame := ws.recv()) != "pong":
+            assert frame  # other events may come first; a close would end in an error
+    finally:
+        ws.close()
+
+
+def test_a_request_line_then_silence_is_cut_by_the_header_deadline(bounded: Server) -> None:
+    with connect(bounded) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\n")  # the line, then no header at all
+        assert read_all(sock).startswith(b"HTTP/1.1 400")
+    assert bounded.log_path is not None
+    deadline = time.monotonic() + CLOSED_WITHIN
+    while "request headers took longer than 1 s" not in (log := bounded.log_path.read_text()):
+        assert time.monotonic() < deadline, "the late headers were not logged"
+        time.sleep(0.1)
+    assert "Traceback" not in log
