@@ -65,8 +65,8 @@ class Fuser(Generic[R, T]):
         size: Callable[[R], int] = lambda request: 1,
         observe: Observe = _ignore,
     ) -> None:
-        if max_calls < 1:
-            raise ValueError("max_calls must be at least 1")
+        if max_calls < 0:
+            raise ValueError("max_calls must be 0 (no fusion) or more")
         self.kind = kind
         self.max_calls = max_calls
         self.limit = limit
@@ -78,8 +78,16 @@ class Fuser(Generic[R, T]):
         self._queued: deque[_Entry[R, T]] = deque()
 
     def submit(self, request: R) -> T:
-        """Run request in a call of its own or with others; return its result."""
+        """Run request in a call of its own or with others; return its result.
+
+        max_calls 0: no fusion, every request a call of its own, however many run.
+        """
         entry: _Entry[R, T] = _Entry(request, self._size(request))
+        if self.max_calls == 0:
+            self._call([entry], hand_on=False)
+            if entry.error is not None:
+                raise entry.error
+            return entry.result  # type: ignore[return-value]
         with self._lock:
             # While fewer calls than max_calls run, nothing is queued: go at once.
             alone = self._running < self.max_calls
@@ -112,8 +120,9 @@ class Fuser(Generic[R, T]):
                 total += entry.size
         return batch
 
-    def _call(self, batch: list[_Entry[R, T]]) -> None:
-        """Run one call for batch (this greenlet is batch[0]'s) and hand out its results."""
+    def _call(self, batch: list[_Entry[R, T]], hand_on: bool = True) -> None:
+        """Run one call for batch (this greenlet is batch[0]'s) and hand out its results;
+        hand_on: then let the next queued request lead (not without fusion: no slot taken)."""
         try:
             self.observe(self.kind, len(batch))
             results = self.run([e.request for e in batch])
@@ -132,7 +141,8 @@ class Fuser(Generic[R, T]):
         finally:
             for entry in batch[1:]:
                 entry.done.set()
-            self._next()
+            if hand_on:
+                self._next()
 
     def _abandon(self, entry: _Entry[R, T]) -> None:
         """Forget a request whose greenlet was killed while it waited."""

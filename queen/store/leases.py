@@ -22,10 +22,9 @@ class Leases:
 
     def __init__(self, db: Database, fused_calls: int = 2) -> None:
         self.db = db
-        self.fused_calls = fused_calls
         self.observe: Observe = lambda kind, requests: None
         self._extends: Fuser[_Extend, dt.datetime | None] = Fuser(
-            "extend", self._extend_call, max_calls=max(1, fused_calls), limit=FUSED_EXTENDS,
+            "extend", self._extend_call, max_calls=fused_calls, limit=FUSED_EXTENDS,
             observe=lambda kind, requests: self.observe(kind, requests),
         )
 
@@ -34,11 +33,7 @@ class Leases:
 
         Return the new expiry, or None when the lease is unknown, ended or expired.
         """
-        request = _Extend(lease_id, seconds)
-        if self.fused_calls <= 0:
-            (expires,) = self._extend_call([request])
-            return expires
-        return self._extends.submit(request)
+        return self._extends.submit(_Extend(lease_id, seconds))
 
     def _extend_call(self, requests: list[_Extend]) -> list[dt.datetime | None]:
         params = {"leases": [r.lease for r in requests], "seconds": [r.seconds for r in requests]}

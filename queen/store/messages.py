@@ -163,21 +163,10 @@ class Messages:
         )
 
     def _fuser(self, kind: str, run: Any, **options: Any) -> Fuser[Any, Any]:
-        return Fuser(
-            kind, run, max_calls=max(1, self.fused_calls), observe=self._observe, **options
-        )
+        return Fuser(kind, run, max_calls=self.fused_calls, observe=self._observe, **options)
 
     def _observe(self, kind: str, requests: int) -> None:
         self.observe(kind, requests)
-
-    def _submit(self, fuser: Fuser[Any, Any], request: Any) -> Any:
-        if self.fused_calls <= 0:
-            self.observe(fuser.kind, 1)
-            (result,) = fuser.run([request])  # fusion off: a call per request
-            if isinstance(result, BaseException):
-                raise result
-            return result
-        return fuser.submit(request)
 
     def push(
         self, body: bytes | str, items: list[dict[str, Any]], producer: str | None = None
@@ -198,7 +187,7 @@ class Messages:
                 producer,
                 self._fuser("push", run, limit=FUSED_PUSH_BYTES, size=lambda p: len(p.body)),
             )
-        return self._submit(fuser, _Push(text, items))  # type: ignore[no-any-return]
+        return fuser.submit(_Push(text, items))  # type: ignore[no-any-return]
 
     def _push_call(
         self, producer: str | None, pushes: list[_Push]
@@ -269,7 +258,7 @@ class Messages:
             "lease": str(lease),
             "prefer": prefer if route.kind == "queue" else None,
         }
-        rows: list[Popped] = self._submit(self._pops, _Pop(params, lease))
+        rows: list[Popped] = self._pops.submit(_Pop(params, lease))
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
     def _pop_call(self, pops: list[_Pop]) -> list[list[Popped]]:
@@ -298,7 +287,7 @@ class Messages:
 
     def ack(self, acks: list[dict[str, Any]]) -> list[AckResult]:
         """Apply validated acknowledgments; one result per item, in order."""
-        return self._submit(self._acks, acks)  # type: ignore[no-any-return]
+        return self._acks.submit(acks)  # type: ignore[no-any-return]
 
     def _ack_call(
         self, requests: list[list[dict[str, Any]]]
