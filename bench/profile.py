@@ -253,9 +253,9 @@ def profile_case(
             workload,
             batch=batch,
             partitions=partitions,
-            producers=4 if workload == "e2e" else 8,
-            consumers=8 if workload == "e2e" else 0,
-            processes=2,
+            producers=args.producers or (4 if workload == "e2e" else 8),
+            consumers=(args.consumers or 8) if workload == "e2e" else 0,
+            processes=args.processes,
             warmup=1.0,
             duration=args.duration,
             extra={"backlog_cap": max(2000, 32 * batch), "pop_wait_ms": 1000},
@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cases", default="e2e:1,e2e:100,push:1,push:1000", help="comma list of workload:batch"
     )
     parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--producers", type=int, default=0, help="default 4 (e2e), 8 (push)")
+    parser.add_argument("--consumers", type=int, default=0, help="default 8")
+    parser.add_argument("--processes", type=int, default=2, help="client processes")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "profiles")
     cluster.add_argument(parser)
     args = parser.parse_args(argv)

@@ -29,6 +29,7 @@ class Store:
         self.messages = Messages(db, self.queues, encryption_key, fused_calls)
         self.polling = Polling(db)
         self.messages.after_push = self.polling.push_wakeups.pushed
+        self.messages.after_ack = self.polling.push_wakeups.freed
         self.leases = Leases(db, fused_calls)
         self.dashboard = Dashboard(db)
         self.reads = Reads(db)

@@ -78,9 +78,15 @@ def _push_results(cursor: Cursor[Any]) -> RowMaker[PushResult]:
     return _records(PushResult, cursor)
 
 
-def _ack_results(cursor: Cursor[Any]) -> RowMaker[AckResult]:
-    """Make an AckResult from each row of ack (its SELECT list is in field order)."""
-    return _records(AckResult, cursor)
+def _ack_results(cursor: Cursor[Any]) -> RowMaker[tuple[AckResult, list[str] | None]]:
+    """Make (AckResult, wake-ups) from each row of ack: its SELECT list is the result's
+    fields in order, then the wake-up payloads (on the first row only)."""
+    result = cursor.pgresult
+    width = result.nfields if result is not None else 0
+    if width != len(AckResult._fields) + 1:
+        raise TypeError(f"ack answered {width} columns")
+    make = functools.partial(tuple.__new__, AckResult)
+    return lambda values: (make(values[:-1]), values[-1])
 
 
 def _popped_of_pops(cursor: Cursor[Any]) -> RowMaker[tuple[int, Popped]]:
@@ -145,8 +151,10 @@ class Messages:
         self.db = db
         self.queues = queues
         self._key = crypto.load_key(encryption_key) if encryption_key else None
-        # Wakes long polls once a push committed (the session defers it: see db.py).
-        self.after_push = PushWakeups(db).pushed
+        # Wake long polls once a push or ack committed (the session defers it: see db.py).
+        wakeups = PushWakeups(db)
+        self.after_push = wakeups.pushed
+        self.after_ack = wakeups.freed
         self.give_backs = GiveBacks(db)
         # Called with the pop's connection once its statement ran (tests break it there).
         self.after_pop_statement: AfterExecute | None = None
@@ -313,7 +321,9 @@ class Messages:
             if len(requests) == 1:
                 raise
             return self._alone(self._ack_call, requests)
-        return _renumber(rows, [len(r) for r in requests])
+        if rows and rows[0][1]:
+            self.after_ack(rows[0][1])
+        return _renumber([result for result, _ in rows], [len(r) for r in requests])
 
 
 def _disjoint(requests: list[list[dict[str, Any]]]) -> list[list[list[dict[str, Any]]]]:

@@ -70,17 +70,19 @@ class Polling:
 
 
 class PushWakeups:
-    """Wake long polls for what pushes stored, after they committed.
+    """Wake long polls for what pushes stored and acks freed, after they committed.
 
     Queen's sessions defer the push notifications (`queen.push_notify = after_commit`,
-    see queen.notify_pushed for why). Started, one thread (a greenlet under gevent) per
-    process sends the partitions of every push that committed meanwhile in one small
-    transaction, so concurrent pushes share it; not started, each push sends its own.
+    see queen.notify_pushed for why), and acks hand back the wake-ups of the partitions
+    they freed (queen.cursor_ack_api). Started, one thread (a greenlet under gevent) per
+    process sends every wake-up noted meanwhile in one small transaction per kind, so
+    concurrent calls share it; not started, each call sends its own.
     """
 
     def __init__(self, db: Database) -> None:
         self.db = db
         self._pending: dict[tuple[str, str], None] = {}
+        self._freed: dict[str, None] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._running = False
@@ -89,12 +91,24 @@ class PushWakeups:
         """Note the partitions of items that were just stored (the push has committed)."""
         pairs = {(i["queue"], i.get("partition") or DEFAULT_PARTITION): None for i in items}
         if not self._running:
-            self._send(list(pairs))
+            self._send(list(pairs), [])
             return
         with self._lock:
             self._pending.update(pairs)
+        self._wake_sender()
+
+    def freed(self, payloads: Iterable[str]) -> None:
+        """Note the wake-up payloads of partitions committed acks freed with work left."""
+        if not self._running:
+            self._send([], list(dict.fromkeys(payloads)))
+            return
+        with self._lock:
+            self._freed.update(dict.fromkeys(payloads))
+        self._wake_sender()
+
+    def _wake_sender(self) -> None:
         self._ready.set()
-        time.sleep(0)  # let the sender start its query now, not after this push's response
+        time.sleep(0)  # let the sender start its query now, not after this call's response
 
     def start(self) -> None:
         self._running = True
@@ -110,14 +124,19 @@ class PushWakeups:
             self._ready.clear()
             with self._lock:
                 pairs, self._pending = list(self._pending), {}
-            if pairs:
-                self._send(pairs)
+                payloads, self._freed = list(self._freed), {}
+            self._send(pairs, payloads)
 
-    def _send(self, pairs: list[tuple[str, str]]) -> None:
-        params = {"queues": [q for q, _ in pairs], "partitions": [p for _, p in pairs]}
+    def _send(self, pairs: list[tuple[str, str]], payloads: list[str]) -> None:
         try:
-            self.db.fetch("notify_pushed", params)
+            if pairs:
+                queues, partitions = [q for q, _ in pairs], [p for _, p in pairs]
+                self.db.fetch("notify_pushed", {"queues": queues, "partitions": partitions})
+            if payloads:
+                self.db.fetch("notify_wakes", {"payloads": payloads})
         except QueenError as exc:  # a lost wake-up costs latency: the fallback finds the work
             log.warning(
-                "could not wake polls for %d pushed partitions: %s", len(pairs), exc.message
+                "could not wake polls for %d partitions: %s",
+                len(pairs) + len(payloads),
+                exc.message,
             )

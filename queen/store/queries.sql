@@ -11,6 +11,9 @@ SELECT pop, (message).* FROM queen.cursor_pop_many(%(pops)s::jsonb)
 -- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
 SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
 
+-- notify_wakes: send the wake-ups that acks collected, once they committed (as notify_pushed) --
+SELECT queen.notify_wakes(%(payloads)s::text[])
+
 -- list_waiting_worker: list this worker as having parked polls, for the next seconds --
 SELECT queen.list_waiting_worker(%(worker)s, %(seconds)s)
 
@@ -25,9 +28,9 @@ SELECT payload FROM queen.cursor_ready_partitions(
     %(queues)s::text[], %(partition_queues)s::text[], %(partitions)s::text[],
     %(namespaces)s::text[], %(tasks)s::text[], %(limit)s) AS payload
 
--- ack: acknowledge a batch, one row per acknowledgment in request order --
-SELECT idx, transaction_id, status, retry_count, now() AS acknowledged_at
-FROM queen.cursor_ack(%(acks)s::jsonb)
+-- ack: acknowledge a batch, one row per acknowledgment in request order; the first carries the wake-ups to send once committed (notify_wakes) --
+SELECT idx, transaction_id, status, retry_count, acknowledged_at, wakes
+FROM queen.cursor_ack_api(%(acks)s::jsonb)
 
 -- create_queue: make sure a queue exists (its options start at the schema defaults) --
 INSERT INTO queen.queues (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING

@@ -140,3 +140,27 @@ LANGUAGE sql AS $$
     SELECT c.idx, c.transaction_id, c.consumer_group, c.status, c.retry_count
     FROM queen.cursor_ack_checked(p_acks) c
 $$;
+
+-- queen.cursor_ack for the ack routes, whose caller wakes long polls itself once the
+-- acks committed: the wake-up payloads (see queen.cursor_wake) come on the first row,
+-- NULL when there are none.
+CREATE OR REPLACE FUNCTION queen.cursor_ack_api(p_acks jsonb)
+RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
+               acknowledged_at timestamptz, wakes text[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    decided queen.cursor_ack_outcome[];
+    woken   text[];
+BEGIN
+    PERFORM set_config('queen.wakes', '[]', true);
+    decided := ARRAY(SELECT ROW(c.idx, c.transaction_id, c.consumer_group, NULL, c.status,
+                                c.retry_count, NULL, c.applied)::queen.cursor_ack_outcome
+                     FROM queen.cursor_ack_checked(p_acks) c);
+    woken := ARRAY(SELECT jsonb_array_elements_text(current_setting('queen.wakes')::jsonb));
+    PERFORM set_config('queen.wakes', '', true);
+    RETURN QUERY
+    SELECT d.idx, d.transaction_id, d.status, d.retry_count, now(),
+           CASE WHEN d.idx = 1 AND cardinality(woken) > 0 THEN woken END
+    FROM unnest(decided) d ORDER BY d.idx;
+END
+$$;

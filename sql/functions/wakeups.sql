@@ -4,12 +4,26 @@
 
 -- Wake long polls for work in these partitions: one notification per queue (payload
 -- queen.wake_payload, naming its first partition), sent at commit; nothing while no
--- worker has a poll parked (queen.waiting_workers).
+-- worker has a poll parked (queen.waiting_workers). Inside queen.cursor_ack_api the
+-- payloads are collected instead (in the transaction's setting queen.wakes, a JSON
+-- array), for the caller to send once the acks committed (queen.notify_wakes): a
+-- notification inside the ack would make its commit wait for the cluster-wide NOTIFY
+-- lock, behind every other notifying commit's WAL flush.
 CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    collected text := current_setting('queen.wakes', true);
 BEGIN
     IF cardinality(p_partitions) = 0
        OR NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        RETURN;
+    END IF;
+    IF left(collected, 1) = '[' THEN
+        PERFORM set_config('queen.wakes', (collected::jsonb || coalesce(jsonb_agg(
+            queen.wake_payload(q.name, n.partition, q.namespace, q.task)), '[]'))::text, true)
+        FROM (SELECT p.queue_id, min(p.name) AS partition
+              FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
+        JOIN queen.queues q ON q.id = n.queue_id;
         RETURN;
     END IF;
     PERFORM pg_notify('queen', queen.wake_payload(q.name, n.partition, q.namespace, q.task))
@@ -90,5 +104,18 @@ BEGIN
     FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)
     JOIN queen.queues q ON q.name = n.queue
     JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition;
+END
+$$;
+
+-- Wake-ups that acks collected (queen.cursor_ack_api), sent once they committed, in a
+-- transaction of their own with an asynchronous commit, as queen.notify_pushed.
+CREATE OR REPLACE FUNCTION queen.notify_wakes(p_payloads text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM pg_notify('queen', w) FROM (SELECT DISTINCT unnest(p_payloads) AS w) x;
 END
 $$;

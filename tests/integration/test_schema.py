@@ -139,9 +139,9 @@ def test_catalog_query_sees_the_schema(db_dsn: str) -> None:
 
 
 # queen.<name> in the code that talks SQL: Python modules (queen.store, queen.workers),
-# the logger queen.maintenance and the session setting queen.push_notify are not SQL.
+# the logger queen.maintenance and the settings queen.push_notify and queen.wakes are not SQL.
 QUEEN_NAME = re.compile(r"\bqueen\.([a-z_][a-z0-9_]*)")
-NOT_SQL = {"workers", "maintenance", "push_notify"}
+NOT_SQL = {"workers", "maintenance", "push_notify", "wakes"}
 
 
 DEFINITION = re.compile(r"^CREATE OR REPLACE (?:FUNCTION|AGGREGATE) queen\.[a-z0-9_]+")

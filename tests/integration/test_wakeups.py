@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import falcon.testing
+import orjson
 import psycopg
 import pytest
 
@@ -267,3 +268,56 @@ def test_a_long_poll_lists_its_worker_before_its_first_check(store: Store, db_ds
     assert poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=0.05) == []
     listed = rows(db_dsn, "SELECT worker, until > now() FROM queen.waiting_workers")
     assert listed == [("worker-7", True)]
+
+
+def test_an_ack_collects_its_wake_ups_and_sends_none_inside_its_transaction(store, db_dsn, listener):
+    push(store, items("q", "a", 2) + items("q", "b", 2))
+    received(listener)
+    first = pop(store, "q", "a")[0].transaction_id
+    second = pop(store, "q", "b")[0].transaction_id
+    acks = orjson.dumps([
+        {"transactionId": first, "status": "completed"},
+        {"transactionId": second, "status": "failed", "error": "x"},
+    ]).decode()
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT idx, status, wakes FROM queen.cursor_ack_api(%s::jsonb)", (acks,)
+        ).fetchall()
+        assert received(listener) == []  # committed, and nothing sent
+        assert [(r[0], r[1]) for r in rows] == [(1, "completed"), (2, "retry_scheduled")]
+        assert sorted(rows[0][2]) == ["q/a//", "q/b//"]  # both free, with work
+        assert rows[1][2] is None  # the wake-ups come on the first row only
+        (setting,) = conn.execute("SELECT current_setting('queen.wakes', true)").fetchone()
+        assert setting in (None, "")  # (a later statement notifies at commit again)
+        conn.execute("SELECT queen.notify_wakes(%s)", (rows[0][2] + rows[0][2],))
+        assert sorted(received(listener)) == ["q/a//", "q/b//"]  # once each
+
+
+def test_acks_through_the_store_wake_polls_after_they_committed(store, listener):
+    push(store, items("q", "a", 2))
+    received(listener)
+    (first,) = pop(store, "q", "a")
+    sent: list[list[str]] = []
+    send = store.messages.after_ack
+    store.messages.after_ack = lambda payloads: (sent.append(list(payloads)), send(payloads))
+    assert ack(store, first.transaction_id).status == "completed"
+    assert sent == [["q/a//"]]
+    assert received(listener) == ["q/a//"]
+    (last,) = pop(store, "q", "a")
+    assert ack(store, last.transaction_id).status == "completed"
+    assert sent == [["q/a//"]]  # the partition is empty: nobody to wake
+    assert received(listener) == []
+
+
+def test_started_wakeups_send_what_acks_freed(store: Store, listener):
+    wakeups = store.polling.push_wakeups
+    wakeups.start()
+    try:
+        push(store, items("q", "a", 2) + items("q", "b", 2))
+        assert sorted(received(listener, 1.0)) == ["q/a//", "q/b//"]
+        for name in ("a", "b"):
+            (leased,) = pop(store, "q", name)
+            ack(store, leased.transaction_id)
+        assert sorted(received(listener, 1.0)) == ["q/a//", "q/b//"]
+    finally:
+        wakeups.stop()
