@@ -165,8 +165,8 @@ $$;
 -- Remove up to p_limit partitions that hold no message, no live
 -- lease of any group, and saw no activity for p_idle_seconds (the consumer rows, counts
 -- and minutes go with them by their keys; completion and failure records, which have
--- none, are deleted here). A push locks its partitions (FOR KEY SHARE) before it
--- inserts: SKIP LOCKED passes over those, and the re-check runs after the locks.
+-- none, are deleted here). A partition a push holds the push lock of is passed over, and
+-- the re-check runs after the locks (a push finding its partition gone makes it again).
 CREATE OR REPLACE FUNCTION queen.cursor_cleanup_partitions(p_idle_seconds integer, p_limit integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -185,6 +185,13 @@ BEGIN
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED) c;
     IF locked IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- A push holds its partitions' push locks until it commits (queen.cursor_targets):
+    -- skip those; the delete, a later statement, sees what the pushes before stored.
+    locked := ARRAY(SELECT x FROM unnest(locked) x
+                    WHERE pg_try_advisory_xact_lock(queen.cursor_push_lock_key(x)));
+    IF cardinality(locked) = 0 THEN
         RETURN 0;
     END IF;
     WITH gone AS (

@@ -7,9 +7,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended(p_partition::text, 23)
 $$;
 
--- The partitions a push writes to, in (queue, partition) order: created as needed
--- (partition 'Default' when none is named) and kept from removal until the transaction
--- ends. One probe of the unique indexes per name, whatever the statistics.
+-- The partitions a push writes to, in (queue, partition) order, with their push locks
+-- (queen.cursor_push_lock_key) taken in that order: created as needed (partition
+-- 'Default' when none is named). A partition stays while its lock is held: its removal
+-- (queen.cursor_cleanup_partitions) takes the same lock, and one removed between the
+-- lookup and the lock is made again. One probe of the unique indexes per name, whatever
+-- the statistics. (A row lock on each partition, which would do the same, costs a push
+-- of one message a third of its time.)
 CREATE OR REPLACE FUNCTION queen.cursor_targets(p_items jsonb) RETURNS queen.push_target[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -27,10 +31,16 @@ BEGIN
         FROM unnest(names) n
         CROSS JOIN LATERAL (SELECT q.id FROM queen.queues q WHERE q.name = n.queue LIMIT 1) q
         CROSS JOIN LATERAL (SELECT p.id FROM queen.partitions p
-                            WHERE p.queue_id = q.id AND p.name = n.partition
-                            FOR KEY SHARE) p;
+                            WHERE p.queue_id = q.id AND p.name = n.partition) p;
         IF cardinality(targets) = cardinality(names) THEN
-            RETURN targets;
+            PERFORM pg_advisory_xact_lock(queen.cursor_push_lock_key(t.partition_id))
+            FROM unnest(targets) t ORDER BY t.partition_id;
+            -- (A statement of its own: it sees a removal committed while it waited.)
+            IF (SELECT count(*) FROM queen.partitions p
+                WHERE p.id = ANY (ARRAY(SELECT t.partition_id FROM unnest(targets) t)))
+               = cardinality(targets) THEN
+                RETURN targets;
+            END IF;
         END IF;
         INSERT INTO queen.queues (name)
         SELECT DISTINCT n.queue FROM unnest(names) n ORDER BY 1
@@ -119,31 +129,27 @@ BEGIN
 END
 $$;
 
--- Push a batch (the body's "items" array) in one call: queued / duplicate (its
--- transactionId is stored already, or earlier in the batch) / rejected (maxSize), one row
--- per item in item order. One wake-up per queue, sent at commit, while polls are parked;
--- none from a session with queen.push_notify = 'after_commit' (Queen's own pool), which
--- sends them itself once the push committed (queen.notify_pushed: see there why).
-CREATE OR REPLACE FUNCTION queen.cursor_push(p_items jsonb, p_producer text DEFAULT NULL)
-RETURNS TABLE (idx integer, message_id bigint, transaction_id text, status text)
+-- Store a batch (the body's "items" array): its partitions locked (queen.cursor_targets),
+-- maxSize applied (rejected: the positions past a queue's room), ids drawn (accepted, in
+-- item order) and the messages inserted in transactionId order, so that pushes sharing
+-- ids wait for each other and never deadlock (stored: the ids that were not duplicates).
+-- One wake-up per queue, sent at commit, while polls are parked; none from a session
+-- with queen.push_notify = 'after_commit' (Queen's own pool), which sends them itself
+-- once the push committed (queen.notify_pushed: see there why).
+CREATE OR REPLACE FUNCTION queen.cursor_store(p_items jsonb, p_producer text,
+                                              OUT accepted queen.cursor_push_item[],
+                                              OUT stored bigint[], OUT rejected integer[])
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
-    targets  queen.push_target[];
-    rejected integer[];
-    accepted queen.cursor_push_item[];
-    stored   bigint[];
-    deferred boolean := current_setting('queen.push_notify', true) IS NOT DISTINCT FROM 'after_commit';
+    targets queen.push_target[];
 BEGIN
-    IF jsonb_array_length(p_items) = 0 THEN
-        RETURN;
-    END IF;
     targets := queen.cursor_targets(p_items);
-    PERFORM pg_advisory_xact_lock(queen.cursor_push_lock_key(t.partition_id))
-    FROM unnest(targets) t ORDER BY t.partition_id;
-    rejected := queen.cursor_rejected(p_items, targets);
+    rejected := '{}';
+    IF EXISTS (SELECT 1 FROM unnest(targets) t JOIN queen.queues q ON q.id = t.queue_id
+               WHERE q.max_size > 0) THEN
+        rejected := queen.cursor_rejected(p_items, targets);
+    END IF;
     accepted := queen.cursor_number(p_items, targets, rejected);
-    -- In transactionId order: pushes sharing ids wait for each other, never deadlock.
     WITH inserted AS (
         INSERT INTO queen.cursor_messages
             (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
@@ -154,60 +160,77 @@ BEGIN
         RETURNING id
     )
     SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
-    IF cardinality(stored) = cardinality(accepted) THEN
-        -- Every item stored (the common case): nothing to look up.
-        IF NOT deferred THEN
-            PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a));
-        END IF;
-        RETURN QUERY
-        SELECT a.idx, a.id, a.transaction_id, 'queued' FROM unnest(accepted) a
-        UNION ALL
-        SELECT r, NULL, NULL, 'rejected' FROM unnest(rejected) r
-        ORDER BY 1;
-        RETURN;
-    END IF;
-    IF NOT deferred THEN
-        PERFORM queen.cursor_wake(ARRAY(SELECT a.partition_id FROM unnest(accepted) a
+    IF current_setting('queen.push_notify', true) IS DISTINCT FROM 'after_commit' THEN
+        PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a
                                         WHERE a.id = ANY (stored)));
     END IF;
+END
+$$;
+
+-- Push a batch in one call: queued / duplicate (its transactionId is stored already, or
+-- earlier in the batch) / rejected (maxSize), one row per item in item order, with the
+-- message's id (a duplicate's: the stored message's, looked up after the insert, in a
+-- statement that sees what this push and those it waited for stored).
+CREATE OR REPLACE FUNCTION queen.cursor_push(p_items jsonb, p_producer text DEFAULT NULL)
+RETURNS TABLE (idx integer, message_id bigint, transaction_id text, status text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    s record;
+BEGIN
+    IF jsonb_array_length(p_items) = 0 THEN
+        RETURN;
+    END IF;
+    s := queen.cursor_store(p_items, p_producer);
     RETURN QUERY
-    SELECT a.idx, CASE WHEN a.id = ANY (stored) THEN a.id ELSE m.id END, a.transaction_id,
-           CASE WHEN a.id = ANY (stored) THEN 'queued' ELSE 'duplicate' END
-    FROM unnest(accepted) a
+    SELECT a.idx, CASE WHEN a.id = ANY (s.stored) THEN a.id ELSE m.id END, a.transaction_id,
+           CASE WHEN a.id = ANY (s.stored) THEN 'queued' ELSE 'duplicate' END
+    FROM unnest(s.accepted) a
     LEFT JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
-                       WHERE m.transaction_id = a.transaction_id AND NOT a.id = ANY (stored)
+                       WHERE m.transaction_id = a.transaction_id AND NOT a.id = ANY (s.stored)
                        LIMIT 1) m ON true
     UNION ALL
-    SELECT r, NULL, NULL, 'rejected' FROM unnest(rejected) r
+    SELECT r, NULL, NULL, 'rejected' FROM unnest(s.rejected) r
     ORDER BY 1;
 END
 $$;
 
--- Push for the API: queen.cursor_push with each message's API id. A duplicate's id is
--- the stored message's, looked up after the push (a statement of its own, so that it
--- sees what this push and those it waited for stored); a queued one was created now().
+-- Push for the API: queen.cursor_push with each message's API id (a queued one was
+-- created now()).
 CREATE OR REPLACE FUNCTION queen.cursor_push_api(p_items jsonb, p_producer text DEFAULT NULL)
 RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    positions integer[];
-    ids       bigint[];
-    txids     text[];
-    statuses  text[];
+    s record;
 BEGIN
-    SELECT array_agg(r.idx), array_agg(r.message_id), array_agg(r.transaction_id),
-           array_agg(r.status)
-    INTO positions, ids, txids, statuses
-    FROM queen.cursor_push(p_items, p_producer) r;
+    IF jsonb_array_length(p_items) = 0 THEN
+        RETURN;
+    END IF;
+    s := queen.cursor_store(p_items, p_producer);
+    IF cardinality(s.stored) = cardinality(s.accepted) THEN
+        -- Every item stored (the common case): nothing to look up.
+        RETURN QUERY
+        SELECT a.idx, queen.cursor_message_uuid(a.id, now()), a.transaction_id, 'queued'
+        FROM unnest(s.accepted) a
+        UNION ALL
+        SELECT r, NULL, NULL, 'rejected' FROM unnest(s.rejected) r
+        ORDER BY 1;
+        RETURN;
+    END IF;
     RETURN QUERY
-    SELECT u.idx,
-           CASE WHEN u.id IS NOT NULL THEN queen.cursor_message_uuid(u.id, CASE
-               WHEN u.status = 'queued' THEN now()
-               ELSE (SELECT m.created_at FROM queen.cursor_messages m
-                     WHERE m.transaction_id = u.txid) END) END,
-           u.txid, u.status
-    FROM unnest(positions, ids, txids, statuses) u(idx, id, txid, status)
-    ORDER BY u.idx;
+    SELECT a.idx,
+           CASE WHEN a.id = ANY (s.stored) THEN queen.cursor_message_uuid(a.id, now())
+                ELSE m.uuid END,
+           a.transaction_id,
+           CASE WHEN a.id = ANY (s.stored) THEN 'queued' ELSE 'duplicate' END
+    FROM unnest(s.accepted) a
+    LEFT JOIN LATERAL (SELECT queen.cursor_message_uuid(m.id, m.created_at) AS uuid
+                       FROM queen.cursor_messages m
+                       WHERE m.transaction_id = a.transaction_id AND NOT a.id = ANY (s.stored)
+                       LIMIT 1) m ON true
+    UNION ALL
+    SELECT r, NULL, NULL, 'rejected' FROM unnest(s.rejected) r
+    ORDER BY 1;
 END
 $$;

@@ -50,9 +50,9 @@ CREATE TABLE queen.partitions (
 -- later.
 CREATE TABLE queen.cursor_messages (
     id             bigint GENERATED ALWAYS AS IDENTITY,
-    -- No foreign key: a per-row check costs a third of a batch insert. A push holds FOR
-    -- KEY SHARE on the partitions it writes to instead, once per call, which keeps a
-    -- partition from being removed under a push just as the key would.
+    -- No foreign key: a per-row check costs a third of a batch insert. A push holds the
+    -- push locks of the partitions it writes to instead, once per call, and their removal
+    -- takes the same locks (queen.cursor_targets, queen.cursor_cleanup_partitions).
     partition_id   uuid NOT NULL,
     transaction_id text COLLATE "C" NOT NULL,     -- unique system-wide
     payload        jsonb NOT NULL,

@@ -135,7 +135,7 @@ def test_cleanup_skips_a_partition_a_push_holds(store: Store, session) -> None:
     push(store, [{"queue": "q", "partition": "p", "payload": 1}])
     execute(dsn, "DELETE FROM queen.cursor_messages")
     with psycopg.connect(dsn) as pusher:  # a push between its partition lock and its insert
-        pusher.execute("SELECT 1 FROM queen.partitions FOR KEY SHARE")
+        pusher.execute("""SELECT queen.cursor_targets('[{"queue": "q", "partition": "p"}]')""")
         assert session.cleanup_partitions(0, 10) == 0
         pusher.rollback()
     assert session.cleanup_partitions(0, 10) == 1
