@@ -69,6 +69,8 @@ class Cluster:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root}"
             f" -c max_connections={self.max_connections}"
+            # pg_stat_statements for bench.profile's statement table (no effect unless used)
+            " -c shared_preload_libraries=pg_stat_statements"
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
         self.wait_ready()

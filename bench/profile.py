@@ -42,6 +42,41 @@ def function_stats(dsn: str) -> dict[str, tuple[int, float, float]]:
         return {r[0]: (r[1], r[2], r[3]) for r in conn.execute(FUNCTIONS).fetchall()}
 
 
+STATEMENTS = """
+SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 90), calls, total_exec_time, rows
+FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY total_exec_time DESC LIMIT 15
+"""
+
+
+def reset_statements(dsn: str) -> bool:
+    """Start counting top-level statements afresh; False where pg_stat_statements is not loaded."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT pg_stat_statements_reset()")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def statement_table(dsn: str, seconds: float, messages: float) -> str:
+    """The top-level statements by total time since reset_statements (pg_stat_statements)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(STATEMENTS).fetchall()
+    out = [
+        "| statement | calls | total ms | ms/call | us per message | share of wall |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for text, calls, total, _ in rows:
+        cell = text.replace("|", "\\|")
+        out.append(
+            f"| `{cell}` | {calls:,} | {total:,.0f} | {total / max(calls, 1):.3f} |"
+            f" {1000 * total / max(messages, 1):.0f} | {total / 1000 / seconds:.0%} |"
+        )
+    return "\n".join(out)
+
+
 def function_table(before: dict[str, Any], after: dict[str, Any], seconds: float) -> str:
     rows = []
     for name, (calls, total, self_ms) in after.items():
@@ -265,9 +300,11 @@ def profile_case(
         stack_files = [out_dir / f"pyspy-worker{i}.txt" for i in range(2)]
 
         waits = WaitSampler(dsn)
+        counting: list[bool] = []
 
         def start_sampling() -> None:
             before.update(function_stats(dsn))
+            counting.append(reset_statements(dsn))
             waits.start()
             for pid, path in zip(server.worker_pids(), stack_files, strict=False):
                 spies.append(pyspy(pid, args.duration, path))
@@ -279,6 +316,12 @@ def profile_case(
         waits.stop.set()
         waits.join()
         after = function_stats(dsn)
+        messages = result["msgs_per_s"] * args.duration
+        statements = (
+            statement_table(dsn, args.duration, messages)
+            if counting and counting[0]
+            else "(pg_stat_statements is not loaded on this server)"
+        )
         for spy in spies:
             if spy is not None:
                 spy.wait(30)
@@ -302,6 +345,10 @@ def profile_case(
             "## PostgreSQL backends: what they wait on (sampled every 5 ms)",
             "",
             waits.table(),
+            "",
+            "## Top-level statements (pg_stat_statements, during the window)",
+            "",
+            statements,
             "",
             "## SQL functions (pg_stat_user_functions, during the window)",
             "",
