@@ -41,8 +41,15 @@ def pg_bin(variable: str = "QUEEN_PGBIN") -> Path | None:
 class Cluster:
     """initdb, start, stop (fast), crash (immediate stop: crash recovery at the next start)."""
 
-    def __init__(self, bindir: Path, prefix: str = "queen-pg-", max_connections: int = 200) -> None:
+    def __init__(
+        self,
+        bindir: Path,
+        prefix: str = "queen-pg-",
+        max_connections: int = 200,
+        preload: str = "",
+    ) -> None:
         self.bindir = bindir
+        self.preload = preload  # shared_preload_libraries (bench.profile: pg_stat_statements)
         self.port = free_port()
         self.max_connections = max_connections
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
@@ -69,9 +76,9 @@ class Cluster:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root}"
             f" -c max_connections={self.max_connections}"
-            # pg_stat_statements for bench.profile's statement table (no effect unless used)
-            " -c shared_preload_libraries=pg_stat_statements"
         )
+        if self.preload:
+            options += f" -c shared_preload_libraries={self.preload}"
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
         self.wait_ready()
 
@@ -107,7 +114,7 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def bench_cluster() -> Iterator[Cluster]:
+def bench_cluster(preload: str = "") -> Iterator[Cluster]:
     """A started cluster with default settings for one bench run; stopped and removed after."""
     bindir = pg_bin()
     if bindir is None:
@@ -115,7 +122,7 @@ def bench_cluster() -> Iterator[Cluster]:
             "no PostgreSQL binaries for a cluster of the bench's own"
             " (/usr/lib/postgresql/*/bin, or QUEEN_PGBIN)"
         )
-    cluster = Cluster(bindir, prefix="queen-bench-pg-").init()
+    cluster = Cluster(bindir, prefix="queen-bench-pg-", preload=preload).init()
     try:
         cluster.start()
         yield cluster
@@ -133,9 +140,9 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def server_dsn(given: str, own: bool, stack: contextlib.ExitStack) -> str:
+def server_dsn(given: str, own: bool, stack: contextlib.ExitStack, preload: str = "") -> str:
     """The server DSN a bench script uses: given, or (own) a cluster the stack owns."""
-    return stack.enter_context(bench_cluster()).dsn if own else given
+    return stack.enter_context(bench_cluster(preload)).dsn if own else given
 
 
 def origin(server_dsn: str, own: bool) -> str:

@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
-        args.dsn = cluster.server_dsn(args.dsn, args.cluster, stack)
+        args.dsn = cluster.server_dsn(args.dsn, args.cluster, stack, "pg_stat_statements")
         run(args)
     return 0
 
