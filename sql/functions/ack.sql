@@ -31,8 +31,10 @@ BEGIN
                  END AS tries
           FROM jsonb_to_recordset(p_items) x(idx integer, txid text, id bigint, wanted text,
                                              error text, lease uuid)
-          WHERE EXISTS (SELECT 1 FROM queen.cursor_messages m
-                        WHERE m.partition_id = p_partition AND m.id = x.id)
+          -- One probe of the key per item (as an EXISTS, the planner may hash-join the
+          -- items against every message of the partition: 0.5 ms an ack at 1,250).
+          CROSS JOIN LATERAL (SELECT 1 FROM queen.cursor_messages m
+                              WHERE m.partition_id = p_partition AND m.id = x.id LIMIT 1) kept
           ORDER BY x.id, x.idx DESC) i
     CROSS JOIN LATERAL queen.cursor_decide(c, q, i.id, i.wanted, i.lease, i.tries) d;
 

@@ -194,3 +194,35 @@ def test_push_into_existing_partitions(explained: Explained) -> None:
         rows, plans = explained.run("push", {"bodies": f"[{body}]", "producer": None})
         assert {r[3] for r in rows} == {"queued"}
     check("push", plans)
+
+
+BACKLOG = 1_250  # pending in one partition: a size at which, asked for a batch's items
+# by EXISTS, the planner would rather hash-join them against every message of the
+# partition than probe its key once per item
+
+
+@pytest.fixture(scope="module")
+def backlogged(server_dsn: str, template_db: str) -> Iterator[str]:
+    """One partition with BACKLOG messages pending, ANALYZEd."""
+    from tests.conftest import cloned_database
+
+    with cloned_database(server_dsn, template_db, "queen_plans") as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE queen.cursor_messages SET (autovacuum_enabled = false)")
+            cursors.push(conn, [{"queue": "big", "partition": "p0", "payload": n}
+                                for n in range(BACKLOG)])
+            conn.execute("ANALYZE")
+        yield dsn
+
+
+def test_an_ack_probes_its_messages_whatever_the_backlog(backlogged: str) -> None:
+    explained = Explained(backlogged)
+    try:
+        for _ in range(RUNS):
+            rows, _ = explained.run("pop_many", pop_params(kind="partition", partition="p0",
+                                                          batch=1))
+            acked, plans = explained.run("ack", ack_params(rows))
+            assert [r[2] for r in acked] == ["completed"]
+        check("ack with a backlog", plans)
+    finally:
+        explained.close()
