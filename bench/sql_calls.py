@@ -1,0 +1,145 @@
+"""What one call of the hot path costs PostgreSQL at batch 1, with nothing else running.
+
+    python -m bench.sql_calls [--dsn DSN | --cluster] [--calls 1000] [--rounds 3]
+
+A fresh database migrated by `queen migrate`'s code, seeded with messages over 16
+partitions of one queue and ANALYZEd; then one session (asynchronous commit, so that the
+WAL flush is not counted) runs each call in a loop inside a PL/pgSQL procedure, committing
+after every call as a request would: push one message (queen.cursor_push_api, as Queen's
+pool calls it), pop one by queue (queen.cursor_pop_many with one pop), ack it
+(queen.cursor_ack_api), a pop that finds every partition leased, and a bare INSERT of one
+row beside them. Reported: microseconds per call (median of the rounds). No HTTP, no
+client: the statement time under load is bench.profile's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+from typing import Any
+
+import psycopg
+
+from bench import cluster
+from bench.systems import drop_database, fresh_database
+from queen.store.migrate import migrate
+
+SETUP = """
+SET synchronous_commit = off;
+SET queen.push_notify = 'after_commit';
+CREATE OR REPLACE PROCEDURE pg_temp.calls(n integer, what text, INOUT us numeric DEFAULT 0)
+LANGUAGE plpgsql AS $$
+DECLARE
+    started timestamptz;
+    spent   interval := '0';
+    txid    text;
+    items   jsonb;
+BEGIN
+    FOR k IN 1..n LOOP
+        items := jsonb_build_array(jsonb_build_object(
+            'queue', 'bench', 'partition', 'p' || (k % 16), 'payload', jsonb_build_object('n', k)));
+        IF what = 'ack' THEN
+            SELECT (m.message).transaction_id INTO txid
+            FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
+                'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', 1,
+                'worker', 'bench', 'lease', gen_random_uuid()))) m;
+            COMMIT;
+        END IF;
+        started := clock_timestamp();
+        IF what = 'push' THEN
+            PERFORM * FROM queen.cursor_push_api(items, NULL);
+        ELSIF what IN ('pop', 'empty pop') THEN
+            SELECT (m.message).transaction_id INTO txid
+            FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
+                'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', 1,
+                'worker', 'bench', 'lease', gen_random_uuid()))) m;
+        ELSIF what = 'ack' THEN
+            PERFORM * FROM queen.cursor_ack_api(jsonb_build_array(jsonb_build_object(
+                'transactionId', txid, 'status', 'completed')));
+        ELSIF what = 'bare insert' THEN
+            INSERT INTO bare (body) VALUES (items);
+        END IF;
+        COMMIT;
+        spent := spent + (clock_timestamp() - started);
+        IF what = 'pop' THEN  -- given back (no attempt counted): every pop finds a free partition
+            PERFORM queen.cursor_unclaim(c.lease_id) FROM queen.cursor_consumers c
+            WHERE c.lease_id IS NOT NULL;
+            COMMIT;
+        END IF;
+    END LOOP;
+    us := round(extract(epoch FROM spent) * 1e6 / n);
+END
+$$;
+"""
+
+CASES = ("push", "bare insert", "pop", "ack", "empty pop")
+
+
+def seed(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE bare (id bigserial PRIMARY KEY, body jsonb NOT NULL)")
+    conn.execute(
+        "SELECT count(*) FROM queen.cursor_push_api((SELECT jsonb_agg(jsonb_build_object("
+        "'queue', 'bench', 'partition', 'p' || (i % 16), 'payload', i))"
+        " FROM generate_series(1, 20000) i), NULL)"
+    )
+    conn.execute("ANALYZE")
+
+
+def lease_all(conn: psycopg.Connection[Any]) -> None:
+    """Lease every partition, so that the next pops find none free."""
+    for _ in range(16):
+        conn.execute(
+            "SELECT count(*) FROM queen.cursor_pop_api('queue', 'bench', NULL, NULL, NULL,"
+            " '__queue__', 1, 'bench', NULL, NULL, gen_random_uuid())"
+        )
+
+
+def run(dsn: str, calls: int, rounds: int) -> dict[str, list[float]]:
+    results: dict[str, list[float]] = {case: [] for case in CASES}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn)
+        conn.execute(SETUP)
+        for number in range(1, rounds + 1):
+            for case in CASES:
+                if case == "empty pop":
+                    lease_all(conn)
+                (us,) = conn.execute(
+                    "CALL pg_temp.calls(%s, %s)", (calls, case)
+                ).fetchone() or (0,)
+                results[case].append(float(us))
+                if case == "empty pop":
+                    conn.execute(
+                        "SELECT queen.cursor_unclaim(lease_id) FROM queen.cursor_consumers"
+                        " WHERE lease_id IS NOT NULL"
+                    )
+                print(f"round {number}/{rounds}: {case} {us} us", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sql_calls")
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    cluster.add_argument(parser)
+    args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        server = cluster.server_dsn(args.dsn, args.cluster, stack)
+        dsn = fresh_database(server, "queen_bench_sql_calls")
+        try:
+            migrate(dsn)
+            results = run(dsn, args.calls, args.rounds)
+            print(f"\n{cluster.describe(server, args.cluster)}")
+        finally:
+            drop_database(server, "queen_bench_sql_calls")
+    print("| call (batch 1) | us per call (median) | rounds |")
+    print("|---|---:|---|")
+    for case, values in results.items():
+        rounds = " / ".join(f"{v:.0f}" for v in values)
+        print(f"| {case} | {statistics.median(values):.0f} | {rounds} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
