@@ -128,15 +128,14 @@ class PushWakeups:
             self._send(pairs, payloads)
 
     def _send(self, pairs: list[tuple[str, str]], payloads: list[str]) -> None:
-        try:
-            if pairs:
-                queues, partitions = [q for q, _ in pairs], [p for _, p in pairs]
-                self.db.fetch("notify_pushed", {"queues": queues, "partitions": partitions})
-            if payloads:
-                self.db.fetch("notify_wakes", {"payloads": payloads})
-        except QueenError as exc:  # a lost wake-up costs latency: the fallback finds the work
-            log.warning(
-                "could not wake polls for %d partitions: %s",
-                len(pairs) + len(payloads),
-                exc.message,
-            )
+        calls = []
+        if pairs:
+            queues, partitions = [q for q, _ in pairs], [p for _, p in pairs]
+            calls.append(("notify_pushed", {"queues": queues, "partitions": partitions}))
+        if payloads:
+            calls.append(("notify_wakes", {"payloads": payloads}))
+        for name, params in calls:
+            try:
+                self.db.fetch(name, params)
+            except QueenError as exc:  # a lost wake-up costs latency: the fallback finds it
+                log.warning("could not wake polls (%s): %s", name, exc.message)
