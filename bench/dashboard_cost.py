@@ -23,7 +23,8 @@ request at a time, a dashboard socket attached to the hub (batched) or none; the
 of the whole process per message, which is what an open dashboard adds to the work of a
 request, free of the machine's noise, and the part of it spent collecting garbage (what
 records held past their request cost, in whichever thread the collection falls). Writes bench/results/dashboard-cost.md (or
-dashboard-cost-direct.md).
+dashboard-cost-direct.md). What forwarding a batch to a socket costs the worker holding
+it, without the load, is bench.dashboard_forward's.
 """
 
 from __future__ import annotations
