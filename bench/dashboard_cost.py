@@ -178,8 +178,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
         "# What an open dashboard costs push and pop+ack",
         "",
         f"Run {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
-        f"({os.cpu_count()} cores, Python {platform.python_version()}), {args.server}. "
-        "Queen: 2 gunicorn workers + maintenance, cursor store, default settings "
+        f"({procstat.machine()} at the end, Python {platform.python_version()}), "
+        f"{args.server}. Queen: 2 gunicorn workers + maintenance, cursor store, default settings "
         f"(QUEEN_DASHBOARD_MAX_EVENTS 1000/s per worker). {args.clients} client processes, "
         f"batch {args.batch}, {PARTITIONS} partitions, {args.seconds:g} s per phase, "
         f"{args.rounds} rounds, variants alternating.",
