@@ -23,7 +23,8 @@ request at a time, a dashboard socket attached to the hub (batched) or none; the
 of the whole process per message, which is what an open dashboard adds to the work of a
 request, free of the machine's noise, and the part of it spent collecting garbage (what
 records held past their request cost, in whichever thread the collection falls). Writes bench/results/dashboard-cost.md (or
-dashboard-cost-direct.md).
+dashboard-cost-direct.md). What forwarding a batch to a socket costs the worker holding
+it, without the load, is bench.dashboard_forward's.
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
         "# What an open dashboard costs push and pop+ack",
         "",
         f"Run {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
-        f"({os.cpu_count()} cores, Python {platform.python_version()}), {args.server}. "
-        "Queen: 2 gunicorn workers + maintenance, cursor store, default settings "
+        f"({procstat.machine()} at the end, Python {platform.python_version()}), "
+        f"{args.server}. Queen: 2 gunicorn workers + maintenance, cursor store, default settings "
         f"(QUEEN_DASHBOARD_MAX_EVENTS 1000/s per worker). {args.clients} client processes, "
         f"batch {args.batch}, {PARTITIONS} partitions, {args.seconds:g} s per phase, "
         f"{args.rounds} rounds, variants alternating.",

@@ -19,6 +19,20 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def machine() -> str:
+    """Describe the CPUs and the load average now, e.g. "2 vCPUs AMD EPYC, load 2.2 2.4 2.8"."""
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), model)
+        with open("/proc/loadavg") as f:
+            load = " ".join(f.read().split()[:3])
+    except OSError:
+        load = "?"
+    return f"{os.cpu_count()} vCPUs {model}, load average {load}"
+
+
 def rss_bytes(pid: int) -> int:
     """Return the resident set size of a process (0 if it is gone)."""
     try:

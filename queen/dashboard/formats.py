@@ -42,7 +42,12 @@ def iso_of(seconds: float) -> str:
 
 def encode(name: str, data: Mapping[str, Any], timestamp: str) -> str:
     """Serialise one event as the text frame clients receive."""
-    return orjson.dumps({"event": name, "data": data, "timestamp": timestamp}).decode()
+    return encode_json(name, data, timestamp).decode()
+
+
+def encode_json(name: str, data: Mapping[str, Any], timestamp: str) -> bytes:
+    """Serialise one event as the UTF-8 JSON of the text frame clients receive."""
+    return orjson.dumps({"event": name, "data": data, "timestamp": timestamp})
 
 
 def pushed(items: Sequence[Mapping[str, Any]], results: Iterable[PushResult]) -> Iterator[Event]:

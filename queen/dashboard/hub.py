@@ -9,8 +9,9 @@ request full ones (more than the relay itself). No database work on the request 
 relay greenlet drains the inbox every flush_interval_s, formats the sampled events
 (locating acknowledged messages with one query per flush) and sends them with the counts
 as one NOTIFY (queen.dashboard.relay). Every worker's listener hands those batches, its own
-included, to `receive`, which copies each event to the clients' bounded outboxes; each
-client's own writer drains its outbox. So every socket gets every worker's events, once.
+included, to `receive`, which builds each event's WebSocket frame once and queues it in
+the bounded outbox of every client that wants it; each client's own writer drains its
+outbox, all it finds in one write. So every socket gets every worker's events, once.
 A second greenlet takes one depth snapshot per period for the clients of the process.
 """
 
@@ -27,7 +28,7 @@ import orjson
 
 from queen.config import Settings
 from queen.dashboard import formats, relay
-from queen.dashboard.client import DashboardClient, Socket
+from queen.dashboard.client import DashboardClient, Socket, text_frame
 from queen.dashboard.formats import Event
 from queen.dashboard.ticker import Ticker
 from queen.errors import QueenError
@@ -268,21 +269,29 @@ class Hub:
         timestamp: str | None = None,
         clients: Sequence[DashboardClient] | None = None,
     ) -> None:
-        """Copy each event to the outbox of every client whose subscription wants it.
+        """Copy each event to the outbox of every client whose subscription wants it."""
+        stamp = timestamp or formats.now_iso()
+        self._deliver(((event, stamp) for event in events), clients)
+
+    def _deliver(
+        self,
+        stamped: Iterable[tuple[Event, str]],
+        clients: Sequence[DashboardClient] | None = None,
+    ) -> None:
+        """Queue each (event, timestamp) as a frame, built once, for every client wanting it.
 
         Batched clients (the page) get no partition.depth: queue.depth carries the same
         counts, and a thousand partitions would fill their outbox every snapshot.
         """
-        for event in events:
-            text = None
+        targets = self._clients if clients is None else clients
+        for event, timestamp in stamped:
+            frame = None
             per_partition = event.name == PARTITION_DEPTH
-            for client in self._clients if clients is None else clients:
+            for client in targets:
                 if client.wants(event.queue) and not (per_partition and client.batched):
-                    if text is None:
-                        text = formats.encode(
-                            event.name, event.data, timestamp or formats.now_iso()
-                        )
-                    client.send(text)
+                    if frame is None:
+                        frame = text_frame(formats.encode_json(event.name, event.data, timestamp))
+                    client.send_frame(frame)
 
     def _start_loops(self) -> None:
         threading.Thread(target=self._relay_loop, name="dashboard-relay", daemon=True).start()
@@ -322,20 +331,25 @@ class Hub:
             self._forward(note)
 
     def _forward(self, batch: relay.Batch) -> None:
-        """Copy a batch to every client: per event, or as one events.batch frame if asked."""
+        """Copy a batch to every client: per event, or as one events.batch frame if asked.
+
+        Each event's frame is built once for every per-event client; each client's writer
+        then writes the frames it finds queued in one go.
+        """
         clients = self._clients
         single = [c for c in clients if not c.batched]
         if single:
-            for event, timestamp in batch.events:
-                self._fan_out([event], timestamp, single)
+            self._deliver(batch.events, single)
             self._fan_out([Event("events.summary", relay.summary(batch), None)], None, single)
-        frames: dict[frozenset[str] | None, str] = {}  # one encoding per subscription
+        frames: dict[frozenset[str] | None, bytes] = {}  # one encoding per subscription
         for client in clients:
             if client.batched:
-                text = frames.get(client.queues)
-                if text is None:
-                    text = frames[client.queues] = relay.batch_frame(batch, client.wants)
-                client.send(text)
+                frame = frames.get(client.queues)
+                if frame is None:
+                    frame = frames[client.queues] = text_frame(
+                        relay.batch_frame(batch, client.wants)
+                    )
+                client.send_frame(frame)
 
     def _note(self, payload: str) -> None:
         send = self.relay_note

@@ -122,8 +122,8 @@ def summary(batch: Batch) -> dict[str, Any]:
     }
 
 
-def batch_frame(batch: Batch, wants: Callable[[str | None], bool]) -> str:
-    """Encode a batch as one events.batch frame, keeping the events `wants` accepts."""
+def batch_frame(batch: Batch, wants: Callable[[str | None], bool]) -> bytes:
+    """Encode a batch as the JSON of one events.batch frame, keeping the events `wants` accepts."""
     events = [
         {"event": event.name, "data": event.data, "timestamp": timestamp}
         for event, timestamp in batch.events
@@ -131,4 +131,4 @@ def batch_frame(batch: Batch, wants: Callable[[str | None], bool]) -> str:
     ]
     data = {**summary(batch), "events": events}
     timestamp = batch.events[-1][1] if batch.events else now_iso()
-    return orjson.dumps({"event": "events.batch", "data": data, "timestamp": timestamp}).decode()
+    return orjson.dumps({"event": "events.batch", "data": data, "timestamp": timestamp})

@@ -140,6 +140,36 @@ def test_push_pop_ack_publish_message_events(dash, http):
     ws.close()
 
 
+def test_a_plain_socket_gets_each_event_of_a_batch_as_its_own_frame(dash, http):
+    ws = connect(dash)
+    items = [{"queue": "frames", "partition": f"p{i % 3}", "payload": i} for i in range(40)]
+    ids = push(dash, http, *items)  # one request: one publication, one batch
+
+    def next_frame() -> str:
+        frame = ws.recv_frame()  # the wire's own frames, not reassembled messages
+        assert frame.opcode == websocket.ABNF.OPCODE_TEXT and frame.fin
+        return frame.data.decode()
+
+    first = next_frame()
+    while not first.startswith('{"event":"message.pushed"'):
+        first = next_frame()
+    stamp = json.loads(first)["timestamp"]
+    assert ISO_MS.match(stamp)
+    texts = [first] + [next_frame() for _ in ids[1:]]
+    assert texts == [
+        json.dumps({"event": "message.pushed",
+                    "data": {"queue": "frames", "partition": item["partition"],
+                             "transactionId": txid},
+                    "timestamp": stamp}, separators=(",", ":"))
+        for item, txid in zip(items, ids, strict=True)
+    ]
+    summary = json.loads(next_frame())  # the batch's last frame
+    assert summary["event"] == "events.summary"
+    assert summary["data"]["counts"] == {"frames": {"message.pushed": 40}}
+    assert summary["data"]["dropped"] == 0
+    ws.close()
+
+
 def test_subscribe_filters_queue_events(dash, http):
     ws = connect(dash)
     ws.send(json.dumps({"type": "subscribe", "queues": ["payments"]}))

@@ -14,7 +14,7 @@ import weakref
 from typing import Any
 
 from queen.dashboard import formats, relay
-from queen.dashboard.client import DashboardClient
+from queen.dashboard.client import DashboardClient, frame_text, text_frame
 from queen.dashboard.hub import SAMPLE_EVENTS, Hub, RateBudget
 from queen.dashboard.ticker import Ticker
 from queen.errors import Unavailable
@@ -168,6 +168,55 @@ def test_subscription_filter():
     assert client.wants("a") and client.wants(None)
     client.queues = frozenset({"a"})
     assert client.wants("a") and client.wants(None) and not client.wants("b")
+
+
+def test_text_frames_are_the_ones_gevent_websocket_builds():
+    from geventwebsocket.websocket import Header, WebSocket  # type: ignore[import-untyped]
+
+    for size in (0, 1, 125, 126, 65535, 65536, 70000):
+        payload = ("é" * (size // 2) + "x" * (size % 2)).encode()
+        header = Header.encode_header(True, WebSocket.OPCODE_TEXT, b"", len(payload), 0)
+        assert text_frame(payload) == bytes(header) + payload
+        assert frame_text(text_frame(payload)) == payload.decode()
+
+
+class RawStream:
+    """gevent-websocket's stream: write is the connection's sendall. The first write
+    waits for `release`, so that frames queue up behind it."""
+
+    def __init__(self) -> None:
+        self.writes: queue.Queue[bytes] = queue.Queue()
+        self.writing = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, data: bytes) -> None:
+        self.writing.set()
+        self.release.wait()
+        self.writes.put(data)
+
+
+class RawSocket(FakeSocket):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream = RawStream()
+
+    def send(self, message: str) -> None:
+        raise AssertionError("frames go to the stream in one write")
+
+
+def test_a_writer_writes_every_frame_it_finds_queued_in_one_go():
+    sock = RawSocket()
+    client = DashboardClient(sock, buffer_size=10)
+    client.start_writer()
+    client.send("first")
+    assert sock.stream.writing.wait(WAIT_S)
+    for text in ("a", "b" * 200, "c"):  # queued while the first write is under way
+        client.send(text)
+    sock.stream.release.set()
+    assert sock.stream.writes.get(timeout=WAIT_S) == text_frame(b"first")
+    together = sock.stream.writes.get(timeout=WAIT_S)
+    assert together == text_frame(b"a") + text_frame(b"b" * 200) + text_frame(b"c")
+    client.close()
 
 
 def test_rate_budget_resets_every_second():
