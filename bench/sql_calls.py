@@ -3,8 +3,8 @@
     python -m bench.sql_calls [--dsn DSN | --cluster] [--calls 1000] [--rounds 3]
 
 A fresh database migrated by `queen migrate`'s code, seeded with messages over 16
-partitions of one queue and ANALYZEd; then one session (asynchronous commit, so that the
-WAL flush is not counted) runs each call in a loop inside a PL/pgSQL procedure, committing
+partitions of one queue and ANALYZEd; then one session (asynchronous commit unless --durable, so that
+the WAL flush is not counted) runs each call in a loop inside a PL/pgSQL procedure, committing
 after every call as a request would: push one message (queen.cursor_push_api, as Queen's
 pool calls it), pop one by queue (queen.cursor_pop_many with one pop), ack it
 (queen.cursor_ack_api), a pop that finds every partition leased, and a bare INSERT of one
@@ -26,7 +26,6 @@ from bench.systems import drop_database, fresh_database
 from queen.store.migrate import migrate
 
 SETUP = """
-SET synchronous_commit = off;
 SET queen.push_notify = 'after_commit';
 CREATE OR REPLACE PROCEDURE pg_temp.calls(n integer, what text, INOUT us numeric DEFAULT 0)
 LANGUAGE plpgsql AS $$
@@ -95,11 +94,12 @@ def lease_all(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def run(dsn: str, calls: int, rounds: int) -> dict[str, list[float]]:
+def run(dsn: str, calls: int, rounds: int, durable: bool) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {case: [] for case in CASES}
     with psycopg.connect(dsn, autocommit=True) as conn:
         seed(conn)
         conn.execute(SETUP)
+        conn.execute(f"SET synchronous_commit = {'on' if durable else 'off'}")
         for number in range(1, rounds + 1):
             for case in CASES:
                 if case == "empty pop":
@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--durable", action="store_true", help="synchronous_commit on: each commit waits for its flush"
+    )
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         dsn = fresh_database(server, "queen_bench_sql_calls")
         try:
             migrate(dsn)
-            results = run(dsn, args.calls, args.rounds)
+            results = run(dsn, args.calls, args.rounds, args.durable)
             print(f"\n{cluster.describe(server, args.cluster)}")
         finally:
             drop_database(server, "queen_bench_sql_calls")
