@@ -51,7 +51,7 @@ SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:
 SILENT = """
 CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END $$;
-CREATE OR REPLACE FUNCTION queen.notify_partitions(p_partitions uuid[]) RETURNS void
+CREATE OR REPLACE FUNCTION queen.notify_wakes(p_payloads text[]) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END $$;
 CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[])
 RETURNS void LANGUAGE plpgsql AS $$ BEGIN END $$;
@@ -77,7 +77,7 @@ def real_functions(dsn: str) -> str:
             "SELECT pg_get_functiondef(p.oid) FROM pg_proc p"
             " JOIN pg_namespace n ON n.oid = p.pronamespace"
             " WHERE n.nspname = 'queen'"
-            " AND p.proname IN ('cursor_wake', 'notify_partitions', 'notify_pushed')"
+            " AND p.proname IN ('cursor_wake', 'notify_wakes', 'notify_pushed')"
         ).fetchall()
     return ";\n".join(r[0] for r in rows) + ";"
 

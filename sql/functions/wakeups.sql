@@ -13,23 +13,22 @@ CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     collected text := current_setting('queen.wakes', true);
+    payloads  text[];
 BEGIN
     IF cardinality(p_partitions) = 0
        OR NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
         RETURN;
     END IF;
-    IF left(collected, 1) = '[' THEN
-        PERFORM set_config('queen.wakes', (collected::jsonb || coalesce(jsonb_agg(
-            queen.wake_payload(q.name, n.partition, q.namespace, q.task)), '[]'))::text, true)
+    payloads := ARRAY(
+        SELECT queen.wake_payload(q.name, n.partition, q.namespace, q.task)
         FROM (SELECT p.queue_id, min(p.name) AS partition
               FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
-        JOIN queen.queues q ON q.id = n.queue_id;
-        RETURN;
+        JOIN queen.queues q ON q.id = n.queue_id);
+    IF left(collected, 1) = '[' THEN
+        PERFORM set_config('queen.wakes', (collected::jsonb || to_jsonb(payloads))::text, true);
+    ELSE
+        PERFORM pg_notify('queen', w) FROM unnest(payloads) w;
     END IF;
-    PERFORM pg_notify('queen', queen.wake_payload(q.name, n.partition, q.namespace, q.task))
-    FROM (SELECT p.queue_id, min(p.name) AS partition
-          FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
-    JOIN queen.queues q ON q.id = n.queue_id;
 END
 $$;
 
@@ -96,19 +95,17 @@ $$;
 CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
-        RETURN;
-    END IF;
-    PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM pg_notify('queen', queen.wake_payload(q.name, p.name, q.namespace, q.task))
-    FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)
-    JOIN queen.queues q ON q.name = n.queue
-    JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition;
+    PERFORM queen.notify_wakes(ARRAY(
+        SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task)
+        FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)
+        JOIN queen.queues q ON q.name = n.queue
+        JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition));
 END
 $$;
 
--- Wake-ups that acks collected (queen.cursor_ack_api), sent once they committed, in a
--- transaction of their own with an asynchronous commit, as queen.notify_pushed.
+-- Send wake-ups (payloads of queen.wake_payload; those acks collected, or pushes') once
+-- what they announce has committed, in a transaction of their own with an asynchronous
+-- commit (see queen.notify_pushed); nothing while no worker has a poll parked.
 CREATE OR REPLACE FUNCTION queen.notify_wakes(p_payloads text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
