@@ -5,8 +5,9 @@ psycopg, no HTTP) on a
 scratch database, first as the schema is, then with one change applied to that
 database only (never to the repository):
 
-- no_notify: queen.cursor_wake and queen.notify_partitions become no-ops, i.e. no
-  NOTIFY inside the writing transactions (what moving wake-ups out of the transaction would save);
+- no_notify: queen.cursor_wake becomes a no-op, i.e. no NOTIFY inside the writing
+  transactions that still send one (maintenance, transactions; pushes and acks send
+  theirs after commit);
 - async_commit: synchronous_commit = off for every session of the database (what it
   would save on pop and ack, whose loss on a crash only means a redelivery).
 Prints one markdown table; the numbers go to docs/PERFORMANCE.md.
@@ -30,8 +31,6 @@ VARIANTS = {
     "as is": [],
     "no NOTIFY in the transaction": [
         "CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void"
-        " LANGUAGE sql AS $$ SELECT $$",
-        "CREATE OR REPLACE FUNCTION queen.notify_partitions(p_partitions uuid[]) RETURNS void"
         " LANGUAGE sql AS $$ SELECT $$",
     ],
     "synchronous_commit off": ["ALTER DATABASE {db} SET synchronous_commit = off"],
