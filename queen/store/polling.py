@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from queen.errors import QueenError
@@ -128,14 +128,16 @@ class PushWakeups:
             self._send(pairs, payloads)
 
     def _send(self, pairs: list[tuple[str, str]], payloads: list[str]) -> None:
-        calls = []
         if pairs:
-            queues, partitions = [q for q, _ in pairs], [p for _, p in pairs]
-            calls.append(("notify_pushed", {"queues": queues, "partitions": partitions}))
+            params = {"queues": [q for q, _ in pairs], "partitions": [p for _, p in pairs]}
+            _try_waking(lambda: self.db.fetch("notify_pushed", params))
         if payloads:
-            calls.append(("notify_wakes", {"payloads": payloads}))
-        for name, params in calls:
-            try:
-                self.db.fetch(name, params)
-            except QueenError as exc:  # a lost wake-up costs latency: the fallback finds it
-                log.warning("could not wake polls (%s): %s", name, exc.message)
+            _try_waking(lambda: self.db.fetch("notify_wakes", {"payloads": payloads}))
+
+
+def _try_waking(send: Callable[[], object]) -> None:
+    """Send wake-ups; a lost one costs latency only (the fallback re-check finds the work)."""
+    try:
+        send()
+    except QueenError as exc:
+        log.warning("could not wake long polls: %s", exc.message)
