@@ -1,9 +1,10 @@
 """What one call of the hot path costs PostgreSQL at batch 1, with nothing else running.
 
     python -m bench.sql_calls [--dsn DSN | --cluster] [--calls 1000] [--rounds 3]
+        [--partitions 16] [--messages 20000] [--durable]
 
-A fresh database migrated by `queen migrate`'s code, seeded with messages over 16
-partitions of one queue and ANALYZEd; then one session (asynchronous commit unless --durable, so that
+A fresh database migrated by `queen migrate`'s code, seeded with --messages messages over
+--partitions partitions (16) of one queue and ANALYZEd; then one session (asynchronous commit unless --durable, so that
 the WAL flush is not counted) runs each call in a loop inside a PL/pgSQL procedure, committing
 after every call as a request would: push one message (queen.cursor_push_api, as Queen's
 pool calls it), pop one by queue (queen.cursor_pop_many with one pop), ack it
@@ -27,7 +28,8 @@ from queen.store.migrate import migrate
 
 SETUP = """
 SET queen.push_notify = 'after_commit';
-CREATE OR REPLACE PROCEDURE pg_temp.calls(n integer, what text, INOUT us numeric DEFAULT 0)
+CREATE OR REPLACE PROCEDURE pg_temp.calls(n integer, what text, parts integer,
+                                           INOUT us numeric DEFAULT 0)
 LANGUAGE plpgsql AS $$
 DECLARE
     started timestamptz;
@@ -37,7 +39,7 @@ DECLARE
 BEGIN
     FOR k IN 1..n LOOP
         items := jsonb_build_array(jsonb_build_object(
-            'queue', 'bench', 'partition', 'p' || (k % 16), 'payload', jsonb_build_object('n', k)));
+            'queue', 'bench', 'partition', 'p' || (k % parts), 'payload', jsonb_build_object('n', k)));
         IF what = 'ack' THEN
             SELECT (m.message).transaction_id INTO txid
             FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
@@ -75,37 +77,41 @@ $$;
 CASES = ("push", "bare insert", "pop", "ack", "empty pop")
 
 
-def seed(conn: psycopg.Connection[Any]) -> None:
+def seed(conn: psycopg.Connection[Any], partitions: int, messages: int) -> None:
     conn.execute("CREATE TABLE bare (id bigserial PRIMARY KEY, body jsonb NOT NULL)")
-    conn.execute(
-        "SELECT count(*) FROM queen.cursor_push_api((SELECT jsonb_agg(jsonb_build_object("
-        "'queue', 'bench', 'partition', 'p' || (i % 16), 'payload', i))"
-        " FROM generate_series(1, 20000) i), NULL)"
-    )
+    for first in range(0, messages, 10_000):
+        conn.execute(
+            "SELECT count(*) FROM queen.cursor_push_api((SELECT jsonb_agg(jsonb_build_object("
+            "'queue', 'bench', 'partition', 'p' || (i %% %s::integer), 'payload', i))"
+            " FROM generate_series(%s::integer, %s::integer) i), NULL)",
+            (partitions, first, min(messages, first + 10_000) - 1),
+        )
     conn.execute("ANALYZE")
 
 
-def lease_all(conn: psycopg.Connection[Any]) -> None:
+def lease_all(conn: psycopg.Connection[Any], partitions: int) -> None:
     """Lease every partition, so that the next pops find none free."""
-    for _ in range(16):
+    for _ in range(partitions):
         conn.execute(
             "SELECT count(*) FROM queen.cursor_pop_api('queue', 'bench', NULL, NULL, NULL,"
             " '__queue__', 1, 'bench', NULL, NULL, gen_random_uuid())"
         )
 
 
-def run(dsn: str, calls: int, rounds: int, durable: bool) -> dict[str, list[float]]:
+def run(
+    dsn: str, calls: int, rounds: int, durable: bool, partitions: int, messages: int
+) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {case: [] for case in CASES}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        seed(conn)
+        seed(conn, partitions, messages)
         conn.execute(SETUP)
         conn.execute(f"SET synchronous_commit = {'on' if durable else 'off'}")
         for number in range(1, rounds + 1):
             for case in CASES:
                 if case == "empty pop":
-                    lease_all(conn)
+                    lease_all(conn, partitions)
                 (us,) = conn.execute(
-                    "CALL pg_temp.calls(%s, %s)", (calls, case)
+                    "CALL pg_temp.calls(%s, %s, %s)", (calls, case, partitions)
                 ).fetchone() or (0,)
                 results[case].append(float(us))
                 if case == "empty pop":
@@ -122,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument(
         "--durable", action="store_true", help="synchronous_commit on: each commit waits for its flush"
     )
@@ -132,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         dsn = fresh_database(server, "queen_bench_sql_calls")
         try:
             migrate(dsn)
-            results = run(dsn, args.calls, args.rounds, args.durable)
+            results = run(
+                dsn, args.calls, args.rounds, args.durable, args.partitions, args.messages
+            )
             print(f"\n{cluster.describe(server, args.cluster)}")
         finally:
             drop_database(server, "queen_bench_sql_calls")
