@@ -169,34 +169,9 @@ $$;
 
 -- Push a batch in one call: queued / duplicate (its transactionId is stored already, or
 -- earlier in the batch) / rejected (maxSize), one row per item in item order, with the
--- message's id (a duplicate's: the stored message's, looked up after the insert, in a
--- statement that sees what this push and those it waited for stored).
-CREATE OR REPLACE FUNCTION queen.cursor_push(p_items jsonb, p_producer text DEFAULT NULL)
-RETURNS TABLE (idx integer, message_id bigint, transaction_id text, status text)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    s record;
-BEGIN
-    IF jsonb_array_length(p_items) = 0 THEN
-        RETURN;
-    END IF;
-    s := queen.cursor_store(p_items, p_producer);
-    RETURN QUERY
-    SELECT a.idx, CASE WHEN a.id = ANY (s.stored) THEN a.id ELSE m.id END, a.transaction_id,
-           CASE WHEN a.id = ANY (s.stored) THEN 'queued' ELSE 'duplicate' END
-    FROM unnest(s.accepted) a
-    LEFT JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
-                       WHERE m.transaction_id = a.transaction_id AND NOT a.id = ANY (s.stored)
-                       LIMIT 1) m ON true
-    UNION ALL
-    SELECT r, NULL, NULL, 'rejected' FROM unnest(s.rejected) r
-    ORDER BY 1;
-END
-$$;
-
--- Push for the API: queen.cursor_push with each message's API id (a queued one was
--- created now()).
+-- message's API id (a queued one was created now(); a duplicate's is the stored
+-- message's, looked up after the insert, in a statement that sees what this push and
+-- those it waited for stored).
 CREATE OR REPLACE FUNCTION queen.cursor_push_api(p_items jsonb, p_producer text DEFAULT NULL)
 RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
 LANGUAGE plpgsql AS $$
@@ -233,4 +208,14 @@ BEGIN
     SELECT r, NULL, NULL, 'rejected' FROM unnest(s.rejected) r
     ORDER BY 1;
 END
+$$;
+
+-- queen.cursor_push_api with the messages' bigint ids (queen.cursor_message_id of the API
+-- ids), for callers working on the tables themselves.
+CREATE OR REPLACE FUNCTION queen.cursor_push(p_items jsonb, p_producer text DEFAULT NULL)
+RETURNS TABLE (idx integer, message_id bigint, transaction_id text, status text)
+LANGUAGE sql AS $$
+    SELECT p.idx, queen.cursor_message_id(p.message_id), p.transaction_id, p.status
+    FROM queen.cursor_push_api(p_items, p_producer) p
+    ORDER BY p.idx
 $$;
