@@ -151,7 +151,7 @@ class QueenSqlClient:
         self.conn.execute(
             self.queries["push"], {"body": body.decode(), "producer": None}
         ).fetchall()
-        # What a worker sends once the push committed (queen.store.polling.PushWakeups).
+        # What a worker sends once the push committed (queen.store.polling.Wakeups).
         self.conn.execute(
             self.queries["notify_pushed"], {"queues": [self.queue], "partitions": [partition]}
         )

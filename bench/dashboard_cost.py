@@ -315,7 +315,7 @@ def direct(args: argparse.Namespace) -> list[str]:
     hub.start_relay(store.dashboard.notify)
     events.on_dashboard = hub.receive
     events.start()
-    store.polling.push_wakeups.start()
+    store.polling.wakeups.start()
     client = testing.TestClient(create_app(settings, store=store, events=events, hub=hub))
     rows: list[dict[str, Any]] = []
     gc_clock = GcClock()

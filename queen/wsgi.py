@@ -45,7 +45,7 @@ def get_app() -> Any:
     hub.start_relay(store.dashboard.notify)  # batches reach every worker through NOTIFY
     events.on_dashboard = hub.receive
     events.start()
-    store.polling.push_wakeups.start()
+    store.polling.wakeups.start()
     runtime.update(store=store, events=events, settings=settings, hub=hub)
     return create_app(settings, store=store, events=events, hub=hub)
 

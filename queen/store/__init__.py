@@ -28,8 +28,8 @@ class Store:
         self.queues = Queues(db)
         self.messages = Messages(db, self.queues, encryption_key, fused_calls)
         self.polling = Polling(db)
-        self.messages.after_push = self.polling.push_wakeups.pushed
-        self.messages.after_ack = self.polling.push_wakeups.freed
+        self.messages.after_push = self.polling.wakeups.pushed
+        self.messages.after_ack = self.polling.wakeups.freed
         self.leases = Leases(db, fused_calls)
         self.dashboard = Dashboard(db)
         self.reads = Reads(db)
@@ -38,7 +38,7 @@ class Store:
         self.tokens = Tokens(db)
         self.groups = ConsumerGroups(db)
         self.transactions = Transactions(db, self.queues, encryption_key)
-        self.transactions.after_push = self.polling.push_wakeups.pushed
+        self.transactions.after_push = self.polling.wakeups.pushed
 
     @classmethod
     def from_settings(cls, settings: Settings, application_name: str = "queen") -> Store:

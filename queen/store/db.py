@@ -288,7 +288,7 @@ class Database:
             " set_config('idle_in_transaction_session_timeout', '60s', false),"
             # Timestamps arrive in UTC, ready to format (queen.models.iso).
             " set_config('TimeZone', 'UTC', false),"
-            # Pushes wake long polls after they commit (queen.store.polling.PushWakeups).
+            # Pushes wake long polls after they commit (queen.store.polling.Wakeups).
             " set_config('queen.push_notify', 'after_commit', false)",
             (str(self._statement_timeout_ms),),
         )

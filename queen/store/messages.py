@@ -36,7 +36,7 @@ from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.store.cursors import QUEUE_MODE
 from queen.store.db import LARGE_CALL_BYTES, Database
 from queen.store.giveback import GiveBacks
-from queen.store.polling import PushWakeups
+from queen.store.polling import Wakeups
 from queen.store.queues import Queues
 
 AfterExecute = Callable[[psycopg.Connection[Any]], None]
@@ -152,7 +152,7 @@ class Messages:
         self.queues = queues
         self._key = crypto.load_key(encryption_key) if encryption_key else None
         # Wake long polls once a push or ack committed (the session defers it: see db.py).
-        wakeups = PushWakeups(db)
+        wakeups = Wakeups(db)
         self.after_push = wakeups.pushed
         self.after_ack = wakeups.freed
         self.give_backs = GiveBacks(db)

@@ -41,7 +41,7 @@ class Polling:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self.push_wakeups = PushWakeups(db)
+        self.wakeups = Wakeups(db)
 
     def ready_partitions(
         self,
@@ -69,7 +69,7 @@ class Polling:
         return int(rows[0][0] or 0) if rows else 0
 
 
-class PushWakeups:
+class Wakeups:
     """Wake long polls for what pushes stored and acks freed, after they committed.
 
     Queen's sessions defer the push notifications (`queen.push_notify = after_commit`,
@@ -112,7 +112,7 @@ class PushWakeups:
 
     def start(self) -> None:
         self._running = True
-        threading.Thread(target=self._run, name="queen-push-wakeups", daemon=True).start()
+        threading.Thread(target=self._run, name="queen-wakeups", daemon=True).start()
 
     def stop(self) -> None:
         self._running = False

@@ -28,7 +28,7 @@ from queen.errors import (
 )
 from queen.store import cursors
 from queen.store.db import RETRIES_ON_DEADLOCK, RETRYABLE, Database
-from queen.store.polling import PushWakeups
+from queen.store.polling import Wakeups
 from queen.store.queues import Queues
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class Transactions:
         self.db = db
         self.queues = queues
         self._key = crypto.load_key(encryption_key) if encryption_key else None
-        self.after_push = PushWakeups(db).pushed  # wakes long polls once pushes committed
+        self.after_push = Wakeups(db).pushed  # wakes long polls once pushes committed
 
     def commit(self, operations: Sequence[Operation], producer: str | None = None) -> list[Result]:
         """Apply every operation or none; one result per operation, in order.

@@ -239,8 +239,8 @@ def test_a_plain_session_notifies_inside_the_push_and_a_deferring_one_after(db_d
         assert received(listener) == ["q/a//"]
 
 
-def test_started_push_wakeups_send_for_many_pushes_at_once(store: Store, listener):
-    wakeups = store.polling.push_wakeups
+def test_started_wakeups_send_for_many_pushes_at_once(store: Store, listener):
+    wakeups = store.polling.wakeups
     wakeups.start()
     try:
         for name in ("a", "b", "c"):
@@ -310,7 +310,7 @@ def test_acks_through_the_store_wake_polls_after_they_committed(store, listener)
 
 
 def test_started_wakeups_send_what_acks_freed(store: Store, listener):
-    wakeups = store.polling.push_wakeups
+    wakeups = store.polling.wakeups
     wakeups.start()
     try:
         push(store, items("q", "a", 2) + items("q", "b", 2))
