@@ -1,7 +1,7 @@
 """What one call of the hot path costs PostgreSQL at batch 1, with nothing else running.
 
     python -m bench.sql_calls [--dsn DSN | --cluster] [--calls 1000] [--rounds 3]
-        [--partitions 16] [--messages 20000] [--durable]
+        [--partitions 16] [--messages 20000] [--durable] [--cases pop,ack,...]
 
 A fresh database migrated by `queen migrate`'s code, seeded with --messages messages over
 --partitions partitions (16) of one queue and ANALYZEd; then one session (asynchronous commit unless --durable, so that
@@ -99,15 +99,16 @@ def lease_all(conn: psycopg.Connection[Any], partitions: int) -> None:
 
 
 def run(
-    dsn: str, calls: int, rounds: int, durable: bool, partitions: int, messages: int
+    dsn: str, calls: int, rounds: int, durable: bool, partitions: int, messages: int,
+    cases: tuple[str, ...] = CASES,
 ) -> dict[str, list[float]]:
-    results: dict[str, list[float]] = {case: [] for case in CASES}
+    results: dict[str, list[float]] = {case: [] for case in cases}
     with psycopg.connect(dsn, autocommit=True) as conn:
         seed(conn, partitions, messages)
         conn.execute(SETUP)
         conn.execute(f"SET synchronous_commit = {'on' if durable else 'off'}")
         for number in range(1, rounds + 1):
-            for case in CASES:
+            for case in cases:
                 if case == "empty pop":
                     lease_all(conn, partitions)
                 (us,) = conn.execute(
@@ -133,15 +134,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--durable", action="store_true", help="synchronous_commit on: each commit waits for its flush"
     )
+    parser.add_argument(
+        "--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}"
+    )
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
+    cases = tuple(c.strip() for c in args.cases.split(","))
+    if unknown := set(cases) - set(CASES):
+        parser.error(f"unknown cases: {', '.join(sorted(unknown))}")
     with contextlib.ExitStack() as stack:
         server = cluster.server_dsn(args.dsn, args.cluster, stack)
         dsn = fresh_database(server, "queen_bench_sql_calls")
         try:
             migrate(dsn)
             results = run(
-                dsn, args.calls, args.rounds, args.durable, args.partitions, args.messages
+                dsn, args.calls, args.rounds, args.durable, args.partitions, args.messages,
+                cases,
             )
             print(f"\n{cluster.describe(server, args.cluster)}")
         finally:

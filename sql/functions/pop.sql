@@ -160,37 +160,96 @@ END
 $$;
 
 -- Partitions of a queue a group may pop now (no live lease, not held back, no window
--- open), those with the oldest next message first, up to p_limit: one probe per partition
--- of the queue. A partition where the group has no cursor yet counts from its first
--- message.
+-- open), up to p_limit, those with the oldest next message first. A pop reads a bounded
+-- number of partitions however many the queue has: it walks the queue's partitions in id
+-- order from a random point on (wrapping around), one key probe a step, and ranks the
+-- first p_limit free ones with work among the first 256 it walks. Only when those 256
+-- hold none, and the queue has more, does it rank every partition of the queue (a scan
+-- of them all, as when most are leased or drained). A queue with no more than p_limit
+-- partitions with work has them all ranked, oldest first; the random start spreads the
+-- pops of a wider one over all its partitions (none waits behind others refilled faster
+-- than they are drained). A partition where the group has no cursor yet counts from its
+-- first message. Partitions whose window (windowBuffer) is still open are passed over,
+-- as the claim would, so that they do not use up the candidates and hide one whose
+-- window closed; an expired lease is a candidate whatever the window (the claim ends
+-- it). (PL/pgSQL: a volatile SQL function would be planned again at every call.)
 CREATE OR REPLACE FUNCTION queen.cursor_candidates(p_queue uuid, p_group text, p_limit integer)
 RETURNS SETOF uuid
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    q     queen.queues;
+    start uuid := gen_random_uuid();
+BEGIN
+    SELECT * INTO q FROM queen.queues x WHERE x.id = p_queue;
+    -- The walk: a recursive step per partition, each an index probe for the next id (so
+    -- no statistics can turn it into a sort of the whole queue); then the partition's
+    -- cursor and next message, probed by key.
+    RETURN QUERY
+    WITH RECURSIVE walk (id, lap) AS (
+        SELECT f.id, f.lap FROM (
+            (SELECT p.id, 0 AS lap FROM queen.partitions p
+             WHERE p.queue_id = p_queue AND p.id >= start ORDER BY p.id LIMIT 1)
+            UNION ALL
+            (SELECT p.id, 1 FROM queen.partitions p
+             WHERE p.queue_id = p_queue AND p.id < start ORDER BY p.id LIMIT 1)
+            LIMIT 1) f
+        UNION ALL
+        SELECT n.id, n.lap FROM walk w CROSS JOIN LATERAL (
+            (SELECT p.id, 0 AS lap FROM queen.partitions p  -- on from the start
+             WHERE w.lap = 0 AND p.queue_id = p_queue AND p.id > w.id ORDER BY p.id LIMIT 1)
+            UNION ALL
+            (SELECT p.id, 1 FROM queen.partitions p  -- past the last: round to the first
+             WHERE w.lap = 0 AND p.queue_id = p_queue AND p.id < start ORDER BY p.id LIMIT 1)
+            UNION ALL
+            (SELECT p.id, 1 FROM queen.partitions p  -- on, up to the start
+             WHERE w.lap = 1 AND p.queue_id = p_queue AND p.id > w.id AND p.id < start
+             ORDER BY p.id LIMIT 1)
+            LIMIT 1) n
+    )
+    SELECT w.id FROM (
+        SELECT p.id, m.id AS next_id
+        FROM (SELECT * FROM walk LIMIT 256) p
+        LEFT JOIN LATERAL (SELECT c.cursor_id, c.lease_id, c.lease_expires_at, c.not_before
+                           FROM queen.cursor_consumers c
+                           WHERE c.partition_id = p.id AND c.consumer_group = p_group
+                           LIMIT 1) c ON true
+        CROSS JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
+                            WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
+                            ORDER BY m.id LIMIT 1) m
+        WHERE (c.lease_id IS NULL OR c.lease_expires_at <= now())
+          AND (c.not_before IS NULL OR c.not_before <= now())
+          AND (q.window_buffer = 0 OR c.lease_id IS NOT NULL
+               OR (SELECT n.created_at FROM queen.cursor_messages n
+                   WHERE n.partition_id = p.id ORDER BY n.id DESC LIMIT 1)
+                  <= now() - make_interval(secs => q.window_buffer))
+        LIMIT p_limit) w
+    ORDER BY w.next_id;
+    IF FOUND OR NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = p_queue
+                            OFFSET 256) THEN
+        RETURN;  -- (the walk saw every partition of the queue)
+    END IF;
+    RETURN QUERY
     SELECT p.id
-    FROM queen.queues q
-    JOIN queen.partitions p ON p.queue_id = q.id
+    FROM queen.partitions p
     LEFT JOIN queen.cursor_consumers c
            ON c.partition_id = p.id AND c.consumer_group = p_group
     CROSS JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
                         WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
                         ORDER BY m.id LIMIT 1) m
-    WHERE q.id = p_queue
+    WHERE p.queue_id = p_queue
       AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
       AND (c.not_before IS NULL OR c.not_before <= now())
-      -- Pass over partitions whose window (windowBuffer) is still open, as the claim
-      -- would, so that they do not use up the p_limit candidates and hide one whose
-      -- window closed (one probe of the newest message each). An expired lease is still
-      -- a candidate: the claim ends it whatever the window.
       AND (q.window_buffer = 0 OR c.lease_id IS NOT NULL
            OR (SELECT n.created_at FROM queen.cursor_messages n
                WHERE n.partition_id = p.id ORDER BY n.id DESC LIMIT 1)
               <= now() - make_interval(secs => q.window_buffer))
     ORDER BY m.id
-    LIMIT p_limit
+    LIMIT p_limit;
+END
 $$;
 
--- Pop from a queue as a group: the free partition whose next message is oldest, up to
--- p_batch messages of it in order (another consumer's pop skips a partition being
+-- Pop from a queue as a group: the first free partition of queen.cursor_candidates (the
+-- oldest next message first), up to p_batch messages of it in order (another consumer's pop skips a partition being
 -- claimed and tries the next).
 CREATE OR REPLACE FUNCTION queen.cursor_pop_queue(
     p_queue text, p_group text, p_batch integer, p_worker text,

@@ -1,4 +1,5 @@
-"""Pop by queue: the oldest available partition first, whatever was drained before it."""
+"""Pop by queue: the oldest available partition first (among the first 32 with work from a
+random start), whatever was drained before it; every partition reachable."""
 
 from __future__ import annotations
 
@@ -147,3 +148,29 @@ def test_preferring_a_partition_of_another_queue_pops_nothing_from_it(store: Sto
     assert _pop_preferring(store, "p") == [("p", "mine")]
     assert rows(store.db.dsn, f"SELECT status FROM ({storage.MESSAGE_VIEW}) v WHERE queue = %s",
                 ("other",)) == [("pending",)]
+
+
+def test_every_partition_of_a_wide_queue_is_reached(store: Store) -> None:
+    # More partitions with work than a pop ranks: pops lease them one after the other,
+    # from wherever each pop's scan starts, until none is left free.
+    names = [f"w{n:03d}" for n in range(100)]
+    push(store, [{"queue": "wide", "partition": p, "payload": p} for p in names])
+    popped = []
+    for _ in names:
+        (m,) = pop(store, "wide")
+        popped.append(data(m))
+    assert sorted(popped) == names
+    assert pop(store, "wide") == []  # all leased
+
+
+def test_pops_of_a_wide_queue_spread_over_its_partitions(store: Store) -> None:
+    # Every partition refilled as it is drained: the pops do not keep to a few of them.
+    names = [f"s{n:03d}" for n in range(200)]
+    push(store, [{"queue": "spread", "partition": p, "payload": p} for p in names])
+    served = set()
+    for n in range(60):
+        (m,) = pop(store, "spread")
+        served.add(data(m))
+        ack(store, m.transaction_id)
+        push(store, [{"queue": "spread", "partition": data(m), "payload": data(m)}])
+    assert len(served) >= 40

@@ -226,3 +226,37 @@ def test_an_ack_probes_its_messages_whatever_the_backlog(backlogged: str) -> Non
         check("ack with a backlog", plans)
     finally:
         explained.close()
+
+
+WIDE = 2_000  # partitions of one queue, each with work: far more than a pop ranks
+
+
+@pytest.fixture(scope="module", params=["stale", "analyzed"])
+def wide(request: pytest.FixtureRequest, server_dsn: str, template_db: str) -> Iterator[str]:
+    """One queue of WIDE partitions with a message each."""
+    from tests.conftest import cloned_database
+
+    with cloned_database(server_dsn, template_db, "queen_plans") as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for table in (*TABLES, "partitions"):
+                conn.execute(f"ALTER TABLE queen.{table} SET (autovacuum_enabled = false)")
+            cursors.push(conn, [{"queue": "big", "partition": f"p{p}", "payload": p}
+                                for p in range(WIDE)])
+            if request.param == "analyzed":
+                conn.execute("ANALYZE")
+        yield dsn
+
+
+def test_pop_by_queue_reads_a_bounded_number_of_partitions(wide: str) -> None:
+    explained = Explained(wide)
+    try:
+        for _ in range(RUNS):
+            rows, plans = explained.run("pop_many", pop_params(batch=1))
+            assert len(rows) == 1
+        check("pop by queue over many partitions", plans)
+        scanned = re.compile(r"\b(?:on|using) partitions\w*\b.*actual rows=(\d+) loops=(\d+)")
+        for p in plans:
+            for produced, loops in scanned.findall(p.plan):
+                assert int(produced) * int(loops) <= MAX_ROWS, f"{p.query[:80]!r}\n{p.plan}"
+    finally:
+        explained.close()
