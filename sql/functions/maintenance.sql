@@ -59,9 +59,10 @@ BEGIN
 END
 $$;
 
--- ANALYZE the message tables that changed by more than a tenth since their last
--- analysis (or were never analysed): plans stay index-driven on a server without
--- autovacuum. Returns the tables analysed.
+-- ANALYZE the message tables and the partitions that changed by more than a tenth since
+-- their last analysis (or were never analysed): plans stay index-driven on a server
+-- without autovacuum (a queue's partitions read in index order by a pop: see
+-- queen.cursor_candidates). Returns the tables analysed.
 CREATE OR REPLACE FUNCTION queen.cursor_analyze(p_min_changes bigint DEFAULT 1000)
 RETURNS text[]
 LANGUAGE plpgsql AS $$
@@ -71,7 +72,7 @@ DECLARE
 BEGIN
     FOR stale IN
         SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-        WHERE s.schemaname = 'queen' AND s.relname LIKE 'cursor\_%'
+        WHERE s.schemaname = 'queen' AND (s.relname LIKE 'cursor\_%' OR s.relname = 'partitions')
           AND s.n_mod_since_analyze >= greatest(p_min_changes, c.reltuples / 10)
         ORDER BY s.relname
     LOOP

@@ -160,19 +160,18 @@ END
 $$;
 
 -- Partitions of a queue a group may pop now (no live lease, not held back, no window
--- open), up to p_limit, those with the oldest next message first. A pop reads a bounded
--- number of partitions however many the queue has: it walks the queue's partitions in id
--- order from a random point on (wrapping around), one key probe a step, and ranks the
--- first p_limit free ones with work among the first 256 it walks. Only when those 256
--- hold none, and the queue has more, does it rank every partition of the queue (a scan
--- of them all, as when most are leased or drained). A queue with no more than p_limit
--- partitions with work has them all ranked, oldest first; the random start spreads the
--- pops of a wider one over all its partitions (none waits behind others refilled faster
--- than they are drained). A partition where the group has no cursor yet counts from its
--- first message. Partitions whose window (windowBuffer) is still open are passed over,
--- as the claim would, so that they do not use up the candidates and hide one whose
--- window closed; an expired lease is a candidate whatever the window (the claim ends
--- it). (PL/pgSQL: a volatile SQL function would be planned again at every call.)
+-- open), up to p_limit, those with the oldest next message first. A queue of up to 256
+-- partitions has them all ranked (one probe each). A wider one is walked in id order
+-- from a random point on (wrapping around), one key probe a step, and the first p_limit
+-- free ones with work among the first 256 walked are ranked: a pop reads a bounded
+-- number of partitions however many the queue has, and the random start spreads the pops
+-- over all of them (none waits behind others refilled faster than they are drained).
+-- Only when those 256 hold none are all the queue's partitions ranked (as when most are
+-- leased or drained). A partition where the group has no cursor yet counts from its first
+-- message. Partitions whose window (windowBuffer) is still open are passed over, as the
+-- claim would, so that they do not use up the candidates and hide one whose window
+-- closed; an expired lease is a candidate whatever the window (the claim ends it).
+-- (PL/pgSQL: a volatile SQL function would be planned again at every call.)
 CREATE OR REPLACE FUNCTION queen.cursor_candidates(p_queue uuid, p_group text, p_limit integer)
 RETURNS SETOF uuid
 LANGUAGE plpgsql AS $$
@@ -181,6 +180,11 @@ DECLARE
     start uuid := gen_random_uuid();
 BEGIN
     SELECT * INTO q FROM queen.queues x WHERE x.id = p_queue;
+    IF NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = p_queue
+                   ORDER BY p.id OFFSET 256 LIMIT 1) THEN  -- (in index order: it stops there)
+        RETURN QUERY SELECT x FROM queen.cursor_rank(q, p_group, p_limit) x;
+        RETURN;
+    END IF;
     -- The walk: a recursive step per partition, each an index probe for the next id (so
     -- no statistics can turn it into a sort of the whole queue); then the partition's
     -- cursor and next message, probed by key.
@@ -224,11 +228,18 @@ BEGIN
                   <= now() - make_interval(secs => q.window_buffer))
         LIMIT p_limit) w
     ORDER BY w.next_id;
-    IF FOUND OR NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = p_queue
-                            OFFSET 256) THEN
-        RETURN;  -- (the walk saw every partition of the queue)
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT x FROM queen.cursor_rank(q, p_group, p_limit) x;
     END IF;
-    RETURN QUERY
+END
+$$;
+
+-- Every partition of queue q a group may pop now ranked by its next message, oldest
+-- first, up to p_limit (one probe of the partition's cursor and next message each):
+-- queen.cursor_candidates for a narrow queue, or when its walk found none.
+CREATE OR REPLACE FUNCTION queen.cursor_rank(q queen.queues, p_group text, p_limit integer)
+RETURNS SETOF uuid
+LANGUAGE sql STABLE AS $$
     SELECT p.id
     FROM queen.partitions p
     LEFT JOIN queen.cursor_consumers c
@@ -236,7 +247,7 @@ BEGIN
     CROSS JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
                         WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
                         ORDER BY m.id LIMIT 1) m
-    WHERE p.queue_id = p_queue
+    WHERE p.queue_id = q.id
       AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
       AND (c.not_before IS NULL OR c.not_before <= now())
       AND (q.window_buffer = 0 OR c.lease_id IS NOT NULL
@@ -244,8 +255,7 @@ BEGIN
                WHERE n.partition_id = p.id ORDER BY n.id DESC LIMIT 1)
               <= now() - make_interval(secs => q.window_buffer))
     ORDER BY m.id
-    LIMIT p_limit;
-END
+    LIMIT p_limit
 $$;
 
 -- Pop from a queue as a group: the first free partition of queen.cursor_candidates (the

@@ -153,7 +153,7 @@ def test_preferring_a_partition_of_another_queue_pops_nothing_from_it(store: Sto
 def test_every_partition_of_a_wide_queue_is_reached(store: Store) -> None:
     # More partitions with work than a pop ranks: pops lease them one after the other,
     # from wherever each pop's scan starts, until none is left free.
-    names = [f"w{n:03d}" for n in range(100)]
+    names = [f"w{n:03d}" for n in range(300)]  # (wider than a pop ranks whole)
     push(store, [{"queue": "wide", "partition": p, "payload": p} for p in names])
     popped = []
     for _ in names:
@@ -165,10 +165,10 @@ def test_every_partition_of_a_wide_queue_is_reached(store: Store) -> None:
 
 def test_pops_of_a_wide_queue_spread_over_its_partitions(store: Store) -> None:
     # Every partition refilled as it is drained: the pops do not keep to a few of them.
-    names = [f"s{n:03d}" for n in range(200)]
+    names = [f"s{n:03d}" for n in range(300)]
     push(store, [{"queue": "spread", "partition": p, "payload": p} for p in names])
     served = set()
-    for n in range(60):
+    for _ in range(60):
         (m,) = pop(store, "spread")
         served.add(data(m))
         ack(store, m.transaction_id)

@@ -229,6 +229,8 @@ def test_an_ack_probes_its_messages_whatever_the_backlog(backlogged: str) -> Non
 
 
 WIDE = 2_000  # partitions of one queue, each with work: far more than a pop ranks
+WALKED = 600  # partition rows a pop by queue may read: whether the queue is wider than
+# the 256 it ranks whole (257 read), then at most 256 walked
 
 
 @pytest.fixture(scope="module", params=["stale", "analyzed"])
@@ -254,9 +256,19 @@ def test_pop_by_queue_reads_a_bounded_number_of_partitions(wide: str) -> None:
             rows, plans = explained.run("pop_many", pop_params(batch=1))
             assert len(rows) == 1
         check("pop by queue over many partitions", plans)
+        # Never analysed, the partitions may be read whole (the planner takes the queue for
+        # a few of them) until maintenance's ANALYZE, which takes them in as they change.
+        stale = "partitions" in cursors.analyze(explained.conn, min_changes=1000)
+        if stale:
+            explained.close()
+            explained = Explained(wide)  # (plans made afresh, with the statistics)
+            for _ in range(RUNS):
+                rows, plans = explained.run("pop_many", pop_params(batch=1))
+                assert len(rows) == 1
+            check("pop by queue over many partitions, analysed", plans)
         scanned = re.compile(r"\b(?:on|using) partitions\w*\b.*actual rows=(\d+) loops=(\d+)")
         for p in plans:
             for produced, loops in scanned.findall(p.plan):
-                assert int(produced) * int(loops) <= MAX_ROWS, f"{p.query[:80]!r}\n{p.plan}"
+                assert int(produced) * int(loops) <= WALKED, f"{p.query[:80]!r}\n{p.plan}"
     finally:
         explained.close()
