@@ -150,16 +150,39 @@ BEGIN
         rejected := queen.cursor_rejected(p_items, targets);
     END IF;
     accepted := queen.cursor_number(p_items, targets, rejected);
-    WITH inserted AS (
-        INSERT INTO queen.cursor_messages
-            (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
-        OVERRIDING SYSTEM VALUE
-        SELECT a.id, a.partition_id, a.transaction_id, a.payload, a.encrypted, p_producer, a.trace_id
-        FROM unnest(accepted) a ORDER BY a.transaction_id COLLATE "C", a.idx
-        ON CONFLICT (transaction_id) DO NOTHING
-        RETURNING id
-    )
-    SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
+    IF NOT jsonb_path_exists(p_items, '$[*].transactionId') THEN
+        -- Every transactionId drawn here, from a new id: none can be stored already, so a
+        -- plain insert, not a speculative one (ON CONFLICT writes a second WAL record per
+        -- row to confirm it: a tenth of a message's WAL). Should a client have stored one
+        -- of them as its own transactionId, the insert fails and is made again below.
+        BEGIN
+            WITH inserted AS (
+                INSERT INTO queen.cursor_messages
+                    (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
+                OVERRIDING SYSTEM VALUE
+                SELECT a.id, a.partition_id, a.transaction_id, a.payload, a.encrypted,
+                       p_producer, a.trace_id
+                FROM unnest(accepted) a ORDER BY a.transaction_id COLLATE "C", a.idx
+                RETURNING id
+            )
+            SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
+        EXCEPTION WHEN unique_violation THEN
+            stored := NULL;
+        END;
+    END IF;
+    IF stored IS NULL THEN
+        WITH inserted AS (
+            INSERT INTO queen.cursor_messages
+                (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
+            OVERRIDING SYSTEM VALUE
+            SELECT a.id, a.partition_id, a.transaction_id, a.payload, a.encrypted, p_producer,
+                   a.trace_id
+            FROM unnest(accepted) a ORDER BY a.transaction_id COLLATE "C", a.idx
+            ON CONFLICT (transaction_id) DO NOTHING
+            RETURNING id
+        )
+        SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
+    END IF;
     IF current_setting('queen.push_notify', true) IS DISTINCT FROM 'after_commit' THEN
         PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a
                                         WHERE a.id = ANY (stored)));

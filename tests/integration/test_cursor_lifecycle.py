@@ -64,6 +64,22 @@ def test_duplicates_by_transaction_id_store_nothing(conn: Conn) -> None:
     assert numbers(cursors.pop(conn, "other", batch=10)) == [8]
 
 
+def test_a_drawn_transaction_id_a_client_stored_already_is_a_duplicate(conn: Conn) -> None:
+    # Items without a transactionId are stored by a plain insert (no ON CONFLICT): one
+    # whose drawn id a client pushed as its own takes the insert again, conflicts checked.
+    with conn.transaction():  # (one now(): the id the next push draws is known)
+        (taken,) = conn.execute(
+            "SELECT queen.cursor_message_uuid(last_value + CASE WHEN is_called THEN 2 ELSE 1 END,"
+            " now())::text FROM queen.cursor_messages_id_seq").fetchone() or (None,)
+        (own,) = cursors.push(conn, [{"queue": "q", "payload": {"n": 0}, "transactionId": taken}])
+        drawn = cursors.push(conn, [{"queue": "q", "payload": {"n": 1}},
+                                    {"queue": "q", "payload": {"n": 2}}])
+    assert own.status == "queued"
+    assert [r.status for r in drawn] == ["duplicate", "queued"]
+    assert drawn[0].transaction_id == taken and drawn[0].id == own.id
+    assert numbers(cursors.pop(conn, "q", batch=10)) == [0, 2]
+
+
 def test_two_pushes_racing_with_one_transaction_id_store_one_message(db_dsn: str) -> None:
     rounds, racers = 10, 4
     for r in range(rounds):
