@@ -150,39 +150,16 @@ BEGIN
         rejected := queen.cursor_rejected(p_items, targets);
     END IF;
     accepted := queen.cursor_number(p_items, targets, rejected);
-    IF NOT jsonb_path_exists(p_items, '$[*].transactionId') THEN
-        -- Every transactionId drawn here, from a new id: none can be stored already, so a
-        -- plain insert, not a speculative one (ON CONFLICT writes a second WAL record per
-        -- row to confirm it: a tenth of a message's WAL). Should a client have stored one
-        -- of them as its own transactionId, the insert fails and is made again below.
-        BEGIN
-            WITH inserted AS (
-                INSERT INTO queen.cursor_messages
-                    (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
-                OVERRIDING SYSTEM VALUE
-                SELECT a.id, a.partition_id, a.transaction_id, a.payload, a.encrypted,
-                       p_producer, a.trace_id
-                FROM unnest(accepted) a ORDER BY a.transaction_id COLLATE "C", a.idx
-                RETURNING id
-            )
-            SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
-        EXCEPTION WHEN unique_violation THEN
-            stored := NULL;
-        END;
-    END IF;
-    IF stored IS NULL THEN
-        WITH inserted AS (
-            INSERT INTO queen.cursor_messages
-                (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
-            OVERRIDING SYSTEM VALUE
-            SELECT a.id, a.partition_id, a.transaction_id, a.payload, a.encrypted, p_producer,
-                   a.trace_id
-            FROM unnest(accepted) a ORDER BY a.transaction_id COLLATE "C", a.idx
-            ON CONFLICT (transaction_id) DO NOTHING
-            RETURNING id
-        )
-        SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
-    END IF;
+    WITH inserted AS (
+        INSERT INTO queen.cursor_messages
+            (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
+        OVERRIDING SYSTEM VALUE
+        SELECT a.id, a.partition_id, a.transaction_id, a.payload, a.encrypted, p_producer, a.trace_id
+        FROM unnest(accepted) a ORDER BY a.transaction_id COLLATE "C", a.idx
+        ON CONFLICT (transaction_id) DO NOTHING
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
     IF current_setting('queen.push_notify', true) IS DISTINCT FROM 'after_commit' THEN
         PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a
                                         WHERE a.id = ANY (stored)));
@@ -190,20 +167,83 @@ BEGIN
 END
 $$;
 
+-- Store a batch none of whose items names a transactionId, into queues without maxSize
+-- (the caller holds the push locks of targets, queen.cursor_targets): every item is
+-- stored, with an id drawn in item order and its API id (queen.cursor_message_uuid) as
+-- its transactionId. Returns the ids in item order. None of those transactionIds can be
+-- stored already, so the insert is a plain one, not a speculative one (ON CONFLICT
+-- writes a second WAL record per row to confirm it: a tenth of a message's WAL), and
+-- nothing passes through arrays of rows. A client may have stored one of them as its
+-- own transactionId: the insert then fails (unique_violation) and the caller stores the
+-- batch as any other.
+CREATE OR REPLACE FUNCTION queen.cursor_store_new(p_items jsonb, p_targets queen.push_target[],
+                                                  p_producer text)
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    ids bigint[];
+BEGIN
+    WITH stored AS (
+        INSERT INTO queen.cursor_messages
+            (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
+        OVERRIDING SYSTEM VALUE
+        SELECT n.id, n.partition_id, queen.cursor_message_uuid(n.id, now())::text,
+               n.i -> 'payload', coalesce((n.i ->> 'encrypted')::boolean, false), p_producer,
+               n.i ->> 'traceId'
+        FROM (SELECT r.*, nextval('queen.cursor_messages_id_seq'::regclass) AS id
+              FROM (SELECT x.ord, x.i, t.partition_id
+                    FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
+                    JOIN unnest(p_targets) t
+                      ON t.queue = x.i ->> 'queue'
+                     AND t.partition = coalesce(x.i ->> 'partition', 'Default')
+                    ORDER BY x.ord) r) n
+        RETURNING id
+    )
+    SELECT array_agg(s.id ORDER BY s.id) INTO ids FROM stored s;
+    IF current_setting('queen.push_notify', true) IS DISTINCT FROM 'after_commit' THEN
+        PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT t.partition_id FROM unnest(p_targets) t));
+    END IF;
+    RETURN ids;
+END
+$$;
+
 -- Push a batch in one call: queued / duplicate (its transactionId is stored already, or
 -- earlier in the batch) / rejected (maxSize), one row per item in item order, with the
 -- message's API id (a queued one was created now(); a duplicate's is the stored
 -- message's, looked up after the insert, in a statement that sees what this push and
--- those it waited for stored).
+-- those it waited for stored). A batch naming no transactionId into queues without
+-- maxSize (the common push) is stored by queen.cursor_store_new; any other by
+-- queen.cursor_store.
 CREATE OR REPLACE FUNCTION queen.cursor_push_api(p_items jsonb, p_producer text DEFAULT NULL)
 RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    s record;
+    s       record;
+    targets queen.push_target[];
+    ids     bigint[];
 BEGIN
     IF jsonb_array_length(p_items) = 0 THEN
         RETURN;
+    END IF;
+    IF NOT jsonb_path_exists(p_items, '$[*].transactionId') THEN
+        targets := queen.cursor_targets(p_items);
+        IF NOT EXISTS (SELECT 1 FROM unnest(targets) t JOIN queen.queues q ON q.id = t.queue_id
+                       WHERE q.max_size > 0) THEN
+            BEGIN
+                ids := queen.cursor_store_new(p_items, targets, p_producer);
+            EXCEPTION WHEN unique_violation THEN
+                ids := NULL;  -- (stored as any other batch below)
+            END;
+            IF ids IS NOT NULL THEN
+                RETURN QUERY
+                SELECT k.n::integer, queen.cursor_message_uuid(k.id, now()),
+                       queen.cursor_message_uuid(k.id, now())::text, 'queued'
+                FROM unnest(ids) WITH ORDINALITY k(id, n)
+                ORDER BY k.n;
+                RETURN;
+            END IF;
+        END IF;
     END IF;
     s := queen.cursor_store(p_items, p_producer);
     IF cardinality(s.stored) = cardinality(s.accepted) THEN

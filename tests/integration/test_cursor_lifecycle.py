@@ -64,20 +64,24 @@ def test_duplicates_by_transaction_id_store_nothing(conn: Conn) -> None:
     assert numbers(cursors.pop(conn, "other", batch=10)) == [8]
 
 
-def test_a_drawn_transaction_id_a_client_stored_already_is_a_duplicate(conn: Conn) -> None:
-    # Items without a transactionId are stored by a plain insert (no ON CONFLICT): one
-    # whose drawn id a client pushed as its own takes the insert again, conflicts checked.
+def test_a_drawn_transaction_id_a_client_stored_already_is_drawn_again(conn: Conn) -> None:
+    # Items without a transactionId are stored by a plain insert (no ON CONFLICT): when a
+    # client pushed the id one of them draws as its own, the batch is stored again, with
+    # new ids and conflicts checked; nothing is lost or taken for a duplicate.
     with conn.transaction():  # (one now(): the id the next push draws is known)
+        (next_id,) = conn.execute(
+            "SELECT last_value + CASE WHEN is_called THEN 2 ELSE 1 END"
+            " FROM queen.cursor_messages_id_seq").fetchone() or (None,)
         (taken,) = conn.execute(
-            "SELECT queen.cursor_message_uuid(last_value + CASE WHEN is_called THEN 2 ELSE 1 END,"
-            " now())::text FROM queen.cursor_messages_id_seq").fetchone() or (None,)
+            "SELECT queen.cursor_message_uuid(%s, now())::text", (next_id,)).fetchone() or (None,)
         (own,) = cursors.push(conn, [{"queue": "q", "payload": {"n": 0}, "transactionId": taken}])
         drawn = cursors.push(conn, [{"queue": "q", "payload": {"n": 1}},
                                     {"queue": "q", "payload": {"n": 2}}])
     assert own.status == "queued"
-    assert [r.status for r in drawn] == ["duplicate", "queued"]
-    assert drawn[0].transaction_id == taken and drawn[0].id == own.id
-    assert numbers(cursors.pop(conn, "q", batch=10)) == [0, 2]
+    assert [r.status for r in drawn] == ["queued", "queued"]
+    assert next_id < drawn[0].id < drawn[1].id  # next_id was drawn first, and collided
+    assert taken not in {r.transaction_id for r in drawn}
+    assert numbers(cursors.pop(conn, "q", batch=10)) == [0, 1, 2]
 
 
 def test_two_pushes_racing_with_one_transaction_id_store_one_message(db_dsn: str) -> None:
