@@ -1,72 +1,95 @@
--- Acknowledgments: decided per (partition, group) under its row lock; a batch's items
--- are grouped so that each consumer row is locked once.
+-- Acknowledgments: the request's items are read once, their messages looked up once, and
+-- each (partition, group) is decided under its row lock, locked once per call.
 
--- Decide and apply the acknowledgments of one group's partition (p_items: the request's
--- items for it, as {idx, txid, id, wanted, error, lease}); the row is locked here. A
--- message acked twice in one call is decided once, by its last acknowledgment. A message
--- deleted since the caller found it (admin delete or clear, which wait for this row
--- lock, or hold it) is left out, so its item is not_found: counted as acked, it would
--- end the lease before the rest of it was acked, and the cursor would pass those.
-CREATE OR REPLACE FUNCTION queen.cursor_ack_consumer(p_partition uuid, p_group text, p_items jsonb)
+-- (The items once reached a group as jsonb: a database of that build has this signature.)
+DROP FUNCTION IF EXISTS queen.cursor_ack_consumer(uuid, text, jsonb);
+
+-- Decide and apply the acknowledgments of one group's partition, given as parallel arrays
+-- (the items' positions in the request, transactionIds, message ids, wanted statuses,
+-- errors, leaseIds); the row is locked here. A message acked twice in one call is
+-- decided once, by its last acknowledgment. A message deleted since the caller found it
+-- (admin delete or clear, which wait for this row lock, or hold it) is left out, so its
+-- item is not_found: counted as acked, it would end the lease before the rest of it was
+-- acked, and the cursor would pass those.
+CREATE OR REPLACE FUNCTION queen.cursor_ack_consumer(
+    p_partition uuid, p_group text, p_idx integer[], p_txids text[], p_ids bigint[],
+    p_wanted text[], p_errors text[], p_leases text[])
 RETURNS queen.cursor_ack_outcome[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    c       queen.cursor_consumers;
-    q       queen.queues;
-    decided queen.cursor_ack_outcome[];
-    failed  bigint[];
-    errors  text[];
+    r         record;
+    c         queen.cursor_consumers;
+    q         queen.queues;
+    decided   queen.cursor_ack_outcome[];
+    failed    bigint[];
+    errors    text[];
+    first_id  bigint;
+    last_id   bigint;
+    completed integer;
+    done      bigint[];
+    acked     bigint[];
+    retried   bigint;
 BEGIN
-    SELECT * INTO c FROM queen.cursor_consumers x
-    WHERE x.partition_id = p_partition AND x.consumer_group = p_group FOR UPDATE;
-    SELECT * INTO q FROM queen.queues x WHERE x.id = c.queue_id;
-    SELECT array_agg(ROW(i.idx, i.txid, p_group, i.id, d.status,
-                         CASE WHEN d.status = 'retry_scheduled' AND d.applied THEN i.tries + 1
-                              ELSE i.tries END,
-                         i.error, d.applied)::queen.cursor_ack_outcome)
-    INTO decided
-    FROM (SELECT DISTINCT ON (x.id) x.*,
-                 CASE WHEN x.id > c.retried_max THEN 0  -- (no retry record: no lookup)
-                      ELSE queen.cursor_retries(p_partition, p_group, x.id, c.retried_max)
-                 END AS tries
-          FROM jsonb_to_recordset(p_items) x(idx integer, txid text, id bigint, wanted text,
-                                             error text, lease uuid)
-          -- One probe of the key per item (as an EXISTS, the planner may hash-join the
-          -- items against every message of the partition: 0.5 ms an ack at 1,250).
-          CROSS JOIN LATERAL (SELECT 1 FROM queen.cursor_messages m
-                              WHERE m.partition_id = p_partition AND m.id = x.id LIMIT 1) kept
-          ORDER BY x.id, x.idx DESC) i
-    CROSS JOIN LATERAL queen.cursor_decide(c, q, i.id, i.wanted, i.lease, i.tries) d;
+    SELECT x AS c, y AS q INTO r
+    FROM queen.cursor_consumers x JOIN queen.queues y ON y.id = x.queue_id
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group FOR UPDATE OF x;
+    c := r.c;
+    q := r.q;
+    -- What each message's acknowledgment decides, and at once what is to be written.
+    WITH i AS (
+        SELECT DISTINCT ON (p_ids[k]) p_idx[k] AS idx, p_txids[k] AS txid, p_ids[k] AS id,
+               p_wanted[k] AS wanted, p_errors[k] AS error, p_leases[k]::uuid AS lease,
+               CASE WHEN p_ids[k] > c.retried_max THEN 0  -- (no retry record: no lookup)
+                    ELSE queen.cursor_retries(p_partition, p_group, p_ids[k], c.retried_max)
+               END AS tries
+        -- (By subscript, not unnest: the planner sizes an unnest by the array it is given,
+        -- and would plan the statement afresh for each call instead of reusing its plan.)
+        FROM generate_subscripts(p_ids, 1) k
+        -- One probe of the key per item (as an EXISTS, the planner may hash-join the
+        -- items against every message of the partition: 0.5 ms an ack at 1,250).
+        CROSS JOIN LATERAL (SELECT 1 FROM queen.cursor_messages m
+                            WHERE m.partition_id = p_partition AND m.id = p_ids[k] LIMIT 1) kept
+        ORDER BY p_ids[k], p_idx[k] DESC
+    ), d AS MATERIALIZED (  -- (each decision made once, however often it is named)
+        SELECT i.idx, i.txid, i.id, i.error, v.status, v.applied,
+               CASE WHEN v.status = 'retry_scheduled' AND v.applied THEN i.tries + 1
+                    ELSE i.tries END AS tries
+        FROM i CROSS JOIN LATERAL queen.cursor_decide(c, q, i.id, i.wanted, i.lease, i.tries) v
+    )
+    SELECT array_agg(ROW(d.idx, d.txid, p_group, d.id, d.status, d.tries, d.error,
+                         d.applied)::queen.cursor_ack_outcome),
+           array_agg(d.id) FILTER (WHERE d.applied AND d.status <> 'completed'),
+           array_agg(d.error) FILTER (WHERE d.applied AND d.status <> 'completed'),
+           min(d.id) FILTER (WHERE d.applied AND d.status = 'completed'),
+           max(d.id) FILTER (WHERE d.applied AND d.status = 'completed'),
+           count(*) FILTER (WHERE d.applied AND d.status = 'completed'),
+           coalesce(array_agg(d.id) FILTER (WHERE d.applied AND d.status <> 'retry_scheduled'),
+                    '{}'),
+           coalesce(array_agg(d.id) FILTER (WHERE d.applied), '{}'),
+           max(d.id) FILTER (WHERE d.applied AND d.status = 'retry_scheduled')
+    INTO decided, failed, errors, first_id, last_id, completed, done, acked, retried
+    FROM d;
 
-    SELECT array_agg(d.message_id), array_agg(d.error) INTO failed, errors
-    FROM unnest(decided) d WHERE d.applied AND d.status <> 'completed';
     IF failed IS NOT NULL THEN
         PERFORM queen.cursor_fail(p_partition, p_group, failed, errors, c.retried_max);
     END IF;
-    INSERT INTO queen.cursor_completions (partition_id, consumer_group, first_id, last_id, acked)
-    SELECT p_partition, p_group, min(d.message_id), max(d.message_id), count(*)
-    FROM unnest(decided) d WHERE d.applied AND d.status = 'completed'
-    HAVING count(*) > 0;
-    IF EXISTS (SELECT 1 FROM unnest(decided) d WHERE d.applied) THEN
-        PERFORM queen.cursor_settle(
-            p_partition, p_group,
-            ARRAY(SELECT d.message_id FROM unnest(decided) d
-                  WHERE d.applied AND d.status <> 'retry_scheduled'),
-            ARRAY(SELECT d.message_id FROM unnest(decided) d WHERE d.applied),
-            (SELECT max(d.message_id) FROM unnest(decided) d
-             WHERE d.applied AND d.status = 'retry_scheduled'));
+    IF completed > 0 THEN
+        INSERT INTO queen.cursor_completions (partition_id, consumer_group, first_id, last_id, acked)
+        VALUES (p_partition, p_group, first_id, last_id, completed);
     END IF;
-    IF cardinality(decided) = jsonb_array_length(p_items) THEN
+    IF cardinality(acked) > 0 THEN
+        PERFORM queen.cursor_settle_row(c, q.retry_delay, done, acked, retried);
+    END IF;
+    IF cardinality(decided) = cardinality(p_idx) THEN
         RETURN decided;
     END IF;
     -- A message acked more than once in the call: each of its items gets the outcome.
     RETURN ARRAY(SELECT ROW(x.idx, d.transaction_id, d.consumer_group, d.message_id, d.status,
                             d.retry_count, d.error, d.applied)::queen.cursor_ack_outcome
-                 FROM jsonb_to_recordset(p_items) x(idx integer, id bigint)
+                 FROM unnest(p_idx, p_ids) x(idx, id)
                  JOIN unnest(decided) d ON d.message_id = x.id);
 END
 $$;
-
 -- What an acknowledgment of message p_id does, given the group's row c and queue q:
 -- a leaseId that is not the lease -> lease_expired; already done -> its status; outside
 -- the lease -> lease_expired; acked failed before in this lease -> retry_scheduled;
@@ -97,41 +120,79 @@ $$;
 
 -- Acknowledge a batch: [{"transactionId", "status": "completed"|"failed", "error",
 -- "consumerGroup" (default queue mode), "leaseId" (optional: without it, the current
--- lease of the message's partition and group)}]. One row per item, in item order:
--- completed / retry_scheduled (with retryCount) / dead_letter / failed / lease_expired /
--- not_found, and whether it changed something (applied) or only reported what was already
--- so (a message done before, or acked before in its lease): the transaction endpoint
--- refuses the latter, since the work it commits with the ack would then be done twice.
+-- lease of the message's partition and group)}]. One outcome per item, in no particular
+-- order (idx: its position, from 1): completed / retry_scheduled (with retryCount) /
+-- dead_letter / failed / lease_expired / not_found, and whether it changed something
+-- (applied) or only reported what was already so (a message done before, or acked
+-- before in its lease). The items are read once; in the common call (every message
+-- found, all in one partition for one group) its outcomes are the group's own.
 -- Composable: no commit, the caller's transaction holds it all.
-CREATE OR REPLACE FUNCTION queen.cursor_ack_checked(p_acks jsonb)
-RETURNS TABLE (idx integer, transaction_id text, consumer_group text, status text,
-               retry_count integer, applied boolean)
+CREATE OR REPLACE FUNCTION queen.cursor_ack_outcomes(p_acks jsonb)
+RETURNS queen.cursor_ack_outcome[]
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
+    idxs     integer[];
+    txids    text[];
+    groups   text[];
+    parts    uuid[];
+    ids      bigint[];
+    wanted   text[];
+    errors   text[];
+    leases   text[];
     pair     record;
     outcomes queen.cursor_ack_outcome[] := '{}';
 BEGIN
-    FOR pair IN
-        SELECT m.partition_id, coalesce(a ->> 'consumerGroup', '__queue__') AS grp,
-               jsonb_agg(jsonb_build_object('idx', t.ord, 'txid', m.transaction_id, 'id', m.id,
-                                            'wanted', a ->> 'status', 'error', a ->> 'error',
-                                            'lease', a ->> 'leaseId')) AS items
-        FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
-        CROSS JOIN LATERAL (SELECT m.partition_id, m.id, m.transaction_id
-                            FROM queen.cursor_messages m
-                            WHERE m.transaction_id = t.a ->> 'transactionId' LIMIT 1) m
-        GROUP BY 1, 2 ORDER BY 1, 2
-    LOOP
-        outcomes := outcomes || queen.cursor_ack_consumer(pair.partition_id, pair.grp, pair.items);
-    END LOOP;
-    RETURN QUERY
-    SELECT t.ord::integer, t.a ->> 'transactionId', coalesce(t.a ->> 'consumerGroup', '__queue__'),
-           coalesce(o.status, 'not_found'), o.retry_count, coalesce(o.applied, false)
+    SELECT array_agg(t.ord::integer), array_agg(t.a ->> 'transactionId'),
+           array_agg(coalesce(t.a ->> 'consumerGroup', '__queue__')),
+           array_agg(m.partition_id), array_agg(m.id), array_agg(t.a ->> 'status'),
+           array_agg(t.a ->> 'error'), array_agg(t.a ->> 'leaseId')
+    INTO idxs, txids, groups, parts, ids, wanted, errors, leases
     FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
-    LEFT JOIN unnest(outcomes) o ON o.idx = t.ord
-    ORDER BY t.ord;
+    LEFT JOIN LATERAL (SELECT m.partition_id, m.id FROM queen.cursor_messages m
+                       WHERE m.transaction_id = t.a ->> 'transactionId' LIMIT 1) m ON true;
+    IF idxs IS NULL THEN
+        RETURN '{}';
+    END IF;
+    IF array_position(parts, NULL) IS NULL AND parts[1] = ALL (parts)
+       AND groups[1] = ALL (groups) THEN
+        outcomes := queen.cursor_ack_consumer(parts[1], groups[1], idxs, txids, ids, wanted,
+                                              errors, leases);
+        IF cardinality(outcomes) = cardinality(idxs) THEN
+            RETURN outcomes;
+        END IF;
+    ELSE
+        -- Each (partition, group) once, in key order (concurrent calls lock rows alike).
+        FOR pair IN
+            SELECT u.part, u.grp, array_agg(u.idx) AS idxs, array_agg(u.txid) AS txids,
+                   array_agg(u.id) AS ids, array_agg(u.wanted) AS wanted,
+                   array_agg(u.error) AS errors, array_agg(u.lease) AS leases
+            FROM unnest(parts, groups, idxs, txids, ids, wanted, errors, leases)
+                 u(part, grp, idx, txid, id, wanted, error, lease)
+            WHERE u.part IS NOT NULL
+            GROUP BY 1, 2 ORDER BY 1, 2
+        LOOP
+            outcomes := outcomes || queen.cursor_ack_consumer(
+                pair.part, pair.grp, pair.idxs, pair.txids, pair.ids, pair.wanted,
+                pair.errors, pair.leases);
+        END LOOP;
+    END IF;
+    RETURN ARRAY(SELECT ROW(u.idx, u.txid, u.grp, o.message_id, coalesce(o.status, 'not_found'),
+                            o.retry_count, o.error, coalesce(o.applied, false)
+                           )::queen.cursor_ack_outcome
+                 FROM unnest(idxs, txids, groups) u(idx, txid, grp)
+                 LEFT JOIN unnest(outcomes) o ON o.idx = u.idx);
 END
+$$;
+
+-- queen.cursor_ack_outcomes as rows in item order. The transaction endpoint refuses an
+-- item not applied, since the work it commits with the ack would then be done twice.
+CREATE OR REPLACE FUNCTION queen.cursor_ack_checked(p_acks jsonb)
+RETURNS TABLE (idx integer, transaction_id text, consumer_group text, status text,
+               retry_count integer, applied boolean)
+LANGUAGE sql AS $$
+    SELECT o.idx, o.transaction_id, o.consumer_group, o.status, o.retry_count, o.applied
+    FROM unnest(queen.cursor_ack_outcomes(p_acks)) o
+    ORDER BY o.idx
 $$;
 
 -- queen.cursor_ack_checked without the applied flag (the ack routes).
@@ -153,13 +214,14 @@ LANGUAGE plpgsql AS $$
 DECLARE
     decided queen.cursor_ack_outcome[];
     woken   text[];
+    ignored text;
 BEGIN
-    PERFORM set_config('queen.wakes', '[]', true);
-    decided := ARRAY(SELECT ROW(c.idx, c.transaction_id, c.consumer_group, NULL, c.status,
-                                c.retry_count, NULL, c.applied)::queen.cursor_ack_outcome
-                     FROM queen.cursor_ack_checked(p_acks) c);
-    woken := ARRAY(SELECT jsonb_array_elements_text(current_setting('queen.wakes')::jsonb));
-    PERFORM set_config('queen.wakes', '', true);
+    ignored := set_config('queen.wakes', '[]', true);
+    decided := queen.cursor_ack_outcomes(p_acks);
+    IF current_setting('queen.wakes') <> '[]' THEN
+        woken := ARRAY(SELECT jsonb_array_elements_text(current_setting('queen.wakes')::jsonb));
+    END IF;
+    ignored := set_config('queen.wakes', '', true);
     RETURN QUERY
     SELECT d.idx, d.transaction_id, d.status, d.retry_count, now(),
            CASE WHEN d.idx = 1 AND cardinality(woken) > 0 THEN woken END

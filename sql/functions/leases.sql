@@ -48,48 +48,69 @@ RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     c        queen.cursor_consumers;
-    ended    boolean;
-    retrying boolean;
     delay_ms integer;
 BEGIN
     SELECT * INTO c FROM queen.cursor_consumers x
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
-    c.done_ids := c.done_ids || p_done;
-    c.lease_acked := c.lease_acked || p_acked;
-    c.retried_max := greatest(c.retried_max, coalesce(p_retried, 0));
-    ended := c.lease_id IS NOT NULL AND (p_expired OR cardinality(c.lease_acked) >= c.lease_size);
-    -- A message retried in this lease: acked (failed) but not done.
-    retrying := p_retried IS NOT NULL
-                OR EXISTS (SELECT 1 FROM unnest(c.lease_acked) a WHERE a <> ALL (c.done_ids));
-    IF ended AND NOT retrying THEN
-        c.cursor_id := greatest(c.cursor_id, c.lease_last_id);  -- every message of it done
-        c.done_ids := ARRAY(SELECT d FROM unnest(c.done_ids) d WHERE d > c.cursor_id);
+    IF NOT FOUND THEN
+        RETURN false;
     END IF;
-    c.cursor_id := queen.cursor_next(p_partition, c.cursor_id, c.done_ids);
     SELECT q.retry_delay INTO delay_ms FROM queen.queues q WHERE q.id = c.queue_id;
+    RETURN queen.cursor_settle_row(c, delay_ms, p_done, p_acked, p_retried, p_expired);
+END
+$$;
+
+-- queen.cursor_settle given the group's row c as the caller locked and read it, and its
+-- queue's retryDelay (ms): the row is not read again.
+CREATE OR REPLACE FUNCTION queen.cursor_settle_row(c queen.cursor_consumers, p_delay_ms integer,
+                                                   p_done bigint[], p_acked bigint[],
+                                                   p_retried bigint,
+                                                   p_expired boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    done     bigint[] := c.done_ids || p_done;
+    acked    bigint[] := c.lease_acked || p_acked;
+    moved_to bigint := c.cursor_id;
+    ended    boolean;
+    retrying boolean;
+BEGIN
+    ended := c.lease_id IS NOT NULL AND (p_expired OR cardinality(acked) >= c.lease_size);
+    -- A message retried in this lease: acked (failed) but not done.
+    retrying := p_retried IS NOT NULL OR NOT acked <@ done;
+    IF ended AND NOT retrying THEN
+        moved_to := greatest(moved_to, c.lease_last_id);  -- every message of it done
+        done := ARRAY(SELECT d FROM unnest(done) d WHERE d > moved_to ORDER BY d);
+    END IF;
+    IF cardinality(done) > 0 THEN
+        moved_to := queen.cursor_next(c.partition_id, moved_to, done);
+        done := ARRAY(SELECT d FROM unnest(done) d WHERE d > moved_to ORDER BY d);
+    END IF;
     UPDATE queen.cursor_consumers x SET
-        cursor_id = c.cursor_id,
-        done_ids = ARRAY(SELECT d FROM unnest(c.done_ids) d WHERE d > c.cursor_id ORDER BY d),
-        retried_max = c.retried_max,
-        lease_acked = CASE WHEN ended THEN '{}' ELSE c.lease_acked END,
+        cursor_id = moved_to,
+        done_ids = done,
+        retried_max = greatest(c.retried_max, coalesce(p_retried, 0)),
+        lease_acked = CASE WHEN ended THEN '{}' ELSE acked END,
         lease_id = CASE WHEN ended THEN NULL ELSE x.lease_id END,
         leased_by = CASE WHEN ended THEN NULL ELSE x.leased_by END,
         lease_expires_at = CASE WHEN ended THEN NULL ELSE x.lease_expires_at END,
         lease_last_id = CASE WHEN ended THEN NULL ELSE x.lease_last_id END,
         lease_size = CASE WHEN ended THEN NULL ELSE x.lease_size END,
-        not_before = CASE WHEN ended AND retrying AND delay_ms > 0
-                          THEN now() + make_interval(secs => delay_ms / 1000.0)
+        not_before = CASE WHEN ended AND retrying AND p_delay_ms > 0
+                          THEN now() + make_interval(secs => p_delay_ms / 1000.0)
                           ELSE x.not_before END,
         updated_at = now()
-    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
+    WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
     -- (Past the moved cursor, the first message is one not done, if there is any.) The
     -- probe walks the key in order: as an EXISTS, a generic plan may scan the table from
     -- its start through every consumed message still kept (half the throughput, measured).
-    IF ended AND (delay_ms = 0 OR NOT retrying)
+    -- Nobody to wake while no worker has a poll parked (queen.cursor_wake): no probe then.
+    IF ended AND (p_delay_ms = 0 OR NOT retrying)
+       AND EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())
        AND (SELECT m.id FROM queen.cursor_messages m
-            WHERE m.partition_id = p_partition AND m.id > c.cursor_id
+            WHERE m.partition_id = c.partition_id AND m.id > moved_to
             ORDER BY m.id LIMIT 1) IS NOT NULL THEN
-        PERFORM queen.cursor_wake(ARRAY[p_partition]);
+        PERFORM queen.cursor_wake(ARRAY[c.partition_id]);
     END IF;
     RETURN ended;
 END
