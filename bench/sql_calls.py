@@ -1,15 +1,15 @@
-"""What one call of the hot path costs PostgreSQL at batch 1, with nothing else running.
+"""What one call of the hot path costs PostgreSQL at one batch size, with nothing else running.
 
     python -m bench.sql_calls [--dsn DSN | --cluster] [--calls 1000] [--rounds 3]
-        [--partitions 16] [--messages 20000] [--durable] [--cases pop,ack,...]
+        [--partitions 16] [--messages 20000] [--durable] [--cases pop,ack,...] [--batch 1]
 
 A fresh database migrated by `queen migrate`'s code, seeded with --messages messages over
 --partitions partitions (16) of one queue and ANALYZEd; then one session (asynchronous commit unless --durable, so that
 the WAL flush is not counted) runs each call in a loop inside a PL/pgSQL procedure, committing
-after every call as a request would: push one message (queen.cursor_push_api, as Queen's
-pool calls it), pop one by queue (queen.cursor_pop_many with one pop), ack it
-(queen.cursor_ack_api), a pop that finds every partition leased, and a bare INSERT of one
-row beside them. Reported: microseconds per call (median of the rounds). No HTTP, no
+after every call as a request would: push --batch messages into one partition
+(queen.cursor_push_api, as Queen's pool calls it), pop a batch of --batch by queue
+(queen.cursor_pop_many with one pop), ack those (queen.cursor_ack_api, one call), a pop
+that finds every partition leased, and a bare INSERT of --batch rows beside them. Reported: microseconds per call (median of the rounds). No HTTP, no
 client: the statement time under load is bench.profile's.
 """
 
@@ -28,22 +28,25 @@ from queen.store.migrate import migrate
 
 SETUP = """
 SET queen.push_notify = 'after_commit';
-CREATE OR REPLACE PROCEDURE pg_temp.calls(n integer, what text, parts integer,
+CREATE OR REPLACE PROCEDURE pg_temp.calls(n integer, what text, parts integer, size integer,
                                            INOUT us numeric DEFAULT 0)
 LANGUAGE plpgsql AS $$
 DECLARE
     started timestamptz;
     spent   interval := '0';
-    txid    text;
+    acks    jsonb;
     items   jsonb;
 BEGIN
     FOR k IN 1..n LOOP
-        items := jsonb_build_array(jsonb_build_object(
-            'queue', 'bench', 'partition', 'p' || (k % parts), 'payload', jsonb_build_object('n', k)));
+        items := (SELECT jsonb_agg(jsonb_build_object(
+            'queue', 'bench', 'partition', 'p' || (k % parts), 'payload', jsonb_build_object('n', k, 'i', i)))
+            FROM generate_series(1, size) i);
         IF what = 'ack' THEN
-            SELECT (m.message).transaction_id INTO txid
+            SELECT jsonb_agg(jsonb_build_object('transactionId', (m.message).transaction_id,
+                                                'status', 'completed'))
+            INTO acks
             FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
-                'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', 1,
+                'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', size,
                 'worker', 'bench', 'lease', gen_random_uuid()))) m;
             COMMIT;
         END IF;
@@ -51,15 +54,13 @@ BEGIN
         IF what = 'push' THEN
             PERFORM * FROM queen.cursor_push_api(items, NULL);
         ELSIF what IN ('pop', 'empty pop') THEN
-            SELECT (m.message).transaction_id INTO txid
-            FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
-                'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', 1,
+            PERFORM * FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
+                'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', size,
                 'worker', 'bench', 'lease', gen_random_uuid()))) m;
         ELSIF what = 'ack' THEN
-            PERFORM * FROM queen.cursor_ack_api(jsonb_build_array(jsonb_build_object(
-                'transactionId', txid, 'status', 'completed')));
+            PERFORM * FROM queen.cursor_ack_api(acks);
         ELSIF what = 'bare insert' THEN
-            INSERT INTO bare (body) VALUES (items);
+            INSERT INTO bare (body) SELECT i FROM jsonb_array_elements(items) i;
         END IF;
         COMMIT;
         spent := spent + (clock_timestamp() - started);
@@ -100,7 +101,7 @@ def lease_all(conn: psycopg.Connection[Any], partitions: int) -> None:
 
 def run(
     dsn: str, calls: int, rounds: int, durable: bool, partitions: int, messages: int,
-    cases: tuple[str, ...] = CASES,
+    cases: tuple[str, ...] = CASES, batch: int = 1,
 ) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {case: [] for case in cases}
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -112,7 +113,7 @@ def run(
                 if case == "empty pop":
                     lease_all(conn, partitions)
                 (us,) = conn.execute(
-                    "CALL pg_temp.calls(%s, %s, %s)", (calls, case, partitions)
+                    "CALL pg_temp.calls(%s, %s, %s, %s)", (calls, case, partitions, batch)
                 ).fetchone() or (0,)
                 results[case].append(float(us))
                 if case == "empty pop":
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--durable", action="store_true", help="synchronous_commit on: each commit waits for its flush"
     )
+    parser.add_argument("--batch", type=int, default=1, help="messages per push, pop and ack")
     parser.add_argument(
         "--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}"
     )
@@ -149,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
             migrate(dsn)
             results = run(
                 dsn, args.calls, args.rounds, args.durable, args.partitions, args.messages,
-                cases,
+                cases, args.batch,
             )
             print(f"\n{cluster.describe(server, args.cluster)}")
         finally:
             drop_database(server, "queen_bench_sql_calls")
-    print("| call (batch 1) | us per call (median) | rounds |")
+    print(f"| call (batch {args.batch}) | us per call (median) | rounds |")
     print("|---|---:|---|")
     for case, values in results.items():
         rounds = " / ".join(f"{v:.0f}" for v in values)
