@@ -297,13 +297,22 @@ BEGIN
             WHERE x.partition_id = candidate AND x.consumer_group = p_group
             RETURNING x.lease_id, x.lease_expires_at INTO c.lease_id, c.lease_expires_at;
             SELECT p.name INTO named_as FROM queen.partitions p WHERE p.id = candidate;
-            RETURN QUERY
+            IF c.retried_max >= picked[1] THEN  -- (a message of it may have been retried)
+                RETURN QUERY
+                SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted,
+                       m.producer, m.trace_id,
+                       queen.cursor_retries(candidate, p_group, m.id, c.retried_max),
+                       m.created_at, c.lease_id, c.lease_expires_at, q.priority, q.lease_time,
+                       q.retry_limit
+                FROM queen.cursor_messages m
+                WHERE m.partition_id = candidate AND m.id = ANY (picked)
+                ORDER BY m.id;
+                RETURN;
+            END IF;
+            RETURN QUERY  -- (none was: no lookup, a cheaper plan)
             SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted, m.producer,
-                   m.trace_id,
-                   CASE WHEN m.id > c.retried_max THEN 0  -- (no retry record: no lookup)
-                        ELSE queen.cursor_retries(candidate, p_group, m.id, c.retried_max) END,
-                   m.created_at, c.lease_id, c.lease_expires_at, q.priority, q.lease_time,
-                   q.retry_limit
+                   m.trace_id, 0, m.created_at, c.lease_id, c.lease_expires_at, q.priority,
+                   q.lease_time, q.retry_limit
             FROM queen.cursor_messages m
             WHERE m.partition_id = candidate AND m.id = ANY (picked)
             ORDER BY m.id;
