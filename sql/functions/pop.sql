@@ -214,110 +214,121 @@ DECLARE
     c          queen.cursor_consumers;
     named      uuid;
     candidates uuid[];
-    tried      integer;
+    tried      integer := 0;
     candidate  uuid;
     picked     bigint[];
     named_as   text;
+    matching   text;
 BEGIN
-    FOR q IN
-        SELECT * FROM queen.queues x WHERE p_kind <> 'filter' AND x.name = p_queue
-        UNION ALL
-        (SELECT * FROM queen.queues x
-         WHERE p_kind = 'filter' AND (p_namespace IS NULL OR x.namespace = p_namespace)
-           AND (p_task IS NULL OR x.task = p_task)
-           AND EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = x.id)
-         ORDER BY x.priority DESC, x.created_at, x.name)
-    LOOP
-        named := NULL;
-        IF p_kind = 'partition' OR (p_kind <> 'filter' AND p_prefer IS NOT NULL) THEN
-            SELECT p.id INTO named FROM queen.partitions p
-            WHERE p.queue_id = q.id
-              AND p.name = CASE WHEN p_kind = 'partition' THEN coalesce(p_partition, p_prefer)
-                                ELSE p_prefer END;
-            CONTINUE WHEN named IS NULL AND p_kind = 'partition';
-        END IF;
-        IF NOT EXISTS (SELECT 1 FROM queen.cursor_groups g
-                       WHERE g.queue_id = q.id AND g.consumer_group = p_group) THEN
-            PERFORM queen.cursor_join(q.id, p_group, p_mode, p_from);
-        END IF;
-        candidates := NULL;
-        tried := 0;
+    IF p_kind = 'filter' THEN  -- (each matching queue as by queue, until one gives a batch)
+        FOR matching IN
+            SELECT x.name FROM queen.queues x
+            WHERE (p_namespace IS NULL OR x.namespace = p_namespace)
+              AND (p_task IS NULL OR x.task = p_task)
+              AND EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = x.id)
+            ORDER BY x.priority DESC, x.created_at, x.name
         LOOP
-            -- The named partition first; by queue, then the candidates (ranked only when
-            -- it gave nothing).
-            IF named IS NOT NULL THEN
-                candidate := named;
-                named := NULL;
-            ELSIF p_kind IN ('queue', 'filter') THEN
-                IF candidates IS NULL THEN
-                    candidates := ARRAY(SELECT x FROM queen.cursor_candidates(q.id, p_group, 32) x);
-                END IF;
-                tried := tried + 1;
-                EXIT WHEN tried > cardinality(candidates);
-                candidate := candidates[tried];
-            ELSE
-                EXIT;
+            RETURN QUERY SELECT * FROM queen.cursor_pop_api('queue', matching, NULL, NULL, NULL,
+                                                            p_group, p_batch, p_worker, p_mode,
+                                                            p_from, p_lease);
+            IF FOUND THEN
+                RETURN;
             END IF;
+        END LOOP;
+        RETURN;
+    END IF;
+    SELECT * INTO q FROM queen.queues x WHERE x.name = p_queue;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF p_kind = 'partition' OR p_prefer IS NOT NULL THEN
+        SELECT p.id INTO named FROM queen.partitions p
+        WHERE p.queue_id = q.id
+          AND p.name = CASE WHEN p_kind = 'partition' THEN coalesce(p_partition, p_prefer)
+                            ELSE p_prefer END;
+        IF named IS NULL AND p_kind = 'partition' THEN
+            RETURN;
+        END IF;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM queen.cursor_groups g
+                   WHERE g.queue_id = q.id AND g.consumer_group = p_group) THEN
+        PERFORM queen.cursor_join(q.id, p_group, p_mode, p_from);
+    END IF;
+    LOOP
+        -- The named partition first; by queue, then the candidates (ranked only when it
+        -- gave nothing).
+        IF named IS NOT NULL THEN
+            candidate := named;
+            named := NULL;
+        ELSIF p_kind = 'queue' THEN
+            IF candidates IS NULL THEN
+                candidates := ARRAY(SELECT x FROM queen.cursor_candidates(q.id, p_group, 32) x);
+            END IF;
+            tried := tried + 1;
+            EXIT WHEN tried > cardinality(candidates);
+            candidate := candidates[tried];
+        ELSE
+            EXIT;
+        END IF;
+        SELECT * INTO c FROM queen.cursor_consumers x
+        WHERE x.partition_id = candidate AND x.consumer_group = p_group
+          AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            -- Another pop holds it or has just leased it: next. No cursor yet: make one.
+            CONTINUE WHEN EXISTS (SELECT 1 FROM queen.cursor_consumers x
+                                  WHERE x.partition_id = candidate
+                                    AND x.consumer_group = p_group);
+            PERFORM queen.cursor_ensure(q.id, p_group, candidate);
             SELECT * INTO c FROM queen.cursor_consumers x
             WHERE x.partition_id = candidate AND x.consumer_group = p_group
               AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
             FOR UPDATE SKIP LOCKED;
-            IF NOT FOUND THEN
-                -- Another pop holds it or has just leased it: next. No cursor yet: make one.
-                CONTINUE WHEN EXISTS (SELECT 1 FROM queen.cursor_consumers x
-                                      WHERE x.partition_id = candidate
-                                        AND x.consumer_group = p_group);
-                PERFORM queen.cursor_ensure(q.id, p_group, candidate);
-                SELECT * INTO c FROM queen.cursor_consumers x
-                WHERE x.partition_id = candidate AND x.consumer_group = p_group
-                  AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
-                FOR UPDATE SKIP LOCKED;
-                CONTINUE WHEN NOT FOUND;
-            END IF;
-            IF c.lease_id IS NOT NULL OR q.window_buffer > 0 OR q.ttl > 0 THEN
-                CONTINUE WHEN NOT queen.cursor_claimable(candidate, p_group, c.lease_id IS NOT NULL,
-                                                         q.window_buffer, q.ttl, p_batch);
-                SELECT * INTO c FROM queen.cursor_consumers x
-                WHERE x.partition_id = candidate AND x.consumer_group = p_group;
-            END IF;
-            -- The claim: the batch past the cursor, the lease over it, its rows.
-            picked := ARRAY(SELECT m.id FROM queen.cursor_messages m
-                            WHERE m.partition_id = candidate AND m.id > c.cursor_id
-                              AND m.id <> ALL (c.done_ids)
-                              AND (q.delayed_processing = 0
-                                   OR m.created_at
-                                      <= now() - make_interval(secs => q.delayed_processing))
-                            ORDER BY m.id LIMIT p_batch);
-            CONTINUE WHEN cardinality(picked) = 0;
-            UPDATE queen.cursor_consumers x SET
-                lease_id = coalesce(p_lease, queen.uuid_v7()), leased_by = p_worker,
-                lease_expires_at = now() + make_interval(secs => q.lease_time),
-                lease_last_id = picked[cardinality(picked)], lease_size = cardinality(picked),
-                lease_acked = '{}', not_before = NULL, updated_at = now()
-            WHERE x.partition_id = candidate AND x.consumer_group = p_group
-            RETURNING x.lease_id, x.lease_expires_at INTO c.lease_id, c.lease_expires_at;
-            SELECT p.name INTO named_as FROM queen.partitions p WHERE p.id = candidate;
-            IF c.retried_max >= picked[1] THEN  -- (a message of it may have been retried)
-                RETURN QUERY
-                SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted,
-                       m.producer, m.trace_id,
-                       queen.cursor_retries(candidate, p_group, m.id, c.retried_max),
-                       m.created_at, c.lease_id, c.lease_expires_at, q.priority, q.lease_time,
-                       q.retry_limit
-                FROM queen.cursor_messages m
-                WHERE m.partition_id = candidate AND m.id = ANY (picked)
-                ORDER BY m.id;
-                RETURN;
-            END IF;
-            RETURN QUERY  -- (none was: no lookup, a cheaper plan)
-            SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted, m.producer,
-                   m.trace_id, 0, m.created_at, c.lease_id, c.lease_expires_at, q.priority,
-                   q.lease_time, q.retry_limit
+            CONTINUE WHEN NOT FOUND;
+        END IF;
+        IF c.lease_id IS NOT NULL OR q.window_buffer > 0 OR q.ttl > 0 THEN
+            CONTINUE WHEN NOT queen.cursor_claimable(candidate, p_group, c.lease_id IS NOT NULL,
+                                                     q.window_buffer, q.ttl, p_batch);
+            SELECT * INTO c FROM queen.cursor_consumers x
+            WHERE x.partition_id = candidate AND x.consumer_group = p_group;
+        END IF;
+        -- The claim: the batch past the cursor, the lease over it, its rows.
+        picked := ARRAY(SELECT m.id FROM queen.cursor_messages m
+                        WHERE m.partition_id = candidate AND m.id > c.cursor_id
+                          AND m.id <> ALL (c.done_ids)
+                          AND (q.delayed_processing = 0
+                               OR m.created_at
+                                  <= now() - make_interval(secs => q.delayed_processing))
+                        ORDER BY m.id LIMIT p_batch);
+        CONTINUE WHEN cardinality(picked) = 0;
+        UPDATE queen.cursor_consumers x SET
+            lease_id = coalesce(p_lease, queen.uuid_v7()), leased_by = p_worker,
+            lease_expires_at = now() + make_interval(secs => q.lease_time),
+            lease_last_id = picked[cardinality(picked)], lease_size = cardinality(picked),
+            lease_acked = '{}', not_before = NULL, updated_at = now()
+        WHERE x.partition_id = candidate AND x.consumer_group = p_group
+        RETURNING x.lease_id, x.lease_expires_at INTO c.lease_id, c.lease_expires_at;
+        SELECT p.name INTO named_as FROM queen.partitions p WHERE p.id = candidate;
+        IF c.retried_max >= picked[1] THEN  -- (a message of it may have been retried)
+            RETURN QUERY
+            SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted,
+                   m.producer, m.trace_id,
+                   queen.cursor_retries(candidate, p_group, m.id, c.retried_max),
+                   m.created_at, c.lease_id, c.lease_expires_at, q.priority, q.lease_time,
+                   q.retry_limit
             FROM queen.cursor_messages m
             WHERE m.partition_id = candidate AND m.id = ANY (picked)
             ORDER BY m.id;
             RETURN;
-        END LOOP;
+        END IF;
+        RETURN QUERY  -- (none was: no lookup, a cheaper plan)
+        SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted, m.producer,
+               m.trace_id, 0, m.created_at, c.lease_id, c.lease_expires_at, q.priority,
+               q.lease_time, q.retry_limit
+        FROM queen.cursor_messages m
+        WHERE m.partition_id = candidate AND m.id = ANY (picked)
+        ORDER BY m.id;
+        RETURN;
     END LOOP;
 END
 $$;
