@@ -85,8 +85,8 @@ $$;
 
 -- When a group's partition becomes poppable without any write to it: its retryDelay
 -- ends (p_not_before), its next message past the cursor (p_cursor, p_done) is
--- delayedProcessing old, its newest message is windowBuffer old (what
--- queen.cursor_claim checks). NULL: nothing to wait for.
+-- delayedProcessing old, its newest message is windowBuffer old (what a pop checks,
+-- queen.cursor_pop_api). NULL: nothing to wait for.
 CREATE OR REPLACE FUNCTION queen.cursor_due_at(p_partition uuid, p_cursor bigint,
                                                p_done bigint[], p_not_before timestamptz,
                                                p_delay integer, p_window integer)

@@ -37,125 +37,37 @@ BEGIN
 END
 $$;
 
--- Lease a group's partition (its row locked by the caller) and return up to p_batch
--- messages after the cursor, unless it is leased, held back (retryDelay) or windowed
--- (windowBuffer); an expired lease is ended first. delayedProcessing hides messages
--- younger than it; messages past the ttl are dead-lettered, not delivered. p_lease: the
--- lease id the caller chose (NULL: a new one), so that a caller who lost the answer can
--- still name the lease and give it back (queen.cursor_unclaim).
-CREATE OR REPLACE FUNCTION queen.cursor_claim(p_partition uuid, p_group text, p_batch integer,
-                                              p_worker text, p_lease uuid DEFAULT NULL)
-RETURNS SETOF queen.cursor_messages
+-- The rare steps before a claim of a group's partition (its row locked by the caller, its
+-- lease not live, not held back): an expired lease (p_expired) is ended first, which may
+-- start retryDelay; a partition whose window (p_window, windowBuffer) is open is passed
+-- over; messages past the ttl (p_ttl) are dead-lettered, a batch's worth at a time while
+-- whole batches expire. Returns whether the claim may go on.
+CREATE OR REPLACE FUNCTION queen.cursor_claimable(p_partition uuid, p_group text,
+                                                  p_expired boolean, p_window integer,
+                                                  p_ttl integer, p_batch integer)
+RETURNS boolean
 LANGUAGE plpgsql AS $$
-DECLARE
-    c      queen.cursor_consumers;
-    q      queen.queues;
-    picked bigint[];
 BEGIN
-    SELECT * INTO c FROM queen.cursor_consumers x
-    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
-    IF c.lease_expires_at > now() OR c.not_before > now() THEN
-        RETURN;
-    END IF;
-    IF c.lease_id IS NOT NULL THEN
+    IF p_expired THEN
         PERFORM queen.cursor_release(p_partition, p_group);
-        SELECT * INTO c FROM queen.cursor_consumers x
-        WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
-        IF c.not_before > now() THEN
-            RETURN;  -- (retryDelay, started by the release)
+        IF EXISTS (SELECT 1 FROM queen.cursor_consumers x
+                   WHERE x.partition_id = p_partition AND x.consumer_group = p_group
+                     AND x.not_before > now()) THEN
+            RETURN false;
         END IF;
     END IF;
-    SELECT * INTO q FROM queen.queues x WHERE x.id = c.queue_id;
-    IF q.window_buffer > 0 AND (SELECT m.created_at FROM queen.cursor_messages m
-                                WHERE m.partition_id = p_partition
-                                ORDER BY m.id DESC LIMIT 1)
-                               > now() - make_interval(secs => q.window_buffer) THEN
-        RETURN;
+    IF p_window > 0 AND (SELECT m.created_at FROM queen.cursor_messages m
+                         WHERE m.partition_id = p_partition
+                         ORDER BY m.id DESC LIMIT 1)
+                        > now() - make_interval(secs => p_window) THEN
+        RETURN false;
     END IF;
-    IF q.ttl > 0 THEN
-        FOR pass IN 1..10 LOOP  -- (a batch's worth at a time, while whole batches expire)
-            EXIT WHEN queen.cursor_expire_ttl(p_partition, p_group, q.ttl, p_batch) < p_batch;
+    IF p_ttl > 0 THEN
+        FOR pass IN 1..10 LOOP
+            EXIT WHEN queen.cursor_expire_ttl(p_partition, p_group, p_ttl, p_batch) < p_batch;
         END LOOP;
-        SELECT * INTO c FROM queen.cursor_consumers x
-        WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
     END IF;
-    picked := ARRAY(SELECT m.id FROM queen.cursor_messages m
-                    WHERE m.partition_id = p_partition AND m.id > c.cursor_id
-                      AND m.id <> ALL (c.done_ids)
-                      AND (q.delayed_processing = 0
-                           OR m.created_at <= now() - make_interval(secs => q.delayed_processing))
-                    ORDER BY m.id LIMIT p_batch);
-    IF cardinality(picked) = 0 THEN
-        RETURN;
-    END IF;
-    UPDATE queen.cursor_consumers x SET
-        lease_id = coalesce(p_lease, queen.uuid_v7()), leased_by = p_worker,
-        lease_expires_at = now() + make_interval(secs => q.lease_time),
-        lease_last_id = picked[cardinality(picked)], lease_size = cardinality(picked),
-        lease_acked = '{}', not_before = NULL, updated_at = now()
-    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
-    RETURN QUERY SELECT m.* FROM queen.cursor_messages m
-                 WHERE m.partition_id = p_partition AND m.id = ANY (picked) ORDER BY m.id;
-END
-$$;
-
--- What a pop returns for each message of a claim.
-CREATE OR REPLACE FUNCTION queen.cursor_deliver(p_partition uuid, p_group text, p_batch integer,
-                                                p_worker text, p_lease uuid DEFAULT NULL)
-RETURNS SETOF queen.cursor_popped
-LANGUAGE plpgsql AS $$
-DECLARE
-    claimed queen.cursor_messages[];
-    c       queen.cursor_consumers;
-BEGIN
-    claimed := ARRAY(SELECT m FROM queen.cursor_claim(p_partition, p_group, p_batch, p_worker, p_lease) m);
-    IF cardinality(claimed) = 0 THEN
-        RETURN;
-    END IF;
-    SELECT * INTO c FROM queen.cursor_consumers x
-    WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
-    RETURN QUERY
-    SELECT m.id, m.transaction_id, q.name, p.name, p_group, m.payload, m.encrypted, m.producer,
-           m.trace_id,
-           CASE WHEN m.id > c.retried_max THEN 0  -- (no retry record: no lookup)
-                ELSE queen.cursor_retries(p_partition, p_group, m.id, c.retried_max) END,
-           m.created_at, c.lease_id, c.lease_expires_at
-    FROM unnest(claimed) m
-    JOIN queen.partitions p ON p.id = p_partition
-    JOIN queen.queues q ON q.id = p.queue_id
-    ORDER BY m.id;
-END
-$$;
-
--- Pop from one named partition as a group (queue mode: '__queue__'); nothing when it is
--- leased, empty, or the queue or partition does not exist. p_mode / p_from: the group's
--- subscription, applied at its first pop of the queue. A pop locks a consumer row only
--- while it has no live lease and is not held back: a woken poll trying a leased
--- partition must not make that lease's ack wait for the rest of its (fused) call.
-CREATE OR REPLACE FUNCTION queen.cursor_pop_partition(
-    p_queue text, p_partition text, p_group text, p_batch integer, p_worker text,
-    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
-RETURNS SETOF queen.cursor_popped
-LANGUAGE plpgsql AS $$
-DECLARE
-    target record;
-BEGIN
-    SELECT q.id AS queue_id, p.id AS partition_id INTO target
-    FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
-    WHERE q.name = p_queue AND p.name = p_partition;
-    IF target IS NULL THEN
-        RETURN;
-    END IF;
-    PERFORM queen.cursor_join(target.queue_id, p_group, p_mode, p_from);
-    PERFORM queen.cursor_ensure(target.queue_id, p_group, target.partition_id);
-    PERFORM 1 FROM queen.cursor_consumers c
-    WHERE c.partition_id = target.partition_id AND c.consumer_group = p_group
-      AND NOT coalesce(c.lease_expires_at > now() OR c.not_before > now(), false)
-    FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
-        RETURN QUERY SELECT * FROM queen.cursor_deliver(target.partition_id, p_group, p_batch, p_worker,
-                                                         p_lease);
-    END IF;
+    RETURN true;
 END
 $$;
 
@@ -258,117 +170,199 @@ LANGUAGE sql STABLE AS $$
     LIMIT p_limit
 $$;
 
--- Pop from a queue as a group: the first free partition of queen.cursor_candidates (the
--- oldest next message first), up to p_batch messages of it in order (another consumer's pop skips a partition being
--- claimed and tries the next).
-CREATE OR REPLACE FUNCTION queen.cursor_pop_queue(
-    p_queue text, p_group text, p_batch integer, p_worker text,
-    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
-RETURNS SETOF queen.cursor_popped
-LANGUAGE plpgsql AS $$
-DECLARE
-    target    uuid;
-    candidate uuid;
+-- Before queen.cursor_pop_api answered the columns of both pop shapes it answered
+-- queen.popped; CREATE OR REPLACE cannot change a return type, so that one is dropped.
+DO $$
 BEGIN
-    SELECT q.id INTO target FROM queen.queues q WHERE q.name = p_queue;
-    IF target IS NULL THEN
-        RETURN;
+    IF (SELECT p.prorettype FROM pg_proc p
+        WHERE p.oid = to_regprocedure('queen.cursor_pop_api(text, text, text, text, text, text,'
+                                      ' integer, text, text, timestamptz, uuid, text)'))
+       = 'queen.popped'::regtype THEN
+        DROP FUNCTION queen.cursor_pop_api(text, text, text, text, text, text, integer, text,
+                                           text, timestamptz, uuid, text);
     END IF;
-    PERFORM queen.cursor_join(target, p_group, p_mode, p_from);
-    FOR candidate IN SELECT x FROM queen.cursor_candidates(target, p_group, 32) x LOOP
-        PERFORM 1 FROM queen.cursor_consumers c
-        WHERE c.partition_id = candidate AND c.consumer_group = p_group
-          AND NOT coalesce(c.lease_expires_at > now() OR c.not_before > now(), false)
-        FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            -- Another pop holds it or has just leased it: next. No cursor yet: make one.
-            CONTINUE WHEN EXISTS (SELECT 1 FROM queen.cursor_consumers c
-                                  WHERE c.partition_id = candidate
-                                    AND c.consumer_group = p_group);
-            PERFORM queen.cursor_ensure(target, p_group, candidate);
-            PERFORM 1 FROM queen.cursor_consumers c
-            WHERE c.partition_id = candidate AND c.consumer_group = p_group
-            FOR UPDATE SKIP LOCKED;
-            CONTINUE WHEN NOT FOUND;
-        END IF;
-        RETURN QUERY SELECT * FROM queen.cursor_deliver(candidate, p_group, p_batch, p_worker, p_lease);
-        IF FOUND THEN
-            RETURN;
-        END IF;
-    END LOOP;
 END
 $$;
 
--- Pop across the queues matching namespace and/or task (NULL: any) as a group, highest
--- priority first (then the oldest queue): the first queue with a free partition with
--- work gives the batch. A group joins each queue it tries (its subscription applies
--- there from that first pop on).
-CREATE OR REPLACE FUNCTION queen.cursor_pop_filtered(
-    p_namespace text, p_task text, p_group text, p_batch integer, p_worker text,
-    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
-RETURNS SETOF queen.cursor_popped
-LANGUAGE plpgsql AS $$
-DECLARE
-    candidate text;
-BEGIN
-    FOR candidate IN
-        SELECT q.name FROM queen.queues q
-        WHERE (p_namespace IS NULL OR q.namespace = p_namespace)
-          AND (p_task IS NULL OR q.task = p_task)
-          AND EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = q.id)
-        ORDER BY q.priority DESC, q.created_at, q.name
-    LOOP
-        RETURN QUERY SELECT * FROM queen.cursor_pop_queue(candidate, p_group, p_batch, p_worker,
-                                                          p_mode, p_from, p_lease);
-        IF FOUND THEN
-            RETURN;
-        END IF;
-    END LOOP;
-END
-$$;
-
--- Pop for the API, on any route (p_kind: partition / queue / filter), as a group; the
--- rows in the shape of queen.popped, with the API id. p_prefer: for a
--- route by queue, a partition to try first (the one a wake-up named).
+-- Pop for a group (queue mode: '__queue__') on any route (p_kind): lease one partition
+-- and return up to p_batch of its messages after the group's cursor, in order, with
+-- their queue's settings. 'partition': the one named (p_partition); 'queue': p_prefer
+-- first when given (the partition a wake-up named), then the free partitions whose next
+-- message is oldest (queen.cursor_candidates; a partition another pop is claiming is
+-- skipped); 'filter': the queues matching p_namespace and/or p_task (NULL: any) with
+-- partitions, highest priority first (then the oldest queue), each as by queue. Nothing
+-- when the queue or partition does not exist. A group joins each queue it tries (p_mode
+-- / p_from: its subscription, applied there from that first pop on). A consumer row is
+-- locked only while it has no live lease and is not held back (retryDelay): a woken poll
+-- trying a leased partition must not make that lease's ack wait for the rest of its
+-- (fused) call. The rare steps (an expired lease, windowBuffer, ttl) are
+-- queen.cursor_claimable's; delayedProcessing hides messages younger than it. p_lease:
+-- the lease id the caller chose (NULL: a new one), so that a caller who lost the answer
+-- can still name the lease and give it back (queen.cursor_unclaim).
 CREATE OR REPLACE FUNCTION queen.cursor_pop_api(
     p_kind text, p_queue text, p_partition text, p_namespace text, p_task text,
     p_group text, p_batch integer, p_worker text, p_mode text, p_from timestamptz,
     p_lease uuid, p_prefer text DEFAULT NULL)
-RETURNS SETOF queen.popped
+RETURNS TABLE (id bigint, transaction_id text, queue text, partition text, payload jsonb,
+               encrypted boolean, producer text, trace_id text, retry_count integer,
+               created_at timestamptz, lease_id uuid, lease_expires_at timestamptz,
+               priority integer, lease_time integer, retry_limit integer)
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
-    claimed queen.cursor_popped[];
+    q          queen.queues;
+    c          queen.cursor_consumers;
+    named      uuid;
+    candidates uuid[];
+    tried      integer := 0;
+    candidate  uuid;
+    picked     bigint[];
+    named_as   text;
+    matching   text;
 BEGIN
-    IF p_kind = 'filter' THEN
-        claimed := ARRAY(SELECT d FROM queen.cursor_pop_filtered(
-            p_namespace, p_task, p_group, p_batch, p_worker, p_mode, p_from, p_lease) d);
-    ELSIF p_kind = 'partition' OR p_prefer IS NOT NULL THEN
-        claimed := ARRAY(SELECT d FROM queen.cursor_pop_partition(
-            p_queue, coalesce(p_partition, p_prefer), p_group, p_batch, p_worker, p_mode,
-            p_from, p_lease) d);
-    END IF;
-    IF p_kind = 'queue' AND coalesce(cardinality(claimed), 0) = 0 THEN
-        claimed := ARRAY(SELECT d FROM queen.cursor_pop_queue(
-            p_queue, p_group, p_batch, p_worker, p_mode, p_from, p_lease) d);
-    END IF;
-    IF coalesce(cardinality(claimed), 0) = 0 THEN
+    IF p_kind = 'filter' THEN  -- (each matching queue as by queue, until one gives a batch)
+        FOR matching IN
+            SELECT x.name FROM queen.queues x
+            WHERE (p_namespace IS NULL OR x.namespace = p_namespace)
+              AND (p_task IS NULL OR x.task = p_task)
+              AND EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = x.id)
+            ORDER BY x.priority DESC, x.created_at, x.name
+        LOOP
+            RETURN QUERY SELECT * FROM queen.cursor_pop_api('queue', matching, NULL, NULL, NULL,
+                                                            p_group, p_batch, p_worker, p_mode,
+                                                            p_from, p_lease);
+            IF FOUND THEN
+                RETURN;
+            END IF;
+        END LOOP;
         RETURN;
     END IF;
-    RETURN QUERY
-    SELECT queen.cursor_message_uuid(d.id, d.created_at), d.transaction_id, d.queue,
-           d.partition, d.payload, d.encrypted, d.retry_count, q.priority, d.created_at,
-           now(), d.lease_id, d.lease_expires_at, q.lease_time, q.retry_limit
-    FROM unnest(claimed) WITH ORDINALITY d
-    JOIN queen.queues q ON q.name = d.queue
-    ORDER BY d.ordinality;
+    SELECT * INTO q FROM queen.queues x WHERE x.name = p_queue;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF p_kind = 'partition' OR p_prefer IS NOT NULL THEN
+        SELECT p.id INTO named FROM queen.partitions p
+        WHERE p.queue_id = q.id
+          AND p.name = CASE WHEN p_kind = 'partition' THEN coalesce(p_partition, p_prefer)
+                            ELSE p_prefer END;
+        IF named IS NULL AND p_kind = 'partition' THEN
+            RETURN;
+        END IF;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM queen.cursor_groups g
+                   WHERE g.queue_id = q.id AND g.consumer_group = p_group) THEN
+        PERFORM queen.cursor_join(q.id, p_group, p_mode, p_from);
+    END IF;
+    LOOP
+        -- The named partition first; by queue, then the candidates (ranked only when it
+        -- gave nothing).
+        IF named IS NOT NULL THEN
+            candidate := named;
+            named := NULL;
+        ELSIF p_kind = 'queue' THEN
+            IF candidates IS NULL THEN
+                candidates := ARRAY(SELECT x FROM queen.cursor_candidates(q.id, p_group, 32) x);
+            END IF;
+            tried := tried + 1;
+            EXIT WHEN tried > cardinality(candidates);
+            candidate := candidates[tried];
+        ELSE
+            EXIT;
+        END IF;
+        SELECT * INTO c FROM queen.cursor_consumers x
+        WHERE x.partition_id = candidate AND x.consumer_group = p_group
+          AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            -- Another pop holds it or has just leased it: next. No cursor yet: make one.
+            CONTINUE WHEN EXISTS (SELECT 1 FROM queen.cursor_consumers x
+                                  WHERE x.partition_id = candidate
+                                    AND x.consumer_group = p_group);
+            PERFORM queen.cursor_ensure(q.id, p_group, candidate);
+            SELECT * INTO c FROM queen.cursor_consumers x
+            WHERE x.partition_id = candidate AND x.consumer_group = p_group
+              AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
+            FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+        END IF;
+        IF c.lease_id IS NOT NULL OR q.window_buffer > 0 OR q.ttl > 0 THEN
+            CONTINUE WHEN NOT queen.cursor_claimable(candidate, p_group, c.lease_id IS NOT NULL,
+                                                     q.window_buffer, q.ttl, p_batch);
+            SELECT * INTO c FROM queen.cursor_consumers x
+            WHERE x.partition_id = candidate AND x.consumer_group = p_group;
+        END IF;
+        -- The claim: the batch past the cursor, the lease over it, its rows.
+        picked := ARRAY(SELECT m.id FROM queen.cursor_messages m
+                        WHERE m.partition_id = candidate AND m.id > c.cursor_id
+                          AND m.id <> ALL (c.done_ids)
+                          AND (q.delayed_processing = 0
+                               OR m.created_at
+                                  <= now() - make_interval(secs => q.delayed_processing))
+                        ORDER BY m.id LIMIT p_batch);
+        CONTINUE WHEN cardinality(picked) = 0;
+        UPDATE queen.cursor_consumers x SET
+            lease_id = coalesce(p_lease, queen.uuid_v7()), leased_by = p_worker,
+            lease_expires_at = now() + make_interval(secs => q.lease_time),
+            lease_last_id = picked[cardinality(picked)], lease_size = cardinality(picked),
+            lease_acked = '{}', not_before = NULL, updated_at = now()
+        WHERE x.partition_id = candidate AND x.consumer_group = p_group
+        RETURNING x.lease_id, x.lease_expires_at INTO c.lease_id, c.lease_expires_at;
+        SELECT p.name INTO named_as FROM queen.partitions p WHERE p.id = candidate;
+        IF c.retried_max >= picked[1] THEN  -- (a message of it may have been retried)
+            RETURN QUERY
+            SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted,
+                   m.producer, m.trace_id,
+                   queen.cursor_retries(candidate, p_group, m.id, c.retried_max),
+                   m.created_at, c.lease_id, c.lease_expires_at, q.priority, q.lease_time,
+                   q.retry_limit
+            FROM queen.cursor_messages m
+            WHERE m.partition_id = candidate AND m.id = ANY (picked)
+            ORDER BY m.id;
+            RETURN;
+        END IF;
+        RETURN QUERY  -- (none was: no lookup, a cheaper plan)
+        SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted, m.producer,
+               m.trace_id, 0, m.created_at, c.lease_id, c.lease_expires_at, q.priority,
+               q.lease_time, q.retry_limit
+        FROM queen.cursor_messages m
+        WHERE m.partition_id = candidate AND m.id = ANY (picked)
+        ORDER BY m.id;
+        RETURN;
+    END LOOP;
 END
+$$;
+
+-- Pop from one named partition as a group (queen.cursor_pop_api by partition).
+CREATE OR REPLACE FUNCTION queen.cursor_pop_partition(
+    p_queue text, p_partition text, p_group text, p_batch integer, p_worker text,
+    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
+RETURNS SETOF queen.cursor_popped
+LANGUAGE sql AS $$
+    SELECT d.id, d.transaction_id, d.queue, d.partition, p_group, d.payload, d.encrypted,
+           d.producer, d.trace_id, d.retry_count, d.created_at, d.lease_id, d.lease_expires_at
+    FROM queen.cursor_pop_api('partition', p_queue, p_partition, NULL, NULL, p_group, p_batch,
+                              p_worker, p_mode, p_from, p_lease) d
+$$;
+
+-- Pop from a queue as a group: the free partition whose next message is oldest, up to
+-- p_batch messages of it in order (queen.cursor_pop_api by queue).
+CREATE OR REPLACE FUNCTION queen.cursor_pop_queue(
+    p_queue text, p_group text, p_batch integer, p_worker text,
+    p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
+RETURNS SETOF queen.cursor_popped
+LANGUAGE sql AS $$
+    SELECT d.id, d.transaction_id, d.queue, d.partition, p_group, d.payload, d.encrypted,
+           d.producer, d.trace_id, d.retry_count, d.created_at, d.lease_id, d.lease_expires_at
+    FROM queen.cursor_pop_api('queue', p_queue, NULL, NULL, NULL, p_group, p_batch, p_worker,
+                              p_mode, p_from, p_lease) d
 $$;
 
 -- Several pops in one call (a worker's concurrent pops, fused): p_pops is an array of
 -- {kind, queue, partition, namespace, task, group, batch, worker, mode, since, lease,
--- prefer}, each popped in turn as queen.cursor_pop_api would, in one transaction. Each
--- pop sees the leases of those before it, so each gets a partition of its own. Rows:
--- the pop's position (1-based) and its messages.
+-- prefer}, each popped in turn by queen.cursor_pop_api, in one transaction. Each pop sees
+-- the leases of those before it, so each gets a partition of its own. Rows: the pop's
+-- position (1-based) and its messages as queen.popped, with the API id.
 CREATE OR REPLACE FUNCTION queen.cursor_pop_many(p_pops jsonb)
 RETURNS TABLE (pop integer, message queen.popped)
 LANGUAGE plpgsql AS $$
@@ -386,7 +380,11 @@ BEGIN
         ORDER BY x.ordinality
     LOOP
         RETURN QUERY
-        SELECT r.ordinality::integer, d
+        SELECT r.ordinality::integer,
+               ROW(queen.cursor_message_uuid(d.id, d.created_at), d.transaction_id, d.queue,
+                   d.partition, d.payload, d.encrypted, d.retry_count, d.priority,
+                   d.created_at, now(), d.lease_id, d.lease_expires_at, d.lease_time,
+                   d.retry_limit)::queen.popped
         FROM queen.cursor_pop_api(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
                                   r.batch, r.worker, r.mode, r.since, r.lease, r.prefer) d;
     END LOOP;
