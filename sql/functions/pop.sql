@@ -198,7 +198,11 @@ $$;
 -- (fused) call. The rare steps (an expired lease, windowBuffer, ttl) are
 -- queen.cursor_claimable's; delayedProcessing hides messages younger than it. p_lease:
 -- the lease id the caller chose (NULL: a new one), so that a caller who lost the answer
--- can still name the lease and give it back (queen.cursor_unclaim).
+-- can still name the lease and give it back (queen.cursor_unclaim). Its statements keep
+-- one plan per session (plan_cache_mode): PL/pgSQL would otherwise plan the batch reads
+-- afresh at every call, since with the cursor and batch size known a custom plan always
+-- looks cheaper (a third of a one-message pop). Those generic plans are the ones
+-- tests/integration/test_query_plans.py checks, with stale and with fresh statistics.
 CREATE OR REPLACE FUNCTION queen.cursor_pop_api(
     p_kind text, p_queue text, p_partition text, p_namespace text, p_task text,
     p_group text, p_batch integer, p_worker text, p_mode text, p_from timestamptz,
@@ -207,7 +211,7 @@ RETURNS TABLE (id bigint, transaction_id text, queue text, partition text, paylo
                encrypted boolean, producer text, trace_id text, retry_count integer,
                created_at timestamptz, lease_id uuid, lease_expires_at timestamptz,
                priority integer, lease_time integer, retry_limit integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     q          queen.queues;
