@@ -31,30 +31,24 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Give a group a cursor in each partition of a queue (or the one named) that has none
--- yet, where its subscription says.
+-- yet, where its subscription says. Partitions are taken by key (one named: a probe of
+-- it, whatever the queue's width).
 CREATE OR REPLACE FUNCTION queen.cursor_ensure(p_queue uuid, p_group text,
                                                p_partition uuid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    wanted uuid[];
 BEGIN
-    IF p_partition IS NOT NULL THEN  -- (one partition: by its key, whatever the queue's width)
-        INSERT INTO queen.cursor_consumers (partition_id, consumer_group, queue_id, cursor_id)
-        SELECT p.id, p_group, p.queue_id,
-               CASE WHEN g.subscription_from IS NULL THEN 0
-                    ELSE queen.cursor_before(p.id, g.subscription_from) END
-        FROM queen.partitions p
-        JOIN queen.cursor_groups g ON g.queue_id = p.queue_id AND g.consumer_group = p_group
-        WHERE p.id = p_partition AND p.queue_id = p_queue
-        ON CONFLICT DO NOTHING;
-        RETURN;
-    END IF;
+    wanted := CASE WHEN p_partition IS NOT NULL THEN ARRAY[p_partition]
+                   ELSE ARRAY(SELECT p.id FROM queen.partitions p WHERE p.queue_id = p_queue) END;
     INSERT INTO queen.cursor_consumers (partition_id, consumer_group, queue_id, cursor_id)
     SELECT p.id, p_group, p.queue_id,
            CASE WHEN g.subscription_from IS NULL THEN 0
                 ELSE queen.cursor_before(p.id, g.subscription_from) END
     FROM queen.partitions p
     JOIN queen.cursor_groups g ON g.queue_id = p.queue_id AND g.consumer_group = p_group
-    WHERE p.queue_id = p_queue
+    WHERE p.id = ANY (wanted) AND p.queue_id = p_queue
       AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
                       WHERE c.partition_id = p.id AND c.consumer_group = p_group)
     ORDER BY p.id

@@ -99,7 +99,8 @@ BEGIN
     END IF;
     -- The walk: a recursive step per partition, each an index probe for the next id (so
     -- no statistics can turn it into a sort of the whole queue); then the partition's
-    -- cursor and next message, probed by key.
+    -- cursor and next message, probed by key, and queen.cursor_rank's conditions (there
+    -- a join, which may read every consumer row of the queue at once).
     RETURN QUERY
     WITH RECURSIVE walk (id, lap) AS (
         SELECT f.id, f.lap FROM (
