@@ -216,6 +216,9 @@ DECLARE
     woken   text[];
     ignored text;
 BEGIN
+    -- The acks' commit does not wait for the disk: an ack a crash forgets leaves its
+    -- message leased until the lease expires, then delivered again (at-least-once).
+    ignored := set_config('synchronous_commit', 'off', true);
     ignored := set_config('queen.wakes', '[]', true);
     decided := queen.cursor_ack_outcomes(p_acks);
     IF current_setting('queen.wakes') <> '[]' THEN

@@ -367,14 +367,18 @@ $$;
 -- {kind, queue, partition, namespace, task, group, batch, worker, mode, since, lease,
 -- prefer}, each popped in turn by queen.cursor_pop_api, in one transaction. Each pop sees
 -- the leases of those before it, so each gets a partition of its own. Rows: the pop's
--- position (1-based) and its messages as queen.popped, with the API id.
+-- position (1-based) and its messages as queen.popped, with the API id. The pops' commit
+-- does not wait for the disk (synchronous_commit off for the transaction): a claim a
+-- crash forgets leaves its messages to be delivered again, as at-least-once allows.
 CREATE OR REPLACE FUNCTION queen.cursor_pop_many(p_pops jsonb)
 RETURNS TABLE (pop integer, message queen.popped)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    r record;
+    r       record;
+    ignored text;
 BEGIN
+    ignored := set_config('synchronous_commit', 'off', true);
     FOR r IN
         SELECT x.*
         FROM ROWS FROM (jsonb_to_recordset(p_pops)

@@ -402,3 +402,30 @@ def test_pop_taking_over_an_expired_lease_skips_what_it_dead_lettered(conn: Conn
     cursors.pop(conn, "q", batch=2)
     expire_leases_now(conn)
     assert numbers(cursors.pop(conn, "q", batch=10)) == [2]
+
+
+def test_the_pop_and_ack_routes_commit_without_waiting_for_the_disk(conn: Conn) -> None:
+    # Pushes stay durable once answered; a claim or an ack a crash forgets only makes the
+    # message be delivered again (at-least-once).
+    def setting() -> str:
+        (value,) = conn.execute("SELECT current_setting('synchronous_commit')").fetchone() or ("",)
+        return str(value)
+
+    assert setting() == "on"
+    with conn.transaction():
+        conn.execute("SELECT count(*) FROM queen.cursor_push_api(%s::jsonb)",
+                     ('[{"queue": "q", "payload": 1}]',))
+        assert setting() == "on"
+    with conn.transaction():
+        (txid,) = conn.execute(
+            "SELECT (message).transaction_id FROM queen.cursor_pop_many(%s::jsonb)",
+            ('[{"kind": "queue", "queue": "q", "group": "__queue__", "batch": 1,'
+             ' "worker": "w"}]',)).fetchone() or (None,)
+        assert setting() == "off"
+    assert setting() == "on"  # (for that transaction only)
+    with conn.transaction():
+        (status,) = conn.execute(
+            "SELECT status FROM queen.cursor_ack_api(%s::jsonb)",
+            (f'[{{"transactionId": "{txid}", "status": "completed"}}]',)).fetchone() or (None,)
+        assert (status, setting()) == ("completed", "off")
+    assert setting() == "on"
