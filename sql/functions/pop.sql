@@ -84,14 +84,15 @@ $$;
 -- claim would, so that they do not use up the candidates and hide one whose window
 -- closed; an expired lease is a candidate whatever the window (the claim ends it).
 -- (PL/pgSQL: a volatile SQL function would be planned again at every call.)
-CREATE OR REPLACE FUNCTION queen.cursor_candidates(p_queue uuid, p_group text, p_limit integer)
+-- q: the queue's row, as the pop read it.
+DROP FUNCTION IF EXISTS queen.cursor_candidates(uuid, text, integer);  -- (it read q again)
+CREATE OR REPLACE FUNCTION queen.cursor_candidates(q queen.queues, p_group text, p_limit integer)
 RETURNS SETOF uuid
 LANGUAGE plpgsql AS $$
 DECLARE
-    q     queen.queues;
-    start uuid := gen_random_uuid();
+    p_queue uuid := q.id;
+    start   uuid := gen_random_uuid();
 BEGIN
-    SELECT * INTO q FROM queen.queues x WHERE x.id = p_queue;
     IF NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = p_queue
                    ORDER BY p.id OFFSET 256 LIMIT 1) THEN  -- (in index order: it stops there)
         RETURN QUERY SELECT x FROM queen.cursor_rank(q, p_group, p_limit) x;
@@ -267,7 +268,7 @@ BEGIN
             named := NULL;
         ELSIF p_kind = 'queue' THEN
             IF candidates IS NULL THEN
-                candidates := ARRAY(SELECT x FROM queen.cursor_candidates(q.id, p_group, 32) x);
+                candidates := ARRAY(SELECT x FROM queen.cursor_candidates(q, p_group, 32) x);
             END IF;
             tried := tried + 1;
             EXIT WHEN tried > cardinality(candidates);

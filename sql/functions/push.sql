@@ -237,9 +237,9 @@ BEGIN
             END;
             IF ids IS NOT NULL THEN
                 RETURN QUERY
-                SELECT k.n::integer, queen.cursor_message_uuid(k.id, now()),
-                       queen.cursor_message_uuid(k.id, now())::text, 'queued'
+                SELECT k.n::integer, u.id, u.id::text, 'queued'  -- (its transactionId)
                 FROM unnest(ids) WITH ORDINALITY k(id, n)
+                CROSS JOIN LATERAL (SELECT queen.cursor_message_uuid(k.id, now()) AS id) u
                 ORDER BY k.n;
                 RETURN;
             END IF;
