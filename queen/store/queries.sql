@@ -248,9 +248,9 @@ WITH minutes AS (
     FROM picked t
     LEFT JOIN queen.cursor_counts k ON k.partition_id = t.id
     LEFT JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
-    CROSS JOIN LATERAL queen.cursor_activity(t.id, coalesce(k.counted_id, 0),
-                                             coalesce(k.cursor_counted, 0),
-                                             coalesce(c.cursor_id, 0), 5000) x
+    CROSS JOIN LATERAL queen.cursor_activity_walk(t.id, coalesce(k.counted_id, 0),
+                                                  coalesce(k.cursor_counted, 0),
+                                                  coalesce(c.cursor_id, 0), 5000) x
     UNION ALL
     SELECT date_trunc('minute', c.lease_expires_at - make_interval(secs => t.lease_time)),
            0, 0, 0, 0, 0, c.lease_size - cardinality(c.lease_acked)
@@ -297,9 +297,9 @@ LEFT JOIN LATERAL (
             AND r.minute >= date_trunc('hour', now()) - interval '24 hours'
           UNION ALL
           SELECT x.completed, x.lag_ms, x.lag_hist
-          FROM queen.cursor_activity(t.id, coalesce(k.counted_id, 0),
-                                     coalesce(k.cursor_counted, 0),
-                                     coalesce(c.cursor_id, 0), 5000) x
+          FROM queen.cursor_activity_walk(t.id, coalesce(k.counted_id, 0),
+                                          coalesce(k.cursor_counted, 0),
+                                          coalesce(c.cursor_id, 0), 5000) x
           WHERE x.completed > 0) a
 ) w ON true
 ORDER BY t.queue, t.name

@@ -34,59 +34,97 @@ $$;
 -- Messages of a partition queue mode's cursor passed from p_after to p_upto: up to
 -- p_step, in id order, each with its end: completed (final NULL) at the time of the ack
 -- that completed it, with the ms from push to ack; or failed / dead_letter at the time
--- of its failure record.
+-- of its failure record. A message's ack is the completion with the lowest last_id at or
+-- above its id (when that one's first_id is not above it): one ordered pass over the
+-- window's messages and the completions that can cover them, not a lookup per message.
 CREATE OR REPLACE FUNCTION queen.cursor_passed(p_partition uuid, p_after bigint, p_upto bigint,
                                                p_step integer)
 RETURNS TABLE (id bigint, minute timestamptz, final text, ms double precision)
 LANGUAGE sql STABLE AS $$
-    SELECT w.id, date_trunc('minute', coalesce(f.failed_at, a.acked_at, now())), f.status,
+    WITH w AS MATERIALIZED (
+        SELECT m.id, m.created_at FROM queen.cursor_messages m
+        WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
+        ORDER BY m.id LIMIT p_step
+    ), span AS (
+        SELECT max(w.id) AS last FROM w
+    ), x AS (  -- the completions ending inside the window, and the first one past it
+        SELECT c.last_id, c.first_id, c.acked_at FROM queen.cursor_completions c, span
+        WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
+          AND c.last_id > p_after AND c.last_id < span.last
+        UNION ALL
+        (SELECT c.last_id, c.first_id, c.acked_at FROM queen.cursor_completions c, span
+         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
+           AND c.last_id >= span.last
+         ORDER BY c.last_id LIMIT 1)
+    ), marked AS (  -- walked from the top: each message joins the completion seen last
+        SELECT e.*, count(e.acked_at) OVER (ORDER BY e.key DESC, e.kind
+                                            ROWS UNBOUNDED PRECEDING) AS cover
+        FROM (SELECT w.id AS key, 1 AS kind, w.id, w.created_at, NULL::bigint AS first_id,
+                     NULL::timestamptz AS acked_at
+              FROM w
+              UNION ALL
+              SELECT x.last_id, 0, NULL, NULL, x.first_id, x.acked_at FROM x) e
+    ), acked AS (
+        SELECT k.id, k.created_at,
+               CASE WHEN first_value(k.first_id) OVER c <= k.id
+                    THEN first_value(k.acked_at) OVER c END AS acked_at, k.kind
+        FROM marked k
+        WINDOW c AS (PARTITION BY k.cover ORDER BY k.key DESC, k.kind)
+    )
+    SELECT a.id, date_trunc('minute', coalesce(f.failed_at, a.acked_at, now())), f.status,
            CASE WHEN f.status IS NULL THEN
-               greatest(extract(epoch FROM coalesce(a.acked_at, now()) - w.created_at) * 1000, 0)
+               greatest(extract(epoch FROM coalesce(a.acked_at, now()) - a.created_at) * 1000, 0)
            END
-    FROM (SELECT m.id, m.created_at FROM queen.cursor_messages m
-          WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
-          ORDER BY m.id LIMIT p_step) w
+    FROM acked a
     LEFT JOIN queen.cursor_failures f
            ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
-          AND f.message_id = w.id AND f.status <> 'retry'
-    LEFT JOIN LATERAL (SELECT CASE WHEN x.first_id <= w.id THEN x.acked_at END AS acked_at
-                       FROM queen.cursor_completions x
-                       WHERE f.status IS NULL AND x.partition_id = p_partition
-                         AND x.consumer_group = '__queue__' AND x.last_id >= w.id
-                       ORDER BY x.last_id LIMIT 1) a ON true
-    ORDER BY w.id
+          AND f.message_id = a.id AND f.status <> 'retry'
+    WHERE a.kind = 1
+    ORDER BY a.id
 $$;
+
+-- (An earlier build answered the same without the highest ids walked.)
+DROP FUNCTION IF EXISTS queen.cursor_activity(uuid, bigint, bigint, bigint, integer);
 
 -- Activity per minute of a partition past its watermarks (p_counted: arrivals counted
 -- up to there; p_cursor_counted: the cursor's last counted position; p_cursor: where it
--- stands), each walk up to p_step messages. Maintenance adds it to
--- queen.cursor_metrics_minute; reads add it to what maintenance added.
-CREATE OR REPLACE FUNCTION queen.cursor_activity(p_partition uuid, p_counted bigint,
-                                                 p_cursor_counted bigint, p_cursor bigint,
-                                                 p_step integer)
+-- stands), each walk up to p_step messages, with the highest id each walk reached in
+-- that minute (newest: arrived; reached: passed). Maintenance adds it to
+-- queen.cursor_metrics_minute and moves the watermarks; reads add it to what
+-- maintenance added.
+CREATE OR REPLACE FUNCTION queen.cursor_activity_walk(p_partition uuid, p_counted bigint,
+                                                      p_cursor_counted bigint, p_cursor bigint,
+                                                      p_step integer)
 RETURNS TABLE (minute timestamptz, incoming bigint, completed bigint, failed bigint,
-               dead_letter bigint, lag_ms bigint, lag_hist integer[])
+               dead_letter bigint, lag_ms bigint, lag_hist integer[], newest bigint,
+               reached bigint)
 LANGUAGE sql STABLE AS $$
-    WITH passed AS MATERIALIZED (
-        SELECT * FROM queen.cursor_passed(p_partition, p_cursor_counted, p_cursor, p_step)
-    ), buckets AS (
-        SELECT x.minute, queen.cursor_lag_bucket(x.ms) AS bucket, count(*)::integer AS n
-        FROM passed x WHERE x.final IS NULL GROUP BY 1, 2
-    ), events AS (
-        SELECT a.minute, 1 AS incoming, NULL::text AS final, NULL::double precision AS ms,
-               false AS ended
-        FROM queen.cursor_arrived(p_partition, p_counted, p_step) a
-        UNION ALL
-        SELECT x.minute, 0, x.final, x.ms, true FROM passed x
+    WITH ends AS (  -- one row per minute and lag bucket (NULL: failures)
+        SELECT x.minute,
+               CASE WHEN x.final IS NULL THEN queen.cursor_lag_bucket(x.ms) END AS bucket,
+               count(*) FILTER (WHERE x.final IS NULL) AS completed,
+               count(*) FILTER (WHERE x.final = 'failed') AS failed,
+               count(*) FILTER (WHERE x.final = 'dead_letter') AS dead_letter,
+               sum(x.ms) FILTER (WHERE x.final IS NULL) AS lag_ms, max(x.id) AS reached
+        FROM queen.cursor_passed(p_partition, p_cursor_counted, p_cursor, p_step) x
+        GROUP BY 1, 2
+    ), passed AS (
+        SELECT e.minute, sum(e.completed) AS completed, sum(e.failed) AS failed,
+               sum(e.dead_letter) AS dead_letter, coalesce(sum(e.lag_ms), 0) AS lag_ms,
+               ARRAY(SELECT coalesce(b.completed, 0)::integer FROM generate_series(0, 63) i
+                     LEFT JOIN ends b ON b.minute = e.minute AND b.bucket = i
+                     ORDER BY i) AS lag_hist,
+               max(e.reached) AS reached
+        FROM ends e GROUP BY e.minute
+    ), arrived AS (
+        SELECT a.minute, count(*) AS incoming, max(a.id) AS newest
+        FROM queen.cursor_arrived(p_partition, p_counted, p_step) a GROUP BY a.minute
     )
-    SELECT e.minute, sum(e.incoming)::bigint,
-           count(*) FILTER (WHERE e.ended AND e.final IS NULL),
-           count(*) FILTER (WHERE e.final = 'failed'),
-           count(*) FILTER (WHERE e.final = 'dead_letter'),
-           coalesce(sum(e.ms) FILTER (WHERE e.ended AND e.final IS NULL), 0)::bigint,
-           ARRAY(SELECT coalesce(b.n, 0) FROM generate_series(0, 63) i
-                 LEFT JOIN buckets b ON b.minute = e.minute AND b.bucket = i ORDER BY i)
-    FROM events e GROUP BY e.minute
+    SELECT coalesce(a.minute, x.minute), coalesce(a.incoming, 0),
+           coalesce(x.completed, 0)::bigint, coalesce(x.failed, 0)::bigint,
+           coalesce(x.dead_letter, 0)::bigint, coalesce(x.lag_ms, 0)::bigint,
+           coalesce(x.lag_hist, array_fill(0, ARRAY[64])), a.newest, x.reached
+    FROM arrived a FULL JOIN passed x ON x.minute = a.minute
 $$;
 
 -- Move a partition's cursor watermark back to p_to (its count row locked by the caller):
@@ -134,22 +172,28 @@ BEGIN
     SELECT * INTO k FROM queen.cursor_counts x WHERE x.partition_id = p_partition FOR UPDATE;
     target := coalesce((SELECT c.cursor_id FROM queen.cursor_consumers c
                         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'), 0);
-    INSERT INTO queen.cursor_metrics_minute AS t
-        (minute, partition_id, incoming, completed, failed, dead_letter, lag_ms, lag_hist)
-    SELECT a.minute, p_partition, a.incoming, a.completed, a.failed, a.dead_letter, a.lag_ms,
-           a.lag_hist
-    FROM queen.cursor_activity(p_partition, k.counted_id, k.cursor_counted, target, p_step) a
-    ON CONFLICT (minute, partition_id) DO UPDATE SET
-        incoming = t.incoming + EXCLUDED.incoming, completed = t.completed + EXCLUDED.completed,
-        failed = t.failed + EXCLUDED.failed, dead_letter = t.dead_letter + EXCLUDED.dead_letter,
-        lag_ms = t.lag_ms + EXCLUDED.lag_ms,
-        lag_hist = queen.cursor_hist_add(t.lag_hist, EXCLUDED.lag_hist);
-    SELECT count(*), max(a.id) INTO arrived, newest
-    FROM queen.cursor_arrived(p_partition, k.counted_id, p_step) a;
-    SELECT count(*), max(x.id), count(*) FILTER (WHERE x.final = 'failed'),
-           count(*) FILTER (WHERE x.final = 'dead_letter')
-    INTO passed, reached, n_failed, n_dead
-    FROM queen.cursor_passed(p_partition, k.cursor_counted, target, p_step) x;
+    WITH walk AS MATERIALIZED (
+        SELECT * FROM queen.cursor_activity_walk(p_partition, k.counted_id, k.cursor_counted,
+                                                 target, p_step)
+    ), added AS (
+        INSERT INTO queen.cursor_metrics_minute AS t
+            (minute, partition_id, incoming, completed, failed, dead_letter, lag_ms, lag_hist)
+        SELECT a.minute, p_partition, a.incoming, a.completed, a.failed, a.dead_letter,
+               a.lag_ms, a.lag_hist
+        FROM walk a
+        ON CONFLICT (minute, partition_id) DO UPDATE SET
+            incoming = t.incoming + EXCLUDED.incoming,
+            completed = t.completed + EXCLUDED.completed,
+            failed = t.failed + EXCLUDED.failed,
+            dead_letter = t.dead_letter + EXCLUDED.dead_letter,
+            lag_ms = t.lag_ms + EXCLUDED.lag_ms,
+            lag_hist = queen.cursor_hist_add(t.lag_hist, EXCLUDED.lag_hist)
+    )
+    SELECT coalesce(sum(a.incoming), 0), max(a.newest),
+           coalesce(sum(a.completed + a.failed + a.dead_letter), 0), max(a.reached),
+           coalesce(sum(a.failed), 0), coalesce(sum(a.dead_letter), 0)
+    INTO arrived, newest, passed, reached, n_failed, n_dead
+    FROM walk a;
     IF target < k.cursor_counted THEN  -- moved back (a seek): forget what it left
         PERFORM queen.cursor_counts_step_back(p_partition, target);
         passed := 0;

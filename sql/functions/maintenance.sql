@@ -62,7 +62,10 @@ $$;
 -- ANALYZE the message tables and the partitions that changed by more than a tenth since
 -- their last analysis (or were never analysed): plans stay index-driven on a server
 -- without autovacuum (a queue's partitions read in index order by a pop: see
--- queen.cursor_candidates). Returns the tables analysed.
+-- queen.cursor_candidates). Where autovacuum runs on a table it analyses it itself, at
+-- a smaller change (0001_baseline.sql's table settings): only a table it has not
+-- analysed yet is done here (a new one would wait for autovacuum's next round without
+-- statistics). Returns the tables analysed.
 CREATE OR REPLACE FUNCTION queen.cursor_analyze(p_min_changes bigint DEFAULT 1000)
 RETURNS text[]
 LANGUAGE plpgsql AS $$
@@ -74,6 +77,8 @@ BEGIN
         SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
         WHERE s.schemaname = 'queen' AND (s.relname LIKE 'cursor\_%' OR s.relname = 'partitions')
           AND s.n_mod_since_analyze >= greatest(p_min_changes, c.reltuples / 10)
+          AND (coalesce(s.last_analyze, s.last_autoanalyze) IS NULL
+               OR NOT queen.autovacuum_runs_on(c.reloptions))
         ORDER BY s.relname
     LOOP
         EXECUTE format('ANALYZE queen.%I', stale);
@@ -81,6 +86,14 @@ BEGIN
     END LOOP;
     RETURN done;
 END
+$$;
+
+-- Whether autovacuum looks at a table with these options (pg_class.reloptions).
+CREATE OR REPLACE FUNCTION queen.autovacuum_runs_on(p_options text[]) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT current_setting('autovacuum')::boolean AND current_setting('track_counts')::boolean
+           AND coalesce((SELECT bool_and(substr(o, 20)::boolean) FROM unnest(p_options) o
+                         WHERE o LIKE 'autovacuum\_enabled=%'), true)
 $$;
 
 -- When a group's partition becomes poppable without any write to it: its retryDelay

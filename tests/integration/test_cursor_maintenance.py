@@ -142,3 +142,30 @@ def test_analyze_runs_on_the_tables_that_changed(conn: Conn) -> None:
         "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables"
         " WHERE relname = 'cursor_messages'").fetchone()
     assert analysed == (True,)
+
+
+def test_an_analysed_table_is_left_to_autovacuum_where_it_runs(conn: Conn) -> None:
+    autovacuum = conn.execute("SELECT current_setting('autovacuum')::boolean").fetchone()
+    cursors.push(conn, [{"queue": "q", "payload": i} for i in range(50)])
+    flush_statistics(conn)
+    assert cursors.analyze(conn, min_changes=10) == ["cursor_messages"]  # never analysed
+    cursors.push(conn, [{"queue": "q", "payload": i} for i in range(50)])
+    flush_statistics(conn)
+    assert cursors.analyze(conn, min_changes=10) == ([] if autovacuum == (True,)
+                                                     else ["cursor_messages"])
+    conn.execute("ALTER TABLE queen.cursor_messages SET (autovacuum_enabled = off)")
+    cursors.push(conn, [{"queue": "q", "payload": i} for i in range(50)])
+    flush_statistics(conn)
+    assert cursors.analyze(conn, min_changes=10) == ["cursor_messages"]  # opted out
+
+
+def test_autovacuum_runs_on_a_table_unless_it_or_the_server_turns_it_off(conn: Conn) -> None:
+    server = conn.execute("SELECT current_setting('autovacuum')::boolean").fetchone()
+    answers = conn.execute(
+        "SELECT queen.autovacuum_runs_on(NULL), queen.autovacuum_runs_on('{fillfactor=90}'),"
+        " queen.autovacuum_runs_on('{autovacuum_enabled=true}'),"
+        " queen.autovacuum_runs_on('{autovacuum_enabled=off}'),"
+        " queen.autovacuum_runs_on('{fillfactor=90,autovacuum_enabled=false}')").fetchone()
+    assert server is not None and answers is not None
+    on = server[0]
+    assert answers == (on, on, on, False, False)

@@ -145,12 +145,14 @@ NOT_SQL = {"workers", "maintenance", "push_notify", "wakes"}
 
 
 DEFINITION = re.compile(r"^CREATE OR REPLACE (?:FUNCTION|AGGREGATE) queen\.[a-z0-9_]+")
+DROPPED = re.compile(r"^DROP FUNCTION IF EXISTS queen\.[a-z0-9_]+")  # an earlier build's
 
 
 def names_in_code(uses_only: bool = False) -> set[str]:
     """Every queen.<name> that the SQL functions, the statements and the store's and
     workers' Python name (migrate.py names an earlier build's tables: left out).
 
+    A function an earlier build defined, dropped by name, is not among them.
     uses_only: not in comments, nor the name a function's own definition gives it.
     """
     modules = {p.stem for p in (ROOT / "queen").iterdir() if not p.name.startswith("_")}
@@ -161,6 +163,7 @@ def names_in_code(uses_only: bool = False) -> set[str]:
     found: set[str] = set()
     for path in files:
         for line in path.read_text(encoding="utf-8").splitlines():
+            line = DROPPED.sub("", line)
             if uses_only:
                 if line.lstrip().startswith(("--", "#")):
                     continue
