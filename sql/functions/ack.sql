@@ -90,6 +90,53 @@ BEGIN
                  JOIN unnest(decided) d ON d.message_id = x.id);
 END
 $$;
+-- The common call, decided as a set: every item completes a message of the group's live
+-- lease p_lease and together they are all of its messages, none acked before in it (a
+-- consumer acking what it popped). The items' transactionIds are
+-- matched against the lease's messages, read once under the row lock. NULL when the call
+-- is anything else: queen.cursor_ack_consumer then decides its items one by one.
+CREATE OR REPLACE FUNCTION queen.cursor_ack_lease(p_partition uuid, p_group text, p_lease uuid,
+                                                  p_idx integer[], p_txids text[],
+                                                  p_errors text[])
+RETURNS queen.cursor_ack_outcome[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    r       record;
+    c       queen.cursor_consumers;
+    decided queen.cursor_ack_outcome[];
+    ids     bigint[];
+    matched bigint;
+BEGIN
+    SELECT x AS c, y.retry_delay INTO r
+    FROM queen.cursor_consumers x JOIN queen.queues y ON y.id = x.queue_id
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group FOR UPDATE OF x;
+    c := r.c;
+    IF c.lease_id IS DISTINCT FROM p_lease OR cardinality(c.lease_acked) > 0
+       OR c.lease_size <> cardinality(p_txids) THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(ROW(i.idx, i.txid, p_group, l.id, 'completed',
+                         CASE WHEN l.id > c.retried_max THEN 0  -- (no retry record: no lookup)
+                              ELSE queen.cursor_retries(p_partition, p_group, l.id,
+                                                        c.retried_max) END,
+                         i.error, true)::queen.cursor_ack_outcome),
+           array_agg(l.id ORDER BY l.id), count(DISTINCT l.id)
+    INTO decided, ids, matched
+    FROM unnest(p_idx, p_txids, p_errors) i(idx, txid, error)
+    JOIN (SELECT m.id, m.transaction_id FROM queen.cursor_messages m
+          WHERE m.partition_id = p_partition AND m.id > c.cursor_id
+            AND m.id <= c.lease_last_id AND m.id <> ALL (c.done_ids)) l
+      ON l.transaction_id = i.txid;
+    IF matched <> cardinality(p_txids) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO queen.cursor_completions (partition_id, consumer_group, first_id, last_id, acked)
+    VALUES (p_partition, p_group, ids[1], ids[matched], matched);
+    PERFORM queen.cursor_settle_row(c, r.retry_delay, ids, ids, NULL);
+    RETURN decided;
+END
+$$;
+
 -- What an acknowledgment of message p_id does, given the group's row c and queue q:
 -- a leaseId that is not the lease -> lease_expired; already done -> its status; outside
 -- the lease -> lease_expired; acked failed before in this lease -> retry_scheduled;
@@ -124,8 +171,10 @@ $$;
 -- order (idx: its position, from 1): completed / retry_scheduled (with retryCount) /
 -- dead_letter / failed / lease_expired / not_found, and whether it changed something
 -- (applied) or only reported what was already so (a message done before, or acked
--- before in its lease). The items are read once; in the common call (every message
--- found, all in one partition for one group) its outcomes are the group's own.
+-- before in its lease). The items are read once; the common call (one group's whole
+-- lease completed) is decided as a set (queen.cursor_ack_lease); otherwise each message
+-- is looked up once, and when all are in one partition for one group its outcomes are
+-- the group's own.
 -- Composable: no commit, the caller's transaction holds it all.
 CREATE OR REPLACE FUNCTION queen.cursor_ack_outcomes(p_acks jsonb)
 RETURNS queen.cursor_ack_outcome[]
@@ -144,15 +193,27 @@ DECLARE
 BEGIN
     SELECT array_agg(t.ord::integer), array_agg(t.a ->> 'transactionId'),
            array_agg(coalesce(t.a ->> 'consumerGroup', '__queue__')),
-           array_agg(m.partition_id), array_agg(m.id), array_agg(t.a ->> 'status'),
-           array_agg(t.a ->> 'error'), array_agg(t.a ->> 'leaseId')
-    INTO idxs, txids, groups, parts, ids, wanted, errors, leases
-    FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
-    LEFT JOIN LATERAL (SELECT m.partition_id, m.id FROM queen.cursor_messages m
-                       WHERE m.transaction_id = t.a ->> 'transactionId' LIMIT 1) m ON true;
+           array_agg(t.a ->> 'status'), array_agg(t.a ->> 'error'), array_agg(t.a ->> 'leaseId')
+    INTO idxs, txids, groups, wanted, errors, leases
+    FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord);
     IF idxs IS NULL THEN
         RETURN '{}';
     END IF;
+    IF leases[1] IS NOT NULL AND leases[1] = ALL (leases) AND groups[1] = ALL (groups)
+       AND 'completed' = ALL (wanted) THEN
+        outcomes := queen.cursor_ack_lease(
+            (SELECT m.partition_id FROM queen.cursor_messages m WHERE m.transaction_id = txids[1]),
+            groups[1], leases[1]::uuid, idxs, txids, errors);
+        IF outcomes IS NOT NULL THEN
+            RETURN outcomes;
+        END IF;
+        outcomes := '{}';
+    END IF;
+    SELECT array_agg(m.partition_id ORDER BY u.k), array_agg(m.id ORDER BY u.k)
+    INTO parts, ids
+    FROM unnest(txids) WITH ORDINALITY u(txid, k)
+    LEFT JOIN LATERAL (SELECT m.partition_id, m.id FROM queen.cursor_messages m
+                       WHERE m.transaction_id = u.txid LIMIT 1) m ON true;
     IF array_position(parts, NULL) IS NULL AND parts[1] = ALL (parts)
        AND groups[1] = ALL (groups) THEN
         outcomes := queen.cursor_ack_consumer(parts[1], groups[1], idxs, txids, ids, wanted,

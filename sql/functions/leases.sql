@@ -76,8 +76,11 @@ DECLARE
     retrying boolean;
 BEGIN
     ended := c.lease_id IS NOT NULL AND (p_expired OR cardinality(acked) >= c.lease_size);
-    -- A message retried in this lease: acked (failed) but not done.
-    retrying := p_retried IS NOT NULL OR NOT acked <@ done;
+    -- A message retried in this lease: acked (failed) but not done. (<@ compares every
+    -- pair: 0.2 ms for a lease of 100; a call that does what it acks needs none.)
+    retrying := p_retried IS NOT NULL
+                OR CASE WHEN cardinality(c.lease_acked) = 0 AND p_acked = p_done THEN false
+                        ELSE NOT acked <@ done END;
     IF ended AND NOT retrying THEN
         moved_to := greatest(moved_to, c.lease_last_id);  -- every message of it done
         done := ARRAY(SELECT d FROM unnest(done) d WHERE d > moved_to ORDER BY d);

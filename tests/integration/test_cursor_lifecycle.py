@@ -429,3 +429,45 @@ def test_the_pop_and_ack_routes_commit_without_waiting_for_the_disk(conn: Conn) 
             (f'[{{"transactionId": "{txid}", "status": "completed"}}]',)).fetchone() or (None,)
         assert (status, setting()) == ("completed", "off")
     assert setting() == "on"
+
+
+def ack_calls(conn: Conn, acks: list[dict[str, Any]]) -> tuple[list[Any], set[str]]:
+    """Ack in one transaction; the outcomes and the functions it called."""
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        outcomes = cursors.ack(conn, acks)
+        called = {r[0] for r in conn.execute("SELECT funcname FROM pg_stat_xact_user_functions")}
+    return outcomes, called
+
+
+def test_a_whole_lease_completed_at_once_is_decided_as_a_set(conn: Conn) -> None:
+    push_n(conn, "q", 4)
+    cursors.pop(conn, "q", batch=3)
+    expire_leases_now(conn)
+    got = cursors.pop(conn, "q", batch=3)  # again, each with a retry behind it
+    outcomes, called = ack_calls(conn, [
+        {"transactionId": d.transaction_id, "status": "completed", "leaseId": str(d.lease_id)}
+        for d in reversed(got)])
+    assert "cursor_ack_lease" in called and "cursor_ack_consumer" not in called
+    assert [(o.position, o.status, o.retry_count) for o in outcomes] == [
+        (1, "completed", 1), (2, "completed", 1), (3, "completed", 1)]
+    assert [o.transaction_id for o in outcomes] == [d.transaction_id for d in reversed(got)]
+    assert numbers(cursors.pop(conn, "q", batch=10)) == [3]
+    assert conn.execute("SELECT first_id, last_id, acked FROM queen.cursor_completions"
+                        ).fetchall() == [(1, 3, 3)]
+
+
+def test_an_ack_that_is_not_its_whole_lease_is_decided_one_by_one(conn: Conn) -> None:
+    push_n(conn, "q", 3)
+    got = cursors.pop(conn, "q", batch=2)
+    lease = str(got[0].lease_id)
+    twice = [{"transactionId": got[0].transaction_id, "status": "completed", "leaseId": lease}] * 2
+    outcomes, called = ack_calls(conn, twice)  # as many items as the lease, one message
+    assert "cursor_ack_consumer" in called
+    assert [o.status for o in outcomes] == ["completed", "completed"]
+    assert cursors.pop(conn, "q") == []  # the other message is still leased
+    rest = [{"transactionId": got[1].transaction_id, "status": "completed", "leaseId": lease},
+            {"transactionId": "q-Default-2", "status": "completed", "leaseId": lease}]
+    outcomes, called = ack_calls(conn, rest)  # one of them outside the lease
+    assert [o.status for o in outcomes] == ["completed", "lease_expired"]
+    assert numbers(cursors.pop(conn, "q")) == [2]
