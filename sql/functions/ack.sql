@@ -91,8 +91,8 @@ BEGIN
 END
 $$;
 -- The common call, decided as a set: every item completes a message of the group's live
--- lease p_lease and together they are all of its messages, none acked before in it (a
--- consumer acking what it popped). The items' transactionIds are
+-- lease (p_lease, or whichever it is when NULL: the items name none) and together they
+-- are all of its messages, none acked before in it (a consumer acking what it popped). The items' transactionIds are
 -- matched against the lease's messages, read once under the row lock. NULL when the call
 -- is anything else: queen.cursor_ack_consumer then decides its items one by one.
 CREATE OR REPLACE FUNCTION queen.cursor_ack_lease(p_partition uuid, p_group text, p_lease uuid,
@@ -111,8 +111,8 @@ BEGIN
     FROM queen.cursor_consumers x JOIN queen.queues y ON y.id = x.queue_id
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group FOR UPDATE OF x;
     c := r.c;
-    IF c.lease_id IS DISTINCT FROM p_lease OR cardinality(c.lease_acked) > 0
-       OR c.lease_size <> cardinality(p_txids) THEN
+    IF c.lease_id IS NULL OR c.lease_id IS DISTINCT FROM coalesce(p_lease, c.lease_id)
+       OR cardinality(c.lease_acked) > 0 OR c.lease_size <> cardinality(p_txids) THEN
         RETURN NULL;
     END IF;
     SELECT array_agg(ROW(i.idx, i.txid, p_group, l.id, 'completed',
@@ -199,8 +199,8 @@ BEGIN
     IF idxs IS NULL THEN
         RETURN '{}';
     END IF;
-    IF leases[1] IS NOT NULL AND leases[1] = ALL (leases) AND groups[1] = ALL (groups)
-       AND 'completed' = ALL (wanted) THEN
+    IF (leases[1] = ALL (leases) OR cardinality(array_remove(leases, NULL)) = 0)
+       AND groups[1] = ALL (groups) AND 'completed' = ALL (wanted) THEN
         outcomes := queen.cursor_ack_lease(
             (SELECT m.partition_id FROM queen.cursor_messages m WHERE m.transaction_id = txids[1]),
             groups[1], leases[1]::uuid, idxs, txids, errors);

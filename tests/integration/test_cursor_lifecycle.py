@@ -452,9 +452,19 @@ def test_a_whole_lease_completed_at_once_is_decided_as_a_set(conn: Conn) -> None
     assert [(o.position, o.status, o.retry_count) for o in outcomes] == [
         (1, "completed", 1), (2, "completed", 1), (3, "completed", 1)]
     assert [o.transaction_id for o in outcomes] == [d.transaction_id for d in reversed(got)]
-    assert numbers(cursors.pop(conn, "q", batch=10)) == [3]
     assert conn.execute("SELECT first_id, last_id, acked FROM queen.cursor_completions"
                         ).fetchall() == [(1, 3, 3)]
+    last = cursors.pop(conn, "q", batch=10)
+    assert numbers(last) == [3]
+    # Without leaseId: the current lease's, as any ack without one.
+    outcomes, called = ack_calls(conn, [{"transactionId": last[0].transaction_id,
+                                         "status": "completed"}])
+    assert "cursor_ack_consumer" not in called
+    assert [(o.status, o.retry_count) for o in outcomes] == [("completed", 0)]
+    assert conn.execute("SELECT first_id, last_id, acked FROM queen.cursor_completions"
+                        " ORDER BY first_id").fetchall() == [(1, 3, 3), (4, 4, 1)]
+    push_n(conn, "q", 1, start=4)
+    assert numbers(cursors.pop(conn, "q")) == [4]
 
 
 def test_an_ack_that_is_not_its_whole_lease_is_decided_one_by_one(conn: Conn) -> None:
