@@ -92,9 +92,10 @@ END
 $$;
 -- The common call, decided as a set: every item completes a message of the group's live
 -- lease (p_lease, or whichever it is when NULL: the items name none) and together they
--- are all of its messages, none acked before in it (a consumer acking what it popped). The items' transactionIds are
--- matched against the lease's messages, read once under the row lock. NULL when the call
--- is anything else: queen.cursor_ack_consumer then decides its items one by one.
+-- are all of its messages, none acked before in it (a consumer acking what it popped).
+-- The items' transactionIds are matched against the lease's messages, read once under
+-- the row lock. NULL when the call is anything else: queen.cursor_ack_consumer then
+-- decides its items one by one.
 CREATE OR REPLACE FUNCTION queen.cursor_ack_lease(p_partition uuid, p_group text, p_lease uuid,
                                                   p_idx integer[], p_txids text[],
                                                   p_errors text[])
