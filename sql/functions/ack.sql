@@ -176,10 +176,11 @@ $$;
 -- lease completed) is decided as a set (queen.cursor_ack_lease); otherwise each message
 -- is looked up once, and when all are in one partition for one group its outcomes are
 -- the group's own.
--- Composable: no commit, the caller's transaction holds it all.
+-- Composable: no commit, the caller's transaction holds it all. One plan per session for
+-- each statement it runs (plan_cache_mode: see queen.cursor_push_api).
 CREATE OR REPLACE FUNCTION queen.cursor_ack_outcomes(p_acks jsonb)
 RETURNS queen.cursor_ack_outcome[]
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     idxs     integer[];
     txids    text[];
@@ -268,11 +269,11 @@ $$;
 
 -- queen.cursor_ack for the ack routes, whose caller wakes long polls itself once the
 -- acks committed: the wake-up payloads (see queen.cursor_wake) come on the first row,
--- NULL when there are none.
+-- NULL when there are none. One plan per session (plan_cache_mode).
 CREATE OR REPLACE FUNCTION queen.cursor_ack_api(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
                acknowledged_at timestamptz, wakes text[])
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     decided queen.cursor_ack_outcome[];
     woken   text[];

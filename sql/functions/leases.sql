@@ -184,10 +184,10 @@ LANGUAGE sql AS $$
 $$;
 
 -- Extend a live lease to p_seconds from now; the new expiry, or NULL when the lease is
--- unknown or has ended (or expired).
+-- unknown or has ended (or expired). One plan per session (plan_cache_mode).
 CREATE OR REPLACE FUNCTION queen.cursor_extend(p_lease uuid, p_seconds integer)
 RETURNS timestamptz
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     expires timestamptz;
 BEGIN

@@ -371,9 +371,10 @@ $$;
 -- position (1-based) and its messages as queen.popped, with the API id. The pops' commit
 -- does not wait for the disk (synchronous_commit off for the transaction): a claim a
 -- crash forgets leaves its messages to be delivered again, as at-least-once allows.
+-- One plan per session (plan_cache_mode), as queen.cursor_pop_api.
 CREATE OR REPLACE FUNCTION queen.cursor_pop_many(p_pops jsonb)
 RETURNS TABLE (pop integer, message queen.popped)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     r       record;

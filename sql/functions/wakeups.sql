@@ -93,7 +93,7 @@ $$;
 -- notification needs no durability, and the lock is held for microseconds. Unknown
 -- names are ignored.
 CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM queen.notify_wakes(ARRAY(
         SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task)
@@ -105,9 +105,10 @@ $$;
 
 -- Send wake-ups (payloads of queen.wake_payload; those acks collected, or pushes') once
 -- what they announce has committed, in a transaction of their own with an asynchronous
--- commit (see queen.notify_pushed); nothing while no worker has a poll parked.
+-- commit (see queen.notify_pushed); nothing while no worker has a poll parked. This and
+-- queen.notify_pushed keep one plan per session (plan_cache_mode).
 CREATE OR REPLACE FUNCTION queen.notify_wakes(p_payloads text[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
         RETURN;

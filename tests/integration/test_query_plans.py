@@ -272,3 +272,54 @@ def test_pop_by_queue_reads_a_bounded_number_of_partitions(wide: str) -> None:
                 assert int(produced) * int(loops) <= WALKED, f"{p.query[:80]!r}\n{p.plan}"
     finally:
         explained.close()
+
+
+# A statement nested in a PL/pgSQL function is planned with its variables as parameters
+# ($n): a generic plan, kept for the session. A custom plan has their values folded in
+# instead, and is made afresh at every call: PostgreSQL uses custom plans for the first
+# five calls of a session, then keeps them wherever the values make a custom plan look
+# cheaper, as an array or a batch size does. Values the calls below pass in (names, a
+# lease id, a JSON body), as a custom plan would print them (EXPLAIN VERBOSE), and which
+# the functions' own text never holds.
+LITERALS = re.compile(
+    r"'(?:big|plans|p1)'::text|'[0-9a-f]{8}-[0-9a-f-]{27}'::uuid|'[\[{].*?[\]}]'::jsonb"
+    r"|'\{.*?\}'::(?:text|uuid)\[\]"
+)
+
+
+def _custom(plans: list[Plan]) -> list[str]:
+    """The nested plans with values folded in (the last plan is the statement itself,
+    which the driver sends with its parameters bound, unprepared at first)."""
+    return [f"{p.query[:80]!r}\n{p.plan}" for p in plans[:-1] if LITERALS.search(p.plan)]
+
+
+def test_the_hot_calls_run_generic_plans_from_a_sessions_first_call(seeded: str) -> None:
+    """Push, pop, lease extension, ack and the wake-ups after them (queen.notify_pushed,
+    notify_wakes) plan the statements they run once per session, not at every call
+    (plan_cache_mode)."""
+    explained = Explained(seeded)
+    try:
+        explained.conn.execute("SET auto_explain.log_verbose = on")
+        explained.run("list_waiting_worker", {"worker": "plans", "seconds": 60})  # wake-ups sent
+        body = orjson.dumps({"items": [{"queue": "big", "partition": "p1", "payload": 1}]})
+        _, plans = explained.run("push", {"bodies": f"[{body.decode()}]", "producer": "plans"})
+        assert plans and not _custom(plans), _custom(plans)
+        _, plans = explained.run("notify_pushed", {"queues": ["big"], "partitions": ["p1"]})
+        assert plans and not _custom(plans), _custom(plans)
+        rows, plans = explained.run("pop_many", pop_params(kind="partition", partition="p1",
+                                                          batch=2))
+        assert len(rows) == 2 and not _custom(plans), _custom(plans)
+        extended, plans = explained.run("extend_leases", {"leases": [rows[0][11]], "seconds": [60]})
+        assert extended[0][1] is not None and not _custom(plans), _custom(plans)
+        acked, plans = explained.run("ack", ack_params(rows))
+        assert {r[2] for r in acked} == {"completed"} and not _custom(plans), _custom(plans)
+        _, plans = explained.run("notify_wakes", {"payloads": ["big/p1//"]})
+        assert plans and not _custom(plans), _custom(plans)
+        # The check sees a custom plan where there is one: a function without the
+        # setting, at its first call.
+        explained.plans = []
+        explained.conn.execute("SELECT queen.cursor_targets(%s::jsonb)", (
+            orjson.dumps([{"queue": "big", "partition": "p2"}]).decode(),)).fetchall()
+        assert _custom(explained.plans)
+    finally:
+        explained.close()
