@@ -4,7 +4,8 @@
         [--partitions 16] [--messages 20000] [--durable] [--cases pop,ack,...] [--batch 1]
 
 A fresh database migrated by `queen migrate`'s code, seeded with --messages messages over
---partitions partitions (16) of one queue and ANALYZEd; then one session (asynchronous commit unless --durable, so that
+--partitions partitions (16) of one queue and ANALYZEd (--stats maintenance: only what
+Queen's maintenance analyses by itself, queen.cursor_analyze); then one session (asynchronous commit unless --durable, so that
 the WAL flush is not counted) runs each call in a loop inside a PL/pgSQL procedure, committing
 after every call as a request would: push --batch messages into one partition
 (queen.cursor_push_api, as Queen's pool calls it), pop a batch of --batch by queue
@@ -78,7 +79,7 @@ $$;
 CASES = ("push", "bare insert", "pop", "ack", "empty pop")
 
 
-def seed(conn: psycopg.Connection[Any], partitions: int, messages: int) -> None:
+def seed(conn: psycopg.Connection[Any], partitions: int, messages: int, stats: str) -> None:
     conn.execute("CREATE TABLE bare (id bigserial PRIMARY KEY, body jsonb NOT NULL)")
     for first in range(0, messages, 10_000):
         conn.execute(
@@ -87,7 +88,10 @@ def seed(conn: psycopg.Connection[Any], partitions: int, messages: int) -> None:
             " FROM generate_series(%s::integer, %s::integer) i), NULL)",
             (partitions, first, min(messages, first + 10_000) - 1),
         )
-    conn.execute("ANALYZE")
+    if stats == "all":
+        conn.execute("ANALYZE")
+    else:  # what the server's maintenance process analyses on its own
+        conn.execute("SELECT queen.cursor_analyze()")
 
 
 def lease_all(conn: psycopg.Connection[Any], partitions: int) -> None:
@@ -101,11 +105,11 @@ def lease_all(conn: psycopg.Connection[Any], partitions: int) -> None:
 
 def run(
     dsn: str, calls: int, rounds: int, durable: bool, partitions: int, messages: int,
-    cases: tuple[str, ...] = CASES, batch: int = 1,
+    cases: tuple[str, ...] = CASES, batch: int = 1, stats: str = "all",
 ) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {case: [] for case in cases}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        seed(conn, partitions, messages)
+        seed(conn, partitions, messages, stats)
         conn.execute(SETUP)
         conn.execute(f"SET synchronous_commit = {'on' if durable else 'off'}")
         for number in range(1, rounds + 1):
@@ -139,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}"
     )
+    parser.add_argument(
+        "--stats", choices=("all", "maintenance"), default="all",
+        help="after seeding, ANALYZE every table (all), or only what Queen's maintenance"
+        " analyses by itself (maintenance: queen.cursor_analyze), as a server has them",
+    )
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
     cases = tuple(c.strip() for c in args.cases.split(","))
@@ -151,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             migrate(dsn)
             results = run(
                 dsn, args.calls, args.rounds, args.durable, args.partitions, args.messages,
-                cases, args.batch,
+                cases, args.batch, args.stats,
             )
-            print(f"\n{cluster.describe(server, args.cluster)}")
+            print(f"\n{cluster.describe(server, args.cluster)}; statistics: {args.stats}")
         finally:
             drop_database(server, "queen_bench_sql_calls")
     print(f"| call (batch {args.batch}) | us per call (median) | rounds |")
