@@ -175,7 +175,8 @@ $$;
 -- before in its lease). The items are read once; the common call (one group's whole
 -- lease completed) is decided as a set (queen.cursor_ack_lease); otherwise each message
 -- is looked up once, and when all are in one partition for one group its outcomes are
--- the group's own.
+-- the group's own. Items of several partitions (a fused call of several consumers' acks)
+-- are taken per partition and group, each decided as a set where it can be.
 -- Composable: no commit, the caller's transaction holds it all. One plan per session for
 -- each statement it runs (plan_cache_mode: see queen.cursor_push_api).
 CREATE OR REPLACE FUNCTION queen.cursor_ack_outcomes(p_acks jsonb)
@@ -191,6 +192,7 @@ DECLARE
     errors   text[];
     leases   text[];
     pair     record;
+    decided  queen.cursor_ack_outcome[];
     outcomes queen.cursor_ack_outcome[] := '{}';
 BEGIN
     SELECT array_agg(t.ord::integer), array_agg(t.a ->> 'transactionId'),
@@ -234,9 +236,17 @@ BEGIN
             WHERE u.part IS NOT NULL
             GROUP BY 1, 2 ORDER BY 1, 2
         LOOP
-            outcomes := outcomes || queen.cursor_ack_consumer(
+            decided := NULL;
+            IF 'completed' = ALL (pair.wanted)
+               AND (pair.leases[1] = ALL (pair.leases)
+                    OR cardinality(array_remove(pair.leases, NULL)) = 0) THEN
+                -- (A fused call's requests: each one lease's messages, as a lone one's.)
+                decided := queen.cursor_ack_lease(pair.part, pair.grp, pair.leases[1]::uuid,
+                                                  pair.idxs, pair.txids, pair.errors);
+            END IF;
+            outcomes := outcomes || coalesce(decided, queen.cursor_ack_consumer(
                 pair.part, pair.grp, pair.idxs, pair.txids, pair.ids, pair.wanted,
-                pair.errors, pair.leases);
+                pair.errors, pair.leases));
         END LOOP;
     END IF;
     RETURN ARRAY(SELECT ROW(u.idx, u.txid, u.grp, o.message_id, coalesce(o.status, 'not_found'),

@@ -467,6 +467,36 @@ def test_a_whole_lease_completed_at_once_is_decided_as_a_set(conn: Conn) -> None
     assert numbers(cursors.pop(conn, "q")) == [4]
 
 
+def test_whole_leases_of_several_partitions_in_one_call_are_each_decided_as_a_set(
+    conn: Conn,
+) -> None:
+    """What a fused call of several consumers' acks holds: each partition's items are
+    its whole lease, and each is decided as a set; a partition whose items are not falls
+    back alone."""
+    for partition in ("a", "b", "c"):
+        push_n(conn, "q", 2, partition=partition)
+    a = cursors.pop(conn, "q", partition="a", batch=2)
+    b = cursors.pop(conn, "q", partition="b", batch=1)
+    c = cursors.pop(conn, "q", partition="c", batch=2)
+    acks = [{"transactionId": d.transaction_id, "status": "completed"} for d in a + b]
+    outcomes, called = ack_calls(conn, acks)
+    assert "cursor_ack_lease" in called and "cursor_ack_consumer" not in called
+    assert [(o.position, o.status) for o in outcomes] == [
+        (1, "completed"), (2, "completed"), (3, "completed")]
+    assert numbers(cursors.pop(conn, "q", partition="a")) == []  # (its messages all done)
+    assert numbers(cursors.pop(conn, "q", partition="b")) == [1]
+    # c's first message only, with a of no lease any more: one by one, c alone.
+    acks = [{"transactionId": c[0].transaction_id, "status": "completed"},
+            {"transactionId": a[0].transaction_id, "status": "completed"}]
+    outcomes, called = ack_calls(conn, acks)
+    assert "cursor_ack_consumer" in called
+    assert [o.status for o in outcomes] == ["completed", "completed"]
+    assert conn.execute(
+        "SELECT p.name, c.acked FROM queen.cursor_completions c"
+        " JOIN queen.partitions p ON p.id = c.partition_id ORDER BY p.name, c.first_id"
+    ).fetchall() == [("a", 2), ("b", 1), ("c", 1)]
+
+
 def test_an_ack_that_is_not_its_whole_lease_is_decided_one_by_one(conn: Conn) -> None:
     push_n(conn, "q", 3)
     got = cursors.pop(conn, "q", batch=2)
