@@ -1,9 +1,13 @@
 -- Runtime statements, by name. DDL and the functions they call live in sql/.
 
 -- push: store the items of push bodies (a JSON array of {"items": [...]}, one per fused request), one row per item with its API id, numbered across the bodies --
-SELECT idx, message_id, transaction_id, status
-FROM queen.cursor_push_api(jsonb_path_query_array(%(bodies)s::jsonb, '$[*].items[*]'),
-                           %(producer)s)
+-- A lone body's items are taken as they are: gathering them by path copies every item (1.4 µs each).
+SELECT p.idx, p.message_id, p.transaction_id, p.status
+FROM (SELECT %(bodies)s::jsonb AS b) x
+CROSS JOIN LATERAL queen.cursor_push_api(
+    CASE WHEN jsonb_array_length(x.b) = 1 THEN x.b -> 0 -> 'items'
+         ELSE jsonb_path_query_array(x.b, '$[*].items[*]') END,
+    %(producer)s) p
 
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped --
 SELECT pop, (message).* FROM queen.cursor_pop_many(%(pops)s::jsonb)
