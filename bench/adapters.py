@@ -8,7 +8,6 @@ before a workload and brings the system's storage to an empty, ready state.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import time
 import uuid
@@ -16,6 +15,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+
+from bench import http1
 
 PAYLOAD = {"kind": "bench", "body": "x" * 96}  # ~120 bytes of JSON per message
 PAYLOAD_JSON = orjson.dumps(PAYLOAD)
@@ -36,12 +37,12 @@ class EmptyPop(Exception):
 
 
 class QueenClient:
-    """Queen over HTTP/1.1 keep-alive (http.client: the lightest stdlib client)."""
+    """Queen over HTTP/1.1 keep-alive (bench.http1: a client that costs the machine little)."""
 
     def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
         url = urlsplit(target["url"])
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
-        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        self.conn = http1.Connection(self.host, self.port, timeout=60)
         self.partitions = max(1, int(spec.get("partitions", 1)))
         self.wait_ms = int(spec.get("pop_wait_ms", 0))
         self.queue = spec.get("queue", QUEUE)
@@ -51,18 +52,10 @@ class QueenClient:
         self._next_partition = int(spec.get("client_index", 0))
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        for attempt in range(2):
-            try:
-                self.conn.request(method, path, body=body, headers=headers)
-                resp = self.conn.getresponse()
-                return resp.status, resp.read()
-            except (http.client.HTTPException, ConnectionError):
-                self.conn.close()
-                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            return self.conn.request(method, path, body)
+        except ConnectionError:  # (a keep-alive connection the server closed): once more
+            return self.conn.request(method, path, body)
 
     def push(self, n: int) -> int:
         """Push n messages (into each copy queue: as few calls as the batch limit allows)."""
