@@ -3,9 +3,11 @@
 PostgreSQL sends `pg_notify('queen', 'queue/partition/namespace/task')` when a partition
 may have work for a consumer (queen.wake_payload, in sql/functions/wakeups.sql). The
 listener (one dedicated autocommit connection per process, outside the pool) hands each
-notification to the registry, which wakes ONE parked poll whose route matches: a
+notification to the registry, which wakes ONE parked poll whose route matches in each
+consumer group parked here (queue mode is a group of its own): within a group a
 partition is leased to one consumer at a time, so one waiter per notification is what
-there is work for. The oldest armed waiter goes first.
+there is work for, while every group reads every message. The oldest armed waiter of a
+group goes first.
 
 A waiter is armed from the moment it subscribes, before its first database check, and
 again before every re-check, so a notification that arrives while it queries is never
@@ -48,9 +50,11 @@ MAX_BACKOFF = 5.0  # seconds, between reconnect attempts
 # for lost notifications, not a delivery path, and must not add a herd of re-checks to a
 # burst that notifications are already serving (oldest ready partitions go first).
 FALLBACK_BUDGET = 100
+ANY_GROUP = object()  # (a wake-up for every group, not one)
 PRESENCE_REFRESH_S = 10.0  # seconds between calls of while_waiting while polls are parked
 
 RouteKey = tuple[str, str | None, str | None]
+Group = str | None  # a waiter's consumer group (None: queue mode)
 # (queues, (queue, partition) pairs, (namespace, task) filters, limit) -> wake payloads
 ReadyCheck = Callable[
     [list[str], list[tuple[str, str]], list[tuple[str | None, str | None]], int], list[str]
@@ -83,11 +87,12 @@ def keys_for(payload: str) -> tuple[RouteKey, ...]:
 class Waiter:
     """One parked poll's place in the registry."""
 
-    __slots__ = ("_events", "armed_at", "event", "hint", "key", "wake_keys", "woken")
+    __slots__ = ("_events", "armed_at", "event", "group", "hint", "key", "wake_keys", "woken")
 
-    def __init__(self, events: Events, key: RouteKey) -> None:
+    def __init__(self, events: Events, key: RouteKey, group: Group = None) -> None:
         self._events = events
         self.key = key
+        self.group = group
         self.event = threading.Event()
         self.armed_at = 0  # registry sequence number of the last arming (oldest goes first)
         self.woken = False  # woken and not yet back to checking the database
@@ -121,7 +126,8 @@ class Events:
         self.while_waiting: Callable[[], None] | None = None
         # Receives every notification on the dashboard channel (the dashboard hub's batches).
         self.on_dashboard: Callable[[str], None] | None = None
-        self._armed: dict[RouteKey, dict[Waiter, None]] = {}  # per route, oldest first
+        # per route, then per consumer group, oldest first
+        self._armed: dict[RouteKey, dict[Group, dict[Waiter, None]]] = {}
         self._registered = 0
         self._lock = threading.Lock()
         self._seq = itertools.count()
@@ -146,7 +152,7 @@ class Events:
     @contextlib.contextmanager
     def subscribe(self, route: PopRoute) -> Iterator[Waiter]:
         """Register an armed waiter for route; on exit, pass on a wake-up it did not use."""
-        waiter = Waiter(self, route_key(route))
+        waiter = Waiter(self, route_key(route), route.consumer_group)
         with self._lock:
             self._arm(waiter)
             self._registered += 1
@@ -158,18 +164,27 @@ class Events:
                 self._registered -= 1
                 unused, waiter.woken = waiter.woken, False
             if unused and not self._shutting_down:
-                self._wake_one(waiter.wake_keys, waiter.hint)
+                self._wake_one(waiter.wake_keys, waiter.hint, waiter.group)
 
     def _arm(self, waiter: Waiter) -> None:
         waiter.armed_at = next(self._seq)
-        self._armed.setdefault(waiter.key, {})[waiter] = None
+        self._armed.setdefault(waiter.key, {}).setdefault(waiter.group, {})[waiter] = None
 
     def _disarm(self, waiter: Waiter) -> None:
-        group = self._armed.get(waiter.key)
-        if group is not None:
-            group.pop(waiter, None)
-            if not group:
-                del self._armed[waiter.key]
+        groups = self._armed.get(waiter.key)
+        if groups is None:
+            return
+        armed = groups.get(waiter.group)
+        if armed is not None:
+            armed.pop(waiter, None)
+            if not armed:
+                del groups[waiter.group]
+                if not groups:
+                    del self._armed[waiter.key]
+
+    def _armed_waiters(self) -> list[Waiter]:
+        """Every armed waiter (the caller holds the lock)."""
+        return [w for groups in self._armed.values() for armed in groups.values() for w in armed]
 
     def _rearm(self, waiter: Waiter) -> bool:
         with self._lock:
@@ -186,7 +201,7 @@ class Events:
             self._disarm(waiter)
             waiter.woken = False
         if not self._shutting_down:
-            self._wake_one(waiter.wake_keys, waiter.hint)
+            self._wake_one(waiter.wake_keys, waiter.hint, waiter.group)
 
     def _wake(self, waiter: Waiter, keys: tuple[RouteKey, ...], hint: str | None) -> None:
         """Wake an armed waiter (the caller holds the lock)."""
@@ -198,35 +213,43 @@ class Events:
         self.wakeups += 1
 
     def notify(self, payload: str) -> bool:
-        """Dispatch one notification payload; True when it woke a waiter."""
+        """Dispatch one notification payload to each consumer group parked for it; True
+        when it woke a waiter."""
         return self._wake_one(keys_for(payload), payload)
 
-    def _wake_one(self, keys: tuple[RouteKey, ...], hint: str | None) -> bool:
+    def _wake_one(
+        self, keys: tuple[RouteKey, ...], hint: str | None, only: Group | object = ANY_GROUP
+    ) -> bool:
+        """Wake the oldest waiter matching keys in each group (only: in that group alone)."""
         with self._lock:
-            oldest: Waiter | None = None
+            oldest: dict[Group, Waiter] = {}
             for key in keys:
-                group = self._armed.get(key)
-                if group:
-                    first = next(iter(group))
-                    if oldest is None or first.armed_at < oldest.armed_at:
-                        oldest = first
-            if oldest is None:
-                return False
-            self._wake(oldest, keys, hint)
-            return True
+                for group, armed in self._armed.get(key, {}).items():
+                    if only is not ANY_GROUP and group != only:
+                        continue
+                    first = next(iter(armed))
+                    known = oldest.get(group)
+                    if known is None or first.armed_at < known.armed_at:
+                        oldest[group] = first
+            for waiter in oldest.values():
+                self._wake(waiter, keys, hint)
+            return bool(oldest)
 
     def wake_all(self) -> int:
         """Wake every armed waiter once (after a reconnect, or to shut down)."""
         with self._lock:
-            waiters = [w for group in self._armed.values() for w in group]
+            waiters = self._armed_waiters()
             for waiter in waiters:
                 self._wake(waiter, (waiter.key,), None)
             return len(waiters)
 
     def wake_one_per_route(self) -> int:
-        """Let the oldest waiter of every route re-check (the fallback without a ready check)."""
+        """Let the oldest waiter of every route and group re-check (the fallback without a
+        ready check)."""
         with self._lock:
-            oldest = [next(iter(group)) for group in self._armed.values() if group]
+            oldest = [
+                next(iter(armed)) for groups in self._armed.values() for armed in groups.values()
+            ]
             for waiter in oldest:
                 self._wake(waiter, (waiter.key,), None)
             return len(oldest)
@@ -235,7 +258,7 @@ class Events:
         """The fallback: wake waiters for the work the database says is ready for them."""
         with self._lock:
             keys = list(self._armed)
-            armed = sum(len(group) for group in self._armed.values())
+            armed = len(self._armed_waiters())
         if not keys:
             return 0
         if self._ready is None:

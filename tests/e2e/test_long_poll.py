@@ -106,6 +106,37 @@ def test_a_parked_poll_is_answered_promptly_on_every_route(quiet_server):
         assert poll.done_at - pushed_at < PROMPT, path  # type: ignore[operator]
 
 
+def test_one_push_promptly_answers_a_parked_poll_of_every_consumer_group(quiet_server):
+    """Three groups' polls on two workers: one worker holds two groups' polls at least,
+    and each group reads every message, so its notification must wake both of them."""
+    url, groups = quiet_server.url, ["g1", "g2", "g3"]
+    push(url, [item("fan", "p")])
+    for group in groups:  # every group known, and past the first message
+        popped = requests.get(f"{url}/api/v1/pop/queue/fan?consumerGroup={group}", timeout=10)
+        (message,) = popped.json()["messages"]
+        acked = requests.post(
+            f"{url}/api/v1/ack",
+            json={
+                "transactionId": message["transactionId"],
+                "status": "completed",
+                "consumerGroup": group,
+            },
+            timeout=10,
+        )
+        assert acked.status_code == 200, acked.text
+    polls = [
+        Poll(quiet_server.port, f"/api/v1/pop/queue/fan?consumerGroup={g}&wait=true&timeout=20000")
+        for g in groups
+    ]
+    time.sleep(PARK)
+    pushed_at = push(url, [item("fan", "p", n=2)])
+    assert gather(polls, 25) == []
+    for group, poll in zip(groups, polls, strict=True):
+        assert poll.status == 200, group
+        assert [m["data"] for m in poll.body["messages"]] == [{"n": 2}], group
+        assert poll.done_at - pushed_at < PROMPT, group  # type: ignore[operator]
+
+
 def test_a_poll_with_nothing_to_claim_answers_204_at_its_timeout(quiet_server):
     url = quiet_server.url
     started = time.monotonic()
@@ -231,9 +262,7 @@ def test_a_client_that_leaves_mid_poll_leaves_nothing_stuck(quiet_server, db_dsn
     assert response.json()["messages"][0]["retryCount"] == 0
 
 
-def test_wakeups_resume_at_once_when_crash_recovery_emptied_the_worker_list(
-    quiet_server, db_dsn
-):
+def test_wakeups_resume_at_once_when_crash_recovery_emptied_the_worker_list(quiet_server, db_dsn):
     """Crash recovery empties the unlogged queen.waiting_workers and ends every session;
     simulated here by emptying it and ending the listener's session."""
     (old,) = wait_for(lambda: listener_pids(db_dsn))

@@ -197,6 +197,55 @@ def test_a_long_poll_claims_when_woken_and_holds_no_connection_while_parked(stor
     assert len(got) == 1
 
 
+def test_one_notification_serves_a_long_poll_of_every_consumer_group_parked_here(store: Store):
+    """Every group reads every message: one notification wakes a poll of each group (and
+    of queue mode), one per group, not one in all (the others would wait for the fallback)."""
+    events = Events()  # not started: no fallback, no listener; only this notification
+    poller = LongPoller(store, events, "test")
+    push(store, items("q", "a", 1))
+    for group in ("g1", "g2"):  # each group known, its cursor past the first message
+        (m,) = poller.pop(PopRoute(queue="q", consumer_group=group), 1, wait=False, timeout_s=0)
+        ack_item = {
+            "transactionId": m.transaction_id,
+            "status": "completed",
+            "consumerGroup": group,
+        }
+        assert [r.status for r in store.messages.ack([ack_item])] == ["completed"]
+    (first,) = pop(store, "q", "a")
+    assert ack(store, first.transaction_id).status == "completed"
+    got: dict[str, list[Any]] = {}
+
+    def poll(name: str, group: str | None, timeout_s: float) -> None:
+        route = PopRoute(queue="q", consumer_group=group)
+        got[name] = poller.pop(route, 10, wait=True, timeout_s=timeout_s)
+
+    threads = [
+        threading.Thread(target=poll, args=(name, group, timeout_s))
+        for name, group, timeout_s in [
+            ("g1", "g1", 10),
+            ("g2", "g2", 10),
+            ("queue mode", None, 10),
+            ("g1 again", "g1", 1),
+        ]
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while events.waiting < len(threads) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # every poll past its first check, parked
+    push(store, items("q", "a", 1))
+    assert events.notify("q/a//")
+    for thread in threads:
+        thread.join(15)
+    assert {name: len(messages) for name, messages in got.items()} == {
+        "g1": 1,
+        "g2": 1,
+        "queue mode": 1,
+        "g1 again": 0,
+    }
+
+
 def test_a_long_poll_does_not_claim_for_a_client_that_has_gone(store: Store, db_dsn):
     events = Events()
     poller = LongPoller(store, events, "test")
@@ -270,15 +319,19 @@ def test_a_long_poll_lists_its_worker_before_its_first_check(store: Store, db_ds
     assert listed == [("worker-7", True)]
 
 
-def test_an_ack_collects_its_wake_ups_and_sends_none_inside_its_transaction(store, db_dsn, listener):
+def test_an_ack_collects_its_wake_ups_and_sends_none_inside_its_transaction(
+    store, db_dsn, listener
+):
     push(store, items("q", "a", 2) + items("q", "b", 2))
     received(listener)
     first = pop(store, "q", "a")[0].transaction_id
     second = pop(store, "q", "b")[0].transaction_id
-    acks = orjson.dumps([
-        {"transactionId": first, "status": "completed"},
-        {"transactionId": second, "status": "failed", "error": "x"},
-    ]).decode()
+    acks = orjson.dumps(
+        [
+            {"transactionId": first, "status": "completed"},
+            {"transactionId": second, "status": "failed", "error": "x"},
+        ]
+    ).decode()
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT idx, status, wakes FROM queen.cursor_ack_api(%s::jsonb)", (acks,)

@@ -42,6 +42,40 @@ def test_one_notification_wakes_one_waiter_the_oldest():
         assert events.waiting == 2
 
 
+def test_one_notification_wakes_the_oldest_waiter_of_each_consumer_group():
+    events = Events()
+    with (
+        events.subscribe(PopRoute(queue="q", consumer_group="a")) as a1,
+        events.subscribe(PopRoute(queue="q", partition="p", consumer_group="a")) as a2,
+        events.subscribe(PopRoute(queue="q", consumer_group="b")) as b1,
+        events.subscribe(BY_QUEUE) as queue_mode,
+        events.subscribe(PopRoute(queue="other", consumer_group="c")) as elsewhere,
+    ):
+        assert events.notify(payload())
+        assert a1.event.is_set() and b1.event.is_set() and queue_mode.event.is_set()
+        assert not a2.event.is_set() and not elsewhere.event.is_set()
+        assert events.notify(payload())  # group a's next waiter; the others are not armed
+        assert a2.event.is_set()
+        assert not events.notify(payload())
+
+
+def test_an_unused_wake_up_goes_to_a_waiter_of_the_same_group():
+    events = Events()
+    with (
+        events.subscribe(PopRoute(queue="q", consumer_group="b")) as other_group,
+        events.subscribe(PopRoute(queue="q", consumer_group="a")) as same_group,
+    ):
+        with events.subscribe(PopRoute(queue="q", consumer_group="a")) as leaves:
+            events._disarm(same_group)  # busy checking the database
+            events._disarm(other_group)
+            events.notify(payload())
+            assert leaves.event.is_set()
+            events._arm(other_group)
+            events._arm(same_group)
+        assert same_group.event.is_set()
+        assert not other_group.event.is_set()  # older, but a wake-up of group a stays in a
+
+
 def test_notifications_for_other_routes_wake_nobody():
     events = Events()
     with events.subscribe(BY_PARTITION) as waiter:
