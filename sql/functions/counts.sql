@@ -76,9 +76,21 @@ LANGUAGE sql STABLE AS $$
                greatest(extract(epoch FROM coalesce(a.acked_at, now()) - a.created_at) * 1000, 0)
            END
     FROM acked a
-    LEFT JOIN queen.cursor_failures f
-           ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
-          AND f.message_id = a.id AND f.status <> 'retry'
+    -- A probe of the failure record by its whole key, a message at a time, and none at
+    -- all when the window has no failure record: as a plain join, the planner may scan
+    -- all of the partition's records for every message (it estimates the window at one
+    -- row), which made a step quadratic in dead letters (2,000 messages past 200 dead
+    -- letters: 61-82 ms, now 9-12; with none, 5-8 ms, now 7-8). LIMIT keeps the
+    -- subquery from being flattened into such a join.
+    LEFT JOIN LATERAL (SELECT f.status, f.failed_at FROM queen.cursor_failures f
+                       WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
+                         AND f.message_id = a.id AND f.status <> 'retry'
+                         AND (SELECT EXISTS (SELECT 1 FROM queen.cursor_failures g
+                                             WHERE g.partition_id = p_partition
+                                               AND g.consumer_group = '__queue__'
+                                               AND g.message_id > p_after
+                                               AND g.message_id <= p_upto))
+                       LIMIT 1) f ON true
     WHERE a.kind = 1
     ORDER BY a.id
 $$;
