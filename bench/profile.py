@@ -283,17 +283,28 @@ def profile_case(
     try:
         target = {"url": server.url, "dsn": dsn}
         adapters.prepare("queen", target)
+        label = workload
+        extra: dict[str, Any] = {"backlog_cap": max(2000, 32 * batch), "pop_wait_ms": 1000}
+        consumers = (args.consumers or 8) if workload == "e2e" else 0
+        if workload.startswith("fanout-"):  # as the bench's fan-out phase: 2 consumers a reader
+            consumers = args.consumers or 2 * args.groups
+            extra.update(
+                variant=workload.removeprefix("fanout-"),
+                groups=args.groups,
+                backlog_cap=max(2000, 4 * batch * consumers),
+            )
+            workload = "fanout"
         case = Case(
             "queen",
             workload,
             batch=batch,
             partitions=partitions,
-            producers=args.producers or (4 if workload == "e2e" else 8),
-            consumers=(args.consumers or 8) if workload == "e2e" else 0,
+            producers=args.producers or (8 if workload == "push" else 4),
+            consumers=consumers,
             processes=args.processes,
             warmup=1.0,
             duration=args.duration,
-            extra={"backlog_cap": max(2000, 32 * batch), "pop_wait_ms": 1000},
+            extra=extra,
         )
         before: dict[str, Any] = {}
         spies: list[subprocess.Popen[bytes] | None] = []
@@ -335,7 +346,7 @@ def profile_case(
     cpu = ", ".join(f"{k} {v:.0%}" for k, v in result["cpu"].items())
     summary = "\n".join(
         [
-            f"# Queen {workload} batch {batch}, {partitions} partitions, {args.duration:.0f} s",
+            f"# Queen {label} batch {batch}, {partitions} partitions, {args.duration:.0f} s",
             "",
             f"- {cluster.describe(args.dsn, args.cluster)}",
             f"- throughput {result['msgs_per_s']:,.0f} msg/s; CPU: {cpu}",
@@ -370,8 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db-prefix", default="queen_bench")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument(
-        "--cases", default="e2e:1,e2e:100,push:1,push:1000", help="comma list of workload:batch"
+        "--cases",
+        default="e2e:1,e2e:100,push:1,push:1000",
+        help="comma list of workload:batch (workloads: push, e2e, fanout-groups, fanout-copy)",
     )
+    parser.add_argument("--groups", type=int, default=4, help="consumer groups of a fan-out case")
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--producers", type=int, default=0, help="default 4 (e2e), 8 (push)")
     parser.add_argument("--consumers", type=int, default=0, help="default 8")
@@ -388,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> None:
     for spec in args.cases.split(","):
         workload, batch = spec.split(":")
-        partitions = args.partitions if workload == "e2e" else 1
+        partitions = 1 if workload == "push" else args.partitions
         out_dir = args.out / f"{workload}-b{batch}-p{partitions}"
         out_dir.mkdir(parents=True, exist_ok=True)
         print(profile_case(args, workload, int(batch), partitions, out_dir))
