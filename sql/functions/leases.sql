@@ -104,14 +104,15 @@ BEGIN
                           ELSE x.not_before END,
         updated_at = now()
     WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
-    -- The partition is free for this group again: wake a poll if there may be work. Not
-    -- decided here: a push that commits while this ack runs is invisible to it, and its
-    -- own wake-up, sent after its commit, may find the partition still leased and skip it
-    -- (queen.notify_pushed); so an ack that ends a lease always collects the partition,
-    -- and queen.notify_wakes, after the ack committed, sends only where a pop could lease
-    -- it and find a message. (Nobody to wake while no worker has a poll parked.)
+    -- (Past the moved cursor, the first message is one not done, if there is any.) The
+    -- probe walks the key in order: as an EXISTS, a generic plan may scan the table from
+    -- its start through every consumed message still kept (half the throughput, measured).
+    -- Nobody to wake while no worker has a poll parked (queen.cursor_wake): no probe then.
     IF ended AND (p_delay_ms = 0 OR NOT retrying)
-       AND EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+       AND EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())
+       AND (SELECT m.id FROM queen.cursor_messages m
+            WHERE m.partition_id = c.partition_id AND m.id > moved_to
+            ORDER BY m.id LIMIT 1) IS NOT NULL THEN
         PERFORM queen.cursor_wake(ARRAY[c.partition_id]);
     END IF;
     RETURN ended;

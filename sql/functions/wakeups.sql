@@ -5,30 +5,29 @@
 -- Wake long polls for work in these partitions: one notification per queue (payload
 -- queen.wake_payload, naming its first partition), sent at commit; nothing while no
 -- worker has a poll parked (queen.waiting_workers). Inside queen.cursor_ack_api the
--- payloads are collected instead, one per partition (in the transaction's setting
--- queen.wakes, a JSON array), for the caller to send once the acks committed, where
--- each partition is checked for work (queen.notify_wakes): a notification inside the
--- ack would make its commit wait for the cluster-wide NOTIFY lock, behind every other
--- notifying commit's WAL flush.
+-- payloads are collected instead (in the transaction's setting queen.wakes, a JSON
+-- array), for the caller to send once the acks committed (queen.notify_wakes): a
+-- notification inside the ack would make its commit wait for the cluster-wide NOTIFY
+-- lock, behind every other notifying commit's WAL flush.
 CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     collected text := current_setting('queen.wakes', true);
+    payloads  text[];
 BEGIN
     IF cardinality(p_partitions) = 0
        OR NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
         RETURN;
     END IF;
-    IF left(collected, 1) = '[' THEN
-        PERFORM set_config('queen.wakes', (collected::jsonb || to_jsonb(ARRAY(
-            SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task)
-            FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-            WHERE p.id = ANY (p_partitions))))::text, true);
-    ELSE
-        PERFORM pg_notify('queen', queen.wake_payload(q.name, n.partition, q.namespace, q.task))
+    payloads := ARRAY(
+        SELECT queen.wake_payload(q.name, n.partition, q.namespace, q.task)
         FROM (SELECT p.queue_id, min(p.name) AS partition
               FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
-        JOIN queen.queues q ON q.id = n.queue_id;
+        JOIN queen.queues q ON q.id = n.queue_id);
+    IF left(collected, 1) = '[' THEN
+        PERFORM set_config('queen.wakes', (collected::jsonb || to_jsonb(payloads))::text, true);
+    ELSE
+        PERFORM pg_notify('queen', w) FROM unnest(payloads) w;
     END IF;
 END
 $$;
@@ -85,31 +84,6 @@ LANGUAGE sql AS $$
     DELETE FROM queen.waiting_workers WHERE until < now() - interval '1 hour';
 $$;
 
--- Whether a pop of some group could lease partition p_partition now and find a message:
--- a group's cursor free (no live lease, not held back) with a message past it, or a group
--- of the queue (or, with none yet, any pop) without a cursor there while it holds a
--- message. A hint, as the notification it decides: the message may be one that group
--- has done out of order, or one a subscription starts after.
-CREATE OR REPLACE FUNCTION queen.cursor_wakeable(p_partition uuid) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM queen.cursor_consumers c
-                   WHERE c.partition_id = p_partition
-                     AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
-                     AND (c.not_before IS NULL OR c.not_before <= now())
-                     AND (SELECT m.id FROM queen.cursor_messages m  -- (in key order)
-                          WHERE m.partition_id = p_partition AND m.id > c.cursor_id
-                          ORDER BY m.id LIMIT 1) IS NOT NULL)
-        OR ((NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
-                         WHERE c.partition_id = p_partition)
-             OR EXISTS (SELECT 1 FROM queen.partitions p
-                        JOIN queen.cursor_groups g ON g.queue_id = p.queue_id
-                        WHERE p.id = p_partition
-                          AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
-                                          WHERE c.partition_id = p_partition
-                                            AND c.consumer_group = g.consumer_group)))
-            AND EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = p_partition))
-$$;
-
 -- Wake-ups for pushes already committed, by queue and partition name: what a session
 -- with queen.push_notify = 'after_commit' sends after its inserts, in a transaction of
 -- its own, for one push or many; nothing while no worker has a poll parked. NOTIFY
@@ -117,11 +91,7 @@ $$;
 -- notifying inside the push would line up the WAL flushes of all concurrent pushes one
 -- behind another (bench/notify_cost.py). Here the commit is asynchronous: a
 -- notification needs no durability, and the lock is held for microseconds. Unknown
--- names are ignored, and so are partitions no pop could lease now
--- (queen.cursor_wakeable): while every group's lease holds a partition, the polls a
--- notification would wake could only fail to claim it, in every worker. The ack that
--- ends such a lease wakes them instead, deciding so only after it committed
--- (queen.notify_wakes), so that it sees every push committed before this skipped one.
+-- names are ignored.
 CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[]) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
@@ -129,17 +99,13 @@ BEGIN
         SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task)
         FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)
         JOIN queen.queues q ON q.name = n.queue
-        JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition
-        WHERE queen.cursor_wakeable(p.id)));
+        JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition));
 END
 $$;
 
 -- Send wake-ups (payloads of queen.wake_payload; those acks collected, or pushes') once
 -- what they announce has committed, in a transaction of their own with an asynchronous
--- commit (see queen.notify_pushed); nothing while no worker has a poll parked. An ack
--- collects every partition whose lease it ended; whether one holds work for a pop is
--- decided here, after the ack committed (queen.cursor_wakeable), so that a push that
--- committed meanwhile, whose own wake-up found the partition leased, is seen. This and
+-- commit (see queen.notify_pushed); nothing while no worker has a poll parked. This and
 -- queen.notify_pushed keep one plan per session (plan_cache_mode).
 CREATE OR REPLACE FUNCTION queen.notify_wakes(p_payloads text[]) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -148,10 +114,6 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM pg_notify('queen', x.w)
-    FROM (SELECT DISTINCT unnest(p_payloads) AS w) x
-    JOIN queen.queues q ON q.name = split_part(x.w, '/', 1)
-    JOIN queen.partitions p ON p.queue_id = q.id AND p.name = split_part(x.w, '/', 2)
-    WHERE queen.cursor_wakeable(p.id);
+    PERFORM pg_notify('queen', w) FROM (SELECT DISTINCT unnest(p_payloads) AS w) x;
 END
 $$;

@@ -358,45 +358,8 @@ def test_acks_through_the_store_wake_polls_after_they_committed(store, listener)
     assert received(listener) == ["q/a//"]
     (last,) = pop(store, "q", "a")
     assert ack(store, last.transaction_id).status == "completed"
-    assert sent == [["q/a//"], ["q/a//"]]  # every lease it ended, work or not
-    assert received(listener) == []  # the partition is empty: nobody to wake
-
-
-def test_a_push_a_lease_held_back_is_announced_by_the_ack_that_ends_the_lease(
-    store, db_dsn, listener
-):
-    """A push into a leased partition wakes nobody (no pop could lease it); the ack
-    ending the lease decides whether to wake only once it committed, so it sees a push
-    that committed while it ran, after its own statements."""
-    push(store, items("q", "a", 1))
-    received(listener)
-    (first,) = pop(store, "q", "a")
-    acks = orjson.dumps([{"transactionId": first.transaction_id, "status": "completed"}])
-    with psycopg.connect(db_dsn) as acking:  # the ack's transaction stays open
-        (row,) = acking.execute(
-            "SELECT wakes FROM queen.cursor_ack_api(%s::jsonb)", (acks.decode(),)
-        ).fetchall()
-        push(store, items("q", "a", 1))  # commits; the lease is still held
-        assert received(listener) == []
-        acking.commit()
-    assert row[0] == ["q/a//"]  # handed over although the ack saw nothing left
-    store.polling.wakeups.freed(row[0])
-    assert received(listener) == ["q/a//"]
-    (second,) = pop(store, "q", "a")
-    assert orjson.loads(second.payload) == {"i": 0} and second.retry_count == 0
-
-
-def test_a_push_into_a_partition_free_for_another_group_wakes_its_polls(store, listener):
-    push(store, items("q", "a", 1))
-    (leased,) = pop(store, "q", "a")  # queue mode holds the partition
-    received(listener)
-    store.messages.pop(PopRoute(queue="q", consumer_group="g"), 1, "w")
-    store.messages.ack(
-        [{"transactionId": leased.transaction_id, "status": "completed", "consumerGroup": "g"}]
-    )
-    received(listener)
-    push(store, items("q", "a", 1))  # queue mode still leases it; group g is free
-    assert received(listener) == ["q/a//"]
+    assert sent == [["q/a//"]]  # the partition is empty: nobody to wake
+    assert received(listener) == []
 
 
 def test_started_wakeups_send_what_acks_freed(store: Store, listener):
