@@ -262,7 +262,9 @@ def test_a_client_that_leaves_mid_poll_leaves_nothing_stuck(quiet_server, db_dsn
     assert response.json()["messages"][0]["retryCount"] == 0
 
 
-def test_wakeups_resume_at_once_when_crash_recovery_emptied_the_worker_list(quiet_server, db_dsn):
+def test_wakeups_resume_at_once_when_crash_recovery_emptied_the_worker_list(
+    quiet_server, db_dsn
+):
     """Crash recovery empties the unlogged queen.waiting_workers and ends every session;
     simulated here by emptying it and ending the listener's session."""
     (old,) = wait_for(lambda: listener_pids(db_dsn))

@@ -24,16 +24,11 @@ Conn = psycopg.Connection[Any]
 
 
 def test_the_template_has_every_function_file_installed(conn: Conn) -> None:
-    names = {
-        r[0]
-        for r in conn.execute(
-            "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-            " WHERE n.nspname = 'queen'"
-        ).fetchall()
-    }
+    names = {r[0] for r in conn.execute(
+        "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'queen'").fetchall()}
     defined = {
-        name
-        for path in function_files()
+        name for path in function_files()
         for name in re.findall(r"CREATE OR REPLACE FUNCTION queen\.(\w+)\(", path.read_text())
     }
     assert {"cursor_push", "cursor_pop_queue", "cursor_ack", "cursor_extend"} <= defined
@@ -59,8 +54,7 @@ def ttl_dead_letters(conn: Conn) -> dict[str, tuple[str, str, int]]:
         "SELECT m.transaction_id, f.consumer_group, f.error, f.retry_count"
         " FROM queen.cursor_failures f JOIN queen.cursor_messages m"
         " ON m.partition_id = f.partition_id AND m.id = f.message_id"
-        " WHERE f.status = 'dead_letter'"
-    ).fetchall()
+        " WHERE f.status = 'dead_letter'").fetchall()
     return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
 
@@ -75,17 +69,17 @@ def test_ttl_dead_letters_messages_nobody_popped_in_bounded_steps(conn: Conn) ->
     assert conn.execute(ttl, [2]).fetchone() == (2,)
     assert conn.execute(ttl, [10]).fetchone() == (1,)
     assert conn.execute(ttl, [10]).fetchone() == (0,)  # b's lease holds its messages
-    assert ttl_dead_letters(conn) == {f"q-a-{i}": ("__queue__", "ttl expired", 0) for i in range(3)}
+    assert ttl_dead_letters(conn) == {
+        f"q-a-{i}": ("__queue__", "ttl expired", 0) for i in range(3)
+    }
     assert numbers(cursors.pop(conn, "q", partition="a", batch=10)) == [3]
     expire_leases_now(conn)
     assert conn.execute(ttl, [10]).fetchone() == (0,)  # expired, not ended yet
     assert cursors.expire_leases(conn) == 2  # (a and b)
     assert conn.execute(ttl, [10]).fetchone() == (2,)  # b-0 was delivered once
     dead = ttl_dead_letters(conn)
-    assert (dead["q-b-0"], dead["q-b-1"]) == (
-        ("__queue__", "ttl expired", 1),
-        ("__queue__", "ttl expired", 0),
-    )
+    assert (dead["q-b-0"], dead["q-b-1"]) == (("__queue__", "ttl expired", 1),
+                                              ("__queue__", "ttl expired", 0))
 
 
 def test_ttl_applies_to_each_group_from_its_cursor(conn: Conn) -> None:
@@ -97,15 +91,14 @@ def test_ttl_applies_to_each_group_from_its_cursor(conn: Conn) -> None:
     got = conn.execute(
         "SELECT f.consumer_group, m.transaction_id FROM queen.cursor_failures f"
         " JOIN queen.cursor_messages m ON m.partition_id = f.partition_id AND m.id = f.message_id"
-        " WHERE f.status = 'dead_letter' ORDER BY 1, 2"
-    ).fetchall()
-    assert got == [("__queue__", "q-Default-0"), ("__queue__", "q-Default-1"), ("g", "q-Default-1")]
+        " WHERE f.status = 'dead_letter' ORDER BY 1, 2").fetchall()
+    assert got == [("__queue__", "q-Default-0"), ("__queue__", "q-Default-1"),
+                   ("g", "q-Default-1")]
 
 
 def test_retention_deletes_old_messages_and_consumed_ones(conn: Conn) -> None:
-    make_queue(
-        conn, "q", retention_enabled=True, retention_seconds=7200, completed_retention_seconds=60
-    )
+    make_queue(conn, "q", retention_enabled=True, retention_seconds=7200,
+               completed_retention_seconds=60)
     make_queue(conn, "kept", retention_enabled=False, retention_seconds=1)
     push_n(conn, "q", 4)
     push_n(conn, "kept", 1)
@@ -117,23 +110,19 @@ def test_retention_deletes_old_messages_and_consumed_ones(conn: Conn) -> None:
     conn.execute("UPDATE queen.cursor_messages SET created_at = now() - interval '3 hours'")
     assert cursors.retention(conn, limit=3) == 3  # past retentionSeconds, whatever was done
     assert cursors.retention(conn) == 1
-    assert conn.execute("SELECT transaction_id FROM queen.cursor_messages").fetchall() == [
-        ("kept-Default-0",)
-    ]
+    assert conn.execute(
+        "SELECT transaction_id FROM queen.cursor_messages").fetchall() == [("kept-Default-0",)]
 
 
 def test_a_group_idle_past_retention_no_longer_holds_messages(conn: Conn) -> None:
-    make_queue(
-        conn, "q", retention_enabled=True, retention_seconds=7200, completed_retention_seconds=60
-    )
+    make_queue(conn, "q", retention_enabled=True, retention_seconds=7200,
+               completed_retention_seconds=60)
     push_n(conn, "q", 2)
     ack_all(conn, cursors.pop(conn, "q", batch=2))
     cursors.pop(conn, "q", group="idle")
     conn.execute("UPDATE queen.cursor_messages SET created_at = now() - interval '1 hour'")
-    conn.execute(
-        "UPDATE queen.cursor_consumers SET updated_at = now() - interval '3 hours'"
-        " WHERE consumer_group = 'idle'"
-    )
+    conn.execute("UPDATE queen.cursor_consumers SET updated_at = now() - interval '3 hours'"
+                 " WHERE consumer_group = 'idle'")
     assert cursors.retention(conn) == 2
 
 
@@ -150,8 +139,8 @@ def test_analyze_runs_on_the_tables_that_changed(conn: Conn) -> None:
     flush_statistics(conn)
     assert cursors.analyze(conn, min_changes=10) == []
     analysed = conn.execute(
-        "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'cursor_messages'"
-    ).fetchone()
+        "SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables"
+        " WHERE relname = 'cursor_messages'").fetchone()
     assert analysed == (True,)
 
 
@@ -162,9 +151,8 @@ def test_an_analysed_table_is_left_to_autovacuum_where_it_runs(conn: Conn) -> No
     assert cursors.analyze(conn, min_changes=10) == ["cursor_messages"]  # never analysed
     cursors.push(conn, [{"queue": "q", "payload": i} for i in range(50)])
     flush_statistics(conn)
-    assert cursors.analyze(conn, min_changes=10) == (
-        [] if autovacuum == (True,) else ["cursor_messages"]
-    )
+    assert cursors.analyze(conn, min_changes=10) == ([] if autovacuum == (True,)
+                                                     else ["cursor_messages"])
     conn.execute("ALTER TABLE queen.cursor_messages SET (autovacuum_enabled = off)")
     cursors.push(conn, [{"queue": "q", "payload": i} for i in range(50)])
     flush_statistics(conn)
@@ -177,8 +165,7 @@ def test_autovacuum_runs_on_a_table_unless_it_or_the_server_turns_it_off(conn: C
         "SELECT queen.autovacuum_runs_on(NULL), queen.autovacuum_runs_on('{fillfactor=90}'),"
         " queen.autovacuum_runs_on('{autovacuum_enabled=true}'),"
         " queen.autovacuum_runs_on('{autovacuum_enabled=off}'),"
-        " queen.autovacuum_runs_on('{fillfactor=90,autovacuum_enabled=false}')"
-    ).fetchone()
+        " queen.autovacuum_runs_on('{fillfactor=90,autovacuum_enabled=false}')").fetchone()
     assert server is not None and answers is not None
     on = server[0]
     assert answers == (on, on, on, False, False)

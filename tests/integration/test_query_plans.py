@@ -76,9 +76,8 @@ def seeded(request: pytest.FixtureRequest, server_dsn: str, template_db: str) ->
         with psycopg.connect(dsn, autocommit=True) as conn:
             for table in TABLES:  # no statistics may arrive while the test runs
                 conn.execute(f"ALTER TABLE queen.{table} SET (autovacuum_enabled = false)")
-            items = [
-                {"queue": "big", "partition": f"p{p}", "payload": 0} for p in range(PARTITIONS)
-            ]
+            items = [{"queue": "big", "partition": f"p{p}", "payload": 0}
+                     for p in range(PARTITIONS)]
             cursors.push(conn, items)  # the queue and its partitions
             conn.execute(HISTORY, {"consumed": CONSUMED})  # type: ignore[arg-type]
             cursors.seek(conn, "big", cursors.QUEUE_MODE, "end")  # all consumed
@@ -146,20 +145,9 @@ def check(name: str, plans: list[Plan]) -> None:
 
 def pop_params(**route: Any) -> dict[str, Any]:
     """The parameters of pop_many for one pop (rows: the pop's position, then queen.popped)."""
-    params = {
-        "kind": "queue",
-        "queue": "big",
-        "partition": None,
-        "namespace": None,
-        "task": None,
-        "group": cursors.QUEUE_MODE,
-        "mode": None,
-        "since": None,
-        "batch": 10,
-        "worker": "plans",
-        "lease": str(uuid.uuid4()),
-        "prefer": None,
-    }
+    params = {"kind": "queue", "queue": "big", "partition": None, "namespace": None,
+              "task": None, "group": cursors.QUEUE_MODE, "mode": None, "since": None,
+              "batch": 10, "worker": "plans", "lease": str(uuid.uuid4()), "prefer": None}
     return {"pops": orjson.dumps([{**params, **route}]).decode()}
 
 
@@ -180,9 +168,8 @@ def test_the_seed_is_what_the_plans_are_measured_against(seeded: str) -> None:
 
 def test_pop_and_ack_by_partition_skip_the_consumed_history(explained: Explained) -> None:
     for _ in range(RUNS):
-        rows, pop_plans = explained.run(
-            "pop_many", pop_params(kind="partition", partition="p0", batch=2)
-        )
+        rows, pop_plans = explained.run("pop_many", pop_params(kind="partition", partition="p0",
+                                                              batch=2))
         assert len(rows) == 2
         acked, ack_plans = explained.run("ack", ack_params(rows))  # ends the lease
         assert {r[2] for r in acked} == {"completed"}
@@ -200,7 +187,8 @@ def test_pop_by_queue_probes_each_partition_from_its_cursor(explained: Explained
 
 
 def test_push_into_existing_partitions(explained: Explained) -> None:
-    items = [{"queue": "big", "partition": f"p{n % PARTITIONS}", "payload": n} for n in range(100)]
+    items = [{"queue": "big", "partition": f"p{n % PARTITIONS}", "payload": n}
+             for n in range(100)]
     body = orjson.dumps({"items": items}).decode()
     for _ in range(RUNS):
         rows, plans = explained.run("push", {"bodies": f"[{body}]", "producer": None})
@@ -221,9 +209,8 @@ def backlogged(server_dsn: str, template_db: str) -> Iterator[str]:
     with cloned_database(server_dsn, template_db, "queen_plans") as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("ALTER TABLE queen.cursor_messages SET (autovacuum_enabled = false)")
-            cursors.push(
-                conn, [{"queue": "big", "partition": "p0", "payload": n} for n in range(BACKLOG)]
-            )
+            cursors.push(conn, [{"queue": "big", "partition": "p0", "payload": n}
+                                for n in range(BACKLOG)])
             conn.execute("ANALYZE")
         yield dsn
 
@@ -232,9 +219,8 @@ def test_an_ack_probes_its_messages_whatever_the_backlog(backlogged: str) -> Non
     explained = Explained(backlogged)
     try:
         for _ in range(RUNS):
-            rows, _ = explained.run(
-                "pop_many", pop_params(kind="partition", partition="p0", batch=1)
-            )
+            rows, _ = explained.run("pop_many", pop_params(kind="partition", partition="p0",
+                                                          batch=1))
             acked, plans = explained.run("ack", ack_params(rows))
             assert [r[2] for r in acked] == ["completed"]
         check("ack with a backlog", plans)
@@ -256,9 +242,8 @@ def wide(request: pytest.FixtureRequest, server_dsn: str, template_db: str) -> I
         with psycopg.connect(dsn, autocommit=True) as conn:
             for table in (*TABLES, "partitions"):
                 conn.execute(f"ALTER TABLE queen.{table} SET (autovacuum_enabled = false)")
-            cursors.push(
-                conn, [{"queue": "big", "partition": f"p{p}", "payload": p} for p in range(WIDE)]
-            )
+            cursors.push(conn, [{"queue": "big", "partition": f"p{p}", "payload": p}
+                                for p in range(WIDE)])
             if request.param == "analyzed":
                 conn.execute("ANALYZE")
         yield dsn
@@ -321,9 +306,8 @@ def test_the_hot_calls_run_generic_plans_from_a_sessions_first_call(seeded: str)
         assert plans and not _custom(plans), _custom(plans)
         _, plans = explained.run("notify_pushed", {"queues": ["big"], "partitions": ["p1"]})
         assert plans and not _custom(plans), _custom(plans)
-        rows, plans = explained.run(
-            "pop_many", pop_params(kind="partition", partition="p1", batch=2)
-        )
+        rows, plans = explained.run("pop_many", pop_params(kind="partition", partition="p1",
+                                                          batch=2))
         assert len(rows) == 2 and not _custom(plans), _custom(plans)
         extended, plans = explained.run("extend_leases", {"leases": [rows[0][11]], "seconds": [60]})
         assert extended[0][1] is not None and not _custom(plans), _custom(plans)
@@ -334,10 +318,8 @@ def test_the_hot_calls_run_generic_plans_from_a_sessions_first_call(seeded: str)
         # The check sees a custom plan where there is one: a function without the
         # setting, at its first call.
         explained.plans = []
-        explained.conn.execute(
-            "SELECT queen.cursor_targets(%s::jsonb)",
-            (orjson.dumps([{"queue": "big", "partition": "p2"}]).decode(),),
-        ).fetchall()
+        explained.conn.execute("SELECT queen.cursor_targets(%s::jsonb)", (
+            orjson.dumps([{"queue": "big", "partition": "p2"}]).decode(),)).fetchall()
         assert _custom(explained.plans)
     finally:
         explained.close()

@@ -319,19 +319,15 @@ def test_a_long_poll_lists_its_worker_before_its_first_check(store: Store, db_ds
     assert listed == [("worker-7", True)]
 
 
-def test_an_ack_collects_its_wake_ups_and_sends_none_inside_its_transaction(
-    store, db_dsn, listener
-):
+def test_an_ack_collects_its_wake_ups_and_sends_none_inside_its_transaction(store, db_dsn, listener):
     push(store, items("q", "a", 2) + items("q", "b", 2))
     received(listener)
     first = pop(store, "q", "a")[0].transaction_id
     second = pop(store, "q", "b")[0].transaction_id
-    acks = orjson.dumps(
-        [
-            {"transactionId": first, "status": "completed"},
-            {"transactionId": second, "status": "failed", "error": "x"},
-        ]
-    ).decode()
+    acks = orjson.dumps([
+        {"transactionId": first, "status": "completed"},
+        {"transactionId": second, "status": "failed", "error": "x"},
+    ]).decode()
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT idx, status, wakes FROM queen.cursor_ack_api(%s::jsonb)", (acks,)
