@@ -164,7 +164,7 @@ class Events:
                 self._registered -= 1
                 unused, waiter.woken = waiter.woken, False
             if unused and not self._shutting_down:
-                self._wake_one(waiter.wake_keys, waiter.hint, waiter.group)
+                self._wake_each_group(waiter.wake_keys, waiter.hint, waiter.group)
 
     def _arm(self, waiter: Waiter) -> None:
         waiter.armed_at = next(self._seq)
@@ -201,7 +201,7 @@ class Events:
             self._disarm(waiter)
             waiter.woken = False
         if not self._shutting_down:
-            self._wake_one(waiter.wake_keys, waiter.hint, waiter.group)
+            self._wake_each_group(waiter.wake_keys, waiter.hint, waiter.group)
 
     def _wake(self, waiter: Waiter, keys: tuple[RouteKey, ...], hint: str | None) -> None:
         """Wake an armed waiter (the caller holds the lock)."""
@@ -215,9 +215,9 @@ class Events:
     def notify(self, payload: str) -> bool:
         """Dispatch one notification payload to each consumer group parked for it; True
         when it woke a waiter."""
-        return self._wake_one(keys_for(payload), payload)
+        return self._wake_each_group(keys_for(payload), payload)
 
-    def _wake_one(
+    def _wake_each_group(
         self, keys: tuple[RouteKey, ...], hint: str | None, only: Group | object = ANY_GROUP
     ) -> bool:
         """Wake the oldest waiter matching keys in each group (only: in that group alone)."""
@@ -258,7 +258,7 @@ class Events:
         """The fallback: wake waiters for the work the database says is ready for them."""
         with self._lock:
             keys = list(self._armed)
-            armed = len(self._armed_waiters())
+            armed = sum(len(a) for groups in self._armed.values() for a in groups.values())
         if not keys:
             return 0
         if self._ready is None:
