@@ -101,9 +101,24 @@ def producer(
 
 
 def consumer(
-    client: Any, batch: int, window: Window, backlog: Backlog | None, pause: float = 0.0
+    client: Any,
+    batch: int,
+    window: Window,
+    backlog: Backlog | None,
+    pause: float = 0.0,
+    refill: Any = None,
 ) -> None:
+    """Pop batch after batch and ack each; with refill (a producer), push one message
+    before each pop (the latency probe: one client's push, pop and ack in turn)."""
     while window.running():
+        if refill is not None:
+            started = time.time()
+            try:
+                refill.push(1)
+            except Exception as exc:  # noqa: BLE001
+                window.error(exc)
+                continue
+            window.record("push", started, "pushed", 1)
         started = time.time()
         try:
             handles = client.pop(batch)
@@ -180,11 +195,8 @@ def main() -> None:
         jobs = [gevent.spawn(producer, c, batch, window, backlog, readers) for c in producers]
         jobs += [gevent.spawn(consumer, c, batch, window, backlog) for c in consumers]
     elif workload == "latency":
-        jobs = [
-            gevent.spawn(
-                consumer, consumers[0], 1, window, None, float(spec.get("probe_pause", 0.005))
-            )
-        ]
+        pause = float(spec.get("probe_pause", 0.005))
+        jobs = [gevent.spawn(consumer, consumers[0], 1, window, None, pause, producers[0])]
     else:
         raise SystemExit(f"unknown workload {workload!r}")
     gevent.joinall(jobs, timeout=max(0.0, window.end_at - time.time()) + 10)

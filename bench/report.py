@@ -28,10 +28,11 @@ def rate(results: list[dict[str, Any]], **match: Any) -> float:
     return float(r["msgs_per_s"]) if r else math.nan
 
 
-def pop_latency(r: dict[str, Any] | None, q: str) -> float:
+def pop_latency(r: dict[str, Any] | None, q: str, op: str = "pop") -> float:
+    """Quantile q of op's latency in a latency case (pop, or the probe's push and ack)."""
     if not r:
         return math.nan
-    return float(r.get("latency_ms", {}).get("pop", {}).get(q, math.nan))
+    return float(r.get("latency_ms", {}).get(op, {}).get(q, math.nan))
 
 
 def fmt(x: float, digits: int = 0) -> str:
@@ -209,6 +210,8 @@ def _goals(
     add("pop p50 at low load (ms)", v, "<= 2", v <= 2)
     v = pop_latency(lat, "p99")
     add("pop p99 at low load (ms)", v, "<= 10", v <= 10)
+    v = pop_latency(lat, "p50", "push")
+    add("push p50 at low load, one client (ms)", v, "<= 2", v <= 2)
     if len(backlogs) >= 2:
         small, big = backlogs[0], backlogs[-1]
         v = ratio(pop_latency(big, "p50"), pop_latency(small, "p50"))
@@ -475,17 +478,18 @@ def _latency_table(results: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     out = [
-        "## Pop latency at low load (one consumer: pop 1, ack, 5 ms pause; ms)",
+        "## Latency at low load (one client: push 1, pop 1, ack, 5 ms pause; ms)",
         "",
-        "| system | pop p50 | pop p90 | pop p99 | ack p50 | ack p99 | pops |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| system | pop p50 | pop p90 | pop p99 | ack p50 | ack p99 | push p50 | push p99 | pops |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        pop, ack = r["latency_ms"].get("pop", {}), r["latency_ms"].get("ack", {})
+        pop, ack, push = (r["latency_ms"].get(op, {}) for op in ("pop", "ack", "push"))
         out.append(
             f"| {r['system']} | {fmt(pop.get('p50', math.nan), 2)} | "
             f"{fmt(pop.get('p90', math.nan), 2)} | {fmt(pop.get('p99', math.nan), 2)} | "
             f"{fmt(ack.get('p50', math.nan), 2)} | {fmt(ack.get('p99', math.nan), 2)} | "
+            f"{fmt(push.get('p50', math.nan), 2)} | {fmt(push.get('p99', math.nan), 2)} | "
             f"{pop.get('n', 0)} |"
         )
     return out
@@ -695,17 +699,18 @@ def _latency_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str, An
             r["system"] if r["workload"] == "latency" else f"queen {r['backlog']:,} pending"
             for r in rows
         ]
-        width = 0.27
-        for i, q in enumerate(("p50", "p90", "p99")):
+        width = 0.2
+        bars = [("pop", "p50"), ("pop", "p90"), ("pop", "p99"), ("push", "p50")]
+        for i, (op, q) in enumerate(bars):
             ax.bar(
-                [x + (i - 1) * width for x in range(len(rows))],
-                [pop_latency(r, q) for r in rows],
+                [x + (i - 1.5) * width for x in range(len(rows))],
+                [pop_latency(r, q, op) for r in rows],
                 width,
-                label=f"pop {q}",
+                label=f"{op} {q}",
             )
         ax.set_xticks(range(len(rows)), labels, rotation=20, ha="right", fontsize=8)
         ax.set_ylabel("ms")
-        ax.set_title(f"Pop latency at low load ({mode})")
+        ax.set_title(f"Latency at low load ({mode})")
         ax.axhline(2, color="grey", linestyle=":", linewidth=1)
         ax.axhline(10, color="grey", linestyle="--", linewidth=1)
         ax.legend()

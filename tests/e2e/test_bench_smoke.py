@@ -63,7 +63,7 @@ def test_bench_smoke(server_dsn, tmp_path):
         "## Goals",
         "## Push only",
         "## End to end",
-        "## Pop latency",
+        "## Latency at low load",
         "## Backlog scale",
         "## Server memory",
         "## Fan-out",

@@ -100,6 +100,18 @@ def test_latency_cases_show_their_median_pop_p50():
     assert shown["latency_ms"]["pop"]["p50"] == 1.9
 
 
+def test_the_latency_probe_gives_the_one_client_push_goal():
+    probe = {"pop": {"p50": 1.5, "p99": 3.0}}
+    runs = [
+        window("queen", "latency", 1, 100, rnd, latency_ms={**probe, "push": {"p50": p50}})
+        for rnd, p50 in enumerate([2.4, 1.8, 2.2], 1)
+    ]
+    name, value, target, met, per_round = goal(report.goals(runs), "push p50 at low load")
+    assert (value, target, met, per_round) == (2.2, "<= 2", False, [2.4, 1.8, 2.2])
+    text = report.markdown("goals", runs, {"rounds": 3})
+    assert "| system | pop p50 | pop p90 | pop p99 | ack p50 | ack p99 | push p50 |" in text
+
+
 def test_the_report_lists_every_round_and_the_goals_rounds():
     text = report.markdown("full", three_rounds(), {"rounds": 3})
     assert "| goal | measured (median) | rounds | target | met |" in text
