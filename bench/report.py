@@ -28,7 +28,7 @@ def rate(results: list[dict[str, Any]], **match: Any) -> float:
     return float(r["msgs_per_s"]) if r else math.nan
 
 
-def pop_latency(r: dict[str, Any] | None, q: str, op: str = "pop") -> float:
+def latency_of(r: dict[str, Any] | None, q: str, op: str = "pop") -> float:
     """Quantile q of op's latency in a latency case (pop, or the probe's push and ack)."""
     if not r:
         return math.nan
@@ -61,7 +61,7 @@ def rounds(results: list[dict[str, Any]]) -> list[int]:
 
 def _window_key(r: dict[str, Any]) -> float:
     if r["workload"] == "latency":
-        return pop_latency(r, "p50")
+        return latency_of(r, "p50")
     return float(r.get("msgs_per_s", math.nan))
 
 
@@ -206,15 +206,15 @@ def _goals(
         add(WAL_GOAL, v, REPORTED, None)
     for name, v, target, met in crowded:
         add(name, v, target, met)
-    v = pop_latency(lat, "p50")
+    v = latency_of(lat, "p50")
     add("pop p50 at low load (ms)", v, "<= 2", v <= 2)
-    v = pop_latency(lat, "p99")
+    v = latency_of(lat, "p99")
     add("pop p99 at low load (ms)", v, "<= 10", v <= 10)
-    v = pop_latency(lat, "p50", "push")
+    v = latency_of(lat, "p50", "push")
     add("push p50 at low load, one client (ms)", v, "<= 2", v <= 2)
     if len(backlogs) >= 2:
         small, big = backlogs[0], backlogs[-1]
-        v = ratio(pop_latency(big, "p50"), pop_latency(small, "p50"))
+        v = ratio(latency_of(big, "p50"), latency_of(small, "p50"))
         add(
             f"pop p50 at {big['backlog']:,} / at {small['backlog']:,} pending",
             v,
@@ -704,7 +704,7 @@ def _latency_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str, An
         for i, (op, q) in enumerate(bars):
             ax.bar(
                 [x + (i - 1.5) * width for x in range(len(rows))],
-                [pop_latency(r, q, op) for r in rows],
+                [latency_of(r, q, op) for r in rows],
                 width,
                 label=f"{op} {q}",
             )

@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 
 from bench import adapters, cluster
-from bench.report import fmt, pop_latency
+from bench.report import fmt, latency_of
 from bench.runner import Case, run_case
 from bench.systems import drop_database, fresh_database
 
@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
         push = lat.get("push", {}).get("p50", float("nan"))
         ack = lat.get("ack", {}).get("p50", float("nan"))
         print(
-            f"| {variant} | {label} | {fmt(r['msgs_per_s'])} | {fmt(pop_latency(r, 'p50'), 2)}"
-            f" | {fmt(pop_latency(r, 'p99'), 2)} | {fmt(ack, 2)} | {fmt(push, 2)} |"
+            f"| {variant} | {label} | {fmt(r['msgs_per_s'])} | {fmt(latency_of(r, 'p50'), 2)}"
+            f" | {fmt(latency_of(r, 'p99'), 2)} | {fmt(ack, 2)} | {fmt(push, 2)} |"
         )
     return 0
 
