@@ -483,15 +483,12 @@ def _latency_table(results: list[dict[str, Any]]) -> list[str]:
         "| system | pop p50 | pop p90 | pop p99 | ack p50 | ack p99 | push p50 | push p99 | pops |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    shown = [("pop", "p50"), ("pop", "p90"), ("pop", "p99"), ("ack", "p50"), ("ack", "p99"),
+             ("push", "p50"), ("push", "p99")]
     for r in rows:
-        pop, ack, push = (r["latency_ms"].get(op, {}) for op in ("pop", "ack", "push"))
-        out.append(
-            f"| {r['system']} | {fmt(pop.get('p50', math.nan), 2)} | "
-            f"{fmt(pop.get('p90', math.nan), 2)} | {fmt(pop.get('p99', math.nan), 2)} | "
-            f"{fmt(ack.get('p50', math.nan), 2)} | {fmt(ack.get('p99', math.nan), 2)} | "
-            f"{fmt(push.get('p50', math.nan), 2)} | {fmt(push.get('p99', math.nan), 2)} | "
-            f"{pop.get('n', 0)} |"
-        )
+        cells = " | ".join(fmt(latency_of(r, q, op), 2) for op, q in shown)
+        pops = r["latency_ms"].get("pop", {}).get("n", 0)
+        out.append(f"| {r['system']} | {cells} | {pops} |")
     return out
 
 
