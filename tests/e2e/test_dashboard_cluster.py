@@ -88,6 +88,9 @@ def until_every_worker_is_heard(hosts: tuple[Server, ...], watchers: list[Watche
     raise AssertionError(f"batches never arrived: {missing}")
 
 
+EVENT_KINDS = ("message.pushed", "message.processing", "message.completed")
+
+
 @pytest.mark.parametrize("hosts_count", [1, 2], ids=["1-host-x-2-workers", "2-hosts-x-2-workers"])
 def test_every_socket_gets_every_event_once(db_dsn, hosts_count):
     hosts = tuple(Server(db_dsn, workers=2, **QUIET) for _ in range(hosts_count))
@@ -121,11 +124,10 @@ def test_every_socket_gets_every_event_once(db_dsn, hosts_count):
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
                 watcher.drain(0.3)
-                kinds = ("message.pushed", "message.processing", "message.completed")
-                if all(len(watcher.ids(k, "everywhere")) >= 20 for k in kinds):
+                if all(len(watcher.ids(k, "everywhere")) >= 20 for k in EVENT_KINDS):
                     break  # (each kind may come from another worker, later than the rest)
             watcher.drain(0.6)  # anything duplicated would arrive now
-            for name in ("message.pushed", "message.processing", "message.completed"):
+            for name in EVENT_KINDS:
                 got = watcher.ids(name, "everywhere")
                 assert sorted(got) == sorted(pushed), (watcher.worker, name, len(got))
             handlers = collections.Counter(
