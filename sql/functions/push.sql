@@ -111,11 +111,13 @@ CREATE OR REPLACE FUNCTION queen.cursor_number(p_items jsonb, p_targets queen.pu
                                                p_rejected integer[])
 RETURNS queen.cursor_push_item[]
 LANGUAGE plpgsql AS $$
+DECLARE
+    prefix text := queen.cursor_uuid_prefix(now());
 BEGIN
     RETURN (
     SELECT coalesce(array_agg(ROW(n.idx, n.id,
                                   coalesce(n.i ->> 'transactionId',
-                                           queen.cursor_message_uuid(n.id, now())::text),
+                                           queen.cursor_message_uuid_text(n.id, prefix, now())),
                                   n.partition_id, n.queue_id, n.i -> 'payload',
                                   coalesce((n.i ->> 'encrypted')::boolean, false),
                                   n.i ->> 'traceId')::queen.cursor_push_item ORDER BY n.idx), '{}')
@@ -167,17 +169,21 @@ BEGIN
 END
 $$;
 
+-- (An earlier build made the UUID prefix itself; its caller needs the prefix too.)
+DROP FUNCTION IF EXISTS queen.cursor_store_new(jsonb, queen.push_target[], text);
+
 -- Store a batch none of whose items names a transactionId, into queues without maxSize
 -- (the caller holds the push locks of targets, queen.cursor_targets): every item is
--- stored, with an id drawn in item order and its API id (queen.cursor_message_uuid) as
--- its transactionId. Returns the ids in item order. None of those transactionIds can be
--- stored already, so the insert is a plain one, not a speculative one (ON CONFLICT
+-- stored, with an id drawn in item order and its API id as its transactionId (made from
+-- p_prefix, queen.cursor_uuid_prefix(now()): queen.cursor_message_uuid_text). Returns
+-- the ids in item order. None of those transactionIds can be stored already, so the
+-- insert is a plain one, not a speculative one (ON CONFLICT
 -- writes a second WAL record per row to confirm it: a tenth of a message's WAL), and
 -- nothing passes through arrays of rows. A client may have stored one of them as its
 -- own transactionId: the insert then fails (unique_violation) and the caller stores the
 -- batch as any other.
 CREATE OR REPLACE FUNCTION queen.cursor_store_new(p_items jsonb, p_targets queen.push_target[],
-                                                  p_producer text)
+                                                  p_producer text, p_prefix text)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -187,7 +193,7 @@ BEGIN
         INSERT INTO queen.cursor_messages
             (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
         OVERRIDING SYSTEM VALUE
-        SELECT n.id, n.partition_id, queen.cursor_message_uuid(n.id, now())::text,
+        SELECT n.id, n.partition_id, queen.cursor_message_uuid_text(n.id, p_prefix, now()),
                n.i -> 'payload', coalesce((n.i ->> 'encrypted')::boolean, false), p_producer,
                n.i ->> 'traceId'
         FROM (SELECT r.*, nextval('queen.cursor_messages_id_seq'::regclass) AS id
@@ -227,6 +233,7 @@ DECLARE
     s       record;
     targets queen.push_target[];
     ids     bigint[];
+    prefix  text := queen.cursor_uuid_prefix(now());
 BEGIN
     IF jsonb_array_length(p_items) = 0 THEN
         RETURN;
@@ -236,15 +243,16 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM unnest(targets) t JOIN queen.queues q ON q.id = t.queue_id
                        WHERE q.max_size > 0) THEN
             BEGIN
-                ids := queen.cursor_store_new(p_items, targets, p_producer);
+                ids := queen.cursor_store_new(p_items, targets, p_producer, prefix);
             EXCEPTION WHEN unique_violation THEN
                 ids := NULL;  -- (stored as any other batch below)
             END;
             IF ids IS NOT NULL THEN
                 RETURN QUERY
-                SELECT k.n::integer, u.id, u.id::text, 'queued'  -- (its transactionId)
+                SELECT k.n::integer, u.id::uuid, u.id, 'queued'  -- (its transactionId)
                 FROM unnest(ids) WITH ORDINALITY k(id, n)
-                CROSS JOIN LATERAL (SELECT queen.cursor_message_uuid(k.id, now()) AS id) u
+                CROSS JOIN LATERAL (SELECT queen.cursor_message_uuid_text(k.id, prefix, now())
+                                    AS id) u
                 ORDER BY k.n;
                 RETURN;
             END IF;
@@ -254,7 +262,8 @@ BEGIN
     IF cardinality(s.stored) = cardinality(s.accepted) THEN
         -- Every item stored (the common case): nothing to look up.
         RETURN QUERY
-        SELECT a.idx, queen.cursor_message_uuid(a.id, now()), a.transaction_id, 'queued'
+        SELECT a.idx, queen.cursor_message_uuid_text(a.id, prefix, now())::uuid, a.transaction_id,
+               'queued'
         FROM unnest(s.accepted) a
         UNION ALL
         SELECT r, NULL, NULL, 'rejected' FROM unnest(s.rejected) r
@@ -263,7 +272,8 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT a.idx,
-           CASE WHEN a.id = ANY (s.stored) THEN queen.cursor_message_uuid(a.id, now())
+           CASE WHEN a.id = ANY (s.stored)
+                THEN queen.cursor_message_uuid_text(a.id, prefix, now())::uuid
                 ELSE m.uuid END,
            a.transaction_id,
            CASE WHEN a.id = ANY (s.stored) THEN 'queued' ELSE 'duplicate' END

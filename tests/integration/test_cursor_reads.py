@@ -100,6 +100,22 @@ def test_message_uuid_in_sql_is_the_one_python_makes_and_reads_back(conn: Conn) 
         assert back == message_id == message_id_of(api_id)
 
 
+def test_message_uuid_text_from_a_prefix_is_the_whole_uuid_as_text(conn: Conn) -> None:
+    """What a push stores and answers (the prefix made once per call) is the API id."""
+    rows = conn.execute(
+        "SELECT i, queen.cursor_message_uuid(i, t)::text,"
+        " queen.cursor_message_uuid_text(i, queen.cursor_uuid_prefix(t), t)"
+        " FROM (SELECT (random() * 281474976710655)::bigint,"
+        "              now() - random() * interval '3000 days' FROM generate_series(1, 500)"
+        "       UNION ALL VALUES (0::bigint, now()), (1, '2026-12-01 12:00:00.123+00'::timestamptz),"
+        "                        (281474976710655, now()), (281474976710656, now()),"
+        "                        (4611686018427387904, now()), (9223372036854775807, now())) v(i, t)"
+    ).fetchall()
+    assert len(rows) == 506
+    for message_id, whole, made in rows:
+        assert made == whole, message_id
+
+
 def test_counts_are_derived_from_cursor_lease_and_records(conn: Conn, reads: Store) -> None:
     mixed(conn)
     expected = Counts(pending=6, processing=2, completed=1, failed=0, dead_letter=1)
