@@ -177,11 +177,10 @@ DROP FUNCTION IF EXISTS queen.cursor_store_new(jsonb, queen.push_target[], text)
 -- stored, with an id drawn in item order and its API id as its transactionId (made from
 -- p_prefix, queen.cursor_uuid_prefix(now()): queen.cursor_message_uuid_text). Returns
 -- the ids in item order. None of those transactionIds can be stored already, so the
--- insert is a plain one, not a speculative one (ON CONFLICT
--- writes a second WAL record per row to confirm it: a tenth of a message's WAL), and
--- nothing passes through arrays of rows. A client may have stored one of them as its
--- own transactionId: the insert then fails (unique_violation) and the caller stores the
--- batch as any other.
+-- insert is a plain one, not a speculative one (ON CONFLICT writes a second WAL record
+-- per row to confirm it: a tenth of a message's WAL), and nothing passes through arrays
+-- of rows. A client may have stored one of them as its own transactionId: the insert
+-- then fails (unique_violation) and the caller stores the batch as any other.
 CREATE OR REPLACE FUNCTION queen.cursor_store_new(p_items jsonb, p_targets queen.push_target[],
                                                   p_producer text, p_prefix text)
 RETURNS bigint[]
