@@ -101,23 +101,25 @@ BEGIN
 END
 $$;
 
+-- (An earlier build of these two made the UUID prefix itself; their caller needs it too.)
+DROP FUNCTION IF EXISTS queen.cursor_number(jsonb, queen.push_target[], integer[]);
+DROP FUNCTION IF EXISTS queen.cursor_store(jsonb, text);
+
 -- The accepted items with their ids, drawn in item order (the caller holds the push
 -- locks of their partitions). An item without a transactionId gets its message's API id
--- (queen.cursor_message_uuid of the id and now(), the created_at it is stored with): the
--- id a client is answered is the one it acks with. (PL/pgSQL, not SQL: PostgreSQL
--- plans a SQL function's statement again at every call it cannot inline; PL/pgSQL keeps
--- the plan for the session.)
+-- (of the id and now(), the created_at it is stored with; p_prefix is
+-- queen.cursor_uuid_prefix(now())): the id a client is answered is the one it acks with.
+-- (PL/pgSQL, not SQL: PostgreSQL plans a SQL function's statement again at every call it
+-- cannot inline; PL/pgSQL keeps the plan for the session.)
 CREATE OR REPLACE FUNCTION queen.cursor_number(p_items jsonb, p_targets queen.push_target[],
-                                               p_rejected integer[])
+                                               p_rejected integer[], p_prefix text)
 RETURNS queen.cursor_push_item[]
 LANGUAGE plpgsql AS $$
-DECLARE
-    prefix text := queen.cursor_uuid_prefix(now());
 BEGIN
     RETURN (
     SELECT coalesce(array_agg(ROW(n.idx, n.id,
                                   coalesce(n.i ->> 'transactionId',
-                                           queen.cursor_message_uuid_text(n.id, prefix, now())),
+                                           queen.cursor_message_uuid_text(n.id, p_prefix, now())),
                                   n.partition_id, n.queue_id, n.i -> 'payload',
                                   coalesce((n.i ->> 'encrypted')::boolean, false),
                                   n.i ->> 'traceId')::queen.cursor_push_item ORDER BY n.idx), '{}')
@@ -137,8 +139,9 @@ $$;
 -- ids wait for each other and never deadlock (stored: the ids that were not duplicates).
 -- One wake-up per queue, sent at commit, while polls are parked; none from a session
 -- with queen.push_notify = 'after_commit' (Queen's own pool), which sends them itself
--- once the push committed (queen.notify_pushed: see there why).
-CREATE OR REPLACE FUNCTION queen.cursor_store(p_items jsonb, p_producer text,
+-- once the push committed (queen.notify_pushed: see there why). p_prefix: as
+-- queen.cursor_number's.
+CREATE OR REPLACE FUNCTION queen.cursor_store(p_items jsonb, p_producer text, p_prefix text,
                                               OUT accepted queen.cursor_push_item[],
                                               OUT stored bigint[], OUT rejected integer[])
 LANGUAGE plpgsql AS $$
@@ -151,7 +154,7 @@ BEGIN
                WHERE q.max_size > 0) THEN
         rejected := queen.cursor_rejected(p_items, targets);
     END IF;
-    accepted := queen.cursor_number(p_items, targets, rejected);
+    accepted := queen.cursor_number(p_items, targets, rejected, p_prefix);
     WITH inserted AS (
         INSERT INTO queen.cursor_messages
             (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
@@ -257,7 +260,7 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    s := queen.cursor_store(p_items, p_producer);
+    s := queen.cursor_store(p_items, p_producer, prefix);
     IF cardinality(s.stored) = cardinality(s.accepted) THEN
         -- Every item stored (the common case): nothing to look up.
         RETURN QUERY
