@@ -31,68 +31,84 @@ LANGUAGE sql STABLE AS $$
     ORDER BY m.id LIMIT p_step
 $$;
 
--- Messages of a partition queue mode's cursor passed from p_after to p_upto: up to
--- p_step, in id order, each with its end: completed (final NULL) at the time of the ack
--- that completed it, with the ms from push to ack; or failed / dead_letter at the time
--- of its failure record. A message's ack is the completion with the lowest last_id at or
--- above its id (when that one's first_id is not above it): one ordered pass over the
--- window's messages and the completions that can cover them, not a lookup per message.
-CREATE OR REPLACE FUNCTION queen.cursor_passed(p_partition uuid, p_after bigint, p_upto bigint,
-                                               p_step integer)
-RETURNS TABLE (id bigint, minute timestamptz, final text, ms double precision)
+-- (An earlier build walked what the cursor passed a message at a time, matching each
+-- to its completion with window functions over the messages: 3.5 us of PostgreSQL a
+-- message.)
+DROP FUNCTION IF EXISTS queen.cursor_passed(uuid, bigint, bigint, integer);
+
+-- What queue mode's cursor passed from p_after to p_upto (up to p_step messages, in id
+-- order), in groups of n messages that ended alike: completed (final NULL) at the time
+-- of the ack that completed them, ms from push to ack; or failed / dead_letter at the
+-- time of their failure record. A message's ack is the completion with the lowest
+-- last_id at or above its id (when that one's first_id is not above it; none: at now()).
+-- So the window is cut at the completions' last ids into spans, each one completion's,
+-- and each span's messages are grouped by their push (one created_at): a range scan per
+-- completion, no lookup per message. A message with a failure record is counted in its
+-- span's group like the others, then taken out of it (n -1) and counted as failed:
+-- failure records are few, and a walk with none reads none of them.
+CREATE OR REPLACE FUNCTION queen.cursor_passed_ends(p_partition uuid, p_after bigint,
+                                                    p_upto bigint, p_step integer)
+RETURNS TABLE (minute timestamptz, final text, ms double precision, n bigint, reached bigint)
 LANGUAGE sql STABLE AS $$
-    WITH w AS MATERIALIZED (
-        SELECT m.id, m.created_at FROM queen.cursor_messages m
-        WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
-        ORDER BY m.id LIMIT p_step
-    ), span AS (
-        SELECT max(w.id) AS last FROM w
-    ), x AS (  -- the completions ending inside the window, and the first one past it
-        SELECT c.last_id, c.first_id, c.acked_at FROM queen.cursor_completions c, span
+    WITH bound AS MATERIALIZED (  -- the window's last message
+        SELECT coalesce(
+            (SELECT m.id FROM queen.cursor_messages m
+             WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
+             ORDER BY m.id OFFSET p_step - 1 LIMIT 1),
+            (SELECT max(m.id) FROM queen.cursor_messages m
+             WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto)) AS last
+    ), acks AS MATERIALIZED (  -- the completions ending inside the window, and the next one
+        SELECT c.first_id, c.last_id, c.acked_at FROM queen.cursor_completions c, bound b
         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
-          AND c.last_id > p_after AND c.last_id < span.last
+          AND c.last_id > p_after AND c.last_id < b.last
         UNION ALL
-        (SELECT c.last_id, c.first_id, c.acked_at FROM queen.cursor_completions c, span
+        (SELECT c.first_id, c.last_id, c.acked_at FROM queen.cursor_completions c, bound b
          WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
-           AND c.last_id >= span.last
+           AND c.last_id >= b.last
          ORDER BY c.last_id LIMIT 1)
-    ), marked AS (  -- walked from the top: each message joins the completion seen last
-        SELECT e.*, count(e.acked_at) OVER (ORDER BY e.key DESC, e.kind
-                                            ROWS UNBOUNDED PRECEDING) AS cover
-        FROM (SELECT w.id AS key, 1 AS kind, w.id, w.created_at, NULL::bigint AS first_id,
-                     NULL::timestamptz AS acked_at
-              FROM w
-              UNION ALL
-              SELECT x.last_id, 0, NULL, NULL, x.first_id, x.acked_at FROM x) e
-    ), acked AS (
-        SELECT k.id, k.created_at,
-               CASE WHEN first_value(k.first_id) OVER c <= k.id
-                    THEN first_value(k.acked_at) OVER c END AS acked_at, k.kind
-        FROM marked k
-        WINDOW c AS (PARTITION BY k.cover ORDER BY k.key DESC, k.kind)
+    ), spans AS MATERIALIZED (  -- (lo, hi]: one completion's; past the last one, none's
+        SELECT lag(a.last_id, 1, p_after) OVER (ORDER BY a.last_id) AS lo,
+               least(a.last_id, b.last) AS hi, a.first_id, a.acked_at
+        FROM acks a, bound b
+        UNION ALL
+        SELECT coalesce(max(a.last_id), p_after), b.last, NULL, NULL
+        FROM bound b LEFT JOIN acks a ON true
+        GROUP BY b.last HAVING coalesce(max(a.last_id), p_after) < b.last
+    ), groups AS (
+        SELECT CASE WHEN m.id >= s.first_id THEN s.acked_at END AS acked_at, m.created_at,
+               count(*) AS n, max(m.id) AS reached
+        FROM spans s
+        -- (LIMIT: a scan of the key per span; as a join, the planner may compare every
+        -- message of the window with every span.)
+        CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.cursor_messages m
+                            WHERE m.partition_id = p_partition AND m.id > s.lo
+                              AND m.id <= s.hi
+                            LIMIT p_step) m
+        GROUP BY 1, 2
+    ), failed AS (  -- the final failure records of the window's messages, in their spans
+        SELECT f.message_id, f.status, f.failed_at, m.created_at,
+               CASE WHEN f.message_id >= s.first_id THEN s.acked_at END AS acked_at
+        FROM bound b
+        JOIN queen.cursor_failures f
+          ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
+         AND f.message_id > p_after AND f.message_id <= b.last AND f.status <> 'retry'
+        JOIN queen.cursor_messages m ON m.partition_id = p_partition AND m.id = f.message_id
+        JOIN spans s ON f.message_id > s.lo AND f.message_id <= s.hi
+    ), ends AS (
+        SELECT g.acked_at, g.created_at, NULL::text AS final, g.n, g.reached FROM groups g
+        UNION ALL
+        SELECT x.acked_at, x.created_at, NULL, -1, NULL FROM failed x
+        UNION ALL
+        SELECT x.failed_at, NULL, x.status, 1, x.message_id FROM failed x
     )
-    SELECT a.id, date_trunc('minute', coalesce(f.failed_at, a.acked_at, now())), f.status,
-           CASE WHEN f.status IS NULL THEN
-               greatest(extract(epoch FROM coalesce(a.acked_at, now()) - a.created_at) * 1000, 0)
-           END
-    FROM acked a
-    -- A probe of the failure record by its whole key, a message at a time, and none at
-    -- all when the window has no failure record: as a plain join, the planner may scan
-    -- all of the partition's records for every message (it estimates the window at one
-    -- row), which made a step quadratic in dead letters (2,000 messages past 200 dead
-    -- letters: 61-82 ms, now 9-12; with none, 5-8 ms, now 7-8). LIMIT keeps the
-    -- subquery from being flattened into such a join.
-    LEFT JOIN LATERAL (SELECT f.status, f.failed_at FROM queen.cursor_failures f
-                       WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
-                         AND f.message_id = a.id AND f.status <> 'retry'
-                         AND (SELECT EXISTS (SELECT 1 FROM queen.cursor_failures g
-                                             WHERE g.partition_id = p_partition
-                                               AND g.consumer_group = '__queue__'
-                                               AND g.message_id > p_after
-                                               AND g.message_id <= p_upto))
-                       LIMIT 1) f ON true
-    WHERE a.kind = 1
-    ORDER BY a.id
+    SELECT date_trunc('minute', coalesce(e.acked_at, now())), e.final,
+           CASE WHEN e.final IS NULL THEN
+               greatest(extract(epoch FROM coalesce(e.acked_at, now()) - e.created_at) * 1000, 0)
+           END,
+           sum(e.n)::bigint, max(e.reached)
+    FROM ends e
+    GROUP BY e.acked_at, e.created_at, e.final
+    HAVING sum(e.n) > 0
 $$;
 
 -- (An earlier build answered the same without the highest ids walked.)
@@ -114,11 +130,12 @@ LANGUAGE sql STABLE AS $$
     WITH ends AS (  -- one row per minute and lag bucket (NULL: failures)
         SELECT x.minute,
                CASE WHEN x.final IS NULL THEN queen.cursor_lag_bucket(x.ms) END AS bucket,
-               count(*) FILTER (WHERE x.final IS NULL) AS completed,
-               count(*) FILTER (WHERE x.final = 'failed') AS failed,
-               count(*) FILTER (WHERE x.final = 'dead_letter') AS dead_letter,
-               sum(x.ms) FILTER (WHERE x.final IS NULL) AS lag_ms, max(x.id) AS reached
-        FROM queen.cursor_passed(p_partition, p_cursor_counted, p_cursor, p_step) x
+               sum(x.n) FILTER (WHERE x.final IS NULL) AS completed,
+               sum(x.n) FILTER (WHERE x.final = 'failed') AS failed,
+               sum(x.n) FILTER (WHERE x.final = 'dead_letter') AS dead_letter,
+               sum(x.ms * x.n) FILTER (WHERE x.final IS NULL) AS lag_ms,
+               max(x.reached) AS reached
+        FROM queen.cursor_passed_ends(p_partition, p_cursor_counted, p_cursor, p_step) x
         GROUP BY 1, 2
     ), passed AS (
         SELECT e.minute, sum(e.completed) AS completed, sum(e.failed) AS failed,

@@ -140,5 +140,7 @@ def test_every_socket_gets_every_event_once(db_dsn, hosts_count):
             handlers = collections.Counter(
                 e["data"]["workerId"] for e in watcher.events
                 if e["event"] == "message.processing" and e["data"]["queue"] == "everywhere")
+            # (Which worker accepts a connection is the kernel's choice: all of the pops
+            # may land on one. That events of every worker reach every socket is what
+            # until_every_worker_is_heard established.)
             assert sum(handlers.values()) == 20
-            assert len(handlers) >= 2, f"one worker served every pop: {handlers}"
