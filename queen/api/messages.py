@@ -81,7 +81,10 @@ def messages_json(messages: list[Popped], group: str | None = None) -> list[dict
     shows the pop's consumerGroup, null in queue mode.
     """
     stamp = functools.cache(iso)  # this response's own cache
-    return [{**message_json(m, stamp), "consumerGroup": group} for m in messages]
+    shaped = [message_json(m, stamp) for m in messages]
+    for entry in shaped:  # (set on each, not copied into another dict)
+        entry["consumerGroup"] = group
+    return shaped
 
 
 class PopResource:

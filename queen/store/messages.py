@@ -21,7 +21,7 @@ import functools
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -90,7 +90,8 @@ def _ack_results(cursor: Cursor[Any]) -> RowMaker[tuple[AckResult, list[str] | N
 
 
 def _popped_of_pops(cursor: Cursor[Any]) -> RowMaker[tuple[int, Popped]]:
-    """Make (pop position, Popped) from each row of pop_many."""
+    """Make (pop position, Popped) from each row of pop_many, whose rows after a pop's
+    first leave out (NULL) what all of that pop's messages share: taken from its first."""
     result = cursor.pgresult
     names = (
         [] if result is None else [(result.fname(i) or b"").decode() for i in range(result.nfields)]
@@ -98,7 +99,19 @@ def _popped_of_pops(cursor: Cursor[Any]) -> RowMaker[tuple[int, Popped]]:
     if names != ["pop", *POPPED_COLUMNS]:
         raise TypeError(f"pop_many answered columns {names}")
     make = functools.partial(tuple.__new__, Popped)
-    return lambda values: (values[0], make(values[1:]))
+    first: list[Any] = []  # the values of the current pop's first row
+
+    def row(values: Sequence[Any]) -> tuple[int, Popped]:
+        if values[3] is not None:  # (queue: named on a pop's first row only)
+            first[:] = values
+            return values[0], make(values[1:])
+        s = first
+        return values[0], make((
+            values[1], values[2], s[3], s[4], values[5], values[6], values[7], s[8],
+            values[9], s[10], s[11], s[12], s[13], s[14],
+        ))
+
+    return row
 
 
 def _large_payload(rows: list[tuple[int, Popped]]) -> bool:

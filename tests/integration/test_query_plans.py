@@ -152,7 +152,9 @@ def pop_params(**route: Any) -> dict[str, Any]:
 
 
 def ack_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
-    acks = [{"transactionId": r[2], "status": "completed", "leaseId": str(r[11])} for r in rows]
+    """Acks of one pop's rows (its lease is named on its first row only)."""
+    lease = str(rows[0][11])
+    acks = [{"transactionId": r[2], "status": "completed", "leaseId": lease} for r in rows]
     return {"acks": orjson.dumps(acks).decode()}
 
 
