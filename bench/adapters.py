@@ -142,7 +142,7 @@ class QueenSqlClient:
         )
         body = b'{"items":[' + b",".join([item] * n) + b"]}"
         self.conn.execute(
-            self.queries["push"], {"body": body.decode(), "producer": None}
+            self.queries["push"], {"bodies": f"[{body.decode()}]", "producer": None}
         ).fetchall()
         # What a worker sends once the push committed (queen.store.polling.Wakeups).
         self.conn.execute(
@@ -174,10 +174,10 @@ class QueenSqlClient:
         return [r[col] for r in rows]
 
     def ack(self, handles: list[str]) -> None:
+        from queen.store.messages import ack_columns
+
         acks = [{"transactionId": h, "status": "completed"} for h in handles]
-        self.conn.execute(
-            self.queries["ack"], {"acks": orjson.dumps(acks).decode()}
-        ).fetchall()
+        self.conn.execute(self.queries["ack"], ack_columns(acks)).fetchall()
 
     def close(self) -> None:
         self.conn.close()

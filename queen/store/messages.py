@@ -329,7 +329,7 @@ class Messages:
             return results
         acks = requests[0] if len(requests) == 1 else [a for r in requests for a in r]
         try:
-            rows = self.db.fetch("ack", {"acks": orjson.dumps(acks).decode()}, _ack_results)
+            rows = self.db.fetch("ack", ack_columns(acks), _ack_results)
         except InvalidInput:
             if len(requests) == 1:
                 raise
@@ -337,6 +337,23 @@ class Messages:
         if rows and rows[0][1]:
             self.after_ack(rows[0][1])
         return _renumber([result for result, _ in rows], [len(r) for r in requests])
+
+
+def ack_columns(acks: list[dict[str, Any]]) -> dict[str, list[Any] | None]:
+    """The parameters of the ack query: validated acknowledgments as parallel arrays, each
+    of the optional fields None (a NULL array) when no item names it."""
+
+    def column(key: str) -> list[Any] | None:
+        values = [a.get(key) for a in acks]
+        return values if any(v is not None for v in values) else None
+
+    return {
+        "txids": [a["transactionId"] for a in acks],
+        "groups": column("consumerGroup"),
+        "statuses": [a["status"] for a in acks],
+        "errors": column("error"),
+        "leases": column("leaseId"),
+    }
 
 
 def _disjoint(requests: list[list[dict[str, Any]]]) -> list[list[list[dict[str, Any]]]]:

@@ -45,9 +45,10 @@ SELECT payload FROM queen.cursor_ready_partitions(
     %(queues)s::text[], %(partition_queues)s::text[], %(partitions)s::text[],
     %(namespaces)s::text[], %(tasks)s::text[], %(limit)s) AS payload
 
--- ack: acknowledge a batch, one row per acknowledgment in request order; the first carries the wake-ups to send once committed (notify_wakes) --
+-- ack: acknowledge a batch (its items as parallel arrays: ack_columns), one row per acknowledgment in request order; the first carries the wake-ups to send once committed (notify_wakes) --
 SELECT idx, transaction_id, status, retry_count, acknowledged_at, wakes
-FROM queen.cursor_ack_api(%(acks)s::jsonb)
+FROM queen.cursor_ack_items_api(%(txids)s::text[], %(groups)s::text[], %(statuses)s::text[],
+                                %(errors)s::text[], %(leases)s::text[])
 
 -- create_queue: make sure a queue exists (its options start at the schema defaults) --
 INSERT INTO queen.queues (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING

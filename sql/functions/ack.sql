@@ -166,9 +166,9 @@ LANGUAGE sql STABLE AS $$
         AND NOT p_id = ANY (c.lease_acked)
 $$;
 
--- Acknowledge a batch: [{"transactionId", "status": "completed"|"failed", "error",
+-- Acknowledge a batch: items {"transactionId", "status": "completed"|"failed", "error",
 -- "consumerGroup" (default queue mode), "leaseId" (optional: without it, the current
--- lease of the message's partition and group)}]. One outcome per item, in no particular
+-- lease of the message's partition and group)}. One outcome per item, in no particular
 -- order (idx: its position, from 1): completed / retry_scheduled (with retryCount) /
 -- dead_letter / failed / lease_expired / not_found, and whether it changed something
 -- (applied) or only reported what was already so (a message done before, or acked
@@ -179,30 +179,39 @@ $$;
 -- are taken per partition and group, each decided as a set where it can be.
 -- Composable: no commit, the caller's transaction holds it all. One plan per session for
 -- each statement it runs (plan_cache_mode: see queen.cursor_push_api).
-CREATE OR REPLACE FUNCTION queen.cursor_ack_outcomes(p_acks jsonb)
+-- The items come as parallel arrays (transactionIds, consumerGroups, statuses, errors,
+-- leaseIds: NULL where an item names none, or a NULL array where none does), as the ack
+-- routes pass them: reading 100 acknowledgments out of JSON took PostgreSQL about 0.2 ms,
+-- out of arrays a third of that.
+CREATE OR REPLACE FUNCTION queen.cursor_ack_items(p_txids text[], p_groups text[],
+                                                  p_wanted text[], p_errors text[],
+                                                  p_leases text[])
 RETURNS queen.cursor_ack_outcome[]
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
+    n        integer := coalesce(cardinality(p_txids), 0);
     idxs     integer[];
-    txids    text[];
+    txids    text[] := p_txids;
     groups   text[];
     parts    uuid[];
     ids      bigint[];
-    wanted   text[];
+    wanted   text[] := p_wanted;
     errors   text[];
     leases   text[];
     pair     record;
     decided  queen.cursor_ack_outcome[];
     outcomes queen.cursor_ack_outcome[] := '{}';
 BEGIN
-    SELECT array_agg(t.ord::integer), array_agg(t.a ->> 'transactionId'),
-           array_agg(coalesce(t.a ->> 'consumerGroup', '__queue__')),
-           array_agg(t.a ->> 'status'), array_agg(t.a ->> 'error'), array_agg(t.a ->> 'leaseId')
-    INTO idxs, txids, groups, wanted, errors, leases
-    FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord);
-    IF idxs IS NULL THEN
+    IF n = 0 THEN
         RETURN '{}';
     END IF;
+    idxs := ARRAY(SELECT generate_series(1, n));
+    groups := CASE WHEN p_groups IS NULL OR cardinality(array_remove(p_groups, NULL)) = 0
+                   THEN array_fill('__queue__'::text, ARRAY[n])
+                   ELSE ARRAY(SELECT coalesce(p_groups[k], '__queue__')
+                              FROM generate_series(1, n) k) END;
+    errors := coalesce(p_errors, array_fill(NULL::text, ARRAY[n]));
+    leases := coalesce(p_leases, array_fill(NULL::text, ARRAY[n]));
     IF (leases[1] = ALL (leases) OR cardinality(array_remove(leases, NULL)) = 0)
        AND groups[1] = ALL (groups) AND 'completed' = ALL (wanted) THEN
         outcomes := queen.cursor_ack_lease(
@@ -257,6 +266,26 @@ BEGIN
 END
 $$;
 
+-- A JSON array of acknowledgments as the parallel arrays queen.cursor_ack_items takes.
+CREATE OR REPLACE FUNCTION queen.cursor_ack_columns(p_acks jsonb,
+    OUT txids text[], OUT groups text[], OUT wanted text[], OUT errors text[],
+    OUT leases text[])
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT array_agg(t.a ->> 'transactionId' ORDER BY t.ord),
+           array_agg(t.a ->> 'consumerGroup' ORDER BY t.ord),
+           array_agg(t.a ->> 'status' ORDER BY t.ord), array_agg(t.a ->> 'error' ORDER BY t.ord),
+           array_agg(t.a ->> 'leaseId' ORDER BY t.ord)
+    FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
+$$;
+
+-- queen.cursor_ack_items of a JSON array of the items.
+CREATE OR REPLACE FUNCTION queen.cursor_ack_outcomes(p_acks jsonb)
+RETURNS queen.cursor_ack_outcome[]
+LANGUAGE sql AS $$
+    SELECT queen.cursor_ack_items(i.txids, i.groups, i.wanted, i.errors, i.leases)
+    FROM queen.cursor_ack_columns(p_acks) i
+$$;
+
 -- queen.cursor_ack_outcomes as rows in item order. The transaction endpoint refuses an
 -- item not applied, since the work it commits with the ack would then be done twice.
 CREATE OR REPLACE FUNCTION queen.cursor_ack_checked(p_acks jsonb)
@@ -280,7 +309,9 @@ $$;
 -- queen.cursor_ack for the ack routes, whose caller wakes long polls itself once the
 -- acks committed: the wake-up payloads (see queen.cursor_wake) come on the first row,
 -- NULL when there are none. One plan per session (plan_cache_mode).
-CREATE OR REPLACE FUNCTION queen.cursor_ack_api(p_acks jsonb)
+CREATE OR REPLACE FUNCTION queen.cursor_ack_items_api(p_txids text[], p_groups text[],
+                                                      p_wanted text[], p_errors text[],
+                                                      p_leases text[])
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
                acknowledged_at timestamptz, wakes text[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -293,7 +324,7 @@ BEGIN
     -- message leased until the lease expires, then delivered again (at-least-once).
     ignored := set_config('synchronous_commit', 'off', true);
     ignored := set_config('queen.wakes', '[]', true);
-    decided := queen.cursor_ack_outcomes(p_acks);
+    decided := queen.cursor_ack_items(p_txids, p_groups, p_wanted, p_errors, p_leases);
     IF current_setting('queen.wakes') <> '[]' THEN
         woken := ARRAY(SELECT jsonb_array_elements_text(current_setting('queen.wakes')::jsonb));
     END IF;
@@ -303,4 +334,14 @@ BEGIN
            CASE WHEN d.idx = 1 AND cardinality(woken) > 0 THEN woken END
     FROM unnest(decided) d ORDER BY d.idx;
 END
+$$;
+
+-- queen.cursor_ack_items_api of a JSON array of the items.
+CREATE OR REPLACE FUNCTION queen.cursor_ack_api(p_acks jsonb)
+RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
+               acknowledged_at timestamptz, wakes text[])
+LANGUAGE sql AS $$
+    SELECT a.* FROM queen.cursor_ack_columns(p_acks) i
+    CROSS JOIN LATERAL queen.cursor_ack_items_api(i.txids, i.groups, i.wanted, i.errors,
+                                                  i.leases) a
 $$;

@@ -25,6 +25,7 @@ import pytest
 
 from queen.store import cursors
 from queen.store.db import QUERIES
+from queen.store.messages import ack_columns
 
 PARTITIONS = 8
 CONSUMED = 20_000  # per partition, queue mode's cursor past them
@@ -154,8 +155,8 @@ def pop_params(**route: Any) -> dict[str, Any]:
 def ack_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
     """Acks of one pop's rows (its lease is named on its first row only)."""
     lease = str(rows[0][11])
-    acks = [{"transactionId": r[2], "status": "completed", "leaseId": lease} for r in rows]
-    return {"acks": orjson.dumps(acks).decode()}
+    return ack_columns([{"transactionId": r[2], "status": "completed", "leaseId": lease}
+                        for r in rows])
 
 
 def test_the_seed_is_what_the_plans_are_measured_against(seeded: str) -> None:
