@@ -1,12 +1,12 @@
 """What maintenance's count rollup costs PostgreSQL per message, with nothing else running.
 
     python -m bench.count_walk [--dsn DSN | --cluster] [--partitions 16] [--messages 80000]
-        [--step 5000] [--fail-every 0] [--rounds 3]
+        [--batch 100] [--step 5000] [--fail-every 0] [--rounds 3]
 
 A fresh database migrated by `queen migrate`'s code; --messages messages pushed at batch
-100 over --partitions partitions of one queue, popped by queue at batch 100 and acked
-(every --fail-every'th acked as failed, which dead-letters it: the queue has retryLimit
-0), all through the hot path's own functions, then ANALYZEd. Each round forgets the
+--batch over --partitions partitions of one queue, popped by queue at that batch and
+acked (every --fail-every'th acked as failed, which dead-letters it: the queue has
+retryLimit 0), all through the hot path's own functions, then ANALYZEd. Each round forgets the
 rollups (queen.cursor_counts, queen.cursor_metrics_minute) and runs
 queen.cursor_count_refresh(partitions, step) until every partition is caught up, as the
 maintenance process does: the walk over what arrived and over what queue mode's cursor
@@ -31,7 +31,8 @@ from queen.store.migrate import migrate
 DB_NAME = "queen_bench_count_walk"
 
 SEED = """
-CREATE OR REPLACE PROCEDURE pg_temp.seed(parts integer, rounds integer, fail_every integer)
+CREATE OR REPLACE PROCEDURE pg_temp.seed(parts integer, rounds integer, fail_every integer,
+                                          size integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     acks jsonb;
@@ -41,7 +42,7 @@ BEGIN
             PERFORM * FROM queen.cursor_push_api((
                 SELECT jsonb_agg(jsonb_build_object('queue', 'bench', 'partition', 'p' || p,
                                                     'payload', jsonb_build_object('n', i)))
-                FROM generate_series(1, 100) i), NULL);
+                FROM generate_series(1, size) i), NULL);
             COMMIT;
         END LOOP;
         FOR p IN 0..parts - 1 LOOP
@@ -52,7 +53,7 @@ BEGIN
             INTO acks
             FROM (SELECT m.message, row_number() OVER () AS n
                   FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
-                      'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', 100,
+                      'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', size,
                       'worker', 'bench', 'lease', gen_random_uuid()))) m) x;
             COMMIT;
             PERFORM * FROM queen.cursor_ack_api(acks);
@@ -77,18 +78,21 @@ SELECT md5(coalesce((SELECT string_agg(concat_ws(',', p.name, k.total, k.below, 
 """
 
 
-def seed(conn: psycopg.Connection[Any], partitions: int, messages: int, fail_every: int) -> None:
+def seed(
+    conn: psycopg.Connection[Any], partitions: int, messages: int, fail_every: int,
+    batch: int = 100,
+) -> None:
     conn.execute(
         "SELECT * FROM queen.cursor_push_api("
         "'[{\"queue\": \"bench\", \"partition\": \"p0\", \"payload\": 0}]'::jsonb, NULL)"
     )
     conn.execute("UPDATE queen.queues SET retry_limit = 0, dlq_after_max_retries = true")
     conn.execute(SEED)
-    rounds = max(1, messages // (100 * partitions))
+    rounds = max(1, messages // (batch * partitions))
     for r in range(rounds):
-        conn.execute("CALL pg_temp.seed(%s, 1, %s)", (partitions, fail_every))
-        if r % 10 == 9 or r == rounds - 1:
-            print(f"seeded {(r + 1) * 100 * partitions} messages", flush=True)
+        conn.execute("CALL pg_temp.seed(%s, 1, %s, %s)", (partitions, fail_every, batch))
+        if r % max(1, rounds // 5) == 0 or r == rounds - 1:
+            print(f"seeded {(r + 1) * batch * partitions} messages", flush=True)
     conn.execute("ANALYZE")
 
 
@@ -119,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=80_000)
     parser.add_argument("--step", type=int, default=5000, help="messages per partition a step")
     parser.add_argument("--fail-every", type=int, default=0, help="0: every ack completes")
+    parser.add_argument("--batch", type=int, default=100, help="messages per push, pop and ack")
     parser.add_argument("--rounds", type=int, default=3)
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             migrate(dsn)
             with psycopg.connect(dsn, autocommit=True) as conn:
-                seed(conn, args.partitions, args.messages, args.fail_every)
+                seed(conn, args.partitions, args.messages, args.fail_every, args.batch)
                 for number in range(1, args.rounds + 1):
                     spent, walked, digest = walk(conn, args.partitions, args.step)
                     costs.append(spent * 1e6 / max(1, walked))
@@ -139,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             drop_database(server, DB_NAME)
     print(f"count walk: {statistics.median(costs):.2f} us a message (median of {args.rounds};"
-          f" {args.partitions} partitions, step {args.step}, fail every {args.fail_every})")
+          f" {args.partitions} partitions, batch {args.batch}, step {args.step},"
+          f" fail every {args.fail_every})")
     return 0
 
 

@@ -32,7 +32,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- (An earlier build walked what the cursor passed a message at a time, matching each
--- to its completion with window functions over the messages: 3.5 us of PostgreSQL a
+-- to its completion with window functions over the messages: 3.8 us of PostgreSQL a
 -- message.)
 DROP FUNCTION IF EXISTS queen.cursor_passed(uuid, bigint, bigint, integer);
 
