@@ -207,3 +207,38 @@ def test_the_counts_walk_reads_each_failure_record_once(conn: Conn) -> None:
     assert dict(ends) == {None: 201, "dead_letter": 99}
     # one read of each dead letter's record
     assert _failure_rows_read(plan[0]["Plan"]) <= dead
+
+
+def test_the_counts_walk_ends_every_passed_message_once(conn: Conn) -> None:
+    """Completed in acks of several sizes, retried in place, dead-lettered, and passed by a
+    seek with no ack at all: the walk over what queue mode's cursor passed ends each
+    message once, as its last acknowledgment decided, and puts each completed one in the
+    lag histogram."""
+    make_queue(conn, "q", retry_limit=1)
+    push_n(conn, "q", 40)
+    final: dict[str, str] = {}
+    for size, failing in ((10, 0), (10, 3), (6, 2), (8, 8), (4, 1), (5, 0)):
+        got = cursors.pop(conn, "q", batch=size)
+        for outcome in [*ack_all(conn, got[failing:]), *ack_all(conn, got[:failing], "failed")]:
+            final[outcome.transaction_id] = outcome.status
+    push_n(conn, "q", 7, start=40)  # passed by the seek below, never acked
+    conn.execute("SELECT queen.cursor_seek('q', '__queue__', 'end')")
+    (partition, cursor) = conn.execute(
+        "SELECT partition_id, cursor_id FROM queen.cursor_consumers"
+        " WHERE consumer_group = '__queue__'").fetchone() or (None, 0)
+    ends = dict(conn.execute(
+        "SELECT coalesce(final, 'completed'), sum(n)::integer"
+        " FROM queen.cursor_passed_ends(%s, 0, %s, 5000) GROUP BY 1", (partition, cursor)
+    ).fetchall())
+    (passed,) = conn.execute(
+        "SELECT count(*)::integer FROM queen.cursor_messages WHERE id <= %s", (cursor,)
+    ).fetchone() or (0,)
+    decided = [s for s in final.values() if s != "retry_scheduled"]
+    assert passed == 47 and sum(ends.values()) == passed
+    assert ends.get("dead_letter", 0) == decided.count("dead_letter") > 0
+    assert ends["completed"] == decided.count("completed") + (passed - len(decided))
+    (completed, histogram) = conn.execute(
+        "SELECT sum(completed)::integer, sum((SELECT sum(b) FROM unnest(lag_hist) b))::integer"
+        " FROM queen.cursor_activity_walk(%s, 0, 0, %s, 5000)", (partition, cursor)
+    ).fetchone() or (0, 0)
+    assert completed == histogram == ends["completed"]
