@@ -206,10 +206,13 @@ BEGIN
         RETURN '{}';
     END IF;
     idxs := ARRAY(SELECT generate_series(1, n));
+    -- (One group for every item, the common case, is the array itself; the others are
+    -- read in one pass: a subscript walks a text array from its start.)
     groups := CASE WHEN p_groups IS NULL OR cardinality(array_remove(p_groups, NULL)) = 0
                    THEN array_fill('__queue__'::text, ARRAY[n])
-                   ELSE ARRAY(SELECT coalesce(p_groups[k], '__queue__')
-                              FROM generate_series(1, n) k) END;
+                   WHEN p_groups[1] = ALL (p_groups) THEN p_groups
+                   ELSE ARRAY(SELECT coalesce(u.g, '__queue__')
+                              FROM unnest(p_groups) WITH ORDINALITY u(g, k) ORDER BY u.k) END;
     errors := coalesce(p_errors, array_fill(NULL::text, ARRAY[n]));
     leases := coalesce(p_leases, array_fill(NULL::text, ARRAY[n]));
     IF (leases[1] = ALL (leases) OR cardinality(array_remove(leases, NULL)) = 0)

@@ -118,3 +118,19 @@ def test_deleted_group_starts_over_at_its_next_pop(conn: Conn) -> None:
     again = cursors.pop(conn, "q", batch=10)
     assert numbers(again) == [0, 1] and again[0].retry_count == 1
     assert cursors.delete_group(conn, "q", "unknown") == 0
+
+
+def test_one_ack_batch_settles_queue_mode_and_groups_each_in_its_own(conn: Conn) -> None:
+    """A batch naming queue mode and two groups (as fused acks of their consumers do):
+    each item is decided in its own group, and each group's lease ends."""
+    push_n(conn, "q", 3)
+    got = [d for g in ("__queue__", "a", "b") for d in cursors.pop(conn, "q", group=g, batch=3)]
+    outcomes = cursors.ack(conn, [  # queue mode's items name no group
+        {"transactionId": d.transaction_id, "status": "completed", "leaseId": str(d.lease_id),
+         **({} if d.consumer_group == "__queue__" else {"consumerGroup": d.consumer_group})}
+        for d in got
+    ])
+    assert [(o.consumer_group, o.status) for o in outcomes] == [
+        (g, "completed") for g in ("__queue__", "a", "b") for _ in range(3)
+    ]
+    assert all(cursors.pop(conn, "q", group=g, batch=3) == [] for g in ("__queue__", "a", "b"))
