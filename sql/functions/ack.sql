@@ -191,11 +191,9 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     n        integer := coalesce(cardinality(p_txids), 0);
     idxs     integer[];
-    txids    text[] := p_txids;
     groups   text[];
     parts    uuid[];
     ids      bigint[];
-    wanted   text[] := p_wanted;
     errors   text[];
     leases   text[];
     pair     record;
@@ -216,10 +214,10 @@ BEGIN
     errors := coalesce(p_errors, array_fill(NULL::text, ARRAY[n]));
     leases := coalesce(p_leases, array_fill(NULL::text, ARRAY[n]));
     IF (leases[1] = ALL (leases) OR cardinality(array_remove(leases, NULL)) = 0)
-       AND groups[1] = ALL (groups) AND 'completed' = ALL (wanted) THEN
+       AND groups[1] = ALL (groups) AND 'completed' = ALL (p_wanted) THEN
         outcomes := queen.cursor_ack_lease(
-            (SELECT m.partition_id FROM queen.cursor_messages m WHERE m.transaction_id = txids[1]),
-            groups[1], leases[1]::uuid, idxs, txids, errors);
+            (SELECT m.partition_id FROM queen.cursor_messages m WHERE m.transaction_id = p_txids[1]),
+            groups[1], leases[1]::uuid, idxs, p_txids, errors);
         IF outcomes IS NOT NULL THEN
             RETURN outcomes;
         END IF;
@@ -227,12 +225,12 @@ BEGIN
     END IF;
     SELECT array_agg(m.partition_id ORDER BY u.k), array_agg(m.id ORDER BY u.k)
     INTO parts, ids
-    FROM unnest(txids) WITH ORDINALITY u(txid, k)
+    FROM unnest(p_txids) WITH ORDINALITY u(txid, k)
     LEFT JOIN LATERAL (SELECT m.partition_id, m.id FROM queen.cursor_messages m
                        WHERE m.transaction_id = u.txid LIMIT 1) m ON true;
     IF array_position(parts, NULL) IS NULL AND parts[1] = ALL (parts)
        AND groups[1] = ALL (groups) THEN
-        outcomes := queen.cursor_ack_consumer(parts[1], groups[1], idxs, txids, ids, wanted,
+        outcomes := queen.cursor_ack_consumer(parts[1], groups[1], idxs, p_txids, ids, p_wanted,
                                               errors, leases);
         IF cardinality(outcomes) = cardinality(idxs) THEN
             RETURN outcomes;
@@ -243,7 +241,7 @@ BEGIN
             SELECT u.part, u.grp, array_agg(u.idx) AS idxs, array_agg(u.txid) AS txids,
                    array_agg(u.id) AS ids, array_agg(u.wanted) AS wanted,
                    array_agg(u.error) AS errors, array_agg(u.lease) AS leases
-            FROM unnest(parts, groups, idxs, txids, ids, wanted, errors, leases)
+            FROM unnest(parts, groups, idxs, p_txids, ids, p_wanted, errors, leases)
                  u(part, grp, idx, txid, id, wanted, error, lease)
             WHERE u.part IS NOT NULL
             GROUP BY 1, 2 ORDER BY 1, 2
@@ -264,7 +262,7 @@ BEGIN
     RETURN ARRAY(SELECT ROW(u.idx, u.txid, u.grp, o.message_id, coalesce(o.status, 'not_found'),
                             o.retry_count, o.error, coalesce(o.applied, false)
                            )::queen.cursor_ack_outcome
-                 FROM unnest(idxs, txids, groups) u(idx, txid, grp)
+                 FROM unnest(idxs, p_txids, groups) u(idx, txid, grp)
                  LEFT JOIN unnest(outcomes) o ON o.idx = u.idx);
 END
 $$;
