@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from select import POLLIN
 from typing import Any
 
@@ -180,6 +180,24 @@ def _sent_bytes(params: Mapping[str, Any] | None) -> int:
     if not params:
         return 0
     return sum(len(value) for value in params.values() if isinstance(value, str | bytes))
+
+
+def text_array(values: Sequence[str | None]) -> str:
+    """Write strings as a PostgreSQL text[] literal (None: NULL), for a %s::text[] parameter.
+
+    psycopg adapts a list element by element in Python, about 1.5 µs each (an ack of 100
+    with leases: 0.46 ms of a worker's CPU to convert its parameters, 0.04 as literals).
+    Every element is
+    quoted, so braces, commas, blanks and the word NULL stay text; backslash and double
+    quote are the two characters a quoted element escapes.
+    """
+    return "{" + ",".join("NULL" if v is None else _quoted(v) for v in values) + "}"
+
+
+def _quoted(value: str) -> str:
+    if "\\" in value or '"' in value:
+        value = value.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + value + '"'
 
 
 def closed_by_server(conn: psycopg.Connection[Any]) -> bool:

@@ -34,7 +34,7 @@ from queen.errors import InvalidInput, QueenError
 from queen.fusion import Fuser, Observe, split
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.store.cursors import QUEUE_MODE
-from queen.store.db import LARGE_CALL_BYTES, Database
+from queen.store.db import LARGE_CALL_BYTES, Database, text_array
 from queen.store.giveback import GiveBacks
 from queen.store.polling import Wakeups
 from queen.store.queues import Queues
@@ -339,18 +339,18 @@ class Messages:
         return _renumber([result for result, _ in rows], [len(r) for r in requests])
 
 
-def ack_columns(acks: list[dict[str, Any]]) -> dict[str, list[Any] | None]:
-    """The parameters of the ack query: validated acknowledgments as parallel arrays, each
-    of the optional fields None (a NULL array) when no item names it."""
+def ack_columns(acks: list[dict[str, Any]]) -> dict[str, str | None]:
+    """The parameters of the ack query: validated acknowledgments as parallel arrays
+    (text[] literals), each of the optional fields None (a NULL array) when no item names it."""
 
-    def column(key: str) -> list[Any] | None:
+    def column(key: str) -> str | None:
         values = [a.get(key) for a in acks]
-        return values if any(v is not None for v in values) else None
+        return text_array(values) if any(v is not None for v in values) else None
 
     return {
-        "txids": [a["transactionId"] for a in acks],
+        "txids": text_array([a["transactionId"] for a in acks]),
         "groups": column("consumerGroup"),
-        "statuses": [a["status"] for a in acks],
+        "statuses": text_array([a["status"] for a in acks]),
         "errors": column("error"),
         "leases": column("leaseId"),
     }
