@@ -7,7 +7,8 @@ notification to the registry, which wakes ONE parked poll whose route matches in
 consumer group parked here (queue mode is a group of its own): within a group a
 partition is leased to one consumer at a time, so one waiter per notification is what
 there is work for, while every group reads every message. The oldest armed waiter of a
-group goes first.
+group goes first. A partition one group's ack (or give-back) freed concerns that group
+alone: its notification names the group ('.../group') and wakes a poll of it only.
 
 A waiter is armed from the moment it subscribes, before its first database check, and
 again before every re-check, so a notification that arrives while it queries is never
@@ -37,6 +38,7 @@ from psycopg import sql
 
 from queen.models import PopRoute
 from queen.store.bounds import WATCHDOG, bounded_conninfo
+from queen.store.cursors import QUEUE_MODE
 from queen.store.dashboard import DASHBOARD_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,16 @@ def route_key(route: PopRoute) -> RouteKey:
     if route.kind == "queue":
         return ("q", route.queue, None)
     return ("f", route.namespace, route.task)
+
+
+def group_of(payload: str) -> Group | object:
+    """The consumer group a notification is for: one an ack or a give-back freed a
+    partition for names it after the route ('queue/partition/namespace/task/group');
+    without one (a push's), every group (ANY_GROUP)."""
+    fields = payload.split("/", 5)
+    if len(fields) < 5:
+        return ANY_GROUP
+    return None if fields[4] == QUEUE_MODE else fields[4]
 
 
 def keys_for(payload: str) -> tuple[RouteKey, ...]:
@@ -213,9 +225,9 @@ class Events:
         self.wakeups += 1
 
     def notify(self, payload: str) -> bool:
-        """Dispatch one notification payload to each consumer group parked for it; True
-        when it woke a waiter."""
-        return self._wake_each_group(keys_for(payload), payload)
+        """Dispatch one notification payload to each consumer group parked for it (or to
+        the one group it names); True when it woke a waiter."""
+        return self._wake_each_group(keys_for(payload), payload, group_of(payload))
 
     def _wake_each_group(
         self, keys: tuple[RouteKey, ...], hint: str | None, only: Group | object = ANY_GROUP

@@ -113,7 +113,7 @@ BEGIN
        AND (SELECT m.id FROM queen.cursor_messages m
             WHERE m.partition_id = c.partition_id AND m.id > moved_to
             ORDER BY m.id LIMIT 1) IS NOT NULL THEN
-        PERFORM queen.cursor_wake(ARRAY[c.partition_id]);
+        PERFORM queen.cursor_wake_group(c.partition_id, c.consumer_group);
     END IF;
     RETURN ended;
 END
@@ -218,7 +218,7 @@ BEGIN
         lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
         lease_size = NULL, lease_acked = '{}', updated_at = now()
     WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
-    PERFORM queen.cursor_wake(ARRAY[c.partition_id]);
+    PERFORM queen.cursor_wake_group(c.partition_id, c.consumer_group);
     RETURN c.lease_size - cardinality(c.lease_acked);
 END
 $$;

@@ -4,30 +4,56 @@
 
 -- Wake long polls for work in these partitions: one notification per queue (payload
 -- queen.wake_payload, naming its first partition), sent at commit; nothing while no
--- worker has a poll parked (queen.waiting_workers). Inside queen.cursor_ack_api the
--- payloads are collected instead (in the transaction's setting queen.wakes, a JSON
--- array), for the caller to send once the acks committed (queen.notify_wakes): a
--- notification inside the ack would make its commit wait for the cluster-wide NOTIFY
--- lock, behind every other notifying commit's WAL flush.
+-- worker has a poll parked (queen.waiting_workers).
 CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    collected text := current_setting('queen.wakes', true);
-    payloads  text[];
 BEGIN
     IF cardinality(p_partitions) = 0
        OR NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
         RETURN;
     END IF;
-    payloads := ARRAY(
+    PERFORM queen.cursor_send_wakes(ARRAY(
         SELECT queen.wake_payload(q.name, n.partition, q.namespace, q.task)
         FROM (SELECT p.queue_id, min(p.name) AS partition
               FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
-        JOIN queen.queues q ON q.id = n.queue_id);
+        JOIN queen.queues q ON q.id = n.queue_id));
+END
+$$;
+
+-- Wake long polls of one consumer group for work in a partition that group's lease no
+-- longer holds (an ack ended it, or a pop's lease was given back): the payload names the
+-- group after the route ('queue/partition/namespace/task/group'), and a worker wakes a
+-- poll of that group only (other groups' leases did not change).
+CREATE OR REPLACE FUNCTION queen.cursor_wake_group(p_partition uuid, p_group text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        RETURN;
+    END IF;
+    PERFORM queen.cursor_send_wakes(ARRAY(
+        SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task) || '/' || p_group
+        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+        WHERE p.id = p_partition));
+END
+$$;
+
+-- Send wake-up payloads at commit. Inside queen.cursor_ack_api they are collected
+-- instead (in the transaction's setting queen.wakes, a JSON array), for the caller to
+-- send once the acks committed (queen.notify_wakes): a notification inside the ack would
+-- make its commit wait for the cluster-wide NOTIFY lock, behind every other notifying
+-- commit's WAL flush.
+CREATE OR REPLACE FUNCTION queen.cursor_send_wakes(p_payloads text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    collected text := current_setting('queen.wakes', true);
+BEGIN
+    IF cardinality(p_payloads) = 0 THEN
+        RETURN;
+    END IF;
     IF left(collected, 1) = '[' THEN
-        PERFORM set_config('queen.wakes', (collected::jsonb || to_jsonb(payloads))::text, true);
+        PERFORM set_config('queen.wakes', (collected::jsonb || to_jsonb(p_payloads))::text, true);
     ELSE
-        PERFORM pg_notify('queen', w) FROM unnest(payloads) w;
+        PERFORM pg_notify('queen', w) FROM unnest(p_payloads) w;
     END IF;
 END
 $$;

@@ -58,7 +58,7 @@ def test_a_batch_of_failed_acks_notifies_once_per_partition(store, listener):
     acks = [{"transactionId": m.transaction_id, "status": "failed", "error": "x"} for m in claimed]
     results = store.messages.ack(acks)
     assert {r.status for r in results} == {"retry_scheduled"}
-    assert received(listener) == ["q/a//"]
+    assert received(listener) == ["q/a///__queue__"]
 
 
 def test_ending_a_lease_with_work_left_notifies(store, listener):
@@ -66,7 +66,17 @@ def test_ending_a_lease_with_work_left_notifies(store, listener):
     received(listener)
     (first,) = pop(store, "q", "a")
     assert ack(store, first.transaction_id).status == "completed"
-    assert received(listener) == ["q/a//"]  # the partition is free again and holds one more
+    assert received(listener) == ["q/a///__queue__"]  # the partition is free again and holds one more
+
+
+def test_a_groups_ack_wakes_that_group_and_a_push_every_group(store, listener):
+    push(store, items("q", "a", 2))
+    assert received(listener) == ["q/a//"]  # a push: work for every group
+    route = PopRoute(queue="q", partition="a", consumer_group="g1")
+    (first,) = store.messages.pop(route, 1, "test")
+    done = {"transactionId": first.transaction_id, "status": "completed", "consumerGroup": "g1"}
+    assert [r.status for r in store.messages.ack([done])] == ["completed"]
+    assert received(listener) == ["q/a///g1"]  # freed for g1 alone
 
 
 def test_an_expired_lease_released_notifies_even_when_nothing_is_retried(store, db_dsn, listener):
@@ -84,7 +94,7 @@ def test_an_expired_lease_released_notifies_even_when_nothing_is_retried(store, 
     released = scalar(db_dsn, "SELECT queen.cursor_expire_leases(100)")
     assert released == 1
     assert sorted(rows(db_dsn, storage.STATUS_COUNTS)) == [("dead_letter", 1), ("pending", 1)]
-    assert received(listener) == ["q/a//"]
+    assert received(listener) == ["q/a///__queue__"]
 
 
 def test_a_wake_up_names_one_known_partition_per_queue_at_commit(store, db_dsn, listener):
@@ -105,7 +115,7 @@ def test_unclaim_returns_messages_to_pending_without_a_retry(store, db_dsn, list
     received(listener)
     back = store.polling.unclaim(claimed[0].lease_id)
     assert back == 3
-    assert received(listener) == ["q/a//"]
+    assert received(listener) == ["q/a///__queue__"]
     lease = scalar(db_dsn, "SELECT lease_id FROM queen.cursor_consumers")  # (partition a's only)
     assert lease is None
     again = pop(store, "q", "a", batch=5)
@@ -334,12 +344,12 @@ def test_an_ack_collects_its_wake_ups_and_sends_none_inside_its_transaction(stor
         ).fetchall()
         assert received(listener) == []  # committed, and nothing sent
         assert [(r[0], r[1]) for r in rows] == [(1, "completed"), (2, "retry_scheduled")]
-        assert sorted(rows[0][2]) == ["q/a//", "q/b//"]  # both free, with work
+        assert sorted(rows[0][2]) == ["q/a///__queue__", "q/b///__queue__"]  # both free, with work
         assert rows[1][2] is None  # the wake-ups come on the first row only
         (setting,) = conn.execute("SELECT current_setting('queen.wakes', true)").fetchone()
         assert setting in (None, "")  # (a later statement notifies at commit again)
         conn.execute("SELECT queen.notify_wakes(%s)", (rows[0][2] + rows[0][2],))
-        assert sorted(received(listener)) == ["q/a//", "q/b//"]  # once each
+        assert sorted(received(listener)) == ["q/a///__queue__", "q/b///__queue__"]  # once each
 
 
 def test_acks_through_the_store_wake_polls_after_they_committed(store, listener):
@@ -350,11 +360,11 @@ def test_acks_through_the_store_wake_polls_after_they_committed(store, listener)
     send = store.messages.after_ack
     store.messages.after_ack = lambda payloads: (sent.append(list(payloads)), send(payloads))
     assert ack(store, first.transaction_id).status == "completed"
-    assert sent == [["q/a//"]]
-    assert received(listener) == ["q/a//"]
+    assert sent == [["q/a///__queue__"]]
+    assert received(listener) == ["q/a///__queue__"]
     (last,) = pop(store, "q", "a")
     assert ack(store, last.transaction_id).status == "completed"
-    assert sent == [["q/a//"]]  # the partition is empty: nobody to wake
+    assert sent == [["q/a///__queue__"]]  # the partition is empty: nobody to wake
     assert received(listener) == []
 
 
@@ -367,6 +377,6 @@ def test_started_wakeups_send_what_acks_freed(store: Store, listener):
         for name in ("a", "b"):
             (leased,) = pop(store, "q", name)
             ack(store, leased.transaction_id)
-        assert sorted(received(listener, 1.0)) == ["q/a//", "q/b//"]
+        assert sorted(received(listener, 1.0)) == ["q/a///__queue__", "q/b///__queue__"]
     finally:
         wakeups.stop()

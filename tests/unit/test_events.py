@@ -59,6 +59,22 @@ def test_one_notification_wakes_the_oldest_waiter_of_each_consumer_group():
         assert not events.notify(payload())
 
 
+def test_a_notification_naming_a_group_wakes_a_waiter_of_that_group_only():
+    events = Events()
+    with (
+        events.subscribe(PopRoute(queue="q", consumer_group="a")) as a,
+        events.subscribe(PopRoute(queue="q", consumer_group="b")) as b,
+        events.subscribe(BY_QUEUE) as queue_mode,
+    ):
+        assert events.notify(payload() + "/b")
+        assert b.event.is_set() and not a.event.is_set() and not queue_mode.event.is_set()
+        assert b.hint == "q/p///b"
+        assert events.notify(payload() + "/__queue__")  # queue mode's own name
+        assert queue_mode.event.is_set() and not a.event.is_set()
+        assert not events.notify(payload() + "/nobody")
+        assert not a.event.is_set()
+
+
 def test_an_unused_wake_up_goes_to_a_waiter_of_the_same_group():
     events = Events()
     with (
