@@ -263,7 +263,7 @@ def checkpoint(dsn: str) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CHECKPOINT")
     except psycopg.Error as exc:
-        print(f"(no checkpoint between cases: {exc})".strip(), file=sys.stderr)
+        print(f"(no checkpoint between cases: {exc})", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- plan

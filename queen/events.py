@@ -73,9 +73,10 @@ def route_key(route: PopRoute) -> RouteKey:
 
 
 def group_of(payload: str) -> Group | object:
-    """The consumer group a notification is for: one an ack or a give-back freed a
-    partition for names it after the route ('queue/partition/namespace/task/group');
-    without one (a push's), every group (ANY_GROUP)."""
+    """The consumer group a notification is for: a partition one group's ack or
+    give-back freed comes with that group after the route
+    ('queue/partition/namespace/task/group'); any other (a push's) is for every group
+    (ANY_GROUP)."""
     fields = payload.split("/", 5)
     if len(fields) < 5:
         return ANY_GROUP

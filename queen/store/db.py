@@ -187,9 +187,8 @@ def text_array(values: Sequence[str | None]) -> str:
 
     psycopg adapts a list element by element in Python, about 1.5 µs each (an ack of 100
     with leases: 0.46 ms of a worker's CPU to convert its parameters, 0.04 as literals).
-    Every element is
-    quoted, so braces, commas, blanks and the word NULL stay text; backslash and double
-    quote are the two characters a quoted element escapes.
+    Every element is quoted, so braces, commas, blanks and the word NULL stay text;
+    backslash and double quote are the two characters a quoted element escapes.
     """
     return "{" + ",".join("NULL" if v is None else _quoted(v) for v in values) + "}"
 
