@@ -260,8 +260,7 @@ def checkpoint(dsn: str) -> None:
     import psycopg
 
     try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("CHECKPOINT")
+        adapters._sql(dsn, "CHECKPOINT")
     except psycopg.Error as exc:
         print(f"(no checkpoint between cases: {exc})", file=sys.stderr)
 

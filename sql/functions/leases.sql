@@ -218,7 +218,9 @@ BEGIN
         lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
         lease_size = NULL, lease_acked = '{}', updated_at = now()
     WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
-    PERFORM queen.cursor_wake_group(c.partition_id, c.consumer_group);
+    IF EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        PERFORM queen.cursor_wake_group(c.partition_id, c.consumer_group);
+    END IF;
     RETURN c.lease_size - cardinality(c.lease_acked);
 END
 $$;

@@ -23,13 +23,11 @@ $$;
 -- Wake long polls of one consumer group for work in a partition that group's lease no
 -- longer holds (an ack ended it, or a pop's lease was given back): the payload names the
 -- group after the route ('queue/partition/namespace/task/group'), and a worker wakes a
--- poll of that group only (other groups' leases did not change).
+-- poll of that group only (other groups' leases did not change). Its callers check
+-- queen.waiting_workers first (the ack's check also spares its probe for work left).
 CREATE OR REPLACE FUNCTION queen.cursor_wake_group(p_partition uuid, p_group text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
-        RETURN;
-    END IF;
     PERFORM queen.cursor_send_wakes(ARRAY(
         SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task) || '/' || p_group
         FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
