@@ -64,8 +64,10 @@ $$;
 -- without autovacuum (a queue's partitions read in index order by a pop: see
 -- queen.cursor_candidates). Where autovacuum runs on a table it analyses it itself, at
 -- a smaller change (0001_baseline.sql's table settings): only a table it has not
--- analysed yet is done here (a new one would wait for autovacuum's next round without
--- statistics). Returns the tables analysed.
+-- analysed yet, or whose size the planner no longer knows (reltuples -1: emptied by
+-- TRUNCATE since), is done here; either would wait for autovacuum's next round (a
+-- minute) with plans made from whatever size it had when a session planned them.
+-- Returns the tables analysed.
 CREATE OR REPLACE FUNCTION queen.cursor_analyze(p_min_changes bigint DEFAULT 1000)
 RETURNS text[]
 LANGUAGE plpgsql AS $$
@@ -77,7 +79,7 @@ BEGIN
         SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
         WHERE s.schemaname = 'queen' AND (s.relname LIKE 'cursor\_%' OR s.relname = 'partitions')
           AND s.n_mod_since_analyze >= greatest(p_min_changes, c.reltuples / 10)
-          AND (coalesce(s.last_analyze, s.last_autoanalyze) IS NULL
+          AND (coalesce(s.last_analyze, s.last_autoanalyze) IS NULL OR c.reltuples < 0
                OR NOT queen.autovacuum_runs_on(c.reloptions))
         ORDER BY s.relname
     LOOP

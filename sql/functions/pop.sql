@@ -222,8 +222,8 @@ DECLARE
     candidates uuid[];
     tried      integer := 0;
     candidate  uuid;
-    picked     bigint[];
-    named_as   text;
+    lease      uuid;
+    expires    timestamptz;
     matching   text;
 BEGIN
     IF p_kind = 'filter' THEN  -- (each matching queue as by queue, until one gives a batch)
@@ -298,43 +298,42 @@ BEGIN
             SELECT * INTO c FROM queen.cursor_consumers x
             WHERE x.partition_id = candidate AND x.consumer_group = p_group;
         END IF;
-        -- The claim: the batch past the cursor, the lease over it, its rows.
-        picked := ARRAY(SELECT m.id FROM queen.cursor_messages m
-                        WHERE m.partition_id = candidate AND m.id > c.cursor_id
-                          AND m.id <> ALL (c.done_ids)
-                          AND (q.delayed_processing = 0
-                               OR m.created_at
-                                  <= now() - make_interval(secs => q.delayed_processing))
-                        ORDER BY m.id LIMIT p_batch);
-        CONTINUE WHEN cardinality(picked) = 0;
-        UPDATE queen.cursor_consumers x SET
-            lease_id = coalesce(p_lease, queen.uuid_v7()), leased_by = p_worker,
-            lease_expires_at = now() + make_interval(secs => q.lease_time),
-            lease_last_id = picked[cardinality(picked)], lease_size = cardinality(picked),
-            lease_acked = '{}', not_before = NULL, updated_at = now()
-        WHERE x.partition_id = candidate AND x.consumer_group = p_group
-        RETURNING x.lease_id, x.lease_expires_at INTO c.lease_id, c.lease_expires_at;
-        SELECT p.name INTO named_as FROM queen.partitions p WHERE p.id = candidate;
-        IF c.retried_max >= picked[1] THEN  -- (a message of it may have been retried)
-            RETURN QUERY
-            SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted,
-                   m.producer, m.trace_id,
-                   queen.cursor_retries(candidate, p_group, m.id, c.retried_max),
-                   m.created_at, c.lease_id, c.lease_expires_at, q.priority, q.lease_time,
-                   q.retry_limit
+        -- The claim, in one statement: the batch past the cursor (read once, by the key),
+        -- the lease over it, its rows. A second read of the batch by its ids had a plan of
+        -- its own, which a session could make while the table was small (a sequential
+        -- scan) and keep as the table grew.
+        lease := coalesce(p_lease, queen.uuid_v7());
+        expires := now() + make_interval(secs => q.lease_time);
+        RETURN QUERY
+        WITH batch AS MATERIALIZED (
+            SELECT m.id, m.transaction_id, m.payload, m.encrypted, m.producer, m.trace_id,
+                   m.created_at
             FROM queen.cursor_messages m
-            WHERE m.partition_id = candidate AND m.id = ANY (picked)
-            ORDER BY m.id;
+            WHERE m.partition_id = candidate AND m.id > c.cursor_id
+              AND m.id <> ALL (c.done_ids)
+              AND (q.delayed_processing = 0
+                   OR m.created_at <= now() - make_interval(secs => q.delayed_processing))
+            ORDER BY m.id LIMIT p_batch
+        ), leased AS (
+            UPDATE queen.cursor_consumers x SET
+                lease_id = lease, leased_by = p_worker, lease_expires_at = expires,
+                lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
+                not_before = NULL, updated_at = now()
+            FROM (SELECT max(b.id) AS last_id, count(*)::integer AS size FROM batch b) s
+            WHERE x.partition_id = candidate AND x.consumer_group = p_group AND s.size > 0
+        )
+        SELECT b.id, b.transaction_id, q.name,
+               (SELECT p.name FROM queen.partitions p WHERE p.id = candidate), b.payload,
+               b.encrypted, b.producer, b.trace_id,
+               CASE WHEN b.id <= c.retried_max  -- (a message of it may have been retried)
+                    THEN queen.cursor_retries(candidate, p_group, b.id, c.retried_max)
+                    ELSE 0 END,
+               b.created_at, lease, expires, q.priority, q.lease_time, q.retry_limit
+        FROM batch b
+        ORDER BY b.id;
+        IF FOUND THEN
             RETURN;
         END IF;
-        RETURN QUERY  -- (none was: no lookup, a cheaper plan)
-        SELECT m.id, m.transaction_id, q.name, named_as, m.payload, m.encrypted, m.producer,
-               m.trace_id, 0, m.created_at, c.lease_id, c.lease_expires_at, q.priority,
-               q.lease_time, q.retry_limit
-        FROM queen.cursor_messages m
-        WHERE m.partition_id = candidate AND m.id = ANY (picked)
-        ORDER BY m.id;
-        RETURN;
     END LOOP;
 END
 $$;

@@ -159,6 +159,21 @@ def test_an_analysed_table_is_left_to_autovacuum_where_it_runs(conn: Conn) -> No
     assert cursors.analyze(conn, min_changes=10) == ["cursor_messages"]  # opted out
 
 
+def test_a_table_emptied_by_truncate_is_analysed_again_once_it_fills(conn: Conn) -> None:
+    cursors.push(conn, [{"queue": "q", "payload": i} for i in range(50)])
+    flush_statistics(conn)
+    assert cursors.analyze(conn, min_changes=10) == ["cursor_messages"]
+    conn.execute("TRUNCATE queen.cursor_messages")
+    cursors.push(conn, [{"queue": "q", "payload": i} for i in range(5)])
+    flush_statistics(conn)
+    assert cursors.analyze(conn, min_changes=10) == []  # (too few changes yet)
+    cursors.push(conn, [{"queue": "q", "payload": i} for i in range(50)])
+    flush_statistics(conn)
+    assert cursors.analyze(conn, min_changes=10) == ["cursor_messages"]  # its size unknown
+    flush_statistics(conn)
+    assert cursors.analyze(conn, min_changes=10) == []
+
+
 def test_autovacuum_runs_on_a_table_unless_it_or_the_server_turns_it_off(conn: Conn) -> None:
     server = conn.execute("SELECT current_setting('autovacuum')::boolean").fetchone()
     answers = conn.execute(

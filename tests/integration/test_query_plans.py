@@ -343,3 +343,49 @@ def test_the_count_rollup_plans_its_walk_once_per_session(seeded: str) -> None:
             assert len(walks) == PARTITIONS and not _custom(plans), _custom(plans)
     finally:
         explained.close()
+
+
+SMALL = 300  # messages when a session makes its plans: a table this small, with statistics
+# from when it was full of one partition, is one a sequential scan reads quickest
+GROWN = 10_000  # messages after it, over PARTITIONS partitions
+BODY = {"body": "x" * 100, "kind": "plans"}
+
+
+@pytest.fixture
+def emptied(server_dsn: str, template_db: str) -> Iterator[str]:
+    """Statistics taken while one partition held every message, then the tables emptied
+    (TRUNCATE: the planner then goes by the table's size as it finds it)."""
+    from tests.conftest import cloned_database
+
+    with cloned_database(server_dsn, template_db, "queen_plans") as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for table in TABLES:
+                conn.execute(f"ALTER TABLE queen.{table} SET (autovacuum_enabled = false)")
+            for _ in range(20):
+                cursors.push(conn, [{"queue": "big", "partition": "one", "payload": BODY}] * 1000)
+            conn.execute("ANALYZE")
+            conn.execute(f"TRUNCATE {', '.join(f'queen.{t}' for t in TABLES)}")
+        yield dsn
+
+
+def test_plans_a_session_made_while_the_table_was_small_stay_on_keys(emptied: str) -> None:
+    explained = Explained(emptied)
+    try:
+        def push(count: int) -> None:
+            items = [{"queue": "big", "partition": f"p{n % PARTITIONS}", "payload": BODY}
+                     for n in range(count)]
+            cursors.push(explained.conn, items)
+
+        push(SMALL)
+        for _ in range(RUNS):  # the session's plans, made now
+            rows, _ = explained.run("pop_many", pop_params(batch=10))
+            explained.run("ack", ack_params(rows))
+        push(GROWN)
+        rows, plans = explained.run("pop_many", pop_params(batch=10))
+        assert len(rows) == 10
+        check("pop by queue, planned when the table was small", plans)
+        acked, plans = explained.run("ack", ack_params(rows))
+        assert {r[2] for r in acked} == {"completed"}
+        check("ack, planned when the table was small", plans)
+    finally:
+        explained.close()
