@@ -367,14 +367,19 @@ def prepare(system: str, target: dict[str, Any], queues: list[str] | None = None
         conn.close()
 
 
-# Empty every table of schema queen but the migration history (whatever the schema holds now).
+# Empty every table of schema queen but the migration history and the running server's
+# own state (whatever the schema holds now). queen.waiting_workers lists the workers with
+# polls parked: emptied under a running server, pushes and acks find nobody listed and
+# send no wake-ups until each worker lists itself again (every 10 s while polls wait), so
+# the next case's polls would sleep out their timeouts.
 QUEEN_RESET = """
 DO $$
 DECLARE
     tables text;
 BEGIN
     SELECT string_agg(format('%I.%I', schemaname, tablename), ', ') INTO tables
-    FROM pg_tables WHERE schemaname = 'queen' AND tablename <> 'schema_migrations';
+    FROM pg_tables
+    WHERE schemaname = 'queen' AND tablename NOT IN ('schema_migrations', 'waiting_workers');
     IF tables IS NOT NULL THEN
         EXECUTE 'TRUNCATE ' || tables || ' CASCADE';
     END IF;
