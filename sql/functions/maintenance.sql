@@ -63,10 +63,13 @@ $$;
 -- their last analysis (or were never analysed): plans stay index-driven on a server
 -- without autovacuum (a queue's partitions read in index order by a pop: see
 -- queen.cursor_candidates). Where autovacuum runs on a table it analyses it itself, at
--- a smaller change (0001_baseline.sql's table settings): only a table it has not
--- analysed yet, or whose size the planner no longer knows (reltuples -1: emptied by
--- TRUNCATE since), is done here; either would wait for autovacuum's next round (a
--- minute) with plans made from whatever size it had when a session planned them.
+-- a smaller change (0001_baseline.sql's table settings), but at most once a minute
+-- (autovacuum_naptime). Done here meanwhile: a table it has not analysed yet, and one
+-- that holds more than twice the rows its statistics say (reltuples: -1 since a
+-- TRUNCATE), since sessions keep the plans they made from those statistics (a queue's
+-- next message probed by a sequential scan, planned when the table held a thousand
+-- rows, read 12,000 a partition when it held that many). Doubling bounds both how far a
+-- kept plan's estimate can be off and how often a growing table is analysed.
 -- Returns the tables analysed.
 CREATE OR REPLACE FUNCTION queen.cursor_analyze(p_min_changes bigint DEFAULT 1000)
 RETURNS text[]
@@ -79,7 +82,8 @@ BEGIN
         SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
         WHERE s.schemaname = 'queen' AND (s.relname LIKE 'cursor\_%' OR s.relname = 'partitions')
           AND s.n_mod_since_analyze >= greatest(p_min_changes, c.reltuples / 10)
-          AND (coalesce(s.last_analyze, s.last_autoanalyze) IS NULL OR c.reltuples < 0
+          AND (coalesce(s.last_analyze, s.last_autoanalyze) IS NULL
+               OR s.n_live_tup > 2 * greatest(c.reltuples, 0)
                OR NOT queen.autovacuum_runs_on(c.reloptions))
         ORDER BY s.relname
     LOOP

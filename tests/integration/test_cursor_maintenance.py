@@ -174,6 +174,20 @@ def test_a_table_emptied_by_truncate_is_analysed_again_once_it_fills(conn: Conn)
     assert cursors.analyze(conn, min_changes=10) == []
 
 
+def test_a_table_grown_to_twice_its_statistics_is_analysed_again(conn: Conn) -> None:
+    autovacuum = conn.execute("SELECT current_setting('autovacuum')::boolean").fetchone()
+    cursors.push(conn, [{"queue": "q", "payload": i} for i in range(100)])
+    flush_statistics(conn)
+    assert cursors.analyze(conn, min_changes=10) == ["cursor_messages"]  # 100 rows
+    cursors.push(conn, [{"queue": "q", "payload": i} for i in range(90)])
+    flush_statistics(conn)
+    assert cursors.analyze(conn, min_changes=10) == ([] if autovacuum == (True,)
+                                                     else ["cursor_messages"])
+    cursors.push(conn, [{"queue": "q", "payload": i} for i in range(20)])
+    flush_statistics(conn)
+    assert "cursor_messages" in cursors.analyze(conn, min_changes=10)  # 210 > 2 x 100
+
+
 def test_autovacuum_runs_on_a_table_unless_it_or_the_server_turns_it_off(conn: Conn) -> None:
     server = conn.execute("SELECT current_setting('autovacuum')::boolean").fetchone()
     answers = conn.execute(

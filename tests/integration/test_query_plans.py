@@ -376,11 +376,16 @@ def test_plans_a_session_made_while_the_table_was_small_stay_on_keys(emptied: st
                      for n in range(count)]
             cursors.push(explained.conn, items)
 
+        body = orjson.dumps({"items": [{"queue": "big", "partition": "p1", "payload": BODY}]})
+        one = {"bodies": f"[{body.decode()}]", "producer": None}
         push(SMALL)
         for _ in range(RUNS):  # the session's plans, made now
+            explained.run("push", one)
             rows, _ = explained.run("pop_many", pop_params(batch=10))
             explained.run("ack", ack_params(rows))
         push(GROWN)
+        _, plans = explained.run("push", one)
+        check("push, planned when the table was small", plans)
         rows, plans = explained.run("pop_many", pop_params(batch=10))
         assert len(rows) == 10
         check("pop by queue, planned when the table was small", plans)
