@@ -66,10 +66,10 @@ $$;
 -- a smaller change (0001_baseline.sql's table settings), but at most once a minute
 -- (autovacuum_naptime). Done here meanwhile: a table it has not analysed yet, and one
 -- that holds more than twice the rows its statistics say (reltuples: -1 since a
--- TRUNCATE), since sessions keep the plans they made from those statistics (a queue's
--- next message probed by a sequential scan, planned when the table held a thousand
--- rows, read 12,000 a partition when it held that many). Doubling bounds both how far a
--- kept plan's estimate can be off and how often a growing table is analysed.
+-- TRUNCATE), since sessions keep the plans they made from those statistics (a probe of
+-- a partition's next message planned as a sequential scan while the table was small
+-- reads every message once it is not). Doubling bounds both how far a kept plan's
+-- estimate can be off and how often a growing table is analysed.
 -- Returns the tables analysed.
 CREATE OR REPLACE FUNCTION queen.cursor_analyze(p_min_changes bigint DEFAULT 1000)
 RETURNS text[]

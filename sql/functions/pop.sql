@@ -298,10 +298,10 @@ BEGIN
             SELECT * INTO c FROM queen.cursor_consumers x
             WHERE x.partition_id = candidate AND x.consumer_group = p_group;
         END IF;
-        -- The claim, in one statement: the batch past the cursor (read once, by the key),
-        -- the lease over it, its rows. A second read of the batch by its ids had a plan of
-        -- its own, which a session could make while the table was small (a sequential
-        -- scan) and keep as the table grew.
+        -- The claim, in one statement: the batch past the cursor, the lease over it, its
+        -- rows. The batch is read once, by the key (a second read by its ids would have a
+        -- plan of its own, which a session could make as a sequential scan while the
+        -- table was small and keep as it grew).
         lease := coalesce(p_lease, queen.uuid_v7());
         expires := now() + make_interval(secs => q.lease_time);
         RETURN QUERY
