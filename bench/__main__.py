@@ -42,6 +42,10 @@ from bench.systems import (
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
+# Run on Queen's database: queen_sql (its SQL without HTTP) and queen3 (its server, with
+# consumers that pop and ack in requests of their own: three requests a batch end to end,
+# where queen's consumers ack each batch and pop the next in one).
+QUEEN_VARIANTS = ("queen_sql", "queen3")
 OWN = ("queen", "raw")  # measured at every batch size even in quick mode
 PHASES = ("push", "e2e", "small", "fanout", "latency", "backlog", "memory")
 QUEEN_WORKERS = 2  # one gevent worker per core of the 2-core machine, as deployed on it
@@ -188,11 +192,12 @@ def _unavailable(system: str, ctx: Context) -> str:
 
 def setup_databases(ctx: Context) -> None:
     for system in ctx.systems:
-        if system in ("rabbitmq", "queen_sql"):
+        if system in ("rabbitmq", *QUEEN_VARIANTS):
             continue
         ctx.dsns[system] = fresh_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
-    if "queen_sql" in ctx.systems:
-        ctx.dsns["queen_sql"] = ctx.dsns["queen"]  # Queen's own database, without HTTP
+    for variant in QUEEN_VARIANTS:  # Queen's own database: without HTTP; classic consumers
+        if variant in ctx.systems:
+            ctx.dsns[variant] = ctx.dsns["queen"]
     if "pgmq" in ctx.systems:
         ctx.versions["pgmq (SQL)"] = adapters.install_pgmq(ctx.dsns["pgmq"])
     for package in ("pgmq", "pgqueuer", "pika", "psycopg", "gevent", "gunicorn", "falcon"):
@@ -211,7 +216,7 @@ def setup_databases(ctx: Context) -> None:
 
 
 def target(ctx: Context, system: str) -> dict[str, Any]:
-    if system == "queen":
+    if system in ("queen", "queen3"):
         assert ctx.queen is not None
         return {"url": ctx.queen.url, "dsn": ctx.dsns["queen"]}
     if system == "rabbitmq":
@@ -222,7 +227,7 @@ def target(ctx: Context, system: str) -> dict[str, Any]:
 
 
 def server_pids(ctx: Context, system: str) -> list[int]:
-    if system in ("queen", "queen_sql") and ctx.queen is not None:
+    if system in ("queen", *QUEEN_VARIANTS) and ctx.queen is not None:
         return ctx.queen.pids()
     if system == "rabbitmq":
         return pids_named("beam.smp")
@@ -283,7 +288,8 @@ def plan(ctx: Context, phases: set[str]) -> list[Case]:
             ]
         if "e2e" in phases:
             batches = p.e2e_batches if system in OWN else p.peer_e2e_batches
-            parts = {"queen": p.partitions, "queen_sql": p.partitions[-2:-1] or p.partitions}
+            headline = p.partitions[-2:-1] or p.partitions
+            parts = {"queen": p.partitions, "queen_sql": headline, "queen3": headline}
             parts_of = parts.get(system, (1,))
             cases += [
                 Case(
@@ -344,7 +350,7 @@ def plan_small(ctx: Context) -> list[Case]:
         cases.append(
             Case(system, "push", batch=1, producers=p.small_push_producers, phase="small", **common)
         )
-        parts = p.small_partitions if system in ("queen", "queen_sql") else 1
+        parts = p.small_partitions if system in ("queen", *QUEEN_VARIANTS) else 1
         cases += [
             Case(
                 system,
@@ -368,7 +374,9 @@ def plan_small(ctx: Context) -> list[Case]:
 def queen_pool(cases: list[Case], workers: int = QUEEN_WORKERS) -> int:
     """DB_POOL_SIZE at which every concurrent client of the busiest case can hold a
     connection (its clients spread evenly over the workers), at least Queen's default."""
-    clients = max((c.producers + c.consumers for c in cases if c.system == "queen"), default=0)
+    clients = max(
+        (c.producers + c.consumers for c in cases if c.system in ("queen", "queen3")), default=0
+    )
     return max(QUEEN_DEFAULT_POOL, -(-clients // workers))
 
 
@@ -383,6 +391,8 @@ def plan_fanout(ctx: Context, groups: int) -> list[Case]:
     variants = []
     if "queen" in ctx.systems:
         variants += [("queen", "groups"), ("queen", "copy")]
+    if "queen3" in ctx.systems:
+        variants += [("queen3", "groups"), ("queen3", "copy")]
     if "pgmq" in ctx.systems:
         variants.append(("pgmq", "copy"))
     consumers = groups * p.fanout_consumers
@@ -596,8 +606,8 @@ def run(args: argparse.Namespace, server_dsn: str) -> int:
     ctx.commit = git("rev-parse", "--short", "HEAD")
     ctx.dirty_files = len(git("status", "--porcelain", "--untracked-files=no").splitlines())
     check_systems(ctx, wanted)
-    if "queen_sql" in ctx.systems and "queen" not in ctx.systems:
-        ctx.systems.insert(0, "queen")  # queen_sql runs on Queen's database
+    if set(QUEEN_VARIANTS) & set(ctx.systems) and "queen" not in ctx.systems:
+        ctx.systems.insert(0, "queen")  # the variants run on Queen's database (and server)
     if not ctx.systems:
         print("no system can run here", file=sys.stderr)
         return 2
@@ -632,7 +642,7 @@ def run(args: argparse.Namespace, server_dsn: str) -> int:
         if ctx.queen is not None:
             ctx.queen.stop()
         if not args.keep:
-            for system in [s for s in ctx.dsns if s != "queen_sql"]:
+            for system in [s for s in ctx.dsns if s not in QUEEN_VARIANTS]:
                 drop_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
     facts = conditions(ctx, started)  # while the server still runs
     facts["rounds"] = args.rounds

@@ -37,7 +37,13 @@ class EmptyPop(Exception):
 
 
 class QueenClient:
-    """Queen over HTTP/1.1 keep-alive (bench.http1: a client that costs the machine little)."""
+    """Queen over HTTP/1.1 keep-alive (bench.http1: a client that costs the machine little).
+
+    A consumer acks each batch and pops the next in one request (an ack batch's "next", as
+    the SDK's consumers do), and pop() hands out what that brought before it asks again;
+    system queen3 and the latency probe (which pushes between an ack and the next pop)
+    send the pop and the ack each in a request of their own.
+    """
 
     def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
         url = urlsplit(target["url"])
@@ -50,6 +56,9 @@ class QueenClient:
         # The copy approach of the fan-out: every push writes its messages into each queue.
         self.copies = [q.encode() for q in spec.get("copy_queues", [self.queue])]
         self._next_partition = int(spec.get("client_index", 0))
+        self.paired = spec.get("system") == "queen" and spec.get("workload") != "latency"
+        self._pop_size = 0  # the batch of the last pop: what an ack's next pop asks for
+        self._in_hand: list[str] = []  # what the last ack's next pop brought
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         try:
@@ -74,6 +83,10 @@ class QueenClient:
         return n
 
     def pop(self, n: int) -> list[str]:
+        self._pop_size = n
+        if self._in_hand:
+            handles, self._in_hand = self._in_hand, []
+            return handles
         path = f"/api/v1/pop/queue/{self.queue}?batch={n}"
         if self.group:
             path += f"&consumerGroup={self.group}"
@@ -88,6 +101,9 @@ class QueenClient:
 
     def ack(self, handles: list[str]) -> None:
         group = {"consumerGroup": self.group} if self.group else {}
+        if self.paired:
+            self._ack_and_pop(handles, group)
+            return
         if len(handles) == 1:
             doc: dict[str, Any] = {"transactionId": handles[0], "status": "completed", **group}
             path = "/api/v1/ack"
@@ -101,6 +117,21 @@ class QueenClient:
         status, body = self._request("POST", path, orjson.dumps(doc))
         if status != 200:
             raise RuntimeError(f"ack answered {status}: {body[:200]!r}")
+
+    def _ack_and_pop(self, handles: list[str], group: dict[str, str]) -> None:
+        then: dict[str, Any] = {"queue": self.queue, "batch": self._pop_size or len(handles)}
+        if self.group:
+            then["consumerGroup"] = self.group
+        if self.wait_ms:
+            then.update(wait=True, timeout=self.wait_ms)
+        doc = {
+            "acknowledgments": [{"transactionId": h, "status": "completed", **group} for h in handles],
+            "next": then,
+        }
+        status, body = self._request("POST", "/api/v1/ack/batch", orjson.dumps(doc))
+        if status != 200:
+            raise RuntimeError(f"ack answered {status}: {body[:200]!r}")
+        self._in_hand = [m["transactionId"] for m in orjson.loads(body)["messages"]]
 
     def close(self) -> None:
         self.conn.close()
@@ -336,6 +367,7 @@ class RabbitClient:
 
 CLIENTS = {
     "queen": QueenClient,
+    "queen3": QueenClient,
     "queen_sql": QueenSqlClient,
     "raw": RawClient,
     "pgmq": PgmqClient,
@@ -349,7 +381,7 @@ CLIENTS = {
 def prepare(system: str, target: dict[str, Any], queues: list[str] | None = None) -> None:
     """Empty the system's storage before a workload (harness process, not a driver);
     pgmq gets queues created (default: QUEUE), after every queue of an earlier case is dropped."""
-    if system in ("queen", "queen_sql"):
+    if system in ("queen", "queen_sql", "queen3"):
         _reset_queen(target["dsn"])
     elif system == "raw":
         _sql(target["dsn"], RAW_DDL)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ALL_SYSTEMS = ("queen", "queen_sql", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq")
+ALL_SYSTEMS = ("queen", "queen_sql", "queen3", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq")
 PEERS = ("pgmq", "pgqueuer", "pgboss", "rabbitmq")
 
 

@@ -368,7 +368,7 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
 
 
 def _systems(results: list[dict[str, Any]], workload: str) -> list[str]:
-    order = ["queen", "queen_sql", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq"]
+    order = ["queen", "queen_sql", "queen3", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq"]
     present = {r["system"] for r in _ok(results) if r["workload"] == workload}
     return [s for s in order if s in present]
 
@@ -400,10 +400,10 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
         return []
     queens = [
         (s, n)
-        for s in ("queen", "queen_sql")
+        for s in ("queen", "queen_sql", "queen3")
         for n in sorted({r["partitions"] for r in e2e if r["system"] == s})
     ]
-    peers = [s for s in _systems(results, "e2e") if s not in ("queen", "queen_sql")]
+    peers = [s for s in _systems(results, "e2e") if s not in ("queen", "queen_sql", "queen3")]
     cols = [f"{s} p{n}" for s, n in queens] + peers
     out = [
         "## End to end: push batch B, pop batch B, ack batch (messages/s acknowledged)",

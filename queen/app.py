@@ -143,7 +143,7 @@ def create_app(
     app.add_route(f"{API}/pop/queue/{{queue}}", pop)
     app.add_route(f"{API}/pop", pop)
     app.add_route(f"{API}/ack", AckResource(store, hub))
-    app.add_route(f"{API}/ack/batch", AckBatchResource(store, batch, hub))
+    app.add_route(f"{API}/ack/batch", AckBatchResource(store, batch, hub, pop))
     app.add_route(f"{API}/configure", ConfigureResource(store))
     app.add_route(f"{API}/lease/{{lease}}/extend", leases.LeaseExtendResource(store))
     app.add_route("/health", HealthResource(store, events, clock))

@@ -130,6 +130,13 @@ def check_queue(req: falcon.Request, queue: str) -> None:
         raise forbidden(f"this token does not cover queue {queue!r}")
 
 
+def check_all_queues(req: falcon.Request) -> None:
+    """Refuse (403) what may touch any queue (a pop by namespace / task) to a scoped token."""
+    principal = principal_of(req)
+    if principal is not None and principal.scoped:
+        raise forbidden("this token covers some queues only: name the queue to pop (next.queue)")
+
+
 def check_queues(req: falcon.Request, queues: Iterable[str]) -> None:
     principal = principal_of(req)
     if principal is not None and principal.scoped:

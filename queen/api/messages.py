@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import falcon
 import orjson
@@ -13,7 +13,7 @@ import orjson
 from queen.api import auth, read_body, send_json, validation
 from queen.dashboard import formats
 from queen.dashboard.hub import SILENT, Publisher
-from queen.errors import Conflict, NotFound, QueueFull
+from queen.errors import Conflict, NotFound, QueenError, QueueFull
 from queen.models import AckResult, Popped, PopRoute, PushResult, iso
 from queen.polling import ClaimedBody, LongPoller, client_gone_check
 from queen.store import Store
@@ -87,6 +87,15 @@ def messages_json(messages: list[Popped], group: str | None = None) -> list[dict
     return shaped
 
 
+class PopRequest(NamedTuple):
+    """A checked pop: what to claim, how many, and how long to wait for them."""
+
+    route: PopRoute
+    batch: int
+    wait: bool
+    timeout_ms: int
+
+
 class PopResource:
     """The three pop routes; which one is decided by the URL fields present."""
 
@@ -111,7 +120,19 @@ class PopResource:
         queue: str | None = None,
         partition: str | None = None,
     ) -> None:
-        params = req.params
+        pop = self.request(req.params, queue, partition)
+        messages = self.take(req, pop)
+        if not messages:
+            resp.status = falcon.HTTP_204
+            if self.poller.shutting_down:
+                resp.set_header("Connection", "close")  # lets the worker exit promptly
+            return
+        self.answer(req, resp, pop, messages, {})
+
+    def request(
+        self, params: Mapping[str, Any], queue: str | None, partition: str | None
+    ) -> PopRequest:
+        """Check a pop's fields (the query parameters; queue and partition of the path)."""
         group, mode, since = validation.subscription(params)
         if queue is None:
             route = PopRoute(
@@ -128,30 +149,41 @@ class PopResource:
         batch = validation.int_param(params, "batch", 1, 1, self.max_batch)
         wait = validation.bool_param(params, "wait")
         timeout_ms = validation.int_param(params, "timeout", self.default_timeout_ms, 0, 2**31 - 1)
-        timeout_ms = min(timeout_ms, self.max_timeout_ms)
-        messages = self.poller.pop(
-            route,
-            batch,
-            wait=wait,
-            timeout_s=timeout_ms / 1000,
+        return PopRequest(route, batch, wait, min(timeout_ms, self.max_timeout_ms))
+
+    def take(self, req: falcon.Request, pop: PopRequest) -> list[Popped]:
+        """Claim pop's messages ([] when none came in time)."""
+        return self.poller.pop(
+            pop.route,
+            pop.batch,
+            wait=pop.wait,
+            timeout_s=pop.timeout_ms / 1000,
             client_gone=client_gone_check(req.env),
         )
-        if not messages:
-            resp.status = falcon.HTTP_204
-            if self.poller.shutting_down:
-                resp.set_header("Connection", "close")  # lets the worker exit promptly
-            return
+
+    def answer(
+        self,
+        req: falcon.Request,
+        resp: falcon.Response,
+        pop: PopRequest,
+        messages: list[Popped],
+        doc: dict[str, Any],
+    ) -> None:
+        """Answer 200 with doc and the claimed messages; they go back to pending unless
+        the whole response reaches the server's socket."""
         try:
-            shaped = messages_json(messages, group)
-            body = orjson.dumps({"messages": shaped})
+            shaped = messages_json(messages, pop.route.consumer_group)
+            body = orjson.dumps({**doc, "messages": shaped})
         except Exception:
             self.poller.release(messages)
             raise
-        self.hub.publish(formats.PROCESSING, messages)
-        req.context.messages = ("popped", len(messages))
+        if messages:
+            self.hub.publish(formats.PROCESSING, messages)
+            req.context.popped = len(messages)
+        elif self.poller.shutting_down:
+            resp.set_header("Connection", "close")  # lets the worker exit promptly
         resp.status = falcon.HTTP_200
         resp.content_type = falcon.MEDIA_JSON
-        # Messages whose response does not reach the server's socket go back to pending.
         resp.set_stream(ClaimedBody(body, lambda: self.poller.release(messages)), len(body))
 
 
@@ -185,14 +217,21 @@ class AckResource:
 
 
 class AckBatchResource:
-    def __init__(self, store: Store, max_batch: int, hub: Publisher = SILENT) -> None:
+    """POST /ack/batch; with "next", the acks are applied, then the pop it names runs
+    (long polling if asked) and its messages come in the same answer."""
+
+    def __init__(
+        self, store: Store, max_batch: int, hub: Publisher = SILENT, pop: PopResource | None = None
+    ) -> None:
         self.store = store
         self.max_batch = max_batch
         self.hub = hub
+        self.pop = pop
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         doc = validation.parse_json_object(read_body(req))
         acks = validation.acknowledgments(doc, self.max_batch)
+        then = self._next(req, doc)
         auth.check_messages(req, self.store, [a["transactionId"] for a in acks])
         results = self.store.messages.ack(acks)
         self.hub.publish(formats.ACKED, acks, results)
@@ -200,11 +239,29 @@ class AckBatchResource:
         if not found:
             raise NotFound("none of these messages exist")
         req.context.messages = ("acked", len(found))
-        send_json(
-            resp,
-            {
-                "processed": len(found),
-                "acknowledgedAt": iso(results[0].acknowledged_at),
-                "results": [ack_json(r) for r in results],
-            },
-        )
+        answer = {
+            "processed": len(found),
+            "acknowledgedAt": iso(results[0].acknowledged_at),
+            "results": [ack_json(r) for r in results],
+        }
+        if then is None or self.pop is None:
+            send_json(resp, answer)
+            return
+        try:
+            messages = self.pop.take(req, then)
+        except QueenError as exc:  # the acks stand: say why no messages came
+            answer["nextError"] = exc.message
+            messages = []
+        self.pop.answer(req, resp, then, messages, answer)
+
+    def _next(self, req: falcon.Request, doc: dict[str, Any]) -> PopRequest | None:
+        """The body's next pop, checked (and allowed to this request's token) before any ack."""
+        params = validation.next_pop(doc)
+        if params is None or self.pop is None:
+            return None
+        pop = self.pop.request(params, params.get("queue"), params.get("partition"))
+        if pop.route.queue is not None:
+            auth.check_queue(req, pop.route.queue)
+        else:
+            auth.check_all_queues(req)
+        return pop

@@ -213,12 +213,18 @@ class MetricsMiddleware:
             samples[1].observe(time.perf_counter() - started)
         handled = req.context.get("messages")
         if handled and handled[1]:
-            counter = self._messages.get(handled[0])
-            if counter is None:
-                counter = self._messages[handled[0]] = MESSAGES.labels(handled[0])
-            counter.inc(handled[1])
+            self._count(*handled)
+        popped = req.context.get("popped")  # (a pop, or an ack batch's next pop)
+        if popped:
+            self._count("popped", popped)
         if time.monotonic() - self._pool_at > POOL_REFRESH_S:
             self.refresh_pool()
+
+    def _count(self, operation: str, messages: int) -> None:
+        counter = self._messages.get(operation)
+        if counter is None:
+            counter = self._messages[operation] = MESSAGES.labels(operation)
+        counter.inc(messages)
 
     def refresh_pool(self) -> None:
         self._pool_at = time.monotonic()

@@ -119,6 +119,50 @@ def acknowledgments(doc: Mapping[str, Any], max_items: int) -> list[dict[str, An
     return [_acknowledgment(item, i) for i, item in enumerate(items)]
 
 
+NEXT_FIELDS = (
+    "queue", "partition", "namespace", "task", "consumerGroup", "subscriptionMode",
+    "subscriptionFrom", "batch", "wait", "timeout",
+)
+
+
+def next_pop(doc: Mapping[str, Any]) -> dict[str, str] | None:
+    """Read an ack batch's "next": the pop to run once its acks are applied, named as the
+    pop routes' query parameters (queue and partition as in their paths); None without one.
+
+    Returns those fields as query parameters are (text), for the pop's own checks.
+    """
+    pop = doc.get("next")
+    if pop is None:
+        return None
+    if not isinstance(pop, dict):
+        raise InvalidInput("next must be an object (the pop to run after the acks)")
+    unknown = sorted(set(pop) - set(NEXT_FIELDS))
+    if unknown:
+        fields = ", ".join(NEXT_FIELDS)
+        raise InvalidInput(f"next: unknown field {unknown[0][:64]!r} (fields: {fields})")
+    params: dict[str, str] = {}
+    for key, value in pop.items():
+        if value is None:
+            continue
+        if key in ("batch", "timeout"):
+            if type(value) is not int:
+                raise InvalidInput(f"next.{key} must be an integer")
+            params[key] = str(value)
+        elif key == "wait":
+            if type(value) is not bool:
+                raise InvalidInput("next.wait must be true or false")
+            params[key] = "true" if value else "false"
+        elif not isinstance(value, str):
+            raise InvalidInput(f"next.{key} must be a string")
+        else:
+            params[key] = value
+    if "partition" in params and "queue" not in params:
+        raise InvalidInput("next.partition needs next.queue")
+    if "queue" in params and ("namespace" in params or "task" in params):
+        raise InvalidInput("next: give a queue, or namespace / task, not both")
+    return params
+
+
 def acknowledgment(item: Any) -> dict[str, Any]:
     """Check one ack: {"transactionId", "status": "completed"|"failed", "error"?,
     "consumerGroup"?, "leaseId"?}."""

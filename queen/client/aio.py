@@ -87,6 +87,24 @@ class AsyncQueen:
         items = calls.ack_items(acks, error)
         return (await self.send(calls.ack_many(items))) if items else []
 
+    async def ack_and_pop(
+        self,
+        acks: Iterable[AckItem],
+        queue: str,
+        partition: str | None = None,
+        batch: int = 1,
+        wait: bool = False,
+        timeout: float = 30.0,
+        group: str | None = None,
+        subscription: str | dt.datetime | None = None,
+        error: str | None = None,
+    ) -> tuple[list[AckResult], list[Message]]:
+        """Acknowledge (as ack_many), then lease the next messages (as pop): one request."""
+        items = calls.ack_items(acks, error)
+        return await self.send(
+            calls.ack_and_pop(items, queue, partition, batch, wait, timeout, group, subscription)
+        )
+
     async def extend(self, target: Message | str, seconds: float | None = None) -> str:
         """Renew the lease of a message (or a leaseId); return the new leaseExpiresAt."""
         return await self.send(calls.extend(target, seconds))

@@ -120,7 +120,11 @@ class AsyncConsumer:
 
     async def _loop(self) -> None:
         failures = 0
-        while not self._stop.is_set() and not self.budget.spent:
+        in_hand: list[Message] = []  # the messages an ack's next pop brought
+        while in_hand or (not self._stop.is_set() and not self.budget.spent):
+            if in_hand:
+                in_hand = await self._process(in_hand)
+                continue
             wanted = self.budget.take(self.batch)
             if not wanted:
                 await self._pause(0.05)
@@ -146,10 +150,11 @@ class AsyncConsumer:
                 continue
             failures = 0
             self.budget.give_back(wanted - len(messages))
-            if messages:
-                await self._process(messages)
+            in_hand = messages
 
-    async def _process(self, messages: list[Message]) -> None:
+    async def _process(self, messages: list[Message]) -> list[Message]:
+        """Handle messages and ack them; the ack also pops the next ones (returned) unless
+        the consumer is stopping or its limit is reserved."""
         lease = messages[0].lease_id
         renewal = None
         if self.renew and lease:
@@ -162,11 +167,26 @@ class AsyncConsumer:
                 renewal.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await renewal
+        wanted = 0 if self._stop.is_set() else self.budget.take(self.batch)
+        following: list[Message] = []
         try:
-            await self.client.ack_many(outcomes)
+            if wanted:
+                _, following = await self.client.ack_and_pop(
+                    outcomes,
+                    self.queue,
+                    self.partition,
+                    batch=wanted,
+                    wait=True,
+                    timeout=self.poll_timeout,
+                    group=self.group,
+                )
+            else:
+                await self.client.ack_many(outcomes)
         except QueenError as exc:
             log.error("acking %d message(s) of %s failed: %s", len(outcomes), self.queue, exc)
+        self.budget.give_back(wanted - len(following))
         self.budget.spend(len(messages))
+        return following
 
     async def _handle(self, message: Message) -> str | None:
         """Run the handler; return None (completed) or the failure text."""

@@ -166,6 +166,40 @@ def ack_many(items: list[dict[str, Any]]) -> Call[list[AckResult]]:
     return Call("POST", f"{API}/ack/batch", ack_results, json={"acknowledgments": items})
 
 
+def acks_and_messages(doc: Any) -> tuple[list[AckResult], list[Message]]:
+    return ack_results(doc), messages_of(doc)
+
+
+def ack_and_pop(
+    items: list[dict[str, Any]],
+    queue: str,
+    partition: str | None = None,
+    batch: int = 1,
+    wait: bool = False,
+    timeout: float = 30.0,
+    group: str | None = None,
+    subscription: str | dt.datetime | None = None,
+) -> Call[tuple[list[AckResult], list[Message]]]:
+    """POST /ack/batch with next: the acks, then a pop as calls.pop sends it, in one request.
+
+    Never sent again after a lost answer (its pop may have leased messages). A pop that
+    failed once the acks were applied answers no messages (nextError says why).
+    """
+    then: dict[str, Any] = {"queue": queue, "batch": batch}
+    if partition is not None:
+        then["partition"] = partition
+    if wait:
+        then.update(wait=True, timeout=int(timeout * 1000))
+    if group is not None:
+        then["consumerGroup"] = group
+    then.update(subscription_params(subscription))
+    limit = DEFAULT_TIMEOUT + (timeout + LONG_POLL_MARGIN if wait else 0.0)
+    body = {"acknowledgments": items, "next": then}
+    return Call(
+        "POST", f"{API}/ack/batch", acks_and_messages, json=body, resend=False, timeout=limit
+    )
+
+
 def lease_of(target: Message | str) -> str:
     lease = target.lease_id if isinstance(target, Message) else target
     if not lease:

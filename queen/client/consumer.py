@@ -156,7 +156,11 @@ class Consumer:
 
     def _loop(self) -> None:
         failures = 0
-        while not self._stop.is_set() and not self.budget.spent:
+        in_hand: list[Message] = []  # the messages an ack's next pop brought
+        while in_hand or (not self._stop.is_set() and not self.budget.spent):
+            if in_hand:
+                in_hand = self._process(in_hand)
+                continue
             wanted = self.budget.take(self.batch)
             if not wanted:
                 self._stop.wait(0.05)  # other loops hold the rest of the limit
@@ -182,20 +186,36 @@ class Consumer:
                 continue
             failures = 0
             self.budget.give_back(wanted - len(messages))
-            if messages:
-                self._process(messages)
+            in_hand = messages
 
-    def _process(self, messages: list[Message]) -> None:
+    def _process(self, messages: list[Message]) -> list[Message]:
+        """Handle messages and ack them; the ack also pops the next ones (returned) unless
+        the consumer is stopping or its limit is reserved."""
         lease = self.renewer.watch(messages) if self.renew else None
         try:
             outcomes = [(m, self._handle(m)) for m in messages]
         finally:
             self.renewer.forget(lease)
+        wanted = 0 if self._stop.is_set() else self.budget.take(self.batch)
+        following: list[Message] = []
         try:
-            self.client.ack_many(outcomes)
+            if wanted:
+                _, following = self.client.ack_and_pop(
+                    outcomes,
+                    self.queue,
+                    self.partition,
+                    batch=wanted,
+                    wait=True,
+                    timeout=self.poll_timeout,
+                    group=self.group,
+                )
+            else:
+                self.client.ack_many(outcomes)
         except QueenError as exc:
             log.error("acking %d message(s) of %s failed: %s", len(outcomes), self.queue, exc)
+        self.budget.give_back(wanted - len(following))
         self.budget.spend(len(messages))
+        return following
 
     def _handle(self, message: Message) -> str | None:
         """Run the handler; return None (completed) or the failure text."""

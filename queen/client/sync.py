@@ -83,6 +83,24 @@ class Queen:
         items = calls.ack_items(acks, error)
         return self.send(calls.ack_many(items)) if items else []
 
+    def ack_and_pop(
+        self,
+        acks: Iterable[AckItem],
+        queue: str,
+        partition: str | None = None,
+        batch: int = 1,
+        wait: bool = False,
+        timeout: float = 30.0,
+        group: str | None = None,
+        subscription: str | dt.datetime | None = None,
+        error: str | None = None,
+    ) -> tuple[list[AckResult], list[Message]]:
+        """Acknowledge (as ack_many), then lease the next messages (as pop): one request."""
+        items = calls.ack_items(acks, error)
+        return self.send(
+            calls.ack_and_pop(items, queue, partition, batch, wait, timeout, group, subscription)
+        )
+
     def extend(self, target: Message | str, seconds: float | None = None) -> str:
         """Renew the lease of a message (or a leaseId); return the new leaseExpiresAt."""
         return self.send(calls.extend(target, seconds))

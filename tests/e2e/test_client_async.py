@@ -17,7 +17,7 @@ import pytest
 from queen.client import AsyncQueen, Message, NotFound, Queen, ResponseLost, RetryPolicy
 from tests.conftest import ROOT, free_port
 from tests.e2e.cursor_server import cursor_store_server
-from tests.e2e.test_client_sync import DroppingProxy
+from tests.e2e.test_client_sync import DroppingProxy, requests_served
 
 FAST = RetryPolicy(rounds=3, base_delay=0.05, max_delay=0.2)
 __all__ = ["cursor_store_server"]  # a fixture
@@ -55,6 +55,29 @@ def test_push_pop_ack_round_trip(server):
             await queen.ack("no-such-message")
         with pytest.raises(NotFound):
             await queen.extend(message)  # its lease ended with the ack
+
+    run(server.url, body)
+
+
+def test_ack_and_pop_and_a_consumer_that_uses_it(server):
+    async def body(queen: AsyncQueen) -> None:
+        pushed = await queen.push("pairs", [{"n": n} for n in range(12)])
+        first = await queen.pop("pairs", batch=2)
+        results, following = await queen.ack_and_pop(first, "pairs", batch=3, wait=True, timeout=5)
+        assert [r.status for r in results] == ["completed", "completed"]
+        assert [m.transaction_id for m in first + following] == [
+            p.transaction_id for p in pushed[:5]
+        ]
+        await queen.ack_many(following)
+        pops_before = requests_served(server.url, "GET", "/api/v1/pop/queue/{queue}")
+        got: list[int] = []
+
+        async def handler(message: Message) -> None:
+            got.append(message.data["n"])
+
+        assert await consume(queen, "pairs", handler, batch=4, limit=7) == 7
+        assert got == list(range(5, 12))
+        assert requests_served(server.url, "GET", "/api/v1/pop/queue/{queue}") - pops_before == 1
 
     run(server.url, body)
 

@@ -111,6 +111,43 @@ def test_push_pop_ack_round_trip(queen):
         queen.ack("no-such-message")
 
 
+def requests_served(url: str, method: str, route: str) -> float:
+    """The server's count of answered method requests of route (its Prometheus counter)."""
+    import requests
+
+    text = requests.get(f"{url}/metrics/prometheus", timeout=10).text
+    labels = f'method="{method}",route="{route}"'
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("queen_http_requests_total{") and labels in line
+    )
+
+
+def test_ack_and_pop_acks_then_leases_the_next_messages_in_one_request(queen):
+    pushed = queen.push("pairs", [{"n": n} for n in range(5)])
+    first = queen.pop("pairs", batch=2)
+    results, following = queen.ack_and_pop(first, "pairs", batch=10, wait=True, timeout=5)
+    assert [r.status for r in results] == ["completed", "completed"]
+    assert [m.transaction_id for m in first + following] == [p.transaction_id for p in pushed]
+    results, following = queen.ack_and_pop(following, "pairs", batch=10)
+    assert len(results) == 3 and following == []
+    assert len(queen.messages("pairs", status="completed")) == 5
+
+
+def test_a_consumer_acks_and_pops_in_one_request_per_batch(queen, server):
+    queen.push("paired", [{"i": i} for i in range(30)])
+    pops_before = requests_served(server.url, "GET", "/api/v1/pop/queue/{queue}")
+    acks_before = requests_served(server.url, "POST", "/api/v1/ack/batch")
+    got: list[int] = []
+    assert consume(queen, "paired", lambda m: got.append(m.data["i"]), batch=5, limit=30) == 30
+    assert sorted(got) == list(range(30))
+    # One pop to start; then each batch's ack brings the next (the last one pops nothing).
+    assert requests_served(server.url, "GET", "/api/v1/pop/queue/{queue}") - pops_before == 1
+    assert requests_served(server.url, "POST", "/api/v1/ack/batch") - acks_before == 6
+    assert len(queen.messages("paired", status="completed")) == 30
+
+
 def test_configure_takes_snake_case_options(queen):
     options = queen.configure("configured", lease_time=42, retry_limit=1, dlq_after_max_retries=True)
     assert options["leaseTime"] == 42 and options["retryLimit"] == 1

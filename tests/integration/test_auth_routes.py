@@ -286,6 +286,35 @@ def test_a_scoped_consumer_pops_and_acks_only_its_queues(
     assert client.simulate_post(f"{A}/ack", json=mine, headers=scoped).status_code == 200
 
 
+def test_a_scoped_consumers_ack_batch_may_pop_next_only_from_its_queues(
+    client: testing.TestClient, tokens: Tokens
+) -> None:
+    admin = {"Authorization": f"Bearer {tokens.by_role['admin']}"}
+    scoped = {"Authorization": f"Bearer {tokens.make('consumer', 'c-orders', 'orders-*')}"}
+    items = [
+        {"queue": "orders-1", "payload": 1, "transactionId": "tx-first"},
+        {"queue": "orders-1", "payload": 2, "transactionId": "tx-second"},
+        {"queue": "billing", "payload": 3, "transactionId": "tx-billing"},
+    ]
+    assert (
+        client.simulate_post(f"{A}/push", json={"items": items}, headers=admin).status_code == 201
+    )
+    popped = client.simulate_get(f"{A}/pop/queue/orders-1", headers=scoped)
+    assert [m["transactionId"] for m in popped.json["messages"]] == ["tx-first"]
+    acks = [{"transactionId": "tx-first", "status": "completed"}]
+    for refused in ({"queue": "billing"}, {"namespace": "n"}, {}):
+        body = {"acknowledgments": acks, "next": refused}
+        assert_refused(client.simulate_post(f"{A}/ack/batch", json=body, headers=scoped), 403)
+    # Refused before any ack: the first message is still leased, not completed.
+    state = client.simulate_get(f"{A}/messages/tx-first", headers=admin).json
+    assert state["status"] == "processing", state
+    body = {"acknowledgments": acks, "next": {"queue": "orders-1"}}
+    answer = client.simulate_post(f"{A}/ack/batch", json=body, headers=scoped)
+    assert answer.status_code == 200, answer.text
+    assert [r["status"] for r in answer.json["results"]] == ["completed"]
+    assert [m["transactionId"] for m in answer.json["messages"]] == ["tx-second"]
+
+
 def test_a_scoped_consumer_extends_only_leases_on_its_queues(
     client: testing.TestClient, tokens: Tokens
 ) -> None:
