@@ -101,6 +101,8 @@ class AsyncQueen:
     ) -> tuple[list[AckResult], list[Message]]:
         """Acknowledge (as ack_many), then lease the next messages (as pop): one request."""
         items = calls.ack_items(acks, error)
+        if not items:  # (nothing to ack: a plain pop)
+            return [], await self.pop(queue, partition, batch, wait, timeout, group, subscription)
         return await self.send(
             calls.ack_and_pop(items, queue, partition, batch, wait, timeout, group, subscription)
         )

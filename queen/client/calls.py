@@ -114,14 +114,34 @@ def pop(
     path = f"{API}/pop/queue/{segment(queue)}"
     if partition is not None:
         path += f"/partition/{segment(partition)}"
-    params: dict[str, Any] = {"batch": batch}
+    params = pop_fields(batch, wait, timeout, group, subscription)
     if wait:
-        params.update(wait="true", timeout=int(timeout * 1000))
+        params["wait"] = "true"
+    return Call(
+        "GET", path, messages_of, params=params, resend=False, timeout=pop_limit(wait, timeout)
+    )
+
+
+def pop_fields(
+    batch: int,
+    wait: bool,
+    timeout: float,
+    group: str | None,
+    subscription: str | dt.datetime | None,
+) -> dict[str, Any]:
+    """A pop's fields but its queue and partition, as JSON (an ack batch's next)."""
+    fields: dict[str, Any] = {"batch": batch}
+    if wait:
+        fields.update(wait=True, timeout=int(timeout * 1000))
     if group is not None:
-        params["consumerGroup"] = group
-    params.update(subscription_params(subscription))
-    limit = DEFAULT_TIMEOUT + (timeout + LONG_POLL_MARGIN if wait else 0.0)
-    return Call("GET", path, messages_of, params=params, resend=False, timeout=limit)
+        fields["consumerGroup"] = group
+    fields.update(subscription_params(subscription))
+    return fields
+
+
+def pop_limit(wait: bool, timeout: float) -> float:
+    """Seconds a pop's answer may take (a long poll's timeout and a margin)."""
+    return DEFAULT_TIMEOUT + (timeout + LONG_POLL_MARGIN if wait else 0.0)
 
 
 def ack_item(
@@ -185,16 +205,11 @@ def ack_and_pop(
     Never sent again after a lost answer (its pop may have leased messages). A pop that
     failed once the acks were applied answers no messages (nextError says why).
     """
-    then: dict[str, Any] = {"queue": queue, "batch": batch}
+    then = {"queue": queue, **pop_fields(batch, wait, timeout, group, subscription)}
     if partition is not None:
         then["partition"] = partition
-    if wait:
-        then.update(wait=True, timeout=int(timeout * 1000))
-    if group is not None:
-        then["consumerGroup"] = group
-    then.update(subscription_params(subscription))
-    limit = DEFAULT_TIMEOUT + (timeout + LONG_POLL_MARGIN if wait else 0.0)
     body = {"acknowledgments": items, "next": then}
+    limit = pop_limit(wait, timeout)
     return Call(
         "POST", f"{API}/ack/batch", acks_and_messages, json=body, resend=False, timeout=limit
     )

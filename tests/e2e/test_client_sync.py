@@ -132,7 +132,11 @@ def test_ack_and_pop_acks_then_leases_the_next_messages_in_one_request(queen):
     assert [m.transaction_id for m in first + following] == [p.transaction_id for p in pushed]
     results, following = queen.ack_and_pop(following, "pairs", batch=10)
     assert len(results) == 3 and following == []
-    assert len(queen.messages("pairs", status="completed")) == 5
+    queen.push("pairs", [{"n": 5}])
+    results, following = queen.ack_and_pop([], "pairs")  # nothing to ack: a pop
+    assert results == [] and [m.data for m in following] == [{"n": 5}]
+    queen.ack(following[0])
+    assert len(queen.messages("pairs", status="completed")) == 6
 
 
 def test_a_consumer_acks_and_pops_in_one_request_per_batch(queen, server):
