@@ -88,6 +88,8 @@ class AsyncConsumer:
         self.renew = renew
         self.handle_signals = handle_signals
         self.poll_timeout = poll_timeout
+        # How a loop pops, alone or with an ack: a long poll, as this consumer's group.
+        self._long_poll: dict[str, Any] = {"wait": True, "timeout": poll_timeout, "group": group}
         self.budget = consuming.Budget(limit)
         self._stop = asyncio.Event()
         self._fatal: QueenError | None = None
@@ -131,12 +133,7 @@ class AsyncConsumer:
                 continue
             try:
                 messages = await self.client.pop(
-                    self.queue,
-                    self.partition,
-                    batch=wanted,
-                    wait=True,
-                    timeout=self.poll_timeout,
-                    group=self.group,
+                    self.queue, self.partition, batch=wanted, **self._long_poll
                 )
             except QueenError as exc:
                 self.budget.give_back(wanted)
@@ -172,13 +169,7 @@ class AsyncConsumer:
         try:
             if wanted:
                 _, following = await self.client.ack_and_pop(
-                    outcomes,
-                    self.queue,
-                    self.partition,
-                    batch=wanted,
-                    wait=True,
-                    timeout=self.poll_timeout,
-                    group=self.group,
+                    outcomes, self.queue, self.partition, batch=wanted, **self._long_poll
                 )
             else:
                 await self.client.ack_many(outcomes)

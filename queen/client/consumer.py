@@ -117,6 +117,8 @@ class Consumer:
         self.renew = renew
         self.handle_signals = handle_signals
         self.poll_timeout = poll_timeout
+        # How a loop pops, alone or with an ack: a long poll, as this consumer's group.
+        self._long_poll: dict[str, Any] = {"wait": True, "timeout": poll_timeout, "group": group}
         self.budget = consuming.Budget(limit)
         self.renewer = Renewer(client)
         self._stop = threading.Event()
@@ -167,12 +169,7 @@ class Consumer:
                 continue
             try:
                 messages = self.client.pop(
-                    self.queue,
-                    self.partition,
-                    batch=wanted,
-                    wait=True,
-                    timeout=self.poll_timeout,
-                    group=self.group,
+                    self.queue, self.partition, batch=wanted, **self._long_poll
                 )
             except QueenError as exc:
                 self.budget.give_back(wanted)
@@ -201,13 +198,7 @@ class Consumer:
         try:
             if wanted:
                 _, following = self.client.ack_and_pop(
-                    outcomes,
-                    self.queue,
-                    self.partition,
-                    batch=wanted,
-                    wait=True,
-                    timeout=self.poll_timeout,
-                    group=self.group,
+                    outcomes, self.queue, self.partition, batch=wanted, **self._long_poll
                 )
             else:
                 self.client.ack_many(outcomes)
