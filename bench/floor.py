@@ -9,6 +9,9 @@ its batch's rows (made by generate_series), as any request of a queue on Postgre
 it over keep-alive connections (bench/http1.py) and the worker's CPU time
 (/proc/PID/stat) is read around each phase.
 
+`--server granian` serves the same app from granian instead (HTTP in Rust, the app in
+threads), to compare a compiled HTTP front with the same Python behind it.
+
 The result is the floor of this design's request tier: the CPU a worker spends per
 request and per message for the framework, the JSON and (with --dsn) the driver,
 with nothing of Queen's checks, SQL or bookkeeping. docs/PERFORMANCE.md sets it
@@ -175,53 +178,82 @@ def _load(port: int, connections: int, pipe: Connection) -> None:
         pipe.send(phase.statuses)
 
 
+SERVERS = {
+    # Queen's own: gunicorn with one worker of Queen's worker class (gevent, pywsgi).
+    "gunicorn": lambda port: [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "-k",
+        "queen.worker.Worker",
+        "-w",
+        "1",
+        "-b",
+        f"127.0.0.1:{port}",
+        "--log-level",
+        "warning",
+        "bench.floor:make_app()",
+    ],
+    # For comparison: granian (HTTP in Rust, the WSGI app in a pool of 4 threads), when
+    # installed; Queen's long polls need gevent, so this is a measurement, not an option.
+    "granian": lambda port: [
+        str(Path(sys.executable).with_name("granian")),
+        "--interface",
+        "wsgi",
+        "--workers",
+        "1",
+        "--blocking-threads",
+        "4",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--factory",
+        "bench.floor:make_app",
+    ],
+}
+
+
+SERVER_NAMES = {
+    "gunicorn": "gunicorn, 1 worker of queen.worker.Worker",
+    "granian": "granian, 1 worker, 4 threads",
+}
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and all its descendants (the server's master and workers)."""
+    return procstat.cpu_seconds(pid) + sum(_tree_cpu(child) for child in procstat.children(pid))
+
+
 def measure(args: argparse.Namespace) -> dict[tuple[str, int], float]:
-    """Median worker CPU µs per request of each (operation, batch) over the rounds."""
+    """Median server CPU µs per request of each (operation, batch) over the rounds."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if args.dsn:
         env["QUEEN_FLOOR_DSN"] = args.dsn
     log = (Path(tempfile.gettempdir()) / "queen-floor.log").open("wb")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-k",
-            "queen.worker.Worker",
-            "-w",
-            "1",
-            "-b",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-            "bench.floor:make_app()",
-        ],
-        env=env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=log,
-    )
+    server = subprocess.Popen(SERVERS[args.server](port), env=env, cwd=ROOT, stdout=log, stderr=log)
     context = multiprocessing.get_context("spawn")
     pipe, theirs = context.Pipe()
     client = context.Process(target=_load, args=(port, args.connections, theirs), daemon=True)
     try:
         deadline = time.monotonic() + 20
-        while not procstat.children(server.pid) or not _answers(port):
+        while not _answers(port):
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError(f"gunicorn did not start (see {log.name})")
             time.sleep(0.2)
-        (worker,) = procstat.children(server.pid)
         client.start()
         costs: dict[tuple[str, int], list[float]] = {}
         for round_no in range(args.rounds + 1):  # round 0 warms up
             for batch in args.batches:
                 for operation in OPERATIONS:
                     count = args.requests
-                    before = procstat.cpu_seconds(worker)
+                    before = _tree_cpu(server.pid)
                     pipe.send((operation, batch, count))
                     statuses = pipe.recv()
-                    used = procstat.cpu_seconds(worker) - before
+                    used = _tree_cpu(server.pid) - before
                     if set(statuses) - {200, 201}:
                         raise RuntimeError(f"{operation} answered {statuses}")
                     if round_no:
@@ -250,7 +282,7 @@ def _answers(port: int) -> bool:
 
 def table(costs: dict[tuple[str, int], float], args: argparse.Namespace) -> str:
     rows = [
-        f"Request tier floor: gunicorn, 1 worker of queen.worker.Worker, falcon, orjson"
+        f"Request tier floor: {SERVER_NAMES[args.server]}, falcon, orjson"
         f"{', one statement a request loading its batch of rows' if args.dsn else ', no database'};"
         f" {args.connections} connections; {procstat.machine()}",
         "",
@@ -270,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="also run one statement a request, loading its batch's rows")
     parser.add_argument("--batches", default="1,10,100", help="comma list")
     parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--server", choices=sorted(SERVERS), default="gunicorn")
     parser.add_argument("--requests", type=int, default=4000, help="per phase")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)

@@ -12,7 +12,12 @@ def test_the_floor_measures_every_route_at_every_batch_through_a_real_worker(
     server_dsn: str,
 ) -> None:
     args = argparse.Namespace(
-        dsn=server_dsn, batches=[1, 100], connections=2, requests=200, rounds=1
+        dsn=server_dsn,
+        batches=[1, 100],
+        connections=2,
+        requests=200,
+        rounds=1,
+        server="gunicorn",
     )
     costs = floor.measure(args)  # raises when a request is answered other than 200 / 201
     assert set(costs) == {(op, batch) for op in floor.OPERATIONS for batch in (1, 100)}
