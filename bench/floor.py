@@ -2,12 +2,13 @@
 
 Serves an app with Queen's three hot routes but no queue behind them, through gunicorn
 with Queen's own worker class (gevent, pywsgi, geventwebsocket's handler): a push
-parses its body and answers each item's id and status; a pop answers a prepared body of
-`batch` messages shaped as Queen's; an ack batch parses its body and answers each item.
-With `--dsn`, each request also runs one statement over a psycopg pool that returns
-its batch's rows (made by generate_series), as any request of a queue on PostgreSQL must. Another process drives
-it over keep-alive connections (bench/http1.py) and the worker's CPU time
-(/proc/PID/stat) is read around each phase.
+parses its body and answers each item's id and status; a pop answers `batch` messages
+shaped as Queen's; an ack batch parses its body and answers each item. With `--dsn`,
+each request also runs one statement over a psycopg pool that returns its batch's rows
+(made by generate_series), as any request of a queue on PostgreSQL must; the answers
+are made from those rows. Another process drives it over keep-alive connections
+(bench/http1.py), and the server's CPU time (its processes', /proc/PID/stat) is read
+around each phase.
 
 `--server granian` serves the same app from granian instead (HTTP in Rust, the app in
 threads), to compare a compiled HTTP front with the same Python behind it.
@@ -44,7 +45,7 @@ from bench.systems import ROOT, free_port
 OPERATIONS = ("push", "pop", "ack")
 
 
-# The app, imported by the gunicorn worker (after gevent's monkey-patching).
+# The app, imported by the server's worker (under gunicorn after gevent's monkey-patching).
 
 
 STAMP = "2026-12-03T22:00:00.000Z"
@@ -242,22 +243,22 @@ def measure(args: argparse.Namespace) -> dict[tuple[str, int], float]:
         deadline = time.monotonic() + 20
         while not _answers(port):
             if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError(f"gunicorn did not start (see {log.name})")
+                raise RuntimeError(f"the server did not start (see {log.name})")
             time.sleep(0.2)
         client.start()
         costs: dict[tuple[str, int], list[float]] = {}
         for round_no in range(args.rounds + 1):  # round 0 warms up
             for batch in args.batches:
                 for operation in OPERATIONS:
-                    count = args.requests
                     before = _tree_cpu(server.pid)
-                    pipe.send((operation, batch, count))
+                    pipe.send((operation, batch, args.requests))
                     statuses = pipe.recv()
                     used = _tree_cpu(server.pid) - before
                     if set(statuses) - {200, 201}:
                         raise RuntimeError(f"{operation} answered {statuses}")
                     if round_no:
-                        costs.setdefault((operation, batch), []).append(used * 1e6 / count)
+                        per_request = used * 1e6 / args.requests
+                        costs.setdefault((operation, batch), []).append(per_request)
         return {key: statistics.median(values) for key, values in costs.items()}
     finally:
         with contextlib.suppress(Exception):
@@ -272,12 +273,14 @@ def measure(args: argparse.Namespace) -> dict[tuple[str, int], float]:
 
 
 def _answers(port: int) -> bool:
-    with contextlib.suppress(OSError):
-        status, _ = http1.Connection("127.0.0.1", port, timeout=2).request(
-            "GET", f"/api/v1/pop/queue/{adapters.QUEUE}?batch=1"
-        )
+    conn = http1.Connection("127.0.0.1", port, timeout=2)
+    try:
+        status, _ = conn.request("GET", f"/api/v1/pop/queue/{adapters.QUEUE}?batch=1")
         return status == 200
-    return False
+    except OSError:
+        return False
+    finally:
+        conn.close()
 
 
 def table(costs: dict[tuple[str, int], float], args: argparse.Namespace) -> str:

@@ -22,6 +22,6 @@ def test_the_floor_measures_every_route_at_every_batch_through_a_real_worker(
     costs = floor.measure(args)  # raises when a request is answered other than 200 / 201
     assert set(costs) == {(op, batch) for op in floor.OPERATIONS for batch in (1, 100)}
     assert all(value >= 0 for value in costs.values())
-    assert sum(costs.values()) > 0  # the worker's CPU was read, not the client's
+    assert sum(costs.values()) > 0  # the server's CPU was read, not the client's
     report = floor.table(costs, args)
     assert "| 100 |" in report and "one statement a request" in report

@@ -9,7 +9,7 @@ from bench import adapters
 from tests.integration.helpers import scalar
 
 
-def test_queen_sql_pushes_pops_in_order_and_acks_until_the_queue_is_empty(db_dsn: str) -> None:
+def test_queen_sql_pushes_pops_and_acks_until_the_queue_is_empty(db_dsn: str) -> None:
     client = adapters.QueenSqlClient({"dsn": db_dsn}, {"partitions": 1})
     try:
         client.push(3)
