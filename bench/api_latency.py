@@ -88,7 +88,7 @@ def pick_sample(dsn: str) -> dict[str, str]:
         row = conn.execute(
             "SELECT q.name, p.name, m.transaction_id FROM queen.queues q"
             " JOIN queen.partitions p ON p.queue_id = q.id"
-            " JOIN LATERAL (SELECT transaction_id FROM queen.cursor_messages x"
+            " JOIN LATERAL (SELECT transaction_id FROM queen.messages x"
             "   WHERE x.partition_id = p.id ORDER BY x.id DESC LIMIT 1) m ON true"
             " WHERE q.name <> %s ORDER BY q.name, p.name LIMIT 1",
             (LOAD_QUEUE,),
@@ -226,7 +226,7 @@ def measure(args: argparse.Namespace) -> str:
     sample = pick_sample(args.dsn)
     with psycopg.connect(args.dsn, autocommit=True) as conn:
         messages = conn.execute(
-            "SELECT sum(n_live_tup) FROM pg_stat_user_tables WHERE relname = 'cursor_messages'"
+            "SELECT sum(n_live_tup) FROM pg_stat_user_tables WHERE relname = 'messages'"
         ).fetchone()
         partitions = conn.execute("SELECT count(*) FROM queen.partitions").fetchone()
     lat, stop = Latencies(), threading.Event()

@@ -1,10 +1,10 @@
 """Seed the cursor store with a large pending backlog directly in SQL (no HTTP).
 
-A bulk INSERT into queen.cursor_messages keeps what queen.cursor_push keeps: the queue and
+A bulk INSERT into queen.messages keeps what queen.push_rows keeps: the queue and
 its partitions exist, ids come from the table's identity (so later pushes draw past them),
 each partition's push lock is held until the chunk commits (ids of a partition commit in
-order), and the count rollups (queen.cursor_counts and the minute's arrivals in
-queen.cursor_metrics_minute) already count the seeded messages, as maintenance would have
+order), and the count rollups (queen.partition_counts and the minute's arrivals in
+queen.metrics_minute) already count the seeded messages, as maintenance would have
 once caught up: it does not walk ten million messages during the measurement.
 """
 
@@ -30,16 +30,16 @@ PARTITION_IDS = """
 SELECT array_agg(p.id ORDER BY p.name) FROM queen.partitions p
 JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %(queue)s
 """
-# Push locks in partition id order (as queen.cursor_push takes them), then the count rows
-# (as queen.cursor_counts_lock does), so a count refresh running meanwhile sees all or none.
+# Push locks in partition id order (as queen.push_rows takes them), then the count rows
+# (as queen.counts_lock does), so a count refresh running meanwhile sees all or none.
 LOCKS = (
-    "SELECT count(pg_advisory_xact_lock(queen.cursor_push_lock_key(p)))"
+    "SELECT count(pg_advisory_xact_lock(queen.push_lock_key(p)))"
     " FROM unnest(%(ids)s::uuid[]) p",
-    "SELECT queen.cursor_counts_lock(%(ids)s::uuid[])",
+    "SELECT queen.counts_lock(%(ids)s::uuid[])",
 )
 SEED_MESSAGES = """
 WITH stored AS (
-    INSERT INTO queen.cursor_messages (partition_id, transaction_id, payload)
+    INSERT INTO queen.messages (partition_id, transaction_id, payload)
     SELECT (%(ids)s::uuid[])[1 + g %% cardinality(%(ids)s::uuid[])], %(tag)s || g,
            '{"kind": "bench", "body": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::jsonb
     FROM generate_series(%(first)s::bigint, %(last)s::bigint) g
@@ -48,24 +48,24 @@ WITH stored AS (
 ), per_partition AS (
     SELECT partition_id, count(*) AS n, max(id) AS newest FROM stored GROUP BY partition_id
 ), counted AS (
-    UPDATE queen.cursor_counts k
+    UPDATE queen.partition_counts k
     SET total = k.total + s.n, counted_id = s.newest, refreshed_at = now()
     FROM per_partition s
     WHERE k.partition_id = s.partition_id AND k.counted_id = (
-        SELECT coalesce(max(m.id), 0) FROM queen.cursor_messages m
+        SELECT coalesce(max(m.id), 0) FROM queen.messages m
         WHERE m.partition_id = s.partition_id)
     RETURNING k.partition_id, s.n
 )
-INSERT INTO queen.cursor_metrics_minute AS t (minute, partition_id, incoming)
+INSERT INTO queen.metrics_minute AS t (minute, partition_id, incoming)
 SELECT date_trunc('minute', now()), c.partition_id, c.n FROM counted c
 ON CONFLICT (minute, partition_id) DO UPDATE SET incoming = t.incoming + EXCLUDED.incoming
 """
 FILLED = (
     "queen.queues",
     "queen.partitions",
-    "queen.cursor_messages",
-    "queen.cursor_counts",
-    "queen.cursor_metrics_minute",
+    "queen.messages",
+    "queen.partition_counts",
+    "queen.metrics_minute",
 )
 
 

@@ -7,8 +7,8 @@ A fresh database migrated by `queen migrate`'s code; --messages messages pushed 
 --batch over --partitions partitions of one queue, popped by queue at that batch and
 acked (every --fail-every'th acked as failed, which dead-letters it: the queue has
 retryLimit 0), all through the hot path's own functions, then ANALYZEd. Each round forgets the
-rollups (queen.cursor_counts, queen.cursor_metrics_minute) and runs
-queen.cursor_count_refresh(partitions, step) until every partition is caught up, as the
+rollups (queen.partition_counts, queen.metrics_minute) and runs
+queen.count_refresh(partitions, step) until every partition is caught up, as the
 maintenance process does: the walk over what arrived and over what queue mode's cursor
 passed. Reported: microseconds per message (median of the rounds) and a digest of the
 rollups it wrote, to compare two builds' answers on the same history.
@@ -39,7 +39,7 @@ DECLARE
 BEGIN
     FOR r IN 1..rounds LOOP
         FOR p IN 0..parts - 1 LOOP
-            PERFORM * FROM queen.cursor_push_api((
+            PERFORM * FROM queen.push((
                 SELECT jsonb_agg(jsonb_build_object('queue', 'bench', 'partition', 'p' || p,
                                                     'payload', jsonb_build_object('n', i)))
                 FROM generate_series(1, size) i), NULL);
@@ -52,11 +52,11 @@ BEGIN
                                       THEN 'failed' ELSE 'completed' END))
             INTO acks
             FROM (SELECT m.message, row_number() OVER () AS n
-                  FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
+                  FROM queen.pop_many(jsonb_build_array(jsonb_build_object(
                       'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', size,
                       'worker', 'bench', 'lease', gen_random_uuid()))) m) x;
             COMMIT;
-            PERFORM * FROM queen.cursor_ack_api(acks);
+            PERFORM * FROM queen.ack(acks);
             COMMIT;
         END LOOP;
     END LOOP;
@@ -67,13 +67,13 @@ $$;
 DIGEST = """
 SELECT md5(coalesce((SELECT string_agg(concat_ws(',', p.name, k.total, k.below, k.failed,
                                                  k.dead_letter), ';' ORDER BY p.name)
-                     FROM queen.cursor_counts k JOIN queen.partitions p ON p.id = k.partition_id),
+                     FROM queen.partition_counts k JOIN queen.partitions p ON p.id = k.partition_id),
                     '')
            || coalesce((SELECT string_agg(concat_ws(',', p.name, m.minute, m.incoming,
                                                     m.completed, m.failed, m.dead_letter,
                                                     m.lag_hist), ';'
                                           ORDER BY p.name, m.minute)
-                        FROM queen.cursor_metrics_minute m
+                        FROM queen.metrics_minute m
                         JOIN queen.partitions p ON p.id = m.partition_id), ''))
 """
 
@@ -83,7 +83,7 @@ def seed(
     batch: int = 100,
 ) -> None:
     conn.execute(
-        "SELECT * FROM queen.cursor_push_api("
+        "SELECT * FROM queen.push("
         "'[{\"queue\": \"bench\", \"partition\": \"p0\", \"payload\": 0}]'::jsonb, NULL)"
     )
     conn.execute("UPDATE queen.queues SET retry_limit = 0, dlq_after_max_retries = true")
@@ -98,19 +98,19 @@ def seed(
 
 def walk(conn: psycopg.Connection[Any], partitions: int, step: int) -> tuple[float, int, str]:
     """Forget the rollups and rebuild them; (seconds, messages walked, digest)."""
-    conn.execute("DELETE FROM queen.cursor_counts")
-    conn.execute("DELETE FROM queen.cursor_metrics_minute")
-    conn.execute("VACUUM ANALYZE queen.cursor_counts, queen.cursor_metrics_minute")
+    conn.execute("DELETE FROM queen.partition_counts")
+    conn.execute("DELETE FROM queen.metrics_minute")
+    conn.execute("VACUUM ANALYZE queen.partition_counts, queen.metrics_minute")
     started = time.perf_counter()
     while True:
         (behind,) = conn.execute(
-            "SELECT queen.cursor_count_refresh(%s, %s)", (partitions, step)
+            "SELECT queen.count_refresh(%s, %s)", (partitions, step)
         ).fetchone() or (0,)
         if not behind:
             break
     spent = time.perf_counter() - started
     (walked,) = conn.execute(
-        "SELECT coalesce(sum(total), 0)::bigint FROM queen.cursor_counts"
+        "SELECT coalesce(sum(total), 0)::bigint FROM queen.partition_counts"
     ).fetchone() or (0,)
     (digest,) = conn.execute(DIGEST).fetchone() or ("",)
     return spent, int(walked), str(digest)

@@ -31,7 +31,7 @@ import psycopg
 from psycopg import sql
 
 from bench import cluster
-from queen.store import Store, cursors
+from queen.store import Store, lifecycle
 from queen.store.admin import MessageFilter
 from queen.store.analytics import Filters
 from queen.store.db import Database
@@ -42,7 +42,7 @@ ACK_RANGE = 1000  # messages per completion record of the seeded consumption
 DEAD_EVERY = 100  # one in this many consumed messages is dead-lettered
 
 SEED = """
-INSERT INTO queen.cursor_messages (partition_id, transaction_id, payload, created_at)
+INSERT INTO queen.messages (partition_id, transaction_id, payload, created_at)
 SELECT p.id, format('%%s-%%s', p.name, g), jsonb_build_object('n', g),
        now() - interval '30 minutes' + g * interval '1 millisecond'
 FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id,
@@ -54,27 +54,27 @@ ORDER BY p.id, g
 CONSUME = """
 WITH target AS (
     SELECT p.id AS partition_id,
-           (SELECT m.id FROM queen.cursor_messages m WHERE m.partition_id = p.id
+           (SELECT m.id FROM queen.messages m WHERE m.partition_id = p.id
             ORDER BY m.id OFFSET %(upto)s::integer - 1 LIMIT 1) AS upto,
            coalesce(c.cursor_id, 0) AS since
     FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-    LEFT JOIN queen.cursor_consumers c ON c.partition_id = p.id AND c.consumer_group = '__queue__'
+    LEFT JOIN queen.consumers c ON c.partition_id = p.id AND c.consumer_group = '__queue__'
     WHERE q.name = %(queue)s
 ), consumed AS (
     SELECT t.partition_id, m.id, row_number() OVER (PARTITION BY t.partition_id ORDER BY m.id) AS n
-    FROM target t JOIN queen.cursor_messages m
+    FROM target t JOIN queen.messages m
       ON m.partition_id = t.partition_id AND m.id > t.since AND m.id <= t.upto
 ), dead AS (
-    INSERT INTO queen.cursor_failures
+    INSERT INTO queen.failures
         (partition_id, consumer_group, message_id, status, retry_count, error)
     SELECT c.partition_id, '__queue__', c.id, 'dead_letter', 0, 'boom'
     FROM consumed c WHERE c.n %% %(dead_every)s::integer = 0
 ), acks AS (
-    INSERT INTO queen.cursor_completions (partition_id, consumer_group, first_id, last_id, acked)
+    INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
     SELECT c.partition_id, '__queue__', min(c.id), max(c.id), count(*)
     FROM consumed c GROUP BY c.partition_id, (c.n - 1) / %(ack_range)s::integer
 )
-UPDATE queen.cursor_consumers x SET cursor_id = t.upto
+UPDATE queen.consumers x SET cursor_id = t.upto
 FROM target t WHERE x.partition_id = t.partition_id AND x.consumer_group = '__queue__'
 """
 
@@ -100,19 +100,19 @@ def bench_database(dsn: str) -> Iterator[str]:
 def seed(conn: Conn, messages: int) -> None:
     """The queue, its messages, queue mode's consumption and a lease per partition."""
     per = messages // PARTITIONS
-    cursors.push(conn, [{"queue": "bench", "partition": f"p{i:02d}", "payload": {"n": -1},
+    lifecycle.push(conn, [{"queue": "bench", "partition": f"p{i:02d}", "payload": {"n": -1},
                          "transactionId": f"first-{i}"} for i in range(PARTITIONS)])
-    cursors.push(conn, [{"queue": "small", "payload": {"n": i}} for i in range(10)])
+    lifecycle.push(conn, [{"queue": "small", "payload": {"n": i}} for i in range(10)])
     for first in range(0, per, 50_000):
         conn.execute(SEED, {"queue": "bench", "first": first,
                             "last": min(per, first + 50_000) - 1})
     for i in range(PARTITIONS):  # queue mode's first pop makes its rows; acked at once
-        got = cursors.pop(conn, "bench", partition=f"p{i:02d}", batch=1)
-        cursors.ack(conn, [{"transactionId": d.transaction_id, "status": "completed"}
+        got = lifecycle.pop(conn, "bench", partition=f"p{i:02d}", batch=1)
+        lifecycle.ack(conn, [{"transactionId": d.transaction_id, "status": "completed"}
                            for d in got])
     consume(conn, per // 2)
     for i in range(PARTITIONS):
-        cursors.pop(conn, "bench", partition=f"p{i:02d}", batch=100, worker="bench")
+        lifecycle.pop(conn, "bench", partition=f"p{i:02d}", batch=100, worker="bench")
 
 
 def consume(conn: Conn, upto: int) -> None:
@@ -122,7 +122,7 @@ def consume(conn: Conn, upto: int) -> None:
 
 
 def refresh(conn: Conn) -> None:
-    while conn.execute("SELECT queen.cursor_count_refresh(200, 5000)").fetchone() != (0,):
+    while conn.execute("SELECT queen.count_refresh(200, 5000)").fetchone() != (0,):
         pass
 
 

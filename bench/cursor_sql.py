@@ -54,20 +54,20 @@ def _items(partition: int, first: int) -> list[dict[str, Any]]:
             for i in range(BATCH)]
 
 
-def cursor_push(conn: Conn, partition: int, first: int) -> None:
-    conn.execute("SELECT count(*) FROM queen.cursor_push(%s::jsonb, NULL)",
+def push_rows(conn: Conn, partition: int, first: int) -> None:
+    conn.execute("SELECT count(*) FROM queen.push_rows(%s::jsonb, NULL)",
                  (orjson.dumps(_items(partition, first)).decode(),))
 
 
-def cursor_consume(conn: Conn, worker: str) -> int:
-    # (The statements of queen.store.cursors, reading only what the ack needs, as the
+def minimal_consume(conn: Conn, worker: str) -> int:
+    # (The statements of queen.store.lifecycle, reading only what the ack needs, as the
     # other two systems do.)
-    rows = conn.execute("SELECT transaction_id, lease_id FROM queen.cursor_pop_queue("
+    rows = conn.execute("SELECT transaction_id, lease_id FROM queen.pop_queue("
                         "'bench', '__queue__', %s, %s)", (BATCH, worker)).fetchall()
     if rows:
         lease = str(rows[0][1])
         acks = [{"transactionId": r[0], "status": "completed", "leaseId": lease} for r in rows]
-        conn.execute("SELECT count(*) FROM queen.cursor_ack(%s::jsonb)",
+        conn.execute("SELECT count(*) FROM queen.ack_rows(%s::jsonb)",
                      (orjson.dumps(acks).decode(),))
     return len(rows)
 
@@ -101,7 +101,7 @@ def naive_consume(conn: Conn, worker: str) -> int:
 
 
 SYSTEMS = [
-    System("cursor store (queen.cursor_*)", cursor_push, cursor_consume),
+    System("cursor store (queen.cursor_*)", push_rows, minimal_consume),
     System("naive lifecycle (insert, claim UPDATE, UPDATE)", naive_push, naive_consume),
 ]
 

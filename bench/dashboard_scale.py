@@ -48,16 +48,16 @@ def seed_database(dsn: str, messages: int) -> None:
 # A pending message (past queue mode's cursor), a dead letter and a completed one (behind
 # the cursor, with no failure record), in queue mode's terms on the cursor store.
 SAMPLE_MESSAGES = """
-SELECT (SELECT m.transaction_id FROM queen.cursor_consumers c
-        JOIN queen.cursor_messages m ON m.partition_id = c.partition_id AND m.id > c.cursor_id
+SELECT (SELECT m.transaction_id FROM queen.consumers c
+        JOIN queen.messages m ON m.partition_id = c.partition_id AND m.id > c.cursor_id
         WHERE c.consumer_group = '__queue__' LIMIT 1),
-       (SELECT m.transaction_id FROM queen.cursor_failures f
-        JOIN queen.cursor_messages m ON m.partition_id = f.partition_id AND m.id = f.message_id
+       (SELECT m.transaction_id FROM queen.failures f
+        JOIN queen.messages m ON m.partition_id = f.partition_id AND m.id = f.message_id
         WHERE f.consumer_group = '__queue__' AND f.status = 'dead_letter' LIMIT 1),
-       (SELECT m.transaction_id FROM queen.cursor_consumers c
-        JOIN queen.cursor_messages m ON m.partition_id = c.partition_id AND m.id <= c.cursor_id
+       (SELECT m.transaction_id FROM queen.consumers c
+        JOIN queen.messages m ON m.partition_id = c.partition_id AND m.id <= c.cursor_id
         WHERE c.consumer_group = '__queue__' AND NOT EXISTS (
-            SELECT 1 FROM queen.cursor_failures f WHERE f.partition_id = m.partition_id
+            SELECT 1 FROM queen.failures f WHERE f.partition_id = m.partition_id
               AND f.consumer_group = '__queue__' AND f.message_id = m.id) LIMIT 1)
 """
 
@@ -71,7 +71,7 @@ def sample(dsn: str) -> dict[str, str]:
         txid, dead, doomed = conn.execute(SAMPLE_MESSAGES).fetchone() or ("", "", "")
         last = conn.execute(  # a queue that still has messages (an earlier run cleared one)
             "SELECT q.name FROM queen.queues q WHERE q.name <> %s AND EXISTS (SELECT 1 FROM"
-            " queen.partitions p JOIN queen.cursor_messages m ON m.partition_id = p.id"
+            " queen.partitions p JOIN queen.messages m ON m.partition_id = p.id"
             " WHERE p.queue_id = q.id) ORDER BY q.name DESC LIMIT 1", (queue,)).fetchone()
     return {"queue": queue, "partition": partition, "txid": txid, "dead": dead,
             "doomed": doomed, "clear": last[0] if last else ""}
@@ -192,7 +192,7 @@ def counts_of(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         q, p, m = conn.execute(
             "SELECT (SELECT count(*) FROM queen.queues), (SELECT count(*) FROM queen.partitions),"
-            " (SELECT count(*) FROM queen.cursor_messages)").fetchone() or (0, 0, 0)
+            " (SELECT count(*) FROM queen.messages)").fetchone() or (0, 0, 0)
     return {"queues": int(q), "partitions": int(p), "messages": int(m)}
 
 

@@ -186,7 +186,7 @@ SERVERS = {
         "-m",
         "gunicorn",
         "-k",
-        "queen.worker.Worker",
+        "queen.server.worker.Worker",
         "-w",
         "1",
         "-b",
@@ -218,7 +218,7 @@ SERVERS = {
 
 
 SERVER_NAMES = {
-    "gunicorn": "gunicorn, 1 worker of queen.worker.Worker",
+    "gunicorn": "gunicorn, 1 worker of queen.server.worker.Worker",
     "granian": "granian, 1 worker, 4 threads",
 }
 

@@ -5,9 +5,9 @@
 For each backlog size, a database of its own on the server of --dsn (built by `queen
 migrate`'s code): one queue of 16 partitions holding --per-partition messages each, 4
 groups that popped one batch, statistics taken and the table vacuumed. Then, side by side,
-the median of --rounds calls of: the full count (queen.cursor_group_list, every message
-past each cursor), the listing (queen.cursor_group_summaries: at most 1,000 a partition
-and 50,000 in all) and one group's description (queen.cursor_group_partitions: 10,000 a
+the median of --rounds calls of: the full count (queen.group_list, every message
+past each cursor), the listing (queen.group_summaries: at most 1,000 a partition
+and 50,000 in all) and one group's description (queen.group_partitions: 10,000 a
 partition, 200,000 in all), with the limits queen.store.groups uses.
 """
 
@@ -25,15 +25,15 @@ import psycopg
 from psycopg import sql
 
 from bench import cluster
-from queen.store import cursors
+from queen.store import lifecycle
 from queen.store.migrate import migrate
 
 PARTITIONS = 16
 GROUPS = 4
 STATEMENTS = {
-    "full count": "SELECT * FROM queen.cursor_group_list('big')",
-    "listing": "SELECT * FROM queen.cursor_group_summaries('big', NULL, 1000, 50000)",
-    "one group": "SELECT * FROM queen.cursor_group_partitions('big', 'g0', 10000, 200000)",
+    "full count": "SELECT * FROM queen.group_list('big')",
+    "listing": "SELECT * FROM queen.group_summaries('big', NULL, 1000, 50000)",
+    "one group": "SELECT * FROM queen.group_partitions('big', 'g0', 10000, 200000)",
 }
 
 
@@ -53,16 +53,16 @@ def database(dsn: str) -> Iterator[str]:
 
 def seed(conn: psycopg.Connection[Any], per_partition: int) -> None:
     items = [{"queue": "big", "partition": f"p{i}", "payload": 0} for i in range(PARTITIONS)]
-    cursors.push(conn, items)
+    lifecycle.push(conn, items)
     conn.execute(
-        "INSERT INTO queen.cursor_messages (partition_id, transaction_id, payload)"
+        "INSERT INTO queen.messages (partition_id, transaction_id, payload)"
         " SELECT p.id, p.name || '-' || g, '{\"n\": 1}'::jsonb"
         " FROM queen.partitions p, generate_series(1, %s) g ORDER BY p.id, g",
         (per_partition,),
     )
     for g in range(GROUPS):
-        cursors.pop(conn, "big", group=f"g{g}", batch=10)
-    conn.execute("VACUUM ANALYZE queen.cursor_messages")
+        lifecycle.pop(conn, "big", group=f"g{g}", batch=10)
+    conn.execute("VACUUM ANALYZE queen.messages")
 
 
 def median_ms(conn: psycopg.Connection[Any], statement: str, rounds: int) -> float:

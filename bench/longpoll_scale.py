@@ -36,15 +36,15 @@ from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 PATH = "/api/v1/pop/queue/scale?wait=true&timeout=60000"
 KB = 1024
-# Queue mode's status of every message of the queue (queen.cursor_status), counted.
+# Queue mode's status of every message of the queue (queen.message_status), counted.
 STATUSES = """
-SELECT queen.cursor_status(m.id, c, f.status), count(*)
-FROM queen.cursor_messages m
+SELECT queen.message_status(m.id, c, f.status), count(*)
+FROM queen.messages m
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
-LEFT JOIN queen.cursor_consumers c
+LEFT JOIN queen.consumers c
        ON c.partition_id = m.partition_id AND c.consumer_group = '__queue__'
-LEFT JOIN queen.cursor_failures f ON f.partition_id = m.partition_id
+LEFT JOIN queen.failures f ON f.partition_id = m.partition_id
       AND f.consumer_group = '__queue__' AND f.message_id = m.id
 WHERE q.name = 'scale' GROUP BY 1
 """

@@ -130,10 +130,10 @@ def _one_e2e(
         queen.stop()
 
 
-# Messages the count rollups have not reached yet (past queen.cursor_counts.counted_id).
+# Messages the count rollups have not reached yet (past queen.partition_counts.counted_id).
 UNCOUNTED = """
-SELECT count(*) FROM queen.cursor_messages m
-LEFT JOIN queen.cursor_counts k ON k.partition_id = m.partition_id
+SELECT count(*) FROM queen.messages m
+LEFT JOIN queen.partition_counts k ON k.partition_id = m.partition_id
 WHERE m.id > coalesce(k.counted_id, 0)
 """
 
@@ -179,7 +179,7 @@ SEED = [
        SELECT q.id, 'e' || g, now() - interval '2 days', now() - interval '2 days'
        FROM queen.queues q, generate_series(0, 499) g WHERE q.name = 'idle'""",
     # Metrics older than the retention.
-    """INSERT INTO queen.cursor_metrics_minute (minute, partition_id, incoming)
+    """INSERT INTO queen.metrics_minute (minute, partition_id, incoming)
        SELECT date_trunc('minute', now()) - interval '40 days' - make_interval(mins => g),
               p.id, 1
        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id,
@@ -191,7 +191,7 @@ SEED = [
 SEED_MESSAGES = """
 WITH parts AS (SELECT array_agg(p.id ORDER BY p.name) AS ids FROM queen.partitions p
                JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %(queue)s)
-INSERT INTO queen.cursor_messages (partition_id, transaction_id, payload, created_at)
+INSERT INTO queen.messages (partition_id, transaction_id, payload, created_at)
 SELECT parts.ids[1 + g %% cardinality(parts.ids)], %(queue)s || '-' || g,
        '{"kind": "bench", "body": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}'::jsonb,
        now() - make_interval(secs => %(span)s * (1 - g::float8 / %(total)s))
@@ -200,7 +200,7 @@ ORDER BY g
 """
 # Queue mode's cursors on every queue, as its first pop makes them.
 SEED_CURSORS = """
-SELECT queen.cursor_join(q.id, '__queue__', 'all', NULL), queen.cursor_ensure(q.id, '__queue__')
+SELECT queen.join_group(q.id, '__queue__', 'all', NULL), queen.ensure_cursors(q.id, '__queue__')
 FROM queen.queues q ORDER BY q.name
 """
 # Queue mode completed all of `archive`: its cursors at the newest message, one completion
@@ -209,25 +209,25 @@ SEED_COMPLETED = """
 WITH done AS (
     SELECT m.partition_id, m.id, m.created_at,
            row_number() OVER (PARTITION BY m.partition_id ORDER BY m.id) AS n
-    FROM queen.cursor_messages m JOIN queen.partitions p ON p.id = m.partition_id
+    FROM queen.messages m JOIN queen.partitions p ON p.id = m.partition_id
     JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'archive'
 ), completions AS (
-    INSERT INTO queen.cursor_completions
+    INSERT INTO queen.completions
         (partition_id, consumer_group, first_id, last_id, acked, acked_at)
     SELECT d.partition_id, '__queue__', min(d.id), max(d.id), count(*),
            max(d.created_at) + interval '1 s'
     FROM done d GROUP BY d.partition_id, (d.n - 1) / 1000
 )
-UPDATE queen.cursor_consumers c SET cursor_id = u.upto
+UPDATE queen.consumers c SET cursor_id = u.upto
 FROM (SELECT d.partition_id, max(d.id) AS upto FROM done d GROUP BY 1) u
 WHERE c.partition_id = u.partition_id AND c.consumer_group = '__queue__'
 """
 # Twenty expired leases of ten messages each (queue mode, queue `work`).
 SEED_LEASES = """
-UPDATE queen.cursor_consumers c
+UPDATE queen.consumers c
 SET lease_id = gen_random_uuid(), leased_by = 'seed', lease_expires_at = now() - interval '1 s',
     lease_size = 10,
-    lease_last_id = (SELECT m.id FROM queen.cursor_messages m WHERE m.partition_id = c.partition_id
+    lease_last_id = (SELECT m.id FROM queen.messages m WHERE m.partition_id = c.partition_id
                      ORDER BY m.id OFFSET 9 LIMIT 1)
 FROM (SELECT p.id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
       WHERE q.name = 'work' ORDER BY p.name LIMIT 20) p
@@ -236,12 +236,12 @@ WHERE c.partition_id = p.id AND c.consumer_group = '__queue__'
 FILLED = (
     "queen.queues",
     "queen.partitions",
-    "queen.cursor_messages",
-    "queen.cursor_groups",
-    "queen.cursor_consumers",
-    "queen.cursor_completions",
-    "queen.cursor_counts",
-    "queen.cursor_metrics_minute",
+    "queen.messages",
+    "queen.consumer_groups",
+    "queen.consumers",
+    "queen.completions",
+    "queen.partition_counts",
+    "queen.metrics_minute",
 )
 
 
@@ -276,7 +276,7 @@ def seed(dsn: str, completed: int, pending: int) -> float:
         conn.execute(SEED_LEASES)
         (partitions,) = conn.execute("SELECT count(*) FROM queen.partitions").fetchone() or (0,)
         while conn.execute(
-            "SELECT queen.cursor_count_refresh(%s, 100000)", (partitions,)
+            "SELECT queen.count_refresh(%s, 100000)", (partitions,)
         ).fetchone() != (0,):
             pass  # the count rollups caught up, as maintenance keeps them
         analyze_if_unattended(conn, FILLED)

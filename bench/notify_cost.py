@@ -9,8 +9,8 @@ variants are switched in place between rounds (the notification functions replac
 no-ops or restored, the list of waiting workers filled or emptied), rotating the order,
 so that table growth and background noise hit every variant alike.
 
-SQL level (--clients processes calling queen.cursor_push directly):
-  in-push       a plain session: the push NOTIFYs inside its transaction (queen.cursor_wake).
+SQL level (--clients processes calling queen.push_rows directly):
+  in-push       a plain session: the push NOTIFYs inside its transaction (queen.wake).
   after-commit  what Queen's sessions do: queen.push_notify = after_commit, then
                 queen.notify_pushed in a transaction of its own (one per push here),
                 with a worker listed as having polls parked, so it does notify.
@@ -49,7 +49,7 @@ from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 SILENT = """
-CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
+CREATE OR REPLACE FUNCTION queen.wake(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END $$;
 CREATE OR REPLACE FUNCTION queen.notify_wakes(p_payloads text[]) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN END $$;
@@ -77,7 +77,7 @@ def real_functions(dsn: str) -> str:
             "SELECT pg_get_functiondef(p.oid) FROM pg_proc p"
             " JOIN pg_namespace n ON n.oid = p.pronamespace"
             " WHERE n.nspname = 'queen'"
-            " AND p.proname IN ('cursor_wake', 'notify_wakes', 'notify_pushed')"
+            " AND p.proname IN ('wake', 'notify_wakes', 'notify_pushed')"
         ).fetchall()
     return ";\n".join(r[0] for r in rows) + ";"
 
@@ -112,7 +112,7 @@ def batch_items(client: int, batch: int, i: int) -> list[dict[str, object]]:
 def sql_pusher(
     dsn: str, variant: str, client: int, batch: int, seconds: float, out: multiprocessing.Queue
 ) -> None:
-    """Call queen.cursor_push for `seconds` the way `variant` says; put the messages stored."""
+    """Call queen.push_rows for `seconds` the way `variant` says; put the messages stored."""
     stored = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         if variant != "in-push":
@@ -124,7 +124,7 @@ def sql_pusher(
             items = batch_items(client, batch, i)
             i += 1
             row = conn.execute(
-                "SELECT count(*) FROM queen.cursor_push(%s::jsonb, NULL)", (json.dumps(items),)
+                "SELECT count(*) FROM queen.push_rows(%s::jsonb, NULL)", (json.dumps(items),)
             ).fetchone()
             stored += row[0] if row else 0
             if variant == "after-commit":
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace, server_dsn: str) -> None:
         " the cursor store. Medians of"
         f" {args.rounds} rounds of {args.seconds} s, {args.clients} concurrent clients.",
         "",
-        "## SQL level (queen.cursor_push called directly)",
+        "## SQL level (queen.push_rows called directly)",
         "",
         *table(sql_rates, SQL_VARIANTS, "none"),
         "",

@@ -251,10 +251,10 @@ def explain(dsn: str, out: Path) -> None:
         body = orjson.dumps({"items": items}).decode()
         sections = []
         for title, sql, params in (
-            ("push 100", "SELECT * FROM queen.cursor_push_api(%s::jsonb -> 'items')", (body,)),
+            ("push 100", "SELECT * FROM queen.push(%s::jsonb -> 'items')", (body,)),
             (
                 "pop by queue, batch 100",
-                "SELECT transaction_id FROM queen.cursor_pop_api('queue', %s, NULL, NULL, NULL,"
+                "SELECT transaction_id FROM queen.pop('queue', %s, NULL, NULL, NULL,"
                 " '__queue__', 100, 'profile', NULL, NULL, gen_random_uuid())",
                 (adapters.QUEUE,),
             ),
@@ -265,7 +265,7 @@ def explain(dsn: str, out: Path) -> None:
             if title.startswith("pop"):
                 acks = [{"transactionId": r[0], "status": "completed"} for r in rows]
         notices.clear()
-        conn.execute("SELECT * FROM queen.cursor_ack(%s::jsonb)", (orjson.dumps(acks).decode(),))
+        conn.execute("SELECT * FROM queen.ack_rows(%s::jsonb)", (orjson.dumps(acks).decode(),))
         sections.append((f"ack {len(acks)}", list(notices)))
     text = []
     for title, logs in sections:

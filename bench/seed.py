@@ -4,11 +4,11 @@
         --messages 10000000 --partitions 1000 --queues 20
 
 Messages are generated inside PostgreSQL (INSERT ... SELECT generate_series into
-queen.cursor_messages, in chunks) so 10 million take minutes, not hours, spread over the
+queen.messages, in chunks) so 10 million take minutes, not hours, spread over the
 last --hours hours. Queue mode has then consumed the oldest 80% of each partition (its
 cursor stands there): about 70% completed, 20% pending, 6% failed and 4% dead_letter.
-Maintenance's count rollups are brought up to date (queen.cursor_counts, and the
-per-minute activity in queen.cursor_metrics_minute that throughput and queue-lag read),
+Maintenance's count rollups are brought up to date (queen.partition_counts, and the
+per-minute activity in queen.metrics_minute that throughput and queue-lag read),
 and the tables ANALYZEd when the server runs without autovacuum.
 """
 
@@ -53,7 +53,7 @@ WITH parts AS (
     SELECT array_agg(p.id ORDER BY p.name) AS ids FROM queen.partitions p
     JOIN queen.queues q ON q.id = p.queue_id WHERE q.name LIKE 'bench-%%'
 )
-INSERT INTO queen.cursor_messages (partition_id, transaction_id, payload, created_at)
+INSERT INTO queen.messages (partition_id, transaction_id, payload, created_at)
 SELECT parts.ids[1 + i %% cardinality(parts.ids)], queen.uuid_v7()::text,
        jsonb_build_object('order', i, 'customer', 'c-' || (i %% 9973),
                           'amount', (i %% 10000) / 100.0, 'note', 'seeded message'),
@@ -70,25 +70,25 @@ WITH ranked AS (
     SELECT m.partition_id, m.id, m.created_at,
            row_number() OVER (PARTITION BY m.partition_id ORDER BY m.id) AS n,
            count(*) OVER (PARTITION BY m.partition_id) AS total
-    FROM queen.cursor_consumers c
-    JOIN queen.cursor_messages m ON m.partition_id = c.partition_id AND m.id > c.cursor_id
+    FROM queen.consumers c
+    JOIN queen.messages m ON m.partition_id = c.partition_id AND m.id > c.cursor_id
     WHERE c.queue_id = %(queue)s AND c.consumer_group = '__queue__'
 ), consumed AS (
     SELECT r.*, abs(hashint8(r.id)) %% 80 AS roll FROM ranked r WHERE r.n * 10 <= r.total * 8
 ), failures AS (
-    INSERT INTO queen.cursor_failures
+    INSERT INTO queen.failures
         (partition_id, consumer_group, message_id, status, retry_count, error, failed_at)
     SELECT c.partition_id, '__queue__', c.id, CASE WHEN c.roll < 6 THEN 'failed' ELSE 'dead_letter' END,
            3, 'seeded failure', c.created_at + interval '2 s'
     FROM consumed c WHERE c.roll < 10
 ), completions AS (
-    INSERT INTO queen.cursor_completions
+    INSERT INTO queen.completions
         (partition_id, consumer_group, first_id, last_id, acked, acked_at)
     SELECT c.partition_id, '__queue__', min(c.id), max(c.id), count(*) FILTER (WHERE c.roll >= 10),
            max(c.created_at) + (50 + min(c.roll) * 37) * interval '1 ms'
     FROM consumed c GROUP BY c.partition_id, (c.n - 1) / %(ack_range)s
 )
-UPDATE queen.cursor_consumers x SET cursor_id = u.upto, updated_at = now()
+UPDATE queen.consumers x SET cursor_id = u.upto, updated_at = now()
 FROM (SELECT c.partition_id, max(c.id) AS upto FROM consumed c GROUP BY 1) u
 WHERE x.partition_id = u.partition_id AND x.consumer_group = '__queue__'
 """
@@ -96,13 +96,13 @@ ACK_RANGE = 10  # messages per completion record of the seeded consumption
 FILLED = (
     "queen.queues",
     "queen.partitions",
-    "queen.cursor_messages",
-    "queen.cursor_groups",
-    "queen.cursor_consumers",
-    "queen.cursor_failures",
-    "queen.cursor_completions",
-    "queen.cursor_counts",
-    "queen.cursor_metrics_minute",
+    "queen.messages",
+    "queen.consumer_groups",
+    "queen.consumers",
+    "queen.failures",
+    "queen.completions",
+    "queen.partition_counts",
+    "queen.metrics_minute",
 )
 
 
@@ -165,17 +165,17 @@ def consume(conn: psycopg.Connection) -> None:
         for r in conn.execute("SELECT id FROM queen.queues WHERE name LIKE 'bench-%' ORDER BY name")
     ]
     for queue in queues:
-        conn.execute("SELECT queen.cursor_join(%s, '__queue__', 'all', NULL)", (queue,))
-        conn.execute("SELECT queen.cursor_ensure(%s, '__queue__')", (queue,))
+        conn.execute("SELECT queen.join_group(%s, '__queue__', 'all', NULL)", (queue,))
+        conn.execute("SELECT queen.ensure_cursors(%s, '__queue__')", (queue,))
         conn.execute(CONSUME, {"queue": queue, "ack_range": ACK_RANGE})
     log(f"queue mode consumed 80% of each partition of {len(queues)} queues")
 
 
 def refresh(conn: psycopg.Connection) -> None:
-    """Maintenance's count rollups (queen.cursor_counts, cursor_metrics_minute) caught up."""
+    """Maintenance's count rollups (queen.partition_counts, metrics_minute) caught up."""
     (partitions,) = conn.execute("SELECT count(*) FROM queen.partitions").fetchone() or (0,)
     while conn.execute(
-        "SELECT queen.cursor_count_refresh(%s, 100000)", (partitions,)
+        "SELECT queen.count_refresh(%s, 100000)", (partitions,)
     ).fetchone() != (0,):
         pass
     log("count rollups caught up")

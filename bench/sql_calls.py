@@ -5,11 +5,11 @@
 
 A fresh database migrated by `queen migrate`'s code, seeded with --messages messages over
 --partitions partitions (16) of one queue and ANALYZEd (--stats maintenance: only what
-Queen's maintenance analyses by itself, queen.cursor_analyze); then one session (asynchronous commit unless --durable, so that
+Queen's maintenance analyses by itself, queen.analyze_tables); then one session (asynchronous commit unless --durable, so that
 the WAL flush is not counted) runs each call in a loop inside a PL/pgSQL procedure, committing
 after every call as a request would: push --batch messages into one partition
-(queen.cursor_push_api, as Queen's pool calls it), pop a batch of --batch by queue
-(queen.cursor_pop_many with one pop), ack those (queen.cursor_ack_api, one call), a pop
+(queen.push, as Queen's pool calls it), pop a batch of --batch by queue
+(queen.pop_many with one pop), ack those (queen.ack, one call), a pop
 that finds every partition leased, and a bare INSERT of --batch rows beside them. Reported: microseconds per call (median of the rounds). No HTTP, no
 client: the statement time under load is bench.profile's.
 """
@@ -46,27 +46,27 @@ BEGIN
             SELECT jsonb_agg(jsonb_build_object('transactionId', (m.message).transaction_id,
                                                 'status', 'completed'))
             INTO acks
-            FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
+            FROM queen.pop_many(jsonb_build_array(jsonb_build_object(
                 'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', size,
                 'worker', 'bench', 'lease', gen_random_uuid()))) m;
             COMMIT;
         END IF;
         started := clock_timestamp();
         IF what = 'push' THEN
-            PERFORM * FROM queen.cursor_push_api(items, NULL);
+            PERFORM * FROM queen.push(items, NULL);
         ELSIF what IN ('pop', 'empty pop') THEN
-            PERFORM * FROM queen.cursor_pop_many(jsonb_build_array(jsonb_build_object(
+            PERFORM * FROM queen.pop_many(jsonb_build_array(jsonb_build_object(
                 'kind', 'queue', 'queue', 'bench', 'group', '__queue__', 'batch', size,
                 'worker', 'bench', 'lease', gen_random_uuid()))) m;
         ELSIF what = 'ack' THEN
-            PERFORM * FROM queen.cursor_ack_api(acks);
+            PERFORM * FROM queen.ack(acks);
         ELSIF what = 'bare insert' THEN
             INSERT INTO bare (body) SELECT i FROM jsonb_array_elements(items) i;
         END IF;
         COMMIT;
         spent := spent + (clock_timestamp() - started);
         IF what = 'pop' THEN  -- given back (no attempt counted): every pop finds a free partition
-            PERFORM queen.cursor_unclaim(c.lease_id) FROM queen.cursor_consumers c
+            PERFORM queen.give_back(c.lease_id) FROM queen.consumers c
             WHERE c.lease_id IS NOT NULL;
             COMMIT;
         END IF;
@@ -83,7 +83,7 @@ def seed(conn: psycopg.Connection[Any], partitions: int, messages: int, stats: s
     conn.execute("CREATE TABLE bare (id bigserial PRIMARY KEY, body jsonb NOT NULL)")
     for first in range(0, messages, 10_000):
         conn.execute(
-            "SELECT count(*) FROM queen.cursor_push_api((SELECT jsonb_agg(jsonb_build_object("
+            "SELECT count(*) FROM queen.push((SELECT jsonb_agg(jsonb_build_object("
             "'queue', 'bench', 'partition', 'p' || (i %% %s::integer), 'payload', i))"
             " FROM generate_series(%s::integer, %s::integer) i), NULL)",
             (partitions, first, min(messages, first + 10_000) - 1),
@@ -91,14 +91,14 @@ def seed(conn: psycopg.Connection[Any], partitions: int, messages: int, stats: s
     if stats == "all":
         conn.execute("ANALYZE")
     else:  # what the server's maintenance process analyses on its own
-        conn.execute("SELECT queen.cursor_analyze()")
+        conn.execute("SELECT queen.analyze_tables()")
 
 
 def lease_all(conn: psycopg.Connection[Any], partitions: int) -> None:
     """Lease every partition, so that the next pops find none free."""
     for _ in range(partitions):
         conn.execute(
-            "SELECT count(*) FROM queen.cursor_pop_api('queue', 'bench', NULL, NULL, NULL,"
+            "SELECT count(*) FROM queen.pop('queue', 'bench', NULL, NULL, NULL,"
             " '__queue__', 1, 'bench', NULL, NULL, gen_random_uuid())"
         )
 
@@ -122,7 +122,7 @@ def run(
                 results[case].append(float(us))
                 if case == "empty pop":
                     conn.execute(
-                        "SELECT queen.cursor_unclaim(lease_id) FROM queen.cursor_consumers"
+                        "SELECT queen.give_back(lease_id) FROM queen.consumers"
                         " WHERE lease_id IS NOT NULL"
                     )
                 print(f"round {number}/{rounds}: {case} {us} us", flush=True)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stats", choices=("all", "maintenance"), default="all",
         help="after seeding, ANALYZE every table (all), or only what Queen's maintenance"
-        " analyses by itself (maintenance: queen.cursor_analyze), as a server has them",
+        " analyses by itself (maintenance: queen.analyze_tables), as a server has them",
     )
     cluster.add_argument(parser)
     args = parser.parse_args(argv)

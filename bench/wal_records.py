@@ -29,9 +29,9 @@ from bench.systems import drop_database, fresh_database
 from queen.store.migrate import migrate
 
 DATABASE = "queen_bench_wal_records"
-POP = "SELECT (message).transaction_id, (message).lease_id FROM queen.cursor_pop_many(%s::jsonb)"
-PUSH = "SELECT count(*) FROM queen.cursor_push_api(%s::jsonb)"
-ACK = "SELECT count(*) FROM queen.cursor_ack_api(%s::jsonb)"
+POP = "SELECT (message).transaction_id, (message).lease_id FROM queen.pop_many(%s::jsonb)"
+PUSH = "SELECT count(*) FROM queen.push(%s::jsonb)"
+ACK = "SELECT count(*) FROM queen.ack(%s::jsonb)"
 BY_TYPE = """
 SELECT "resource_manager/record_type", count, record_size, fpi_size
 FROM pg_get_wal_stats(%s, %s, true) WHERE count > 0 ORDER BY combined_size DESC LIMIT 12

@@ -5,7 +5,7 @@ psycopg, no HTTP) on a
 scratch database, first as the schema is, then with one change applied to that
 database only (never to the repository):
 
-- no_notify: queen.cursor_wake becomes a no-op, i.e. no NOTIFY inside the writing
+- no_notify: queen.wake becomes a no-op, i.e. no NOTIFY inside the writing
   transactions that still send one (maintenance, transactions; pushes and acks send
   theirs after commit);
 - async_commit: synchronous_commit = off for every session of the database (what it
@@ -30,7 +30,7 @@ from bench.systems import drop_database, fresh_database
 VARIANTS = {
     "as is": [],
     "no NOTIFY in the transaction": [
-        "CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void"
+        "CREATE OR REPLACE FUNCTION queen.wake(p_partitions uuid[]) RETURNS void"
         " LANGUAGE sql AS $$ SELECT $$",
     ],
     "synchronous_commit off": ["ALTER DATABASE {db} SET synchronous_commit = off"],

@@ -19,7 +19,7 @@ from queen.api.messages import AckBatchResource, AckResource, PopResource, PushR
 from queen.api.metrics import MetricsMiddleware, PrometheusResource, observe_fused
 from queen.api.queues import ConfigureResource
 from queen.api.system import HealthResource, MetricsResource, OpenAPIResource
-from queen.auth_cache import TokenVerifier
+from queen.auth.cache import TokenVerifier
 from queen.config import Settings
 from queen.dashboard import STATIC_DIR
 from queen.dashboard.hub import Hub

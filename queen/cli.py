@@ -9,10 +9,10 @@ import os
 import signal
 import sys
 
-from queen import tokens_cli
+from queen.auth import tokens_cli
 from queen.client.cli import add_client_commands
 from queen.config import SettingError, Settings, check_exposure, env_table
-from queen.supervisor import Supervisor
+from queen.server.supervisor import Supervisor
 
 log = logging.getLogger("queen")
 

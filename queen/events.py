@@ -38,8 +38,8 @@ from psycopg import sql
 
 from queen.models import PopRoute
 from queen.store.bounds import WATCHDOG, bounded_conninfo
-from queen.store.cursors import QUEUE_MODE
 from queen.store.dashboard import DASHBOARD_CHANNEL
+from queen.store.lifecycle import QUEUE_MODE
 
 log = logging.getLogger(__name__)
 

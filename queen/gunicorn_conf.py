@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from queen import multiproc
 from queen.config import SettingError, Settings, check_exposure
+from queen.server import multiproc
 
 __all__ = [  # what gunicorn reads: settings and server hooks
     "wsgi_app", "bind", "workers", "worker_class", "worker_connections", "preload_app",
@@ -30,13 +30,13 @@ _metrics_dir = multiproc.prepare()  # before any worker imports prometheus_clien
 wsgi_app = "queen.wsgi:get_app()"
 bind = [f"{_settings.host}:{_settings.port}"]
 workers = _settings.workers
-worker_class = "queen.worker.Worker"  # geventwebsocket's gevent worker; see queen/worker.py
+worker_class = "queen.server.worker.Worker"  # geventwebsocket's gevent worker; see queen/server/worker.py
 worker_connections = _settings.worker_connections
 preload_app = False
 control_socket_disable = True
 timeout = 60  # seconds without a heartbeat before a worker is replaced
 graceful_timeout = 10  # seconds for in-flight requests on shutdown; parked polls end at once
-# (the worker's SIGTERM handler releases them: queen/worker.py)
+# (the worker's SIGTERM handler releases them: queen/server/worker.py)
 # Idle keep-alive connections are closed by Queen's own handler (QUEEN_IDLE_TIMEOUT,
 # queen/connections.py): gunicorn's `keepalive` does not apply to the gevent worker.
 backlog = 2048

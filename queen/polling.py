@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 # Read one byte without consuming it and without waiting (Linux, BSD, macOS).
 _PEEK_FLAGS = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
-# Where the WSGI server puts the client connection (queen.worker; gunicorn's own handler).
+# Where the WSGI server puts the client connection (queen.server.worker; gunicorn's own handler).
 SOCKET_KEYS = ("gunicorn.socket", "gunicorn.sock")
 LISTED_S = 30  # seconds a listing in queen.waiting_workers lasts (refreshed every 10 s)
 RELIST_S = 10  # a poll lists its worker again first when less than this is left

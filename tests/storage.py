@@ -21,12 +21,12 @@ MESSAGE_VIEW = """
                  coalesce(c.lease_id IS NOT NULL AND c.lease_expires_at > now()
                           AND m.id > c.cursor_id AND m.id <= c.lease_last_id
                           AND m.id <> ALL (c.done_ids || c.lease_acked), false) AS leased
-          FROM queen.cursor_messages m
+          FROM queen.messages m
           JOIN queen.partitions p ON p.id = m.partition_id
           JOIN queen.queues q ON q.id = p.queue_id
-          LEFT JOIN queen.cursor_consumers c
+          LEFT JOIN queen.consumers c
                  ON c.partition_id = m.partition_id AND c.consumer_group = '__queue__') x
-    LEFT JOIN queen.cursor_failures f
+    LEFT JOIN queen.failures f
            ON f.partition_id = x.partition_id AND f.message_id = x.id
           AND f.consumer_group = '__queue__'
     """
@@ -36,46 +36,46 @@ STATUS_COUNTS = f"SELECT status, count(*) FROM ({MESSAGE_VIEW}) v GROUP BY 1"
 
 # The workers that hold (or held) leases on the queue named by the one parameter.
 LEASE_HOLDERS_OF_QUEUE = (
-    "SELECT DISTINCT c.leased_by FROM queen.cursor_consumers c"
+    "SELECT DISTINCT c.leased_by FROM queen.consumers c"
     " JOIN queen.queues q ON q.id = c.queue_id WHERE q.name = %s AND c.leased_by IS NOT NULL"
 )
 
 # Queue mode's lease of each partition of the queue named by the one parameter:
 # (held, lease_size), one row per partition it has a cursor for.
 PARTITION_LEASES = (
-    "SELECT c.lease_id IS NOT NULL, c.lease_size FROM queen.cursor_consumers c"
+    "SELECT c.lease_id IS NOT NULL, c.lease_size FROM queen.consumers c"
     " JOIN queen.queues q ON q.id = c.queue_id"
     " WHERE q.name = %s AND c.consumer_group = '__queue__'"
 )
 # Who holds queue mode's lease of the partition named by the one parameter.
 PARTITION_LEASED_BY = (
-    "SELECT c.leased_by FROM queen.cursor_consumers c"
+    "SELECT c.leased_by FROM queen.consumers c"
     " JOIN queen.partitions p ON p.id = c.partition_id"
     " WHERE p.name = %s AND c.consumer_group = '__queue__'"
 )
 # How many partitions hold a lease (live or expired, not yet ended).
-LEASED_PARTITIONS = "SELECT count(*) FROM queen.cursor_consumers WHERE lease_id IS NOT NULL"
+LEASED_PARTITIONS = "SELECT count(*) FROM queen.consumers WHERE lease_id IS NOT NULL"
 # Make every lease expired (as if its time had passed), without ending it.
 EXPIRE_LEASES = (
-    "UPDATE queen.cursor_consumers SET lease_expires_at = now() - interval '1 s'"
+    "UPDATE queen.consumers SET lease_expires_at = now() - interval '1 s'"
     " WHERE lease_id IS NOT NULL"
 )
 
 # How many partitions hold a message queue mode has not finished (pending or leased).
 PARTITIONS_WITH_WORK = """
     SELECT count(*) FROM queen.partitions p
-    LEFT JOIN queen.cursor_consumers c
+    LEFT JOIN queen.consumers c
            ON c.partition_id = p.id AND c.consumer_group = '__queue__'
-    WHERE EXISTS (SELECT 1 FROM queen.cursor_messages m
+    WHERE EXISTS (SELECT 1 FROM queen.messages m
                   WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
                     AND m.id <> ALL (coalesce(c.done_ids, '{}')))
     """
 
 # Push a JSON array of items in SQL, as a client of the store would.
-PUSH_ITEMS = "SELECT count(*) FROM queen.cursor_push(%s::jsonb)"
+PUSH_ITEMS = "SELECT count(*) FROM queen.push_rows(%s::jsonb)"
 
 # The table of the messages themselves.
-MESSAGES = "queen.cursor_messages"
+MESSAGES = "queen.messages"
 
 # (status, retry_count, worker) of every message of a queue (%s).
 QUEUE_MESSAGES = f"SELECT status, retry_count, worker FROM ({MESSAGE_VIEW}) v WHERE queue = %s"

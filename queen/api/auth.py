@@ -24,7 +24,7 @@ import falcon
 
 from queen.api import send_json
 from queen.auth import EVERY_QUEUE, ROLES, Permission, Principal, well_formed
-from queen.auth_cache import RateLimiter, TokenVerifier, retry_after
+from queen.auth.cache import RateLimiter, TokenVerifier, retry_after
 from queen.store import Store
 
 

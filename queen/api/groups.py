@@ -16,7 +16,7 @@ from queen.api import auth, read_body, send_json, validation
 from queen.errors import InvalidInput, NotFound
 from queen.models import iso
 from queen.store import Store
-from queen.store.cursors import QUEUE_MODE, GroupPartition, GroupSummary, SeekTarget
+from queen.store.lifecycle import QUEUE_MODE, GroupPartition, GroupSummary, SeekTarget
 
 SEEK_TARGETS = ("beginning", "end")
 

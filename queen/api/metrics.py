@@ -31,9 +31,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from queen import multiproc
 from queen.analytics import STATUSES
 from queen.errors import Unavailable
+from queen.server import multiproc
 from queen.store import Store
 
 MULTIPROC_ENV = multiproc.MULTIPROC_ENV

@@ -32,7 +32,7 @@ from queen.errors import (
     QueueFull,
 )
 from queen.store import Store
-from queen.store.cursors import QUEUE_MODE, CheckedAck, PushOutcome
+from queen.store.lifecycle import QUEUE_MODE, CheckedAck, PushOutcome
 from queen.store.transactions import AckOperation, Operation, PushOperation, Result
 
 # The HTTP status of a failed operation, by the error it is (as queen.app maps them).

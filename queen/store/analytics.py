@@ -1,9 +1,9 @@
 """What the analytics and resources endpoints read: counts, time series, lag, structure.
 
-Counts are queue mode's: the rollup maintenance keeps (queen.cursor_counts) plus bounded
-walks past its watermarks (queen.cursor_partition_counts), never a count over the
+Counts are queue mode's: the rollup maintenance keeps (queen.partition_counts) plus bounded
+walks past its watermarks (queen.message_counts), never a count over the
 messages; time series and processing times from the per-minute activity
-(queen.cursor_metrics_minute) plus the same walks (queen.cursor_activity_walk).
+(queen.metrics_minute) plus the same walks (queen.activity_walk).
 """
 
 from __future__ import annotations

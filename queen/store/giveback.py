@@ -26,7 +26,7 @@ class GiveBacks:
     messages are then leased to no one, and would return only when the lease expires,
     counted as a retry (with retryLimit 0, dead-lettered without a delivery). The pop
     drew its lease id itself, so the claim can be found: one thread (a greenlet under
-    gevent) per process calls queen.cursor_give_back_claim for it until the database
+    gevent) per process calls queen.give_back_claim for it until the database
     answers.
     """
 

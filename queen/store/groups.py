@@ -1,7 +1,7 @@
 """Consumer groups: list, describe, seek, delete (over the pool).
 
 Backlogs are counted, never estimated, but only up to a cap of messages per (group,
-partition) and a budget per request, shared among its pairs (queen.cursor_backlog): a
+partition) and a budget per request, shared among its pairs (queen.backlog): a
 request reads at most max(budget, pairs x 10) index entries however long the backlog.
 Past its cap a count is a lower bound and says so (`capped`).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from queen.store import cursors
+from queen.store import lifecycle
 from queen.store.db import Database
 
 LIST_CAP = 1_000  # messages counted per partition and group in a listing, at most
@@ -27,29 +27,29 @@ class ConsumerGroups:
 
     def summaries(
         self, queue: str | None = None, group: str | None = None
-    ) -> list[cursors.GroupSummary]:
+    ) -> list[lifecycle.GroupSummary]:
         """One summary per (group, queue), of one queue or every queue."""
         with self.db.connection() as conn:
-            return cursors.group_summaries(conn, queue, group, LIST_CAP, LIST_BUDGET)
+            return lifecycle.group_summaries(conn, queue, group, LIST_CAP, LIST_BUDGET)
 
-    def partitions(self, group: str, queue: str | None = None) -> list[cursors.GroupPartition]:
+    def partitions(self, group: str, queue: str | None = None) -> list[lifecycle.GroupPartition]:
         """The group in every partition of its queues (or of queue); [] when unknown there."""
         with self.db.connection() as conn:
-            return cursors.group_partitions(conn, group, queue, DETAIL_CAP, DETAIL_BUDGET)
+            return lifecycle.group_partitions(conn, group, queue, DETAIL_CAP, DETAIL_BUDGET)
 
     def seek(
-        self, queue: str, group: str, to: cursors.SeekTarget, at: dt.datetime | None = None
+        self, queue: str, group: str, to: lifecycle.SeekTarget, at: dt.datetime | None = None
     ) -> int | None:
         """Move group's cursors on queue; the partitions moved, None for an unknown queue.
 
         A group that has not read the queue yet joins it there (mode 'all', then moved).
         """
         with self.db.connection() as conn, conn.transaction():
-            return cursors.seek(conn, queue, group, to, at)
+            return lifecycle.seek(conn, queue, group, to, at)
 
     def delete(self, group: str, queue: str | None = None) -> dict[str, int]:
         """Forget group on queue (None: on every queue); {queue: cursors dropped}, {} when
         the group was not there."""
         with self.db.connection() as conn, conn.transaction():
-            queues = [q for q in cursors.group_queues(conn, group) if queue in (None, q)]
-            return {q: cursors.delete_group(conn, q, group) for q in queues}
+            queues = [q for q in lifecycle.group_queues(conn, group) if queue in (None, q)]
+            return {q: lifecycle.delete_group(conn, q, group) for q in queues}

@@ -6,11 +6,11 @@ next one, which takes them all (queen.fusion): one statement and one commit for 
 requests, each answered its own results in its own order. A request that finds a free
 slot goes at once, alone.
 Message ids in answers are UUIDs derived from the bigint id and created_at
-(queen.cursor_message_uuid), made the same way here (message_uuid).
+(queen.message_uuid), made the same way here (message_uuid).
 
 A pop names its lease id itself. When the database connection breaks during a pop, the
 pop may have committed and its answer be lost: GiveBacks gives that lease back in the
-background without counting an attempt (queen.cursor_give_back_claim), instead of
+background without counting an attempt (queen.give_back_claim), instead of
 letting it expire into a retry.
 """
 
@@ -33,9 +33,9 @@ from queen import crypto
 from queen.errors import InvalidInput, QueenError
 from queen.fusion import Fuser, Observe, split
 from queen.models import AckResult, Popped, PopRoute, PushResult
-from queen.store.cursors import QUEUE_MODE
 from queen.store.db import LARGE_CALL_BYTES, Database, text_array
 from queen.store.giveback import GiveBacks
+from queen.store.lifecycle import QUEUE_MODE
 from queen.store.polling import Wakeups
 from queen.store.queues import Queues
 
@@ -54,7 +54,7 @@ class _Push(NamedTuple):
 
 
 class _Pop(NamedTuple):
-    params: dict[str, Any]  # one element of queen.cursor_pop_many's array
+    params: dict[str, Any]  # one element of queen.pop_many's array
     lease: uuid.UUID
 
 
@@ -138,7 +138,7 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def message_uuid(message_id: int, created_at: dt.datetime) -> uuid.UUID:
-    """The API id of a stored message, as queen.cursor_message_uuid makes it."""
+    """The API id of a stored message, as queen.message_uuid makes it."""
     millis = ((created_at - _EPOCH) // dt.timedelta(milliseconds=1)) & (2**48 - 1)  # exact
     high = (message_id >> 62) & 0xFFF  # rand_a: the id's bits above the low 62
     return uuid.UUID(
@@ -147,7 +147,7 @@ def message_uuid(message_id: int, created_at: dt.datetime) -> uuid.UUID:
 
 
 def message_id_of(api_id: uuid.UUID) -> int:
-    """The bigint id inside an API id (queen.cursor_message_id)."""
+    """The bigint id inside an API id (queen.message_id_of)."""
     return ((api_id.int >> 64) & 0xFFF) << 62 | (api_id.int & (2**62 - 1))
 
 

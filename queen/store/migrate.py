@@ -1,8 +1,8 @@
 """Apply sql/migrations/ in order, once each, under an advisory lock (hosts may start together).
 
 Then install the functions of sql/functions/ (CREATE OR REPLACE, on every start).
-A database made by an earlier build (migrations this build does not have, or the tables
-of the message-row store) is refused before anything is changed: this build has one
+A database made by an earlier build (migrations this build does not have, or tables only
+earlier builds made) is refused before anything is changed: this build has one
 baseline and cannot upgrade such a database.
 """
 
@@ -20,10 +20,11 @@ from queen.store.db import translate_errors
 log = logging.getLogger(__name__)
 
 MIGRATIONS_LOCK = 0x5155_4545_4E00  # pg_advisory_lock key ("QUEEN")
-# Tables of the message-row store, which earlier builds made (and this one never does).
+# Tables only earlier builds made. Their migrations have names this build does not
+# know either; these catch a database whose bookkeeping is gone.
 EARLIER_TABLES = (
-    "queen.messages", "queen.partition_heads", "queen.status_deltas", "queen.partition_counts",
-    "queen.metrics_minute", "queen.lag_hour", "queen.lag_window",
+    "queen.cursor_messages", "queen.partition_heads", "queen.status_deltas", "queen.lag_hour",
+    "queen.lag_window",
 )
 
 
@@ -83,7 +84,7 @@ def install_functions(conn: psycopg.Connection[Any], directory: Path | None = No
 
 def refuse_earlier(conn: psycopg.Connection[Any], names: list[str]) -> None:
     """Raise EarlierDatabase when the database records migrations other than names (this
-    build's) or holds the message-row store's tables. Reads only."""
+    build's) or holds tables only earlier builds made. Reads only."""
     recorded: list[str] = []
     if conn.execute("SELECT to_regclass('queen.schema_migrations')").fetchone() != (None,):
         recorded = [r[0] for r in conn.execute("SELECT name FROM queen.schema_migrations")]

@@ -74,7 +74,7 @@ class Wakeups:
 
     Queen's sessions defer the push notifications (`queen.push_notify = after_commit`,
     see queen.notify_pushed for why), and acks hand back the wake-ups of the partitions
-    they freed (queen.cursor_ack_api). Started, one thread (a greenlet under gevent) per
+    they freed (queen.ack). Started, one thread (a greenlet under gevent) per
     process sends every wake-up noted meanwhile in one small transaction per kind, so
     concurrent calls share it; not started, each call sends its own.
     """

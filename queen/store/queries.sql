@@ -4,7 +4,7 @@
 -- A lone body's items are taken as they are: gathering them by path copies every item (1.4 µs each).
 SELECT p.idx, p.message_id, p.transaction_id, p.status
 FROM (SELECT %(bodies)s::jsonb AS b) x
-CROSS JOIN LATERAL queen.cursor_push_api(
+CROSS JOIN LATERAL queen.push(
     CASE WHEN jsonb_array_length(x.b) = 1 THEN x.b -> 0 -> 'items'
          ELSE jsonb_path_query_array(x.b, '$[*].items[*]') END,
     %(producer)s) p
@@ -23,7 +23,7 @@ SELECT x.pop, (x.message).id, (x.message).transaction_id,
        CASE WHEN x.first THEN (x.message).lease_time END AS lease_time,
        CASE WHEN x.first THEN (x.message).retry_limit END AS retry_limit
 FROM (SELECT m.pop, m.message, m.pop IS DISTINCT FROM lag(m.pop) OVER () AS first
-      FROM queen.cursor_pop_many(%(pops)s::jsonb) m) x
+      FROM queen.pop_many(%(pops)s::jsonb) m) x
 
 -- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
 SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
@@ -35,19 +35,19 @@ SELECT queen.notify_wakes(%(payloads)s::text[])
 SELECT queen.list_waiting_worker(%(worker)s, %(seconds)s)
 
 -- unclaim: give back a lease whose pop never reached its consumer (no attempt counted) --
-SELECT queen.cursor_unclaim(%(lease)s)
+SELECT queen.give_back(%(lease)s)
 
 -- give_back_claim: give back a pop whose answer was lost with its connection; NULL: not yet --
-SELECT queen.cursor_give_back_claim(%(lease)s, %(backend)s)
+SELECT queen.give_back_claim(%(lease)s, %(backend)s)
 
 -- ready_partitions: wake payloads of partitions with work for the parked polls' routes --
-SELECT payload FROM queen.cursor_ready_partitions(
+SELECT payload FROM queen.ready_partitions(
     %(queues)s::text[], %(partition_queues)s::text[], %(partitions)s::text[],
     %(namespaces)s::text[], %(tasks)s::text[], %(limit)s) AS payload
 
 -- ack: acknowledge a batch (its items as parallel arrays: ack_columns), one row per acknowledgment in request order; the first carries the wake-ups to send once committed (notify_wakes) --
 SELECT idx, transaction_id, status, retry_count, acknowledged_at, wakes
-FROM queen.cursor_ack_items_api(%(txids)s::text[], %(groups)s::text[], %(statuses)s::text[],
+FROM queen.ack_items(%(txids)s::text[], %(groups)s::text[], %(statuses)s::text[],
                                 %(errors)s::text[], %(leases)s::text[])
 
 -- create_queue: make sure a queue exists (its options start at the schema defaults) --
@@ -91,18 +91,18 @@ SELECT q.name AS queue, q.namespace, q.task, p.name AS partition,
        coalesce(s.dead_letter, 0) AS dead_letter
 FROM queen.queues q
 LEFT JOIN queen.partitions p ON p.queue_id = q.id
-LEFT JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+LEFT JOIN queen.message_counts(ARRAY(SELECT id FROM queen.partitions)) s
        ON s.partition_id = p.id
 ORDER BY q.name, p.name
 
 -- dashboard_recent: messages created and completed in the last complete minute (as maintenance counted them) --
 SELECT coalesce(sum(incoming), 0)::bigint AS created, coalesce(sum(completed), 0)::bigint AS completed
-FROM queen.cursor_metrics_minute
+FROM queen.metrics_minute
 WHERE minute = date_trunc('minute', now()) - interval '1 minute'
 
 -- dashboard_locate: queue and partition of messages named by transactionId --
 SELECT m.transaction_id, q.name AS queue, p.name AS partition
-FROM queen.cursor_messages m
+FROM queen.messages m
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
 WHERE m.transaction_id = ANY (%(ids)s::text[])
@@ -133,29 +133,29 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
   AND l.objsubid = 1
 
 -- maintenance_expire_leases: end expired leases (retry, DLQ or failed), wake polls --
-SELECT leases, messages, next_expiry_in FROM queen.cursor_expire(%(limit)s)
+SELECT leases, messages, next_expiry_in FROM queen.expire(%(limit)s)
 
 -- maintenance_wake_due: wake polls for partitions whose retryDelay ended or whose delayed/windowed messages became due --
-SELECT woken, next_due_in, scanned_at FROM queen.cursor_wake_due(%(since)s)
+SELECT woken, next_due_in, scanned_at FROM queen.wake_due(%(since)s)
 
 -- maintenance_timed_queues: queues whose messages become poppable later (delayedProcessing, windowBuffer) --
 SELECT name, delayed_processing, window_buffer FROM queen.queues
 WHERE delayed_processing > 0 OR window_buffer > 0
 
 -- maintenance_expire_ttl: dead-letter messages past their queue's ttl that nobody popped, at most limit --
-SELECT queen.cursor_maintain_ttl(%(limit)s)
+SELECT queen.maintain_ttl(%(limit)s)
 
 -- maintenance_cleanup_partitions: remove partitions without messages or live leases, idle for idle_s seconds, at most limit --
-SELECT queen.cursor_cleanup_partitions(%(idle_s)s, %(limit)s)
+SELECT queen.cleanup_partitions(%(idle_s)s, %(limit)s)
 
 -- maintenance_retention: delete messages past their queue's retention, at most limit --
-SELECT queen.cursor_retention(%(limit)s)
+SELECT queen.retention(%(limit)s)
 
 -- maintenance_analyze: ANALYZE the message tables that changed by a tenth --
-SELECT queen.cursor_analyze(%(min_changes)s)
+SELECT queen.analyze_tables(%(min_changes)s)
 
 -- maintenance_refresh_counts: bring the count rows of some partitions up to date, a bounded step each; how many are behind --
-SELECT queen.cursor_count_refresh(%(partitions)s, %(step)s)
+SELECT queen.count_refresh(%(partitions)s, %(step)s)
 
 -- maintenance_vacuum_candidates: Queen's tables holding many dead row versions that no vacuum has cleaned for a while, smallest first, and whether autovacuum runs at all --
 SELECT s.schemaname || '.' || s.relname AS name, pg_table_size(s.relid) AS bytes,
@@ -168,7 +168,7 @@ WHERE s.schemaname = 'queen'
 ORDER BY bytes
 
 -- maintenance_prune_metrics: delete per-minute activity older than the retention, at most limit rows --
-SELECT queen.cursor_metrics_prune(%(days)s, %(limit)s)
+SELECT queen.metrics_prune(%(days)s, %(limit)s)
 
 -- read_session: settings of an analytics or browsing read, for its transaction only: a short statement timeout, and no JIT (compiling costs more than these queries take) --
 SELECT set_config('statement_timeout', %(ms)s, true), set_config('jit', 'off', true)
@@ -197,7 +197,7 @@ WITH picked AS (
 SELECT t.queue_id, t.id, t.name, t.created_at,
        s.pending, s.processing, s.completed, s.failed, s.dead_letter
 FROM picked t
-JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM picked)) s ON s.partition_id = t.id
+JOIN queen.message_counts(ARRAY(SELECT id FROM picked)) s ON s.partition_id = t.id
 ORDER BY t.queue, t.name
 
 -- read_queue_totals: messages per status and partitions of every queue (partition-less ones too), by name --
@@ -209,16 +209,16 @@ SELECT q.name, count(p.id) AS partitions,
        coalesce(sum(s.dead_letter), 0)::bigint AS dead_letter
 FROM queen.queues q
 LEFT JOIN queen.partitions p ON p.queue_id = q.id
-LEFT JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+LEFT JOIN queen.message_counts(ARRAY(SELECT id FROM queen.partitions)) s
        ON s.partition_id = p.id
 GROUP BY q.name
 ORDER BY q.name
 
 -- read_message_span: created_at of the oldest and newest message of each partition of a queue (its first and last by id) --
 SELECT p.id AS partition_id,
-       (SELECT m.created_at FROM queen.cursor_messages m WHERE m.partition_id = p.id
+       (SELECT m.created_at FROM queen.messages m WHERE m.partition_id = p.id
         ORDER BY m.id LIMIT 1) AS oldest,
-       (SELECT m.created_at FROM queen.cursor_messages m WHERE m.partition_id = p.id
+       (SELECT m.created_at FROM queen.messages m WHERE m.partition_id = p.id
         ORDER BY m.id DESC LIMIT 1) AS newest
 FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
 WHERE q.name = %(queue)s
@@ -231,7 +231,7 @@ SELECT CASE WHEN %(label)s = 'namespace' THEN q.namespace ELSE q.task END AS lab
        coalesce(sum(s.dead_letter), 0) AS dead_letter
 FROM queen.queues q
 LEFT JOIN queen.partitions p ON p.queue_id = q.id
-LEFT JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+LEFT JOIN queen.message_counts(ARRAY(SELECT id FROM queen.partitions)) s
        ON s.partition_id = p.id
 WHERE CASE WHEN %(label)s = 'namespace' THEN q.namespace ELSE q.task END IS NOT NULL
 GROUP BY 1
@@ -246,7 +246,7 @@ SELECT (SELECT count(*) FROM queen.queues) AS queues,
        coalesce(sum(s.completed), 0) AS completed, coalesce(sum(s.failed), 0) AS failed,
        coalesce(sum(s.dead_letter), 0) AS dead_letter,
        now() AS at
-FROM queen.cursor_partition_counts(ARRAY(SELECT id FROM queen.partitions)) s
+FROM queen.message_counts(ARRAY(SELECT id FROM queen.partitions)) s
 
 -- read_throughput: activity per minute over the last hour (60 rows, newest first, zero-filled) for the queues matching the filters: what maintenance counted plus what lies past its watermarks; popped: deliveries that ended for good (completed, failed, dead-lettered) and those leased now, by the lease's start --
 WITH minutes AS (
@@ -259,21 +259,21 @@ WITH minutes AS (
                       AND (%(task)s::text IS NULL OR q.task = %(task)s))
 ), activity AS (
     SELECT a.minute, a.incoming, a.completed, a.failed, a.dead_letter, a.lag_ms, 0 AS leased
-    FROM queen.cursor_metrics_minute a JOIN picked t ON t.id = a.partition_id
+    FROM queen.metrics_minute a JOIN picked t ON t.id = a.partition_id
     WHERE a.minute >= date_trunc('minute', now()) - interval '59 minutes'
     UNION ALL
     SELECT x.minute, x.incoming, x.completed, x.failed, x.dead_letter, x.lag_ms, 0
     FROM picked t
-    LEFT JOIN queen.cursor_counts k ON k.partition_id = t.id
-    LEFT JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
-    CROSS JOIN LATERAL queen.cursor_activity_walk(t.id, coalesce(k.counted_id, 0),
+    LEFT JOIN queen.partition_counts k ON k.partition_id = t.id
+    LEFT JOIN queen.consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+    CROSS JOIN LATERAL queen.activity_walk(t.id, coalesce(k.counted_id, 0),
                                                   coalesce(k.cursor_counted, 0),
                                                   coalesce(c.cursor_id, 0), 5000) x
     UNION ALL
     SELECT date_trunc('minute', c.lease_expires_at - make_interval(secs => t.lease_time)),
            0, 0, 0, 0, 0, c.lease_size - cardinality(c.lease_acked)
     FROM picked t
-    JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+    JOIN queen.consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
     WHERE c.lease_id IS NOT NULL AND c.lease_expires_at > now()
 ), per_minute AS (
     SELECT a.minute, sum(a.incoming) AS incoming, sum(a.completed) AS completed,
@@ -304,18 +304,18 @@ SELECT t.queue, t.namespace, t.task, t.name AS partition, s.pending, s.processin
        coalesce(w.completed, 0)::bigint AS completed, coalesce(w.lag_ms, 0)::bigint AS lag_ms,
        w.lag_hist
 FROM picked t
-JOIN queen.cursor_partition_counts(ARRAY(SELECT id FROM picked)) s ON s.partition_id = t.id
-LEFT JOIN queen.cursor_counts k ON k.partition_id = t.id
-LEFT JOIN queen.cursor_consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+JOIN queen.message_counts(ARRAY(SELECT id FROM picked)) s ON s.partition_id = t.id
+LEFT JOIN queen.partition_counts k ON k.partition_id = t.id
+LEFT JOIN queen.consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
 LEFT JOIN LATERAL (
     SELECT sum(a.completed) AS completed, sum(a.lag_ms) AS lag_ms,
            queen.hist_sum(a.lag_hist) AS lag_hist
-    FROM (SELECT r.completed, r.lag_ms, r.lag_hist FROM queen.cursor_metrics_minute r
+    FROM (SELECT r.completed, r.lag_ms, r.lag_hist FROM queen.metrics_minute r
           WHERE r.partition_id = t.id
             AND r.minute >= date_trunc('hour', now()) - interval '24 hours'
           UNION ALL
           SELECT x.completed, x.lag_ms, x.lag_hist
-          FROM queen.cursor_activity_walk(t.id, coalesce(k.counted_id, 0),
+          FROM queen.activity_walk(t.id, coalesce(k.counted_id, 0),
                                           coalesce(k.cursor_counted, 0),
                                           coalesce(c.cursor_id, 0), 5000) x
           WHERE x.completed > 0) a
@@ -335,17 +335,17 @@ WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s)
 WITH page AS (
     SELECT array_agg(x.partition_id ORDER BY x.id DESC) AS partitions,
            array_agg(x.id ORDER BY x.id DESC) AS ids
-    FROM queen.cursor_message_page(%(partitions)s::uuid[], %(status)s, %(limit)s, %(offset)s) x
+    FROM queen.message_page(%(partitions)s::uuid[], %(status)s, %(limit)s, %(offset)s) x
 )
-SELECT r.* FROM page CROSS JOIN LATERAL queen.cursor_message_rows(page.partitions, page.ids) r
+SELECT r.* FROM page CROSS JOIN LATERAL queen.message_rows(page.partitions, page.ids) r
 
 -- read_message: one message with its queue's options --
 SELECT r.*, q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_after_max_retries,
        q.delayed_processing, q.window_buffer, q.retention_seconds,
        q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
        q.max_wait_time_seconds, q.retry_delay
-FROM queen.cursor_messages m
-CROSS JOIN LATERAL queen.cursor_message_rows(ARRAY[m.partition_id], ARRAY[m.id]) r
+FROM queen.messages m
+CROSS JOIN LATERAL queen.message_rows(ARRAY[m.partition_id], ARRAY[m.id]) r
 JOIN queen.queues q ON q.name = r.queue
 WHERE m.transaction_id = %(transaction_id)s
 
@@ -354,23 +354,23 @@ WITH near AS (
     SELECT array_agg(x.partition_id ORDER BY x.n) FILTER (WHERE x.id IS NOT NULL) AS partitions,
            array_agg(x.id ORDER BY x.n) FILTER (WHERE x.id IS NOT NULL) AS ids,
            count(*) AS found
-    FROM queen.cursor_related(%(transaction_id)s, %(limit)s) WITH ORDINALITY x(partition_id, id, n)
+    FROM queen.related_messages(%(transaction_id)s, %(limit)s) WITH ORDINALITY x(partition_id, id, n)
 )
 SELECT r.transaction_id, r.id, r.status, r.created_at, r.payload, r.encrypted
-FROM near LEFT JOIN LATERAL queen.cursor_message_rows(near.partitions, near.ids) r ON true
+FROM near LEFT JOIN LATERAL queen.message_rows(near.partitions, near.ids) r ON true
 WHERE near.found > 0
 
 -- delete_message: delete one message; queue mode's status it had, or NULL when there is no such message --
-SELECT queen.cursor_delete_message(%(transaction_id)s) AS status
+SELECT queen.delete_message(%(transaction_id)s) AS status
 
 -- retry_message: write a failed or dead-lettered message again for queue mode; the status it had (NULL: no such message) --
-SELECT queen.cursor_retry_message(%(transaction_id)s) AS status
+SELECT queen.retry_message(%(transaction_id)s) AS status
 
 -- dead_letter_message: move a pending or failed message to the dead letter queue; the status it had (NULL: no such message) --
-SELECT queen.cursor_dead_letter_message(%(transaction_id)s) AS status
+SELECT queen.dead_letter_message(%(transaction_id)s) AS status
 
 -- clear_messages: delete the messages of a queue or of one of its partitions; NULL when it does not exist --
-SELECT queen.cursor_clear(%(queue)s, %(partition)s) AS cleared
+SELECT queen.clear_messages(%(queue)s, %(partition)s) AS cleared
 
 -- token_create: store a new token's hash under its name; no row when the name is taken --
 INSERT INTO queen.tokens (name, token_hash, role, queues, rate)
@@ -391,11 +391,11 @@ WHERE name = %(name)s AND revoked_at IS NULL
 RETURNING name
 
 -- extend_leases: extend live leases, each by its seconds (NULL: its queue's leaseTime); one row per lease in order, NULL when it has ended --
-SELECT x.ord, queen.cursor_extend(x.lease, coalesce(x.seconds, (
-    SELECT q.lease_time FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
+SELECT x.ord, queen.extend_lease(x.lease, coalesce(x.seconds, (
+    SELECT q.lease_time FROM queen.consumers c JOIN queen.queues q ON q.id = c.queue_id
     WHERE c.lease_id = x.lease)))
 FROM unnest(%(leases)s::uuid[], %(seconds)s::integer[]) WITH ORDINALITY x(lease, seconds, ord)
 ORDER BY x.ord
 
 -- lease_queue: the queue a live lease is on --
-SELECT queen.cursor_lease_queue(%(lease)s)
+SELECT queen.lease_queue(%(lease)s)

@@ -26,7 +26,7 @@ from queen.errors import (
     QueueFull,
     Unavailable,
 )
-from queen.store import cursors
+from queen.store import lifecycle
 from queen.store.db import RETRIES_ON_DEADLOCK, RETRYABLE, Database
 from queen.store.polling import Wakeups
 from queen.store.queues import Queues
@@ -60,7 +60,7 @@ class PushOperation:
 
 
 Operation = AckOperation | PushOperation
-Result = cursors.CheckedAck | list[cursors.PushOutcome]
+Result = lifecycle.CheckedAck | list[lifecycle.PushOutcome]
 
 
 class Transactions:
@@ -105,12 +105,12 @@ class Transactions:
         results: dict[int, Result] = {}
         with self.db.connection() as conn, conn.transaction():
             if acks:
-                checked = cursors.ack_checked(conn, [op.ack for op in acks])
+                checked = lifecycle.ack_checked(conn, [op.ack for op in acks])
                 for ack, outcome in zip(acks, checked, strict=True):
                     _refuse_unapplied(ack.index, outcome)
                     results[ack.index] = outcome
             if items:
-                outcomes = iter(cursors.push_api(conn, items, producer))
+                outcomes = iter(lifecycle.push_api(conn, items, producer))
                 for push in pushes:
                     mine = [next(outcomes) for _ in push.items]
                     _refuse_rejected(push.index, mine)
@@ -120,7 +120,7 @@ class Transactions:
     def queues_of(self, transaction_ids: list[str]) -> set[str]:
         """Return the queues of these messages (unknown ones are left out)."""
         with self.db.connection() as conn:
-            return set(cursors.queues_of(conn, transaction_ids).values())
+            return set(lifecycle.queues_of(conn, transaction_ids).values())
 
     def _sealed(self, push: PushOperation) -> list[dict[str, Any]]:
         """Encrypt the payloads bound for encrypted queues (as queen.store.messages does).
@@ -146,7 +146,7 @@ class Transactions:
         return sealed
 
 
-def _refuse_unapplied(index: int, outcome: cursors.CheckedAck) -> None:
+def _refuse_unapplied(index: int, outcome: lifecycle.CheckedAck) -> None:
     """Raise OperationFailed for an acknowledgment that changed nothing."""
     if outcome.applied:
         return
@@ -157,7 +157,7 @@ def _refuse_unapplied(index: int, outcome: cursors.CheckedAck) -> None:
     raise OperationFailed(index, reason, message)
 
 
-def _refuse_rejected(index: int, outcomes: list[cursors.PushOutcome]) -> None:
+def _refuse_rejected(index: int, outcomes: list[lifecycle.PushOutcome]) -> None:
     """Raise OperationFailed when a push's item was rejected (its queue is full)."""
     for position, outcome in enumerate(outcomes):
         if outcome.status == "rejected":

@@ -2,8 +2,6 @@
 -- each (partition, group) is decided under its row lock, locked once per call.
 
 -- (The items once reached a group as jsonb: a database of that build has this signature.)
-DROP FUNCTION IF EXISTS queen.cursor_ack_consumer(uuid, text, jsonb);
-
 -- Decide and apply the acknowledgments of one group's partition, given as parallel arrays
 -- (the items' positions in the request, transactionIds, message ids, wanted statuses,
 -- errors, leaseIds); the row is locked here. A message acked twice in one call is
@@ -11,16 +9,16 @@ DROP FUNCTION IF EXISTS queen.cursor_ack_consumer(uuid, text, jsonb);
 -- (admin delete or clear, which wait for this row lock, or hold it) is left out, so its
 -- item is not_found: counted as acked, it would end the lease before the rest of it was
 -- acked, and the cursor would pass those.
-CREATE OR REPLACE FUNCTION queen.cursor_ack_consumer(
+CREATE OR REPLACE FUNCTION queen.ack_consumer(
     p_partition uuid, p_group text, p_idx integer[], p_txids text[], p_ids bigint[],
     p_wanted text[], p_errors text[], p_leases text[])
-RETURNS queen.cursor_ack_outcome[]
+RETURNS queen.ack_outcome[]
 LANGUAGE plpgsql AS $$
 DECLARE
     r         record;
-    c         queen.cursor_consumers;
+    c         queen.consumers;
     q         queen.queues;
-    decided   queen.cursor_ack_outcome[];
+    decided   queen.ack_outcome[];
     failed    bigint[];
     errors    text[];
     first_id  bigint;
@@ -31,7 +29,7 @@ DECLARE
     retried   bigint;
 BEGIN
     SELECT x AS c, y AS q INTO r
-    FROM queen.cursor_consumers x JOIN queen.queues y ON y.id = x.queue_id
+    FROM queen.consumers x JOIN queen.queues y ON y.id = x.queue_id
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group FOR UPDATE OF x;
     c := r.c;
     q := r.q;
@@ -40,24 +38,24 @@ BEGIN
         SELECT DISTINCT ON (p_ids[k]) p_idx[k] AS idx, p_txids[k] AS txid, p_ids[k] AS id,
                p_wanted[k] AS wanted, p_errors[k] AS error, p_leases[k]::uuid AS lease,
                CASE WHEN p_ids[k] > c.retried_max THEN 0  -- (no retry record: no lookup)
-                    ELSE queen.cursor_retries(p_partition, p_group, p_ids[k], c.retried_max)
+                    ELSE queen.retries_of(p_partition, p_group, p_ids[k], c.retried_max)
                END AS tries
         -- (By subscript, not unnest: the planner sizes an unnest by the array it is given,
         -- and would plan the statement afresh for each call instead of reusing its plan.)
         FROM generate_subscripts(p_ids, 1) k
         -- One probe of the key per item (as an EXISTS, the planner may hash-join the
         -- items against every message of the partition: 0.5 ms an ack at 1,250).
-        CROSS JOIN LATERAL (SELECT 1 FROM queen.cursor_messages m
+        CROSS JOIN LATERAL (SELECT 1 FROM queen.messages m
                             WHERE m.partition_id = p_partition AND m.id = p_ids[k] LIMIT 1) kept
         ORDER BY p_ids[k], p_idx[k] DESC
     ), d AS MATERIALIZED (  -- (each decision made once, however often it is named)
         SELECT i.idx, i.txid, i.id, i.error, v.status, v.applied,
                CASE WHEN v.status = 'retry_scheduled' AND v.applied THEN i.tries + 1
                     ELSE i.tries END AS tries
-        FROM i CROSS JOIN LATERAL queen.cursor_decide(c, q, i.id, i.wanted, i.lease, i.tries) v
+        FROM i CROSS JOIN LATERAL queen.ack_decide(c, q, i.id, i.wanted, i.lease, i.tries) v
     )
     SELECT array_agg(ROW(d.idx, d.txid, p_group, d.id, d.status, d.tries, d.error,
-                         d.applied)::queen.cursor_ack_outcome),
+                         d.applied)::queen.ack_outcome),
            array_agg(d.id) FILTER (WHERE d.applied AND d.status <> 'completed'),
            array_agg(d.error) FILTER (WHERE d.applied AND d.status <> 'completed'),
            min(d.id) FILTER (WHERE d.applied AND d.status = 'completed'),
@@ -71,21 +69,21 @@ BEGIN
     FROM d;
 
     IF failed IS NOT NULL THEN
-        PERFORM queen.cursor_fail(p_partition, p_group, failed, errors, c.retried_max);
+        PERFORM queen.record_failures(p_partition, p_group, failed, errors, c.retried_max);
     END IF;
     IF completed > 0 THEN
-        INSERT INTO queen.cursor_completions (partition_id, consumer_group, first_id, last_id, acked)
+        INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
         VALUES (p_partition, p_group, first_id, last_id, completed);
     END IF;
     IF cardinality(acked) > 0 THEN
-        PERFORM queen.cursor_settle_row(c, q.retry_delay, done, acked, retried);
+        PERFORM queen.settle_row(c, q.retry_delay, done, acked, retried);
     END IF;
     IF cardinality(decided) = cardinality(p_idx) THEN
         RETURN decided;
     END IF;
     -- A message acked more than once in the call: each of its items gets the outcome.
     RETURN ARRAY(SELECT ROW(x.idx, d.transaction_id, d.consumer_group, d.message_id, d.status,
-                            d.retry_count, d.error, d.applied)::queen.cursor_ack_outcome
+                            d.retry_count, d.error, d.applied)::queen.ack_outcome
                  FROM unnest(p_idx, p_ids) x(idx, id)
                  JOIN unnest(decided) d ON d.message_id = x.id);
 END
@@ -94,22 +92,22 @@ $$;
 -- lease (p_lease, or whichever it is when NULL: the items name none) and together they
 -- are all of its messages, none acked before in it (a consumer acking what it popped).
 -- The items' transactionIds are matched against the lease's messages, read once under
--- the row lock. NULL when the call is anything else: queen.cursor_ack_consumer then
+-- the row lock. NULL when the call is anything else: queen.ack_consumer then
 -- decides its items one by one.
-CREATE OR REPLACE FUNCTION queen.cursor_ack_lease(p_partition uuid, p_group text, p_lease uuid,
+CREATE OR REPLACE FUNCTION queen.ack_lease(p_partition uuid, p_group text, p_lease uuid,
                                                   p_idx integer[], p_txids text[],
                                                   p_errors text[])
-RETURNS queen.cursor_ack_outcome[]
+RETURNS queen.ack_outcome[]
 LANGUAGE plpgsql AS $$
 DECLARE
     r       record;
-    c       queen.cursor_consumers;
-    decided queen.cursor_ack_outcome[];
+    c       queen.consumers;
+    decided queen.ack_outcome[];
     ids     bigint[];
     matched bigint;
 BEGIN
     SELECT x AS c, y.retry_delay INTO r
-    FROM queen.cursor_consumers x JOIN queen.queues y ON y.id = x.queue_id
+    FROM queen.consumers x JOIN queen.queues y ON y.id = x.queue_id
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group FOR UPDATE OF x;
     c := r.c;
     IF c.lease_id IS NULL OR c.lease_id IS DISTINCT FROM coalesce(p_lease, c.lease_id)
@@ -118,22 +116,22 @@ BEGIN
     END IF;
     SELECT array_agg(ROW(i.idx, i.txid, p_group, l.id, 'completed',
                          CASE WHEN l.id > c.retried_max THEN 0  -- (no retry record: no lookup)
-                              ELSE queen.cursor_retries(p_partition, p_group, l.id,
+                              ELSE queen.retries_of(p_partition, p_group, l.id,
                                                         c.retried_max) END,
-                         i.error, true)::queen.cursor_ack_outcome),
+                         i.error, true)::queen.ack_outcome),
            array_agg(l.id ORDER BY l.id), count(DISTINCT l.id)
     INTO decided, ids, matched
     FROM unnest(p_idx, p_txids, p_errors) i(idx, txid, error)
-    JOIN (SELECT m.id, m.transaction_id FROM queen.cursor_messages m
+    JOIN (SELECT m.id, m.transaction_id FROM queen.messages m
           WHERE m.partition_id = p_partition AND m.id > c.cursor_id
             AND m.id <= c.lease_last_id AND m.id <> ALL (c.done_ids)) l
       ON l.transaction_id = i.txid;
     IF matched <> cardinality(p_txids) THEN
         RETURN NULL;
     END IF;
-    INSERT INTO queen.cursor_completions (partition_id, consumer_group, first_id, last_id, acked)
+    INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
     VALUES (p_partition, p_group, ids[1], ids[matched], matched);
-    PERFORM queen.cursor_settle_row(c, r.retry_delay, ids, ids, NULL);
+    PERFORM queen.settle_row(c, r.retry_delay, ids, ids, NULL);
     RETURN decided;
 END
 $$;
@@ -143,7 +141,7 @@ $$;
 -- the lease -> lease_expired; acked failed before in this lease -> retry_scheduled;
 -- else completed, or a failure: retry_scheduled, dead_letter or failed (retryLimit counts
 -- retries after the first delivery).
-CREATE OR REPLACE FUNCTION queen.cursor_decide(c queen.cursor_consumers, q queen.queues,
+CREATE OR REPLACE FUNCTION queen.ack_decide(c queen.consumers, q queen.queues,
                                                p_id bigint, p_wanted text, p_lease uuid,
                                                p_tries integer)
 RETURNS TABLE (status text, applied boolean)
@@ -151,7 +149,7 @@ LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN p_lease IS NOT NULL AND p_lease IS DISTINCT FROM c.lease_id THEN 'lease_expired'
         WHEN p_id <= c.cursor_id OR p_id = ANY (c.done_ids) THEN coalesce(
-            (SELECT f.status FROM queen.cursor_failures f
+            (SELECT f.status FROM queen.failures f
              WHERE f.partition_id = c.partition_id AND f.consumer_group = c.consumer_group
                AND f.message_id = p_id AND f.status <> 'retry'), 'completed')
         WHEN c.lease_id IS NULL OR p_id > c.lease_last_id THEN 'lease_expired'
@@ -173,20 +171,20 @@ $$;
 -- dead_letter / failed / lease_expired / not_found, and whether it changed something
 -- (applied) or only reported what was already so (a message done before, or acked
 -- before in its lease). The items are read once; the common call (one group's whole
--- lease completed) is decided as a set (queen.cursor_ack_lease); otherwise each message
+-- lease completed) is decided as a set (queen.ack_lease); otherwise each message
 -- is looked up once, and when all are in one partition for one group its outcomes are
 -- the group's own. Items of several partitions (a fused call of several consumers' acks)
 -- are taken per partition and group, each decided as a set where it can be.
 -- Composable: no commit, the caller's transaction holds it all. One plan per session for
--- each statement it runs (plan_cache_mode: see queen.cursor_push_api).
+-- each statement it runs (plan_cache_mode: see queen.push).
 -- The items come as parallel arrays (transactionIds, consumerGroups, statuses, errors,
 -- leaseIds: NULL where an item names none, or a NULL array where none does), as the ack
 -- routes pass them: reading 100 acknowledgments out of JSON took PostgreSQL about 0.2 ms,
 -- out of arrays a third of that.
-CREATE OR REPLACE FUNCTION queen.cursor_ack_items(p_txids text[], p_groups text[],
+CREATE OR REPLACE FUNCTION queen.ack_apply(p_txids text[], p_groups text[],
                                                   p_wanted text[], p_errors text[],
                                                   p_leases text[])
-RETURNS queen.cursor_ack_outcome[]
+RETURNS queen.ack_outcome[]
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     n        integer := coalesce(cardinality(p_txids), 0);
@@ -197,8 +195,8 @@ DECLARE
     errors   text[];
     leases   text[];
     pair     record;
-    decided  queen.cursor_ack_outcome[];
-    outcomes queen.cursor_ack_outcome[] := '{}';
+    decided  queen.ack_outcome[];
+    outcomes queen.ack_outcome[] := '{}';
 BEGIN
     IF n = 0 THEN
         RETURN '{}';
@@ -215,8 +213,8 @@ BEGIN
     leases := coalesce(p_leases, array_fill(NULL::text, ARRAY[n]));
     IF (leases[1] = ALL (leases) OR cardinality(array_remove(leases, NULL)) = 0)
        AND groups[1] = ALL (groups) AND 'completed' = ALL (p_wanted) THEN
-        outcomes := queen.cursor_ack_lease(
-            (SELECT m.partition_id FROM queen.cursor_messages m WHERE m.transaction_id = p_txids[1]),
+        outcomes := queen.ack_lease(
+            (SELECT m.partition_id FROM queen.messages m WHERE m.transaction_id = p_txids[1]),
             groups[1], leases[1]::uuid, idxs, p_txids, errors);
         IF outcomes IS NOT NULL THEN
             RETURN outcomes;
@@ -226,11 +224,11 @@ BEGIN
     SELECT array_agg(m.partition_id ORDER BY u.k), array_agg(m.id ORDER BY u.k)
     INTO parts, ids
     FROM unnest(p_txids) WITH ORDINALITY u(txid, k)
-    LEFT JOIN LATERAL (SELECT m.partition_id, m.id FROM queen.cursor_messages m
+    LEFT JOIN LATERAL (SELECT m.partition_id, m.id FROM queen.messages m
                        WHERE m.transaction_id = u.txid LIMIT 1) m ON true;
     IF array_position(parts, NULL) IS NULL AND parts[1] = ALL (parts)
        AND groups[1] = ALL (groups) THEN
-        outcomes := queen.cursor_ack_consumer(parts[1], groups[1], idxs, p_txids, ids, p_wanted,
+        outcomes := queen.ack_consumer(parts[1], groups[1], idxs, p_txids, ids, p_wanted,
                                               errors, leases);
         IF cardinality(outcomes) = cardinality(idxs) THEN
             RETURN outcomes;
@@ -251,24 +249,24 @@ BEGIN
                AND (pair.leases[1] = ALL (pair.leases)
                     OR cardinality(array_remove(pair.leases, NULL)) = 0) THEN
                 -- (A fused call's requests: each one lease's messages, as a lone one's.)
-                decided := queen.cursor_ack_lease(pair.part, pair.grp, pair.leases[1]::uuid,
+                decided := queen.ack_lease(pair.part, pair.grp, pair.leases[1]::uuid,
                                                   pair.idxs, pair.txids, pair.errors);
             END IF;
-            outcomes := outcomes || coalesce(decided, queen.cursor_ack_consumer(
+            outcomes := outcomes || coalesce(decided, queen.ack_consumer(
                 pair.part, pair.grp, pair.idxs, pair.txids, pair.ids, pair.wanted,
                 pair.errors, pair.leases));
         END LOOP;
     END IF;
     RETURN ARRAY(SELECT ROW(u.idx, u.txid, u.grp, o.message_id, coalesce(o.status, 'not_found'),
                             o.retry_count, o.error, coalesce(o.applied, false)
-                           )::queen.cursor_ack_outcome
+                           )::queen.ack_outcome
                  FROM unnest(idxs, p_txids, groups) u(idx, txid, grp)
                  LEFT JOIN unnest(outcomes) o ON o.idx = u.idx);
 END
 $$;
 
--- A JSON array of acknowledgments as the parallel arrays queen.cursor_ack_items takes.
-CREATE OR REPLACE FUNCTION queen.cursor_ack_columns(p_acks jsonb,
+-- A JSON array of acknowledgments as the parallel arrays queen.ack_apply takes.
+CREATE OR REPLACE FUNCTION queen.ack_columns(p_acks jsonb,
     OUT txids text[], OUT groups text[], OUT wanted text[], OUT errors text[],
     OUT leases text[])
 LANGUAGE sql IMMUTABLE AS $$
@@ -279,45 +277,45 @@ LANGUAGE sql IMMUTABLE AS $$
     FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
 $$;
 
--- queen.cursor_ack_items of a JSON array of the items.
-CREATE OR REPLACE FUNCTION queen.cursor_ack_outcomes(p_acks jsonb)
-RETURNS queen.cursor_ack_outcome[]
+-- queen.ack_apply of a JSON array of the items.
+CREATE OR REPLACE FUNCTION queen.ack_apply_json(p_acks jsonb)
+RETURNS queen.ack_outcome[]
 LANGUAGE sql AS $$
-    SELECT queen.cursor_ack_items(i.txids, i.groups, i.wanted, i.errors, i.leases)
-    FROM queen.cursor_ack_columns(p_acks) i
+    SELECT queen.ack_apply(i.txids, i.groups, i.wanted, i.errors, i.leases)
+    FROM queen.ack_columns(p_acks) i
 $$;
 
--- queen.cursor_ack_outcomes as rows in item order. The transaction endpoint refuses an
+-- queen.ack_apply_json as rows in item order. The transaction endpoint refuses an
 -- item not applied, since the work it commits with the ack would then be done twice.
-CREATE OR REPLACE FUNCTION queen.cursor_ack_checked(p_acks jsonb)
+CREATE OR REPLACE FUNCTION queen.ack_checked(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, consumer_group text, status text,
                retry_count integer, applied boolean)
 LANGUAGE sql AS $$
     SELECT o.idx, o.transaction_id, o.consumer_group, o.status, o.retry_count, o.applied
-    FROM unnest(queen.cursor_ack_outcomes(p_acks)) o
+    FROM unnest(queen.ack_apply_json(p_acks)) o
     ORDER BY o.idx
 $$;
 
--- queen.cursor_ack_checked without the applied flag (the ack routes).
-CREATE OR REPLACE FUNCTION queen.cursor_ack(p_acks jsonb)
+-- queen.ack_checked without the applied flag (the ack routes).
+CREATE OR REPLACE FUNCTION queen.ack_rows(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, consumer_group text, status text,
                retry_count integer)
 LANGUAGE sql AS $$
     SELECT c.idx, c.transaction_id, c.consumer_group, c.status, c.retry_count
-    FROM queen.cursor_ack_checked(p_acks) c
+    FROM queen.ack_checked(p_acks) c
 $$;
 
--- queen.cursor_ack for the ack routes, whose caller wakes long polls itself once the
--- acks committed: the wake-up payloads (see queen.cursor_wake) come on the first row,
+-- queen.ack_rows for the ack routes, whose caller wakes long polls itself once the
+-- acks committed: the wake-up payloads (see queen.wake) come on the first row,
 -- NULL when there are none. One plan per session (plan_cache_mode).
-CREATE OR REPLACE FUNCTION queen.cursor_ack_items_api(p_txids text[], p_groups text[],
+CREATE OR REPLACE FUNCTION queen.ack_items(p_txids text[], p_groups text[],
                                                       p_wanted text[], p_errors text[],
                                                       p_leases text[])
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
                acknowledged_at timestamptz, wakes text[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    decided queen.cursor_ack_outcome[];
+    decided queen.ack_outcome[];
     woken   text[];
     ignored text;
 BEGIN
@@ -325,7 +323,7 @@ BEGIN
     -- message leased until the lease expires, then delivered again (at-least-once).
     ignored := set_config('synchronous_commit', 'off', true);
     ignored := set_config('queen.wakes', '[]', true);
-    decided := queen.cursor_ack_items(p_txids, p_groups, p_wanted, p_errors, p_leases);
+    decided := queen.ack_apply(p_txids, p_groups, p_wanted, p_errors, p_leases);
     IF current_setting('queen.wakes') <> '[]' THEN
         woken := ARRAY(SELECT jsonb_array_elements_text(current_setting('queen.wakes')::jsonb));
     END IF;
@@ -337,12 +335,12 @@ BEGIN
 END
 $$;
 
--- queen.cursor_ack_items_api of a JSON array of the items.
-CREATE OR REPLACE FUNCTION queen.cursor_ack_api(p_acks jsonb)
+-- queen.ack_items of a JSON array of the items.
+CREATE OR REPLACE FUNCTION queen.ack(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
                acknowledged_at timestamptz, wakes text[])
 LANGUAGE sql AS $$
-    SELECT a.* FROM queen.cursor_ack_columns(p_acks) i
-    CROSS JOIN LATERAL queen.cursor_ack_items_api(i.txids, i.groups, i.wanted, i.errors,
+    SELECT a.* FROM queen.ack_columns(p_acks) i
+    CROSS JOIN LATERAL queen.ack_items(i.txids, i.groups, i.wanted, i.errors,
                                                   i.leases) a
 $$;

@@ -1,16 +1,16 @@
 -- Rollups for the read endpoints, kept by maintenance: queue mode's counts per
--- partition (queen.cursor_counts) and activity per minute (queen.cursor_metrics_minute),
+-- partition (queen.partition_counts) and activity per minute (queen.metrics_minute),
 -- with its lag histograms. Each step walks only what arrived or was consumed since the
 -- last one, from a watermark, a bounded number of messages at a time.
 
 -- Bucket of a created -> completed time (ms) in the lag histograms (64 buckets).
-CREATE OR REPLACE FUNCTION queen.cursor_lag_bucket(p_ms double precision) RETURNS integer
+CREATE OR REPLACE FUNCTION queen.lag_bucket(p_ms double precision) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN p_ms < 1 THEN 0 ELSE least(63, floor(2 * ln(p_ms) / ln(2)))::integer END
 $$;
 
 -- Add two lag histograms (element by element).
-CREATE OR REPLACE FUNCTION queen.cursor_hist_add(a integer[], b integer[]) RETURNS integer[]
+CREATE OR REPLACE FUNCTION queen.hist_add(a integer[], b integer[]) RETURNS integer[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT ARRAY(SELECT coalesce(x, 0) + coalesce(y, 0)
                  FROM unnest(a, b) WITH ORDINALITY u(x, y, i) ORDER BY i)
@@ -18,15 +18,15 @@ $$;
 
 -- The sum of lag histograms (NULL counts as empty).
 CREATE OR REPLACE AGGREGATE queen.hist_sum(integer[]) (
-    SFUNC = queen.cursor_hist_add, STYPE = integer[]
+    SFUNC = queen.hist_add, STYPE = integer[]
 );
 
 -- Messages of a partition that arrived after id p_after: up to p_step, in id order,
 -- with the minute they were created.
-CREATE OR REPLACE FUNCTION queen.cursor_arrived(p_partition uuid, p_after bigint, p_step integer)
+CREATE OR REPLACE FUNCTION queen.arrived(p_partition uuid, p_after bigint, p_step integer)
 RETURNS TABLE (id bigint, minute timestamptz)
 LANGUAGE sql STABLE AS $$
-    SELECT m.id, date_trunc('minute', m.created_at) FROM queen.cursor_messages m
+    SELECT m.id, date_trunc('minute', m.created_at) FROM queen.messages m
     WHERE m.partition_id = p_partition AND m.id > p_after
     ORDER BY m.id LIMIT p_step
 $$;
@@ -34,8 +34,6 @@ $$;
 -- (An earlier build walked what the cursor passed a message at a time, matching each
 -- to its completion with window functions over the messages: 3.8 us of PostgreSQL a
 -- message.)
-DROP FUNCTION IF EXISTS queen.cursor_passed(uuid, bigint, bigint, integer);
-
 -- What queue mode's cursor passed from p_after to p_upto (up to p_step messages, in id
 -- order), in groups of n messages that ended alike: completed (final NULL) at the time
 -- of the ack that completed them, ms from push to ack; or failed / dead_letter at the
@@ -46,23 +44,23 @@ DROP FUNCTION IF EXISTS queen.cursor_passed(uuid, bigint, bigint, integer);
 -- completion, no lookup per message. A message with a failure record is counted in its
 -- span's group like the others, then taken out of it (n -1) and counted as failed:
 -- failure records are few, and a walk with none reads none of them.
-CREATE OR REPLACE FUNCTION queen.cursor_passed_ends(p_partition uuid, p_after bigint,
+CREATE OR REPLACE FUNCTION queen.passed_ends(p_partition uuid, p_after bigint,
                                                     p_upto bigint, p_step integer)
 RETURNS TABLE (minute timestamptz, final text, ms double precision, n bigint, reached bigint)
 LANGUAGE sql STABLE AS $$
     WITH bound AS MATERIALIZED (  -- the window's last message
         SELECT coalesce(
-            (SELECT m.id FROM queen.cursor_messages m
+            (SELECT m.id FROM queen.messages m
              WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
              ORDER BY m.id OFFSET p_step - 1 LIMIT 1),
-            (SELECT max(m.id) FROM queen.cursor_messages m
+            (SELECT max(m.id) FROM queen.messages m
              WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto)) AS last
     ), acks AS MATERIALIZED (  -- the completions ending inside the window, and the next one
-        SELECT c.first_id, c.last_id, c.acked_at FROM queen.cursor_completions c, bound b
+        SELECT c.first_id, c.last_id, c.acked_at FROM queen.completions c, bound b
         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
           AND c.last_id > p_after AND c.last_id < b.last
         UNION ALL
-        (SELECT c.first_id, c.last_id, c.acked_at FROM queen.cursor_completions c, bound b
+        (SELECT c.first_id, c.last_id, c.acked_at FROM queen.completions c, bound b
          WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
            AND c.last_id >= b.last
          ORDER BY c.last_id LIMIT 1)
@@ -80,7 +78,7 @@ LANGUAGE sql STABLE AS $$
         FROM spans s
         -- (LIMIT: a scan of the key per span; as a join, the planner may compare every
         -- message of the window with every span.)
-        CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.cursor_messages m
+        CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.messages m
                             WHERE m.partition_id = p_partition AND m.id > s.lo
                               AND m.id <= s.hi
                             LIMIT p_step) m
@@ -89,10 +87,10 @@ LANGUAGE sql STABLE AS $$
         SELECT f.message_id, f.status, f.failed_at, m.created_at,
                CASE WHEN f.message_id >= s.first_id THEN s.acked_at END AS acked_at
         FROM bound b
-        JOIN queen.cursor_failures f
+        JOIN queen.failures f
           ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
          AND f.message_id > p_after AND f.message_id <= b.last AND f.status <> 'retry'
-        JOIN queen.cursor_messages m ON m.partition_id = p_partition AND m.id = f.message_id
+        JOIN queen.messages m ON m.partition_id = p_partition AND m.id = f.message_id
         JOIN spans s ON f.message_id > s.lo AND f.message_id <= s.hi
     ), ends AS (
         SELECT g.acked_at, g.created_at, NULL::text AS final, g.n, g.reached FROM groups g
@@ -112,15 +110,13 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- (An earlier build answered the same without the highest ids walked.)
-DROP FUNCTION IF EXISTS queen.cursor_activity(uuid, bigint, bigint, bigint, integer);
-
 -- Activity per minute of a partition past its watermarks (p_counted: arrivals counted
 -- up to there; p_cursor_counted: the cursor's last counted position; p_cursor: where it
 -- stands), each walk up to p_step messages, with the highest id each walk reached in
 -- that minute (newest: arrived; reached: passed). Maintenance adds it to
--- queen.cursor_metrics_minute and moves the watermarks; reads add it to what
+-- queen.metrics_minute and moves the watermarks; reads add it to what
 -- maintenance added.
-CREATE OR REPLACE FUNCTION queen.cursor_activity_walk(p_partition uuid, p_counted bigint,
+CREATE OR REPLACE FUNCTION queen.activity_walk(p_partition uuid, p_counted bigint,
                                                       p_cursor_counted bigint, p_cursor bigint,
                                                       p_step integer)
 RETURNS TABLE (minute timestamptz, incoming bigint, completed bigint, failed bigint,
@@ -129,13 +125,13 @@ RETURNS TABLE (minute timestamptz, incoming bigint, completed bigint, failed big
 LANGUAGE sql STABLE AS $$
     WITH ends AS (  -- one row per minute and lag bucket (NULL: failures)
         SELECT x.minute,
-               CASE WHEN x.final IS NULL THEN queen.cursor_lag_bucket(x.ms) END AS bucket,
+               CASE WHEN x.final IS NULL THEN queen.lag_bucket(x.ms) END AS bucket,
                sum(x.n) FILTER (WHERE x.final IS NULL) AS completed,
                sum(x.n) FILTER (WHERE x.final = 'failed') AS failed,
                sum(x.n) FILTER (WHERE x.final = 'dead_letter') AS dead_letter,
                sum(x.ms * x.n) FILTER (WHERE x.final IS NULL) AS lag_ms,
                max(x.reached) AS reached
-        FROM queen.cursor_passed_ends(p_partition, p_cursor_counted, p_cursor, p_step) x
+        FROM queen.passed_ends(p_partition, p_cursor_counted, p_cursor, p_step) x
         GROUP BY 1, 2
     ), passed AS (
         SELECT e.minute, sum(e.completed) AS completed, sum(e.failed) AS failed,
@@ -147,7 +143,7 @@ LANGUAGE sql STABLE AS $$
         FROM ends e GROUP BY e.minute
     ), arrived AS (
         SELECT a.minute, count(*) AS incoming, max(a.id) AS newest
-        FROM queen.cursor_arrived(p_partition, p_counted, p_step) a GROUP BY a.minute
+        FROM queen.arrived(p_partition, p_counted, p_step) a GROUP BY a.minute
     )
     SELECT coalesce(a.minute, x.minute), coalesce(a.incoming, 0),
            coalesce(x.completed, 0)::bigint, coalesce(x.failed, 0)::bigint,
@@ -161,17 +157,17 @@ $$;
 -- retry in place, a seek) calls it, in the same transaction: a cursor that moved back and
 -- forward again between two refreshes would otherwise leave the failure records written
 -- meanwhile below the watermark uncounted.
-CREATE OR REPLACE FUNCTION queen.cursor_counts_step_back(p_partition uuid, p_to bigint)
+CREATE OR REPLACE FUNCTION queen.counts_step_back(p_partition uuid, p_to bigint)
 RETURNS void
 LANGUAGE sql AS $$
-    UPDATE queen.cursor_counts k SET
-        below = k.below - queen.cursor_count_range(p_partition, p_to, k.cursor_counted,
+    UPDATE queen.partition_counts k SET
+        below = k.below - queen.count_range(p_partition, p_to, k.cursor_counted,
                                                    2147483647),
-        failed = k.failed - (SELECT count(*) FROM queen.cursor_failures f
+        failed = k.failed - (SELECT count(*) FROM queen.failures f
                              WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
                                AND f.message_id > p_to AND f.message_id <= k.cursor_counted
                                AND f.status = 'failed'),
-        dead_letter = k.dead_letter - (SELECT count(*) FROM queen.cursor_failures f
+        dead_letter = k.dead_letter - (SELECT count(*) FROM queen.failures f
                              WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
                                AND f.message_id > p_to AND f.message_id <= k.cursor_counted
                                AND f.status = 'dead_letter'),
@@ -182,11 +178,11 @@ $$;
 -- Bring a partition's count row and activity up to date by at most p_step messages each
 -- way (new messages; messages queue mode's cursor passed, or left behind when it moved
 -- back). Returns whether it is caught up.
-CREATE OR REPLACE FUNCTION queen.cursor_count_partition(p_partition uuid, p_step integer)
+CREATE OR REPLACE FUNCTION queen.count_partition(p_partition uuid, p_step integer)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    k       queen.cursor_counts;
+    k       queen.partition_counts;
     target  bigint;
     arrived bigint;
     newest  bigint;
@@ -195,17 +191,17 @@ DECLARE
     n_failed bigint;
     n_dead  bigint;
 BEGIN
-    INSERT INTO queen.cursor_counts (partition_id) VALUES (p_partition) ON CONFLICT DO NOTHING;
+    INSERT INTO queen.partition_counts (partition_id) VALUES (p_partition) ON CONFLICT DO NOTHING;
     -- Locked first: the statements below see every delete that committed before (the
     -- delete trigger waits for this lock, and adjusts what is counted by then).
-    SELECT * INTO k FROM queen.cursor_counts x WHERE x.partition_id = p_partition FOR UPDATE;
-    target := coalesce((SELECT c.cursor_id FROM queen.cursor_consumers c
+    SELECT * INTO k FROM queen.partition_counts x WHERE x.partition_id = p_partition FOR UPDATE;
+    target := coalesce((SELECT c.cursor_id FROM queen.consumers c
                         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'), 0);
     WITH walk AS MATERIALIZED (
-        SELECT * FROM queen.cursor_activity_walk(p_partition, k.counted_id, k.cursor_counted,
+        SELECT * FROM queen.activity_walk(p_partition, k.counted_id, k.cursor_counted,
                                                  target, p_step)
     ), added AS (
-        INSERT INTO queen.cursor_metrics_minute AS t
+        INSERT INTO queen.metrics_minute AS t
             (minute, partition_id, incoming, completed, failed, dead_letter, lag_ms, lag_hist)
         SELECT a.minute, p_partition, a.incoming, a.completed, a.failed, a.dead_letter,
                a.lag_ms, a.lag_hist
@@ -216,7 +212,7 @@ BEGIN
             failed = t.failed + EXCLUDED.failed,
             dead_letter = t.dead_letter + EXCLUDED.dead_letter,
             lag_ms = t.lag_ms + EXCLUDED.lag_ms,
-            lag_hist = queen.cursor_hist_add(t.lag_hist, EXCLUDED.lag_hist)
+            lag_hist = queen.hist_add(t.lag_hist, EXCLUDED.lag_hist)
     )
     SELECT coalesce(sum(a.incoming), 0), max(a.newest),
            coalesce(sum(a.completed + a.failed + a.dead_letter), 0), max(a.reached),
@@ -224,7 +220,7 @@ BEGIN
     INTO arrived, newest, passed, reached, n_failed, n_dead
     FROM walk a;
     IF target < k.cursor_counted THEN  -- moved back (a seek): forget what it left
-        PERFORM queen.cursor_counts_step_back(p_partition, target);
+        PERFORM queen.counts_step_back(p_partition, target);
         passed := 0;
         n_failed := 0;
         n_dead := 0;
@@ -232,7 +228,7 @@ BEGIN
     ELSIF passed < p_step THEN
         reached := target;
     END IF;
-    UPDATE queen.cursor_counts x SET
+    UPDATE queen.partition_counts x SET
         counted_id = coalesce(newest, x.counted_id), total = x.total + arrived,
         cursor_counted = coalesce(reached, x.cursor_counted), below = x.below + passed,
         failed = x.failed + n_failed, dead_letter = x.dead_letter + n_dead,
@@ -246,9 +242,9 @@ $$;
 -- refreshed longest ago first, by at most p_step messages each. Returns how many are
 -- not caught up yet (run again soon when some are). Its statements and those of the
 -- functions it calls keep one plan per session (plan_cache_mode), as the hot path's:
--- PL/pgSQL planned the walk (queen.cursor_activity_walk, inlined) afresh for every
+-- PL/pgSQL planned the walk (queen.activity_walk, inlined) afresh for every
 -- partition, 1.5-2 ms of a refresh that walks a few hundred new messages in 1-1.5.
-CREATE OR REPLACE FUNCTION queen.cursor_count_refresh(p_partitions integer, p_step integer)
+CREATE OR REPLACE FUNCTION queen.count_refresh(p_partitions integer, p_step integer)
 RETURNS integer
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -257,11 +253,11 @@ DECLARE
 BEGIN
     FOR picked IN
         SELECT p.id FROM queen.partitions p
-        LEFT JOIN queen.cursor_counts k ON k.partition_id = p.id
+        LEFT JOIN queen.partition_counts k ON k.partition_id = p.id
         ORDER BY k.refreshed_at NULLS FIRST, p.id
         LIMIT p_partitions
     LOOP
-        IF NOT queen.cursor_count_partition(picked, p_step) THEN
+        IF NOT queen.count_partition(picked, p_step) THEN
             behind := behind + 1;
         END IF;
     END LOOP;
@@ -270,12 +266,12 @@ END
 $$;
 
 -- Delete per-minute activity older than p_days, at most p_limit rows; returns how many.
-CREATE OR REPLACE FUNCTION queen.cursor_metrics_prune(p_days integer, p_limit integer)
+CREATE OR REPLACE FUNCTION queen.metrics_prune(p_days integer, p_limit integer)
 RETURNS integer
 LANGUAGE sql AS $$
     WITH gone AS (
-        DELETE FROM queen.cursor_metrics_minute m
-        USING (SELECT minute, partition_id FROM queen.cursor_metrics_minute
+        DELETE FROM queen.metrics_minute m
+        USING (SELECT minute, partition_id FROM queen.metrics_minute
                WHERE minute < date_trunc('minute', now()) - make_interval(days => p_days)
                ORDER BY minute LIMIT p_limit) old
         WHERE m.minute = old.minute AND m.partition_id = old.partition_id
@@ -286,13 +282,13 @@ $$;
 
 -- Make sure partitions have count rows, and lock them (in order) for a change of what
 -- they count: one a refresh is creating is waited for, not missed.
-CREATE OR REPLACE FUNCTION queen.cursor_counts_lock(p_partitions uuid[]) RETURNS void
+CREATE OR REPLACE FUNCTION queen.counts_lock(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO queen.cursor_counts (partition_id)
+    INSERT INTO queen.partition_counts (partition_id)
     SELECT p.id FROM queen.partitions p WHERE p.id = ANY (p_partitions) ORDER BY p.id
     ON CONFLICT DO NOTHING;
-    PERFORM 1 FROM queen.cursor_counts k WHERE k.partition_id = ANY (p_partitions)
+    PERFORM 1 FROM queen.partition_counts k WHERE k.partition_id = ANY (p_partitions)
     ORDER BY k.partition_id FOR UPDATE;
 END
 $$;
@@ -300,34 +296,34 @@ $$;
 -- After a delete of messages: their failure records go (nothing can act on them any
 -- more), and the counts forget those they held. Locks the count rows first, in order,
 -- so that a refresh running meanwhile is seen whole.
-CREATE OR REPLACE FUNCTION queen.cursor_messages_deleted() RETURNS trigger
+CREATE OR REPLACE FUNCTION queen.messages_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     recorded boolean;  -- whether the partitions have failure records at all
 BEGIN
     recorded := EXISTS (SELECT 1 FROM (SELECT DISTINCT g.partition_id FROM gone g) g
-                        WHERE EXISTS (SELECT 1 FROM queen.cursor_failures f
+                        WHERE EXISTS (SELECT 1 FROM queen.failures f
                                       WHERE f.partition_id = g.partition_id));
-    PERFORM queen.cursor_counts_lock(ARRAY(SELECT DISTINCT g.partition_id FROM gone g));
+    PERFORM queen.counts_lock(ARRAY(SELECT DISTINCT g.partition_id FROM gone g));
     WITH dropped AS (
-        DELETE FROM queen.cursor_failures f
-        USING gone g, queen.cursor_consumers c
+        DELETE FROM queen.failures f
+        USING gone g, queen.consumers c
         WHERE recorded AND c.partition_id = g.partition_id AND f.partition_id = g.partition_id
           AND f.consumer_group = c.consumer_group AND f.message_id = g.id
         RETURNING f.partition_id, f.consumer_group, f.message_id, f.status
     ), messages AS (
         SELECT g.partition_id, count(*) FILTER (WHERE g.id <= k.counted_id) AS total,
                count(*) FILTER (WHERE g.id <= k.cursor_counted) AS below
-        FROM gone g JOIN queen.cursor_counts k ON k.partition_id = g.partition_id
+        FROM gone g JOIN queen.partition_counts k ON k.partition_id = g.partition_id
         GROUP BY g.partition_id
     ), failures AS (
         SELECT d.partition_id, count(*) FILTER (WHERE d.status = 'failed') AS failed,
                count(*) FILTER (WHERE d.status = 'dead_letter') AS dead_letter
-        FROM dropped d JOIN queen.cursor_counts k ON k.partition_id = d.partition_id
+        FROM dropped d JOIN queen.partition_counts k ON k.partition_id = d.partition_id
         WHERE d.consumer_group = '__queue__' AND d.message_id <= k.cursor_counted
         GROUP BY d.partition_id
     )
-    UPDATE queen.cursor_counts k SET
+    UPDATE queen.partition_counts k SET
         total = k.total - m.total, below = k.below - m.below,
         failed = k.failed - coalesce(f.failed, 0),
         dead_letter = k.dead_letter - coalesce(f.dead_letter, 0)

@@ -3,18 +3,18 @@
 
 -- Register a group on a queue at its first pop (later modes are ignored): 'all' starts
 -- at the oldest retained message, 'new' after what exists now, 'from' at p_from.
-CREATE OR REPLACE FUNCTION queen.cursor_join(p_queue uuid, p_group text, p_mode text,
+CREATE OR REPLACE FUNCTION queen.join_group(p_queue uuid, p_group text, p_mode text,
                                              p_from timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     mode text := CASE WHEN p_from IS NOT NULL THEN 'from' ELSE coalesce(p_mode, 'all') END;
 BEGIN
-    IF EXISTS (SELECT 1 FROM queen.cursor_groups g
+    IF EXISTS (SELECT 1 FROM queen.consumer_groups g
                WHERE g.queue_id = p_queue AND g.consumer_group = p_group) THEN
         RETURN;
     END IF;
-    INSERT INTO queen.cursor_groups (queue_id, consumer_group, subscription_mode, subscription_from)
+    INSERT INTO queen.consumer_groups (queue_id, consumer_group, subscription_mode, subscription_from)
     VALUES (p_queue, p_group, mode,
             CASE mode WHEN 'new' THEN now() WHEN 'from' THEN p_from END)
     ON CONFLICT DO NOTHING;
@@ -23,17 +23,17 @@ $$;
 
 -- The highest id of a partition created before p_time (0: none), where a cursor starting
 -- at p_time stands.
-CREATE OR REPLACE FUNCTION queen.cursor_before(p_partition uuid, p_time timestamptz)
+CREATE OR REPLACE FUNCTION queen.last_id_before(p_partition uuid, p_time timestamptz)
 RETURNS bigint
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(max(m.id), 0) FROM queen.cursor_messages m
+    SELECT coalesce(max(m.id), 0) FROM queen.messages m
     WHERE m.partition_id = p_partition AND m.created_at < p_time
 $$;
 
 -- Give a group a cursor in each partition of a queue (or the one named) that has none
 -- yet, where its subscription says. Partitions are taken by key (one named: a probe of
 -- it, whatever the queue's width).
-CREATE OR REPLACE FUNCTION queen.cursor_ensure(p_queue uuid, p_group text,
+CREATE OR REPLACE FUNCTION queen.ensure_cursors(p_queue uuid, p_group text,
                                                p_partition uuid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -42,14 +42,14 @@ DECLARE
 BEGIN
     wanted := CASE WHEN p_partition IS NOT NULL THEN ARRAY[p_partition]
                    ELSE ARRAY(SELECT p.id FROM queen.partitions p WHERE p.queue_id = p_queue) END;
-    INSERT INTO queen.cursor_consumers (partition_id, consumer_group, queue_id, cursor_id)
+    INSERT INTO queen.consumers (partition_id, consumer_group, queue_id, cursor_id)
     SELECT p.id, p_group, p.queue_id,
            CASE WHEN g.subscription_from IS NULL THEN 0
-                ELSE queen.cursor_before(p.id, g.subscription_from) END
+                ELSE queen.last_id_before(p.id, g.subscription_from) END
     FROM queen.partitions p
-    JOIN queen.cursor_groups g ON g.queue_id = p.queue_id AND g.consumer_group = p_group
+    JOIN queen.consumer_groups g ON g.queue_id = p.queue_id AND g.consumer_group = p_group
     WHERE p.id = ANY (wanted) AND p.queue_id = p_queue
-      AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+      AND NOT EXISTS (SELECT 1 FROM queen.consumers c
                       WHERE c.partition_id = p.id AND c.consumer_group = p_group)
     ORDER BY p.id
     ON CONFLICT DO NOTHING;
@@ -60,24 +60,24 @@ $$;
 -- messages not yet done for them in any partition (pending, including those leased;
 -- where a group has no cursor yet, from where its subscription would start), and the age
 -- of the oldest of those.
-CREATE OR REPLACE FUNCTION queen.cursor_group_list(p_queue text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION queen.group_list(p_queue text DEFAULT NULL)
 RETURNS TABLE (consumer_group text, queue text, subscription_mode text, partitions integer,
                pending bigint, lag_seconds double precision)
 LANGUAGE sql STABLE AS $$
     SELECT g.consumer_group, q.name, g.subscription_mode, count(c.partition_id)::integer,
            coalesce(sum(n.pending), 0)::bigint,
            coalesce(extract(epoch FROM now() - min(n.oldest)), 0)::double precision
-    FROM queen.cursor_groups g
+    FROM queen.consumer_groups g
     JOIN queen.queues q ON q.id = g.queue_id
     LEFT JOIN queen.partitions p ON p.queue_id = q.id
-    LEFT JOIN queen.cursor_consumers c
+    LEFT JOIN queen.consumers c
            ON c.partition_id = p.id AND c.consumer_group = g.consumer_group
     LEFT JOIN LATERAL (
         SELECT count(*) AS pending, min(m.created_at) AS oldest
-        FROM queen.cursor_messages m
+        FROM queen.messages m
         WHERE m.partition_id = p.id
           AND m.id > coalesce(c.cursor_id, CASE WHEN g.subscription_from IS NULL THEN 0
-                                                ELSE queen.cursor_before(p.id, g.subscription_from) END)
+                                                ELSE queen.last_id_before(p.id, g.subscription_from) END)
           AND m.id <> ALL (coalesce(c.done_ids, '{}'))) n ON true
     WHERE p_queue IS NULL OR q.name = p_queue
     GROUP BY g.consumer_group, q.name, g.subscription_mode
@@ -87,7 +87,7 @@ $$;
 -- Move a group's cursors on a queue to the beginning, the end, or p_time ('time'); ends
 -- its leases (their acks then answer lease_expired) and forgets its retry state. Returns
 -- the number of partitions moved; NULL when the queue does not exist.
-CREATE OR REPLACE FUNCTION queen.cursor_seek(p_queue text, p_group text, p_to text,
+CREATE OR REPLACE FUNCTION queen.seek(p_queue text, p_group text, p_to text,
                                              p_time timestamptz DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -99,25 +99,25 @@ BEGIN
     IF target IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM queen.cursor_join(target, p_group, 'all', NULL);
-    PERFORM queen.cursor_ensure(target, p_group);
-    IF p_group = '__queue__' THEN  -- queue mode's counts (cursor_counts) follow its cursor
-        PERFORM queen.cursor_counts_lock(ARRAY(
-            SELECT c.partition_id FROM queen.cursor_consumers c
+    PERFORM queen.join_group(target, p_group, 'all', NULL);
+    PERFORM queen.ensure_cursors(target, p_group);
+    IF p_group = '__queue__' THEN  -- queue mode's counts (partition_counts) follow its cursor
+        PERFORM queen.counts_lock(ARRAY(
+            SELECT c.partition_id FROM queen.consumers c
             WHERE c.queue_id = target AND c.consumer_group = p_group));
     END IF;
-    UPDATE queen.cursor_consumers c SET
+    UPDATE queen.consumers c SET
         cursor_id = CASE p_to WHEN 'beginning' THEN 0
-                              WHEN 'end' THEN queen.cursor_before(c.partition_id, 'infinity')
-                              ELSE queen.cursor_before(c.partition_id, p_time) END,
+                              WHEN 'end' THEN queen.last_id_before(c.partition_id, 'infinity')
+                              ELSE queen.last_id_before(c.partition_id, p_time) END,
         done_ids = '{}', retried_max = 0, not_before = NULL,
         lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
         lease_size = NULL, lease_acked = '{}', updated_at = now()
     WHERE c.queue_id = target AND c.consumer_group = p_group;
     GET DIAGNOSTICS moved = ROW_COUNT;
     IF p_group = '__queue__' THEN  -- moved back: what the counts held past it is forgotten
-        PERFORM queen.cursor_counts_step_back(c.partition_id, c.cursor_id)
-        FROM queen.cursor_consumers c WHERE c.queue_id = target AND c.consumer_group = p_group;
+        PERFORM queen.counts_step_back(c.partition_id, c.cursor_id)
+        FROM queen.consumers c WHERE c.queue_id = target AND c.consumer_group = p_group;
     END IF;
     RETURN moved;
 END
@@ -125,26 +125,26 @@ $$;
 
 -- Forget a group on a queue (cursors, failures, completions, subscription): its next pop
 -- starts over as a new group. Returns the number of cursors dropped.
-CREATE OR REPLACE FUNCTION queen.cursor_group_delete(p_queue text, p_group text)
+CREATE OR REPLACE FUNCTION queen.group_delete(p_queue text, p_group text)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     dropped integer;
 BEGIN
     WITH gone AS (
-        DELETE FROM queen.cursor_consumers c
+        DELETE FROM queen.consumers c
         USING queen.queues q
         WHERE q.name = p_queue AND c.queue_id = q.id AND c.consumer_group = p_group
         RETURNING c.partition_id
     ), failures AS (
-        DELETE FROM queen.cursor_failures f USING gone
+        DELETE FROM queen.failures f USING gone
         WHERE f.partition_id = gone.partition_id AND f.consumer_group = p_group
     ), completions AS (
-        DELETE FROM queen.cursor_completions k USING gone
+        DELETE FROM queen.completions k USING gone
         WHERE k.partition_id = gone.partition_id AND k.consumer_group = p_group
     )
     SELECT count(*) INTO dropped FROM gone;
-    DELETE FROM queen.cursor_groups g USING queen.queues q
+    DELETE FROM queen.consumer_groups g USING queen.queues q
     WHERE q.name = p_queue AND g.queue_id = q.id AND g.consumer_group = p_group;
     RETURN dropped;
 END
@@ -155,25 +155,25 @@ $$;
 -- them was created. p_since (a group with no cursor in the partition yet, subscribed
 -- 'new' or 'from'): only messages created at or after it count, among the first p_cap
 -- past p_after. An ordered walk of the primary key with a LIMIT: O(min(backlog, p_cap)).
-CREATE OR REPLACE FUNCTION queen.cursor_backlog(p_partition uuid, p_after bigint, p_done bigint[],
+CREATE OR REPLACE FUNCTION queen.backlog(p_partition uuid, p_after bigint, p_done bigint[],
                                                 p_cap integer, p_since timestamptz DEFAULT NULL)
 RETURNS TABLE (pending integer, capped boolean, oldest timestamptz)
 LANGUAGE sql STABLE AS $$
     SELECT count(*) FILTER (WHERE p_since IS NULL OR w.created_at >= p_since)::integer,
            count(*) >= p_cap,
            min(w.created_at) FILTER (WHERE p_since IS NULL OR w.created_at >= p_since)
-    FROM (SELECT m.created_at FROM queen.cursor_messages m
+    FROM (SELECT m.created_at FROM queen.messages m
           WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <> ALL (p_done)
           ORDER BY m.id LIMIT p_cap) w
 $$;
 
 -- Per partition of the queues a group reads (one queue, or every queue; one group, or
--- every group): its cursor, its backlog counted by queen.cursor_backlog, the age of its
+-- every group): its cursor, its backlog counted by queen.backlog, the age of its
 -- oldest unacked message, and its lease. The request counts at most p_budget messages
 -- in all, shared among its (group, partition) pairs, and at most p_cap (at least 10) a
 -- pair. Partitions where the group has no cursor yet count from where its subscription
 -- starts. Queue mode is '__queue__'.
-CREATE OR REPLACE FUNCTION queen.cursor_group_partitions(p_queue text, p_group text,
+CREATE OR REPLACE FUNCTION queen.group_partitions(p_queue text, p_group text,
                                                          p_cap integer, p_budget integer)
 RETURNS TABLE (consumer_group text, queue text, subscription_mode text,
                subscription_from timestamptz, joined_at timestamptz, partition text,
@@ -184,7 +184,7 @@ LANGUAGE sql STABLE AS $$
     WITH pairs AS (
         SELECT g.consumer_group, g.subscription_mode, g.subscription_from, g.created_at,
                q.name AS queue, p.id AS partition_id, p.name AS partition
-        FROM queen.cursor_groups g
+        FROM queen.consumer_groups g
         JOIN queen.queues q ON q.id = g.queue_id
         LEFT JOIN queen.partitions p ON p.queue_id = q.id
         WHERE (p_queue IS NULL OR q.name = p_queue)
@@ -203,9 +203,9 @@ LANGUAGE sql STABLE AS $$
            c.updated_at
     FROM pairs x
     CROSS JOIN share s
-    LEFT JOIN queen.cursor_consumers c
+    LEFT JOIN queen.consumers c
            ON c.partition_id = x.partition_id AND c.consumer_group = x.consumer_group
-    LEFT JOIN LATERAL queen.cursor_backlog(
+    LEFT JOIN LATERAL queen.backlog(
         x.partition_id, coalesce(c.cursor_id, 0), coalesce(c.done_ids, '{}'), s.cap,
         CASE WHEN c.partition_id IS NULL THEN x.subscription_from END) b
         ON x.partition_id IS NOT NULL
@@ -213,8 +213,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The groups reading a queue (or every queue), or one group: what
--- queen.cursor_group_partitions says per partition, summed per (group, queue).
-CREATE OR REPLACE FUNCTION queen.cursor_group_summaries(p_queue text, p_group text,
+-- queen.group_partitions says per partition, summed per (group, queue).
+CREATE OR REPLACE FUNCTION queen.group_summaries(p_queue text, p_group text,
                                                         p_cap integer, p_budget integer)
 RETURNS TABLE (consumer_group text, queue text, subscription_mode text,
                subscription_from timestamptz, joined_at timestamptz, partitions integer,
@@ -223,7 +223,7 @@ LANGUAGE sql STABLE AS $$
     SELECT s.consumer_group, s.queue, s.subscription_mode, s.subscription_from, s.joined_at,
            count(s.cursor_id)::integer, count(s.lease_id)::integer,
            sum(s.pending)::bigint, bool_or(s.capped), max(s.lag_seconds)
-    FROM queen.cursor_group_partitions(p_queue, p_group, p_cap, p_budget) s
+    FROM queen.group_partitions(p_queue, p_group, p_cap, p_budget) s
     GROUP BY 1, 2, 3, 4, 5
     ORDER BY s.queue, s.consumer_group
 $$;

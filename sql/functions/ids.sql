@@ -20,7 +20,7 @@ $$;
 -- bits) read as hex. Only immutable parts (the epoch of an interval, not of a
 -- timestamptz, which is stable), so that queries inline it: about 1 us a message, where
 -- a call took 12 (a push and a pop make one per message).
-CREATE OR REPLACE FUNCTION queen.cursor_message_uuid(p_id bigint, p_created_at timestamptz)
+CREATE OR REPLACE FUNCTION queen.message_uuid(p_id bigint, p_created_at timestamptz)
 RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT encode(int8send((floor(extract(epoch FROM p_created_at - 'epoch'::timestamptz)
@@ -31,29 +31,29 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- The API ids of many messages created at one time (a push), as text: what
--- queen.cursor_message_uuid gives, cut after its first 24 characters (the time, the
+-- queen.message_uuid gives, cut after its first 24 characters (the time, the
 -- version and the variant, which the id reaches only from 2^48 on) for
--- queen.cursor_message_uuid_text to complete. Computed once per call, not per message.
-CREATE OR REPLACE FUNCTION queen.cursor_uuid_prefix(p_created_at timestamptz) RETURNS text
+-- queen.message_uuid_text to complete. Computed once per call, not per message.
+CREATE OR REPLACE FUNCTION queen.uuid_prefix(p_created_at timestamptz) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT left(queen.cursor_message_uuid(0, p_created_at)::text, 24)
+    SELECT left(queen.message_uuid(0, p_created_at)::text, 24)
 $$;
 
--- queen.cursor_message_uuid(p_id, p_created_at)::text, given p_prefix =
--- queen.cursor_uuid_prefix(p_created_at): the id's 12 hex digits appended (a fifth of
+-- queen.message_uuid(p_id, p_created_at)::text, given p_prefix =
+-- queen.uuid_prefix(p_created_at): the id's 12 hex digits appended (a fifth of
 -- the cost of building the whole UUID), or the whole UUID for an id of 2^48 or more.
-CREATE OR REPLACE FUNCTION queen.cursor_message_uuid_text(p_id bigint, p_prefix text,
+CREATE OR REPLACE FUNCTION queen.message_uuid_text(p_id bigint, p_prefix text,
                                                           p_created_at timestamptz)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN p_id >= 0 AND p_id < 281474976710656
                 THEN p_prefix || lpad(to_hex(p_id), 12, '0')
-                ELSE queen.cursor_message_uuid(p_id, p_created_at)::text END
+                ELSE queen.message_uuid(p_id, p_created_at)::text END
 $$;
 
--- The bigint id of a message from its API id (queen.cursor_message_uuid above: its low
+-- The bigint id of a message from its API id (queen.message_uuid above: its low
 -- 62 bits, and above them the 12 bits after the version).
-CREATE OR REPLACE FUNCTION queen.cursor_message_id(p_uuid uuid) RETURNS bigint
+CREATE OR REPLACE FUNCTION queen.message_id_of(p_uuid uuid) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT (('x' || substr(replace(p_uuid::text, '-', ''), 14, 3))::bit(12)::bigint << 62)
            | (('x' || right(replace(p_uuid::text, '-', ''), 16))::bit(64)::bigint

@@ -3,12 +3,12 @@
 
 -- The retries a message has had for a group (0 unless a failure record says otherwise;
 -- looked up only at or below the group's retried_max in the partition).
-CREATE OR REPLACE FUNCTION queen.cursor_retries(p_partition uuid, p_group text, p_id bigint,
+CREATE OR REPLACE FUNCTION queen.retries_of(p_partition uuid, p_group text, p_id bigint,
                                                 p_retried_max bigint)
 RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p_retried_max IS NULL OR p_id > p_retried_max THEN 0
-                ELSE coalesce((SELECT f.retry_count FROM queen.cursor_failures f
+                ELSE coalesce((SELECT f.retry_count FROM queen.failures f
                                WHERE f.partition_id = p_partition AND f.consumer_group = p_group
                                  AND f.message_id = p_id AND f.status = 'retry'), 0) END
 $$;
@@ -16,7 +16,7 @@ $$;
 -- Where a cursor can move: past every message of the partition done for the group (at or
 -- below p_cursor, or in p_done) up to the first one that is not. Only committed messages
 -- are seen, and a message committing later has a higher id than all of them.
-CREATE OR REPLACE FUNCTION queen.cursor_next(p_partition uuid, p_cursor bigint, p_done bigint[])
+CREATE OR REPLACE FUNCTION queen.next_cursor(p_partition uuid, p_cursor bigint, p_done bigint[])
 RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -25,7 +25,7 @@ BEGIN
     IF cardinality(p_done) = 0 THEN
         RETURN p_cursor;
     END IF;
-    SELECT m.id INTO undone FROM queen.cursor_messages m
+    SELECT m.id INTO undone FROM queen.messages m
     WHERE m.partition_id = p_partition AND m.id > p_cursor AND m.id <> ALL (p_done)
     ORDER BY m.id LIMIT 1;
     IF undone IS NULL THEN
@@ -41,28 +41,28 @@ $$;
 -- lease waits for a retry. Wakes a poll when the partition is free with work (not when
 -- the lease took the last of it: nobody could pop anything). Returns
 -- whether the lease ended.
-CREATE OR REPLACE FUNCTION queen.cursor_settle(p_partition uuid, p_group text, p_done bigint[],
+CREATE OR REPLACE FUNCTION queen.settle(p_partition uuid, p_group text, p_done bigint[],
                                                p_acked bigint[], p_retried bigint,
                                                p_expired boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    c        queen.cursor_consumers;
+    c        queen.consumers;
     delay_ms integer;
 BEGIN
-    SELECT * INTO c FROM queen.cursor_consumers x
+    SELECT * INTO c FROM queen.consumers x
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     SELECT q.retry_delay INTO delay_ms FROM queen.queues q WHERE q.id = c.queue_id;
-    RETURN queen.cursor_settle_row(c, delay_ms, p_done, p_acked, p_retried, p_expired);
+    RETURN queen.settle_row(c, delay_ms, p_done, p_acked, p_retried, p_expired);
 END
 $$;
 
--- queen.cursor_settle given the group's row c as the caller locked and read it, and its
+-- queen.settle given the group's row c as the caller locked and read it, and its
 -- queue's retryDelay (ms): the row is not read again.
-CREATE OR REPLACE FUNCTION queen.cursor_settle_row(c queen.cursor_consumers, p_delay_ms integer,
+CREATE OR REPLACE FUNCTION queen.settle_row(c queen.consumers, p_delay_ms integer,
                                                    p_done bigint[], p_acked bigint[],
                                                    p_retried bigint,
                                                    p_expired boolean DEFAULT false)
@@ -86,10 +86,10 @@ BEGIN
         done := ARRAY(SELECT d FROM unnest(done) d WHERE d > moved_to ORDER BY d);
     END IF;
     IF cardinality(done) > 0 THEN
-        moved_to := queen.cursor_next(c.partition_id, moved_to, done);
+        moved_to := queen.next_cursor(c.partition_id, moved_to, done);
         done := ARRAY(SELECT d FROM unnest(done) d WHERE d > moved_to ORDER BY d);
     END IF;
-    UPDATE queen.cursor_consumers x SET
+    UPDATE queen.consumers x SET
         cursor_id = moved_to,
         done_ids = done,
         retried_max = greatest(c.retried_max, coalesce(p_retried, 0)),
@@ -107,13 +107,13 @@ BEGIN
     -- (Past the moved cursor, the first message is one not done, if there is any.) The
     -- probe walks the key in order: as an EXISTS, a generic plan may scan the table from
     -- its start through every consumed message still kept (half the throughput, measured).
-    -- Nobody to wake while no worker has a poll parked (queen.cursor_wake): no probe then.
+    -- Nobody to wake while no worker has a poll parked (queen.wake): no probe then.
     IF ended AND (p_delay_ms = 0 OR NOT retrying)
        AND EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())
-       AND (SELECT m.id FROM queen.cursor_messages m
+       AND (SELECT m.id FROM queen.messages m
             WHERE m.partition_id = c.partition_id AND m.id > moved_to
             ORDER BY m.id LIMIT 1) IS NOT NULL THEN
-        PERFORM queen.cursor_wake_group(c.partition_id, c.consumer_group);
+        PERFORM queen.wake_group(c.partition_id, c.consumer_group);
     END IF;
     RETURN ended;
 END
@@ -122,27 +122,27 @@ $$;
 -- End an expired lease of a group's partition (the caller holds its row lock): its
 -- un-acked messages get retryCount + 1, or go to dead_letter / failed past the queue's
 -- retryLimit; the cursor moves over what is done. Returns the messages given back.
-CREATE OR REPLACE FUNCTION queen.cursor_release(p_partition uuid, p_group text) RETURNS integer
+CREATE OR REPLACE FUNCTION queen.release_expired(p_partition uuid, p_group text) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    c       queen.cursor_consumers;
+    c       queen.consumers;
     unacked bigint[];
     final   bigint[];
 BEGIN
-    SELECT * INTO c FROM queen.cursor_consumers x
+    SELECT * INTO c FROM queen.consumers x
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
     IF c.lease_id IS NULL THEN
         RETURN 0;
     END IF;
-    unacked := ARRAY(SELECT m.id FROM queen.cursor_messages m
+    unacked := ARRAY(SELECT m.id FROM queen.messages m
                      WHERE m.partition_id = p_partition AND m.id > c.cursor_id
                        AND m.id <= c.lease_last_id AND m.id <> ALL (c.done_ids)
                        AND m.id <> ALL (c.lease_acked)
                      ORDER BY m.id);
-    final := queen.cursor_fail(p_partition, p_group, unacked,
+    final := queen.record_failures(p_partition, p_group, unacked,
                                array_fill('lease expired'::text, ARRAY[cardinality(unacked)]),
                                c.retried_max);
-    PERFORM queen.cursor_settle(p_partition, p_group, final, '{}',
+    PERFORM queen.settle(p_partition, p_group, final, '{}',
                                 CASE WHEN cardinality(final) < cardinality(unacked)
                                      THEN c.lease_last_id END,
                                 p_expired => true);
@@ -153,7 +153,7 @@ $$;
 -- Record one more failure of each of p_ids (with p_errors) for a group: status 'retry' with the count
 -- of retries, or 'dead_letter' / 'failed' (dlqAfterMaxRetries) past the retryLimit.
 -- Returns the ids now done for good.
-CREATE OR REPLACE FUNCTION queen.cursor_fail(p_partition uuid, p_group text, p_ids bigint[],
+CREATE OR REPLACE FUNCTION queen.record_failures(p_partition uuid, p_group text, p_ids bigint[],
                                              p_errors text[], p_retried_max bigint)
 RETURNS bigint[]
 LANGUAGE sql AS $$
@@ -162,10 +162,10 @@ LANGUAGE sql AS $$
         FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
         WHERE p.id = p_partition
     ), tried AS (
-        SELECT i.id, i.error, queen.cursor_retries(p_partition, p_group, i.id, p_retried_max) AS n
+        SELECT i.id, i.error, queen.retries_of(p_partition, p_group, i.id, p_retried_max) AS n
         FROM unnest(p_ids, p_errors) i(id, error)
     ), recorded AS (
-        INSERT INTO queen.cursor_failures AS f
+        INSERT INTO queen.failures AS f
             (partition_id, consumer_group, message_id, status, retry_count, error)
         SELECT p_partition, p_group, t.id,
                CASE WHEN t.n + 1 <= q.retry_limit THEN 'retry'
@@ -185,13 +185,13 @@ $$;
 
 -- Extend a live lease to p_seconds from now; the new expiry, or NULL when the lease is
 -- unknown or has ended (or expired). One plan per session (plan_cache_mode).
-CREATE OR REPLACE FUNCTION queen.cursor_extend(p_lease uuid, p_seconds integer)
+CREATE OR REPLACE FUNCTION queen.extend_lease(p_lease uuid, p_seconds integer)
 RETURNS timestamptz
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     expires timestamptz;
 BEGIN
-    UPDATE queen.cursor_consumers c
+    UPDATE queen.consumers c
     SET lease_expires_at = now() + make_interval(secs => p_seconds), updated_at = now()
     WHERE c.lease_id = p_lease AND c.lease_id IS NOT NULL AND c.lease_expires_at > now()
     RETURNING c.lease_expires_at INTO expires;
@@ -204,42 +204,42 @@ $$;
 -- counting an attempt, and its messages not acked are the partition's next ones again,
 -- at once (no retryDelay). What was acked under it stays as acked. Returns the messages
 -- given back; 0 when the lease is unknown or ended (by an ack, expiry or a seek).
-CREATE OR REPLACE FUNCTION queen.cursor_unclaim(p_lease uuid) RETURNS integer
+CREATE OR REPLACE FUNCTION queen.give_back(p_lease uuid) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    c queen.cursor_consumers;
+    c queen.consumers;
 BEGIN
     -- (No index covers lease_id: the table has a row per partition and group.)
-    SELECT * INTO c FROM queen.cursor_consumers x WHERE x.lease_id = p_lease FOR UPDATE;
+    SELECT * INTO c FROM queen.consumers x WHERE x.lease_id = p_lease FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    UPDATE queen.cursor_consumers x SET
+    UPDATE queen.consumers x SET
         lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
         lease_size = NULL, lease_acked = '{}', updated_at = now()
     WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
     IF EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
-        PERFORM queen.cursor_wake_group(c.partition_id, c.consumer_group);
+        PERFORM queen.wake_group(c.partition_id, c.consumer_group);
     END IF;
     RETURN c.lease_size - cardinality(c.lease_acked);
 END
 $$;
 
 -- The queue a live lease is on (NULL: unknown or ended), for a queue-limited token.
-CREATE OR REPLACE FUNCTION queen.cursor_lease_queue(p_lease uuid) RETURNS text
+CREATE OR REPLACE FUNCTION queen.lease_queue(p_lease uuid) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT q.name FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
+    SELECT q.name FROM queen.consumers c JOIN queen.queues q ON q.id = c.queue_id
     WHERE c.lease_id = p_lease
 $$;
 
 -- Give back the lease of a pop whose answer was lost with its connection (GiveBacks,
 -- queen/store/giveback.py): the pop may have committed, or may still be running. Once
 -- the backend that ran it (p_backend) is gone, the lease is given back as by
--- queen.cursor_unclaim (no attempt counted). While that backend is there it is asked to
+-- queen.give_back (no attempt counted). While that backend is there it is asked to
 -- end, waiting up to a second; NULL then means "not yet, call again" (a give-back before
 -- the pop committed would find nothing, and the pop's lease would then expire into a
 -- retry).
-CREATE OR REPLACE FUNCTION queen.cursor_give_back_claim(p_lease uuid, p_backend integer)
+CREATE OR REPLACE FUNCTION queen.give_back_claim(p_lease uuid, p_backend integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -248,6 +248,6 @@ BEGIN
        AND NOT pg_terminate_backend(p_backend, 1000) THEN
         RETURN NULL;
     END IF;
-    RETURN queen.cursor_unclaim(p_lease);
+    RETURN queen.give_back(p_lease);
 END
 $$;

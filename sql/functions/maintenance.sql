@@ -4,20 +4,20 @@
 -- End up to p_limit expired leases (oldest expiry first; those another session holds
 -- are skipped): their un-acked messages become available again with retryCount + 1, or
 -- are dead-lettered past the retry limit. Returns the number of leases ended.
-CREATE OR REPLACE FUNCTION queen.cursor_expire_leases(p_limit integer) RETURNS integer
+CREATE OR REPLACE FUNCTION queen.expire_leases(p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     expired record;
     ended   integer := 0;
 BEGIN
     FOR expired IN
-        SELECT c.partition_id, c.consumer_group FROM queen.cursor_consumers c
+        SELECT c.partition_id, c.consumer_group FROM queen.consumers c
         WHERE c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
         ORDER BY c.lease_expires_at
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED
     LOOP
-        PERFORM queen.cursor_release(expired.partition_id, expired.consumer_group);
+        PERFORM queen.release_expired(expired.partition_id, expired.consumer_group);
         ended := ended + 1;
     END LOOP;
     RETURN ended;
@@ -29,7 +29,7 @@ $$;
 -- completedRetentionSeconds goes once every group of its queue is past it (a group
 -- whose cursors have not moved for retentionSeconds no longer holds it back). Returns
 -- the number deleted.
-CREATE OR REPLACE FUNCTION queen.cursor_retention(p_limit integer) RETURNS integer
+CREATE OR REPLACE FUNCTION queen.retention(p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     deleted integer;
@@ -39,11 +39,11 @@ BEGIN
         FROM queen.queues q
         JOIN queen.partitions p ON p.queue_id = q.id
         CROSS JOIN LATERAL (
-            SELECT min(c.cursor_id) AS passed FROM queen.cursor_consumers c
+            SELECT min(c.cursor_id) AS passed FROM queen.consumers c
             WHERE c.partition_id = p.id
               AND (q.retention_seconds = 0
                    OR c.updated_at > now() - make_interval(secs => q.retention_seconds))) g
-        JOIN queen.cursor_messages m ON m.partition_id = p.id
+        JOIN queen.messages m ON m.partition_id = p.id
         WHERE q.retention_enabled
           AND ((q.retention_seconds > 0
                 AND m.created_at < now() - make_interval(secs => q.retention_seconds))
@@ -52,7 +52,7 @@ BEGIN
         ORDER BY m.partition_id, m.id
         LIMIT p_limit
     )
-    DELETE FROM queen.cursor_messages m USING doomed d
+    DELETE FROM queen.messages m USING doomed d
     WHERE m.partition_id = d.partition_id AND m.id = d.id;
     GET DIAGNOSTICS deleted = ROW_COUNT;
     RETURN deleted;
@@ -62,7 +62,7 @@ $$;
 -- ANALYZE the message tables and the partitions that changed by more than a tenth since
 -- their last analysis (or were never analysed): plans stay index-driven on a server
 -- without autovacuum (a queue's partitions read in index order by a pop: see
--- queen.cursor_candidates). Where autovacuum runs on a table it analyses it itself, at
+-- queen.candidates). Where autovacuum runs on a table it analyses it itself, at
 -- a smaller change (0001_baseline.sql's table settings), but at most once a minute
 -- (autovacuum_naptime). Done here meanwhile: a table it has not analysed yet, and one
 -- that holds more than twice the rows its statistics say (reltuples: -1 since a
@@ -71,7 +71,7 @@ $$;
 -- reads every message once it is not). Doubling bounds both how far a kept plan's
 -- estimate can be off and how often a growing table is analysed.
 -- Returns the tables analysed.
-CREATE OR REPLACE FUNCTION queen.cursor_analyze(p_min_changes bigint DEFAULT 1000)
+CREATE OR REPLACE FUNCTION queen.analyze_tables(p_min_changes bigint DEFAULT 1000)
 RETURNS text[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -105,8 +105,8 @@ $$;
 -- When a group's partition becomes poppable without any write to it: its retryDelay
 -- ends (p_not_before), its next message past the cursor (p_cursor, p_done) is
 -- delayedProcessing old, its newest message is windowBuffer old (what a pop checks,
--- queen.cursor_pop_api). NULL: nothing to wait for.
-CREATE OR REPLACE FUNCTION queen.cursor_due_at(p_partition uuid, p_cursor bigint,
+-- queen.pop). NULL: nothing to wait for.
+CREATE OR REPLACE FUNCTION queen.due_at(p_partition uuid, p_cursor bigint,
                                                p_done bigint[], p_not_before timestamptz,
                                                p_delay integer, p_window integer)
 RETURNS timestamptz
@@ -114,11 +114,11 @@ LANGUAGE sql STABLE AS $$
     SELECT greatest(
         p_not_before,
         CASE WHEN p_delay > 0 THEN
-            (SELECT m.created_at FROM queen.cursor_messages m
+            (SELECT m.created_at FROM queen.messages m
              WHERE m.partition_id = p_partition AND m.id > p_cursor AND m.id <> ALL (p_done)
              ORDER BY m.id LIMIT 1) + make_interval(secs => p_delay) END,
         CASE WHEN p_window > 0 THEN
-            (SELECT m.created_at FROM queen.cursor_messages m
+            (SELECT m.created_at FROM queen.messages m
              WHERE m.partition_id = p_partition AND m.id > p_cursor
              ORDER BY m.id DESC LIMIT 1) + make_interval(secs => p_window) END)
 $$;
@@ -127,7 +127,7 @@ $$;
 -- the previous call): retryDelay over, delayed or windowed messages due. Answers how
 -- many were woken, the seconds until the next one is due (NULL: none waiting) and the
 -- time of this scan.
-CREATE OR REPLACE FUNCTION queen.cursor_wake_due(p_since timestamptz)
+CREATE OR REPLACE FUNCTION queen.wake_due(p_since timestamptz)
 RETURNS TABLE (woken integer, next_due_in double precision, scanned_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -139,31 +139,31 @@ BEGIN
            min(t.due_at) FILTER (WHERE t.due_at > at)
     INTO due, next_due
     FROM (SELECT c.partition_id,
-                 queen.cursor_due_at(c.partition_id, c.cursor_id, c.done_ids, c.not_before,
+                 queen.due_at(c.partition_id, c.cursor_id, c.done_ids, c.not_before,
                                      q.delayed_processing, q.window_buffer) AS due_at
-          FROM queen.cursor_consumers c JOIN queen.queues q ON q.id = c.queue_id
+          FROM queen.consumers c JOIN queen.queues q ON q.id = c.queue_id
           WHERE (c.not_before IS NOT NULL OR q.delayed_processing > 0 OR q.window_buffer > 0)
             AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
           UNION ALL
           -- Partitions of timed queues no group has a cursor in yet: a poll may wait on
           -- them before any pop made one (pop by queue passes over an open window).
-          SELECT p.id, queen.cursor_due_at(p.id, 0, '{}', NULL, q.delayed_processing,
+          SELECT p.id, queen.due_at(p.id, 0, '{}', NULL, q.delayed_processing,
                                            q.window_buffer)
           FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
           WHERE (q.delayed_processing > 0 OR q.window_buffer > 0)
-            AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+            AND NOT EXISTS (SELECT 1 FROM queen.consumers c
                             WHERE c.partition_id = p.id)) t;
     IF due IS NOT NULL THEN
-        PERFORM queen.cursor_wake(due);
+        PERFORM queen.wake(due);
     END IF;
     RETURN QUERY SELECT coalesce(cardinality(due), 0),
                         extract(epoch FROM next_due - at)::double precision, at;
 END
 $$;
 
--- End expired leases (queen.cursor_expire_leases) for maintenance: leases ended, the
+-- End expired leases (queen.expire_leases) for maintenance: leases ended, the
 -- messages they covered, seconds until the next lease expires.
-CREATE OR REPLACE FUNCTION queen.cursor_expire(p_limit integer)
+CREATE OR REPLACE FUNCTION queen.expire(p_limit integer)
 RETURNS TABLE (leases integer, messages integer, next_expiry_in double precision)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -171,14 +171,14 @@ DECLARE
     ended   integer;
 BEGIN
     SELECT coalesce(sum(e.lease_size - cardinality(e.lease_acked)), 0) INTO covered
-    FROM (SELECT c.lease_size, c.lease_acked FROM queen.cursor_consumers c
+    FROM (SELECT c.lease_size, c.lease_acked FROM queen.consumers c
           WHERE c.lease_id IS NOT NULL AND c.lease_expires_at <= now()
           ORDER BY c.lease_expires_at LIMIT p_limit) e;
-    ended := queen.cursor_expire_leases(p_limit);
+    ended := queen.expire_leases(p_limit);
     RETURN QUERY  -- (a statement of its own: it sees the leases just ended)
     SELECT ended, covered,
            (SELECT extract(epoch FROM min(c.lease_expires_at) - clock_timestamp())::double precision
-            FROM queen.cursor_consumers c WHERE c.lease_id IS NOT NULL);
+            FROM queen.consumers c WHERE c.lease_id IS NOT NULL);
 END
 $$;
 
@@ -187,7 +187,7 @@ $$;
 -- and minutes go with them by their keys; completion and failure records, which have
 -- none, are deleted here). A partition a push holds the push lock of is passed over, and
 -- the re-check runs after the locks (a push finding its partition gone makes it again).
-CREATE OR REPLACE FUNCTION queen.cursor_cleanup_partitions(p_idle_seconds integer, p_limit integer)
+CREATE OR REPLACE FUNCTION queen.cleanup_partitions(p_idle_seconds integer, p_limit integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -197,8 +197,8 @@ BEGIN
     SELECT array_agg(c.id) INTO locked FROM (
         SELECT p.id FROM queen.partitions p
         WHERE p.created_at < now() - make_interval(secs => p_idle_seconds)
-          AND NOT EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = p.id)
-          AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+          AND NOT EXISTS (SELECT 1 FROM queen.messages m WHERE m.partition_id = p.id)
+          AND NOT EXISTS (SELECT 1 FROM queen.consumers c
                           WHERE c.partition_id = p.id
                             AND (c.lease_id IS NOT NULL
                                  OR c.updated_at >= now() - make_interval(secs => p_idle_seconds)))
@@ -207,24 +207,24 @@ BEGIN
     IF locked IS NULL THEN
         RETURN 0;
     END IF;
-    -- A push holds its partitions' push locks until it commits (queen.cursor_targets):
+    -- A push holds its partitions' push locks until it commits (queen.push_targets):
     -- skip those; the delete, a later statement, sees what the pushes before stored.
     locked := ARRAY(SELECT x FROM unnest(locked) x
-                    WHERE pg_try_advisory_xact_lock(queen.cursor_push_lock_key(x)));
+                    WHERE pg_try_advisory_xact_lock(queen.push_lock_key(x)));
     IF cardinality(locked) = 0 THEN
         RETURN 0;
     END IF;
     WITH gone AS (
         DELETE FROM queen.partitions p
         WHERE p.id = ANY (locked)
-          AND NOT EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = p.id)
-          AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c
+          AND NOT EXISTS (SELECT 1 FROM queen.messages m WHERE m.partition_id = p.id)
+          AND NOT EXISTS (SELECT 1 FROM queen.consumers c
                           WHERE c.partition_id = p.id AND c.lease_id IS NOT NULL)
         RETURNING p.id
     ), completions AS (
-        DELETE FROM queen.cursor_completions k USING gone WHERE k.partition_id = gone.id
+        DELETE FROM queen.completions k USING gone WHERE k.partition_id = gone.id
     ), failures AS (
-        DELETE FROM queen.cursor_failures f USING gone WHERE f.partition_id = gone.id
+        DELETE FROM queen.failures f USING gone WHERE f.partition_id = gone.id
     )
     SELECT count(*) INTO removed FROM gone;
     RETURN removed;
@@ -232,12 +232,12 @@ END
 $$;
 
 -- Ttl without a pop: dead-letter ('ttl expired') the messages past each group's cursor
--- that are older than their queue's ttl, as a pop would (queen.cursor_expire_ttl), so
+-- that are older than their queue's ttl, as a pop would (queen.expire_ttl), so
 -- that reads show them dead-lettered though nobody pops. Queue mode gets its cursors
 -- first (messages nobody popped yet expire too). Partitions under a lease (an expired
 -- one: until the leases task ends it), or locked by a pop, are skipped; at most p_limit
 -- messages a call, the oldest expiring cursor first. Returns how many.
-CREATE OR REPLACE FUNCTION queen.cursor_maintain_ttl(p_limit integer) RETURNS integer
+CREATE OR REPLACE FUNCTION queen.maintain_ttl(p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     q       record;
@@ -247,18 +247,18 @@ BEGIN
     FOR q IN SELECT x.id FROM queen.queues x
              JOIN queen.partitions p ON p.queue_id = x.id
              WHERE x.ttl > 0
-               AND NOT EXISTS (SELECT 1 FROM queen.cursor_consumers k
+               AND NOT EXISTS (SELECT 1 FROM queen.consumers k
                                WHERE k.partition_id = p.id AND k.consumer_group = '__queue__')
              GROUP BY x.id
     LOOP
-        PERFORM queen.cursor_join(q.id, '__queue__', NULL, NULL);
-        PERFORM queen.cursor_ensure(q.id, '__queue__');
+        PERFORM queen.join_group(q.id, '__queue__', NULL, NULL);
+        PERFORM queen.ensure_cursors(q.id, '__queue__');
     END LOOP;
     FOR c IN
-        SELECT k.partition_id, k.consumer_group, x.ttl FROM queen.cursor_consumers k
+        SELECT k.partition_id, k.consumer_group, x.ttl FROM queen.consumers k
         JOIN queen.queues x ON x.id = k.queue_id
         WHERE x.ttl > 0 AND k.lease_id IS NULL
-          AND EXISTS (SELECT 1 FROM queen.cursor_messages m
+          AND EXISTS (SELECT 1 FROM queen.messages m
                       WHERE m.partition_id = k.partition_id AND m.id > k.cursor_id
                         AND m.id <> ALL (k.done_ids)
                         AND m.created_at < now() - make_interval(secs => x.ttl))
@@ -266,7 +266,7 @@ BEGIN
         FOR UPDATE OF k SKIP LOCKED
     LOOP
         EXIT WHEN expired >= p_limit;
-        expired := expired + queen.cursor_expire_ttl(c.partition_id, c.consumer_group, c.ttl,
+        expired := expired + queen.expire_ttl(c.partition_id, c.consumer_group, c.ttl,
                                                      p_limit - expired);
     END LOOP;
     RETURN expired;

@@ -4,34 +4,34 @@
 -- Dead-letter the leading messages past a group's cursor that are older than the queue's
 -- ttl (never delivered: error 'ttl expired'), up to p_limit of them; the caller holds the
 -- group's row lock. Returns how many.
-CREATE OR REPLACE FUNCTION queen.cursor_expire_ttl(p_partition uuid, p_group text, p_ttl integer,
+CREATE OR REPLACE FUNCTION queen.expire_ttl(p_partition uuid, p_group text, p_ttl integer,
                                                    p_limit integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    c       queen.cursor_consumers;
+    c       queen.consumers;
     expired bigint[];
 BEGIN
-    SELECT * INTO c FROM queen.cursor_consumers x
+    SELECT * INTO c FROM queen.consumers x
     WHERE x.partition_id = p_partition AND x.consumer_group = p_group;
     expired := ARRAY(
         SELECT n.id FROM (
             SELECT h.id, bool_and(h.created_at < now() - make_interval(secs => p_ttl))
                              OVER (ORDER BY h.id) AS old
-            FROM (SELECT m.id, m.created_at FROM queen.cursor_messages m
+            FROM (SELECT m.id, m.created_at FROM queen.messages m
                   WHERE m.partition_id = p_partition AND m.id > c.cursor_id
                     AND m.id <> ALL (c.done_ids)
                   ORDER BY m.id LIMIT p_limit) h) n
         WHERE n.old ORDER BY n.id);
     IF cardinality(expired) > 0 THEN
-        INSERT INTO queen.cursor_failures AS f
+        INSERT INTO queen.failures AS f
             (partition_id, consumer_group, message_id, status, retry_count, error)
         SELECT p_partition, p_group, e, 'dead_letter',
-               queen.cursor_retries(p_partition, p_group, e, c.retried_max), 'ttl expired'
+               queen.retries_of(p_partition, p_group, e, c.retried_max), 'ttl expired'
         FROM unnest(expired) e ORDER BY e
         ON CONFLICT (partition_id, consumer_group, message_id) DO UPDATE
         SET status = 'dead_letter', error = 'ttl expired', failed_at = now();
-        PERFORM queen.cursor_settle(p_partition, p_group, expired, '{}', NULL);
+        PERFORM queen.settle(p_partition, p_group, expired, '{}', NULL);
     END IF;
     RETURN cardinality(expired);
 END
@@ -42,21 +42,21 @@ $$;
 -- start retryDelay; a partition whose window (p_window, windowBuffer) is open is passed
 -- over; messages past the ttl (p_ttl) are dead-lettered, a batch's worth at a time while
 -- whole batches expire. Returns whether the claim may go on.
-CREATE OR REPLACE FUNCTION queen.cursor_claimable(p_partition uuid, p_group text,
+CREATE OR REPLACE FUNCTION queen.claimable(p_partition uuid, p_group text,
                                                   p_expired boolean, p_window integer,
                                                   p_ttl integer, p_batch integer)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     IF p_expired THEN
-        PERFORM queen.cursor_release(p_partition, p_group);
-        IF EXISTS (SELECT 1 FROM queen.cursor_consumers x
+        PERFORM queen.release_expired(p_partition, p_group);
+        IF EXISTS (SELECT 1 FROM queen.consumers x
                    WHERE x.partition_id = p_partition AND x.consumer_group = p_group
                      AND x.not_before > now()) THEN
             RETURN false;
         END IF;
     END IF;
-    IF p_window > 0 AND (SELECT m.created_at FROM queen.cursor_messages m
+    IF p_window > 0 AND (SELECT m.created_at FROM queen.messages m
                          WHERE m.partition_id = p_partition
                          ORDER BY m.id DESC LIMIT 1)
                         > now() - make_interval(secs => p_window) THEN
@@ -64,7 +64,7 @@ BEGIN
     END IF;
     IF p_ttl > 0 THEN
         FOR pass IN 1..10 LOOP
-            EXIT WHEN queen.cursor_expire_ttl(p_partition, p_group, p_ttl, p_batch) < p_batch;
+            EXIT WHEN queen.expire_ttl(p_partition, p_group, p_ttl, p_batch) < p_batch;
         END LOOP;
     END IF;
     RETURN true;
@@ -85,8 +85,7 @@ $$;
 -- closed; an expired lease is a candidate whatever the window (the claim ends it).
 -- (PL/pgSQL: a volatile SQL function would be planned again at every call.)
 -- q: the queue's row, as the pop read it.
-DROP FUNCTION IF EXISTS queen.cursor_candidates(uuid, text, integer);  -- (it read q again)
-CREATE OR REPLACE FUNCTION queen.cursor_candidates(q queen.queues, p_group text, p_limit integer)
+CREATE OR REPLACE FUNCTION queen.candidates(q queen.queues, p_group text, p_limit integer)
 RETURNS SETOF uuid
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -95,12 +94,12 @@ DECLARE
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = p_queue
                    ORDER BY p.id OFFSET 256 LIMIT 1) THEN  -- (in index order: it stops there)
-        RETURN QUERY SELECT x FROM queen.cursor_rank(q, p_group, p_limit) x;
+        RETURN QUERY SELECT x FROM queen.rank_partitions(q, p_group, p_limit) x;
         RETURN;
     END IF;
     -- The walk: a recursive step per partition, each an index probe for the next id (so
     -- no statistics can turn it into a sort of the whole queue); then the partition's
-    -- cursor and next message, probed by key, and queen.cursor_rank's conditions (there
+    -- cursor and next message, probed by key, and queen.rank_partitions's conditions (there
     -- a join, which may read every consumer row of the queue at once).
     RETURN QUERY
     WITH RECURSIVE walk (id, lap) AS (
@@ -128,69 +127,55 @@ BEGIN
         SELECT p.id, m.id AS next_id
         FROM (SELECT * FROM walk LIMIT 256) p
         LEFT JOIN LATERAL (SELECT c.cursor_id, c.lease_id, c.lease_expires_at, c.not_before
-                           FROM queen.cursor_consumers c
+                           FROM queen.consumers c
                            WHERE c.partition_id = p.id AND c.consumer_group = p_group
                            LIMIT 1) c ON true
-        CROSS JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
+        CROSS JOIN LATERAL (SELECT m.id FROM queen.messages m
                             WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
                             ORDER BY m.id LIMIT 1) m
         WHERE (c.lease_id IS NULL OR c.lease_expires_at <= now())
           AND (c.not_before IS NULL OR c.not_before <= now())
           AND (q.window_buffer = 0 OR c.lease_id IS NOT NULL
-               OR (SELECT n.created_at FROM queen.cursor_messages n
+               OR (SELECT n.created_at FROM queen.messages n
                    WHERE n.partition_id = p.id ORDER BY n.id DESC LIMIT 1)
                   <= now() - make_interval(secs => q.window_buffer))
         LIMIT p_limit) w
     ORDER BY w.next_id;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT x FROM queen.cursor_rank(q, p_group, p_limit) x;
+        RETURN QUERY SELECT x FROM queen.rank_partitions(q, p_group, p_limit) x;
     END IF;
 END
 $$;
 
 -- Every partition of queue q a group may pop now ranked by its next message, oldest
 -- first, up to p_limit (one probe of the partition's cursor and next message each):
--- queen.cursor_candidates for a narrow queue, or when its walk found none.
-CREATE OR REPLACE FUNCTION queen.cursor_rank(q queen.queues, p_group text, p_limit integer)
+-- queen.candidates for a narrow queue, or when its walk found none.
+CREATE OR REPLACE FUNCTION queen.rank_partitions(q queen.queues, p_group text, p_limit integer)
 RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
     SELECT p.id
     FROM queen.partitions p
-    LEFT JOIN queen.cursor_consumers c
+    LEFT JOIN queen.consumers c
            ON c.partition_id = p.id AND c.consumer_group = p_group
-    CROSS JOIN LATERAL (SELECT m.id FROM queen.cursor_messages m
+    CROSS JOIN LATERAL (SELECT m.id FROM queen.messages m
                         WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
                         ORDER BY m.id LIMIT 1) m
     WHERE p.queue_id = q.id
       AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
       AND (c.not_before IS NULL OR c.not_before <= now())
       AND (q.window_buffer = 0 OR c.lease_id IS NOT NULL
-           OR (SELECT n.created_at FROM queen.cursor_messages n
+           OR (SELECT n.created_at FROM queen.messages n
                WHERE n.partition_id = p.id ORDER BY n.id DESC LIMIT 1)
               <= now() - make_interval(secs => q.window_buffer))
     ORDER BY m.id
     LIMIT p_limit
 $$;
 
--- Before queen.cursor_pop_api answered the columns of both pop shapes it answered
--- queen.popped; CREATE OR REPLACE cannot change a return type, so that one is dropped.
-DO $$
-BEGIN
-    IF (SELECT p.prorettype FROM pg_proc p
-        WHERE p.oid = to_regprocedure('queen.cursor_pop_api(text, text, text, text, text, text,'
-                                      ' integer, text, text, timestamptz, uuid, text)'))
-       = 'queen.popped'::regtype THEN
-        DROP FUNCTION queen.cursor_pop_api(text, text, text, text, text, text, integer, text,
-                                           text, timestamptz, uuid, text);
-    END IF;
-END
-$$;
-
 -- Pop for a group (queue mode: '__queue__') on any route (p_kind): lease one partition
 -- and return up to p_batch of its messages after the group's cursor, in order, with
 -- their queue's settings. 'partition': the one named (p_partition); 'queue': p_prefer
 -- first when given (the partition a wake-up named), then the free partitions whose next
--- message is oldest (queen.cursor_candidates; a partition another pop is claiming is
+-- message is oldest (queen.candidates; a partition another pop is claiming is
 -- skipped); 'filter': the queues matching p_namespace and/or p_task (NULL: any) with
 -- partitions, highest priority first (then the oldest queue), each as by queue. Nothing
 -- when the queue or partition does not exist. A group joins each queue it tries (p_mode
@@ -198,14 +183,14 @@ $$;
 -- locked only while it has no live lease and is not held back (retryDelay): a woken poll
 -- trying a leased partition must not make that lease's ack wait for the rest of its
 -- (fused) call. The rare steps (an expired lease, windowBuffer, ttl) are
--- queen.cursor_claimable's; delayedProcessing hides messages younger than it. p_lease:
+-- queen.claimable's; delayedProcessing hides messages younger than it. p_lease:
 -- the lease id the caller chose (NULL: a new one), so that a caller who lost the answer
--- can still name the lease and give it back (queen.cursor_unclaim). Its statements keep
+-- can still name the lease and give it back (queen.give_back). Its statements keep
 -- one plan per session (plan_cache_mode): PL/pgSQL would otherwise plan the batch reads
 -- afresh at every call, since with the cursor and batch size known a custom plan always
 -- looks cheaper (a third of a one-message pop). Those generic plans are the ones
 -- tests/integration/test_query_plans.py checks, with stale and with fresh statistics.
-CREATE OR REPLACE FUNCTION queen.cursor_pop_api(
+CREATE OR REPLACE FUNCTION queen.pop(
     p_kind text, p_queue text, p_partition text, p_namespace text, p_task text,
     p_group text, p_batch integer, p_worker text, p_mode text, p_from timestamptz,
     p_lease uuid, p_prefer text DEFAULT NULL)
@@ -217,7 +202,7 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     q          queen.queues;
-    c          queen.cursor_consumers;
+    c          queen.consumers;
     named      uuid;
     candidates uuid[];
     tried      integer := 0;
@@ -234,7 +219,7 @@ BEGIN
               AND EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = x.id)
             ORDER BY x.priority DESC, x.created_at, x.name
         LOOP
-            RETURN QUERY SELECT * FROM queen.cursor_pop_api('queue', matching, NULL, NULL, NULL,
+            RETURN QUERY SELECT * FROM queen.pop('queue', matching, NULL, NULL, NULL,
                                                             p_group, p_batch, p_worker, p_mode,
                                                             p_from, p_lease);
             IF FOUND THEN
@@ -256,9 +241,9 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM queen.cursor_groups g
+    IF NOT EXISTS (SELECT 1 FROM queen.consumer_groups g
                    WHERE g.queue_id = q.id AND g.consumer_group = p_group) THEN
-        PERFORM queen.cursor_join(q.id, p_group, p_mode, p_from);
+        PERFORM queen.join_group(q.id, p_group, p_mode, p_from);
     END IF;
     LOOP
         -- The named partition first; by queue, then the candidates (ranked only when it
@@ -268,7 +253,7 @@ BEGIN
             named := NULL;
         ELSIF p_kind = 'queue' THEN
             IF candidates IS NULL THEN
-                candidates := ARRAY(SELECT x FROM queen.cursor_candidates(q, p_group, 32) x);
+                candidates := ARRAY(SELECT x FROM queen.candidates(q, p_group, 32) x);
             END IF;
             tried := tried + 1;
             EXIT WHEN tried > cardinality(candidates);
@@ -276,26 +261,26 @@ BEGIN
         ELSE
             EXIT;
         END IF;
-        SELECT * INTO c FROM queen.cursor_consumers x
+        SELECT * INTO c FROM queen.consumers x
         WHERE x.partition_id = candidate AND x.consumer_group = p_group
           AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
         FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             -- Another pop holds it or has just leased it: next. No cursor yet: make one.
-            CONTINUE WHEN EXISTS (SELECT 1 FROM queen.cursor_consumers x
+            CONTINUE WHEN EXISTS (SELECT 1 FROM queen.consumers x
                                   WHERE x.partition_id = candidate
                                     AND x.consumer_group = p_group);
-            PERFORM queen.cursor_ensure(q.id, p_group, candidate);
-            SELECT * INTO c FROM queen.cursor_consumers x
+            PERFORM queen.ensure_cursors(q.id, p_group, candidate);
+            SELECT * INTO c FROM queen.consumers x
             WHERE x.partition_id = candidate AND x.consumer_group = p_group
               AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
             FOR UPDATE SKIP LOCKED;
             CONTINUE WHEN NOT FOUND;
         END IF;
         IF c.lease_id IS NOT NULL OR q.window_buffer > 0 OR q.ttl > 0 THEN
-            CONTINUE WHEN NOT queen.cursor_claimable(candidate, p_group, c.lease_id IS NOT NULL,
+            CONTINUE WHEN NOT queen.claimable(candidate, p_group, c.lease_id IS NOT NULL,
                                                      q.window_buffer, q.ttl, p_batch);
-            SELECT * INTO c FROM queen.cursor_consumers x
+            SELECT * INTO c FROM queen.consumers x
             WHERE x.partition_id = candidate AND x.consumer_group = p_group;
         END IF;
         -- The claim, in one statement: the batch past the cursor, the lease over it, its
@@ -308,14 +293,14 @@ BEGIN
         WITH batch AS MATERIALIZED (
             SELECT m.id, m.transaction_id, m.payload, m.encrypted, m.producer, m.trace_id,
                    m.created_at
-            FROM queen.cursor_messages m
+            FROM queen.messages m
             WHERE m.partition_id = candidate AND m.id > c.cursor_id
               AND m.id <> ALL (c.done_ids)
               AND (q.delayed_processing = 0
                    OR m.created_at <= now() - make_interval(secs => q.delayed_processing))
             ORDER BY m.id LIMIT p_batch
         ), leased AS (
-            UPDATE queen.cursor_consumers x SET
+            UPDATE queen.consumers x SET
                 lease_id = lease, leased_by = p_worker, lease_expires_at = expires,
                 lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
                 not_before = NULL, updated_at = now()
@@ -326,7 +311,7 @@ BEGIN
                (SELECT p.name FROM queen.partitions p WHERE p.id = candidate), b.payload,
                b.encrypted, b.producer, b.trace_id,
                CASE WHEN b.id <= c.retried_max  -- (a message of it may have been retried)
-                    THEN queen.cursor_retries(candidate, p_group, b.id, c.retried_max)
+                    THEN queen.retries_of(candidate, p_group, b.id, c.retried_max)
                     ELSE 0 END,
                b.created_at, lease, expires, q.priority, q.lease_time, q.retry_limit
         FROM batch b
@@ -338,40 +323,40 @@ BEGIN
 END
 $$;
 
--- Pop from one named partition as a group (queen.cursor_pop_api by partition).
-CREATE OR REPLACE FUNCTION queen.cursor_pop_partition(
+-- Pop from one named partition as a group (queen.pop by partition).
+CREATE OR REPLACE FUNCTION queen.pop_partition(
     p_queue text, p_partition text, p_group text, p_batch integer, p_worker text,
     p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
-RETURNS SETOF queen.cursor_popped
+RETURNS SETOF queen.delivery
 LANGUAGE sql AS $$
     SELECT d.id, d.transaction_id, d.queue, d.partition, p_group, d.payload, d.encrypted,
            d.producer, d.trace_id, d.retry_count, d.created_at, d.lease_id, d.lease_expires_at
-    FROM queen.cursor_pop_api('partition', p_queue, p_partition, NULL, NULL, p_group, p_batch,
+    FROM queen.pop('partition', p_queue, p_partition, NULL, NULL, p_group, p_batch,
                               p_worker, p_mode, p_from, p_lease) d
 $$;
 
 -- Pop from a queue as a group: the free partition whose next message is oldest, up to
--- p_batch messages of it in order (queen.cursor_pop_api by queue).
-CREATE OR REPLACE FUNCTION queen.cursor_pop_queue(
+-- p_batch messages of it in order (queen.pop by queue).
+CREATE OR REPLACE FUNCTION queen.pop_queue(
     p_queue text, p_group text, p_batch integer, p_worker text,
     p_mode text DEFAULT NULL, p_from timestamptz DEFAULT NULL, p_lease uuid DEFAULT NULL)
-RETURNS SETOF queen.cursor_popped
+RETURNS SETOF queen.delivery
 LANGUAGE sql AS $$
     SELECT d.id, d.transaction_id, d.queue, d.partition, p_group, d.payload, d.encrypted,
            d.producer, d.trace_id, d.retry_count, d.created_at, d.lease_id, d.lease_expires_at
-    FROM queen.cursor_pop_api('queue', p_queue, NULL, NULL, NULL, p_group, p_batch, p_worker,
+    FROM queen.pop('queue', p_queue, NULL, NULL, NULL, p_group, p_batch, p_worker,
                               p_mode, p_from, p_lease) d
 $$;
 
 -- Several pops in one call (a worker's concurrent pops, fused): p_pops is an array of
 -- {kind, queue, partition, namespace, task, group, batch, worker, mode, since, lease,
--- prefer}, each popped in turn by queen.cursor_pop_api, in one transaction. Each pop sees
+-- prefer}, each popped in turn by queen.pop, in one transaction. Each pop sees
 -- the leases of those before it, so each gets a partition of its own. Rows: the pop's
 -- position (1-based) and its messages as queen.popped, with the API id. The pops' commit
 -- does not wait for the disk (synchronous_commit off for the transaction): a claim a
 -- crash forgets leaves its messages to be delivered again, as at-least-once allows.
--- One plan per session (plan_cache_mode), as queen.cursor_pop_api.
-CREATE OR REPLACE FUNCTION queen.cursor_pop_many(p_pops jsonb)
+-- One plan per session (plan_cache_mode), as queen.pop.
+CREATE OR REPLACE FUNCTION queen.pop_many(p_pops jsonb)
 RETURNS TABLE (pop integer, message queen.popped)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -391,11 +376,11 @@ BEGIN
     LOOP
         RETURN QUERY
         SELECT r.ordinality::integer,
-               ROW(queen.cursor_message_uuid(d.id, d.created_at), d.transaction_id, d.queue,
+               ROW(queen.message_uuid(d.id, d.created_at), d.transaction_id, d.queue,
                    d.partition, d.payload, d.encrypted, d.retry_count, d.priority,
                    d.created_at, now(), d.lease_id, d.lease_expires_at, d.lease_time,
                    d.retry_limit)::queen.popped
-        FROM queen.cursor_pop_api(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
+        FROM queen.pop(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
                                   r.batch, r.worker, r.mode, r.since, r.lease, r.prefer) d;
     END LOOP;
 END

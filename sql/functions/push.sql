@@ -1,20 +1,20 @@
 -- Push: immutable messages, ids in commit order within a partition.
 
 -- The key of a partition's push lock: held by a push from before it draws ids until it
--- commits, so the ids of a partition commit in order (see queen.cursor_messages).
-CREATE OR REPLACE FUNCTION queen.cursor_push_lock_key(p_partition uuid) RETURNS bigint
+-- commits, so the ids of a partition commit in order (see queen.messages).
+CREATE OR REPLACE FUNCTION queen.push_lock_key(p_partition uuid) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended(p_partition::text, 23)
 $$;
 
 -- The partitions a push writes to, in (queue, partition) order, with their push locks
--- (queen.cursor_push_lock_key) taken in that order: created as needed (partition
+-- (queen.push_lock_key) taken in that order: created as needed (partition
 -- 'Default' when none is named). A partition stays while its lock is held: its removal
--- (queen.cursor_cleanup_partitions) takes the same lock, and one removed between the
+-- (queen.cleanup_partitions) takes the same lock, and one removed between the
 -- lookup and the lock is made again. One probe of the unique indexes per name, whatever
 -- the statistics. (A row lock on each partition, which would do the same, costs a push
 -- of one message a third of its time.)
-CREATE OR REPLACE FUNCTION queen.cursor_targets(p_items jsonb) RETURNS queen.push_target[]
+CREATE OR REPLACE FUNCTION queen.push_targets(p_items jsonb) RETURNS queen.push_target[]
 LANGUAGE plpgsql AS $$
 DECLARE
     names   queen.push_target[];
@@ -33,7 +33,7 @@ BEGIN
         CROSS JOIN LATERAL (SELECT p.id FROM queen.partitions p
                             WHERE p.queue_id = q.id AND p.name = n.partition) p;
         IF cardinality(targets) = cardinality(names) THEN
-            PERFORM pg_advisory_xact_lock(queen.cursor_push_lock_key(t.partition_id))
+            PERFORM pg_advisory_xact_lock(queen.push_lock_key(t.partition_id))
             FROM unnest(targets) t ORDER BY t.partition_id;
             -- (A statement of its own: it sees a removal committed while it waited.)
             IF (SELECT count(*) FROM queen.partitions p
@@ -55,13 +55,13 @@ $$;
 
 -- Messages of a queue pending for queue mode (not consumed, not under its live lease:
 -- maxSize caps pending messages), counted up to p_cap.
-CREATE OR REPLACE FUNCTION queen.cursor_pending(p_queue uuid, p_cap integer) RETURNS integer
+CREATE OR REPLACE FUNCTION queen.pending_count(p_queue uuid, p_cap integer) RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT count(*)::integer FROM (
         SELECT 1 FROM queen.partitions p
-        LEFT JOIN queen.cursor_consumers c
+        LEFT JOIN queen.consumers c
                ON c.partition_id = p.id AND c.consumer_group = '__queue__'
-        JOIN queen.cursor_messages m
+        JOIN queen.messages m
           ON m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
              AND m.id <> ALL (coalesce(c.done_ids, '{}'))
         WHERE p.queue_id = p_queue
@@ -72,7 +72,7 @@ $$;
 
 -- maxSize: the positions of the items past a queue's room (pushes to a limited queue
 -- are serialised on the queue, so each counts what the one before stored).
-CREATE OR REPLACE FUNCTION queen.cursor_rejected(p_items jsonb, p_targets queen.push_target[])
+CREATE OR REPLACE FUNCTION queen.push_rejected(p_items jsonb, p_targets queen.push_target[])
 RETURNS integer[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -95,35 +95,32 @@ BEGIN
             WHERE t.queue_id = limited.id
             ORDER BY x.ord
             OFFSET greatest(0, limited.max_size
-                               - queen.cursor_pending(limited.id, limited.max_size)));
+                               - queen.pending_count(limited.id, limited.max_size)));
     END LOOP;
     RETURN rejected;
 END
 $$;
 
 -- (An earlier build of these two made the UUID prefix itself; their caller needs it too.)
-DROP FUNCTION IF EXISTS queen.cursor_number(jsonb, queen.push_target[], integer[]);
-DROP FUNCTION IF EXISTS queen.cursor_store(jsonb, text);
-
 -- The accepted items with their ids, drawn in item order (the caller holds the push
 -- locks of their partitions). An item without a transactionId gets its message's API id
 -- (of the id and now(), the created_at it is stored with; p_prefix is
--- queen.cursor_uuid_prefix(now())): the id a client is answered is the one it acks with.
+-- queen.uuid_prefix(now())): the id a client is answered is the one it acks with.
 -- (PL/pgSQL, not SQL: PostgreSQL plans a SQL function's statement again at every call it
 -- cannot inline; PL/pgSQL keeps the plan for the session.)
-CREATE OR REPLACE FUNCTION queen.cursor_number(p_items jsonb, p_targets queen.push_target[],
+CREATE OR REPLACE FUNCTION queen.number_messages(p_items jsonb, p_targets queen.push_target[],
                                                p_rejected integer[], p_prefix text)
-RETURNS queen.cursor_push_item[]
+RETURNS queen.push_item[]
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN (
     SELECT coalesce(array_agg(ROW(n.idx, n.id,
                                   coalesce(n.i ->> 'transactionId',
-                                           queen.cursor_message_uuid_text(n.id, p_prefix, now())),
+                                           queen.message_uuid_text(n.id, p_prefix, now())),
                                   n.partition_id, n.queue_id, n.i -> 'payload',
                                   coalesce((n.i ->> 'encrypted')::boolean, false),
-                                  n.i ->> 'traceId')::queen.cursor_push_item ORDER BY n.idx), '{}')
-    FROM (SELECT r.*, nextval('queen.cursor_messages_id_seq'::regclass) AS id
+                                  n.i ->> 'traceId')::queen.push_item ORDER BY n.idx), '{}')
+    FROM (SELECT r.*, nextval('queen.messages_id_seq'::regclass) AS id
           FROM (SELECT x.ord::integer AS idx, x.i, t.partition_id, t.queue_id
                 FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
                 JOIN unnest(p_targets) t ON t.queue = x.i ->> 'queue'
@@ -133,30 +130,30 @@ BEGIN
 END
 $$;
 
--- Store a batch (the body's "items" array): its partitions locked (queen.cursor_targets),
+-- Store a batch (the body's "items" array): its partitions locked (queen.push_targets),
 -- maxSize applied (rejected: the positions past a queue's room), ids drawn (accepted, in
 -- item order) and the messages inserted in transactionId order, so that pushes sharing
 -- ids wait for each other and never deadlock (stored: the ids that were not duplicates).
 -- One wake-up per queue, sent at commit, while polls are parked; none from a session
 -- with queen.push_notify = 'after_commit' (Queen's own pool), which sends them itself
 -- once the push committed (queen.notify_pushed: see there why). p_prefix: as
--- queen.cursor_number's.
-CREATE OR REPLACE FUNCTION queen.cursor_store(p_items jsonb, p_producer text, p_prefix text,
-                                              OUT accepted queen.cursor_push_item[],
+-- queen.number_messages's.
+CREATE OR REPLACE FUNCTION queen.store_messages(p_items jsonb, p_producer text, p_prefix text,
+                                              OUT accepted queen.push_item[],
                                               OUT stored bigint[], OUT rejected integer[])
 LANGUAGE plpgsql AS $$
 DECLARE
     targets queen.push_target[];
 BEGIN
-    targets := queen.cursor_targets(p_items);
+    targets := queen.push_targets(p_items);
     rejected := '{}';
     IF EXISTS (SELECT 1 FROM unnest(targets) t JOIN queen.queues q ON q.id = t.queue_id
                WHERE q.max_size > 0) THEN
-        rejected := queen.cursor_rejected(p_items, targets);
+        rejected := queen.push_rejected(p_items, targets);
     END IF;
-    accepted := queen.cursor_number(p_items, targets, rejected, p_prefix);
+    accepted := queen.number_messages(p_items, targets, rejected, p_prefix);
     WITH inserted AS (
-        INSERT INTO queen.cursor_messages
+        INSERT INTO queen.messages
             (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
         OVERRIDING SYSTEM VALUE
         SELECT a.id, a.partition_id, a.transaction_id, a.payload, a.encrypted, p_producer, a.trace_id
@@ -166,25 +163,23 @@ BEGIN
     )
     SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
     IF current_setting('queen.push_notify', true) IS DISTINCT FROM 'after_commit' THEN
-        PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a
+        PERFORM queen.wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a
                                         WHERE a.id = ANY (stored)));
     END IF;
 END
 $$;
 
 -- (An earlier build made the UUID prefix itself; its caller needs the prefix too.)
-DROP FUNCTION IF EXISTS queen.cursor_store_new(jsonb, queen.push_target[], text);
-
 -- Store a batch none of whose items names a transactionId, into queues without maxSize
--- (the caller holds the push locks of targets, queen.cursor_targets): every item is
+-- (the caller holds the push locks of targets, queen.push_targets): every item is
 -- stored, with an id drawn in item order and its API id as its transactionId (made from
--- p_prefix, queen.cursor_uuid_prefix(now()): queen.cursor_message_uuid_text). Returns
+-- p_prefix, queen.uuid_prefix(now()): queen.message_uuid_text). Returns
 -- the ids in item order. None of those transactionIds can be stored already, so the
 -- insert is a plain one, not a speculative one (ON CONFLICT writes a second WAL record
 -- per row to confirm it: a tenth of a message's WAL), and nothing passes through arrays
 -- of rows. A client may have stored one of them as its own transactionId: the insert
 -- then fails (unique_violation) and the caller stores the batch as any other.
-CREATE OR REPLACE FUNCTION queen.cursor_store_new(p_items jsonb, p_targets queen.push_target[],
+CREATE OR REPLACE FUNCTION queen.store_new_messages(p_items jsonb, p_targets queen.push_target[],
                                                   p_producer text, p_prefix text)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
@@ -192,13 +187,13 @@ DECLARE
     ids bigint[];
 BEGIN
     WITH stored AS (
-        INSERT INTO queen.cursor_messages
+        INSERT INTO queen.messages
             (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
         OVERRIDING SYSTEM VALUE
-        SELECT n.id, n.partition_id, queen.cursor_message_uuid_text(n.id, p_prefix, now()),
+        SELECT n.id, n.partition_id, queen.message_uuid_text(n.id, p_prefix, now()),
                n.i -> 'payload', coalesce((n.i ->> 'encrypted')::boolean, false), p_producer,
                n.i ->> 'traceId'
-        FROM (SELECT r.*, nextval('queen.cursor_messages_id_seq'::regclass) AS id
+        FROM (SELECT r.*, nextval('queen.messages_id_seq'::regclass) AS id
               FROM (SELECT x.ord, x.i, t.partition_id
                     FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
                     JOIN unnest(p_targets) t
@@ -209,7 +204,7 @@ BEGIN
     )
     SELECT array_agg(s.id ORDER BY s.id) INTO ids FROM stored s;
     IF current_setting('queen.push_notify', true) IS DISTINCT FROM 'after_commit' THEN
-        PERFORM queen.cursor_wake(ARRAY(SELECT DISTINCT t.partition_id FROM unnest(p_targets) t));
+        PERFORM queen.wake(ARRAY(SELECT DISTINCT t.partition_id FROM unnest(p_targets) t));
     END IF;
     RETURN ids;
 END
@@ -220,14 +215,14 @@ $$;
 -- message's API id (a queued one was created now(); a duplicate's is the stored
 -- message's, looked up after the insert, in a statement that sees what this push and
 -- those it waited for stored). A batch naming no transactionId into queues without
--- maxSize (the common push) is stored by queen.cursor_store_new; any other by
--- queen.cursor_store. Its statements and those of the functions it calls keep one plan
+-- maxSize (the common push) is stored by queen.store_new_messages; any other by
+-- queen.store_messages. Its statements and those of the functions it calls keep one plan
 -- per session (plan_cache_mode): a custom plan, made afresh at every call, always looks
 -- cheaper with the batch's arrays known; re-planning took about a quarter of the
 -- database CPU of one-message pushes under load. The same holds for the other entry
 -- points of the hot path (pop, ack, lease extension, wake-ups);
 -- tests/integration/test_query_plans.py checks that their plans are generic.
-CREATE OR REPLACE FUNCTION queen.cursor_push_api(p_items jsonb, p_producer text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION queen.push(p_items jsonb, p_producer text DEFAULT NULL)
 RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -235,17 +230,17 @@ DECLARE
     s       record;
     targets queen.push_target[];
     ids     bigint[];
-    prefix  text := queen.cursor_uuid_prefix(now());
+    prefix  text := queen.uuid_prefix(now());
 BEGIN
     IF jsonb_array_length(p_items) = 0 THEN
         RETURN;
     END IF;
     IF NOT jsonb_path_exists(p_items, '$[*].transactionId') THEN
-        targets := queen.cursor_targets(p_items);
+        targets := queen.push_targets(p_items);
         IF NOT EXISTS (SELECT 1 FROM unnest(targets) t JOIN queen.queues q ON q.id = t.queue_id
                        WHERE q.max_size > 0) THEN
             BEGIN
-                ids := queen.cursor_store_new(p_items, targets, p_producer, prefix);
+                ids := queen.store_new_messages(p_items, targets, p_producer, prefix);
             EXCEPTION WHEN unique_violation THEN
                 ids := NULL;  -- (stored as any other batch below)
             END;
@@ -253,18 +248,18 @@ BEGIN
                 RETURN QUERY
                 SELECT k.n::integer, u.id::uuid, u.id, 'queued'  -- (its transactionId)
                 FROM unnest(ids) WITH ORDINALITY k(id, n)
-                CROSS JOIN LATERAL (SELECT queen.cursor_message_uuid_text(k.id, prefix, now())
+                CROSS JOIN LATERAL (SELECT queen.message_uuid_text(k.id, prefix, now())
                                     AS id) u
                 ORDER BY k.n;
                 RETURN;
             END IF;
         END IF;
     END IF;
-    s := queen.cursor_store(p_items, p_producer, prefix);
+    s := queen.store_messages(p_items, p_producer, prefix);
     IF cardinality(s.stored) = cardinality(s.accepted) THEN
         -- Every item stored (the common case): nothing to look up.
         RETURN QUERY
-        SELECT a.idx, queen.cursor_message_uuid_text(a.id, prefix, now())::uuid, a.transaction_id,
+        SELECT a.idx, queen.message_uuid_text(a.id, prefix, now())::uuid, a.transaction_id,
                'queued'
         FROM unnest(s.accepted) a
         UNION ALL
@@ -275,13 +270,13 @@ BEGIN
     RETURN QUERY
     SELECT a.idx,
            CASE WHEN a.id = ANY (s.stored)
-                THEN queen.cursor_message_uuid_text(a.id, prefix, now())::uuid
+                THEN queen.message_uuid_text(a.id, prefix, now())::uuid
                 ELSE m.uuid END,
            a.transaction_id,
            CASE WHEN a.id = ANY (s.stored) THEN 'queued' ELSE 'duplicate' END
     FROM unnest(s.accepted) a
-    LEFT JOIN LATERAL (SELECT queen.cursor_message_uuid(m.id, m.created_at) AS uuid
-                       FROM queen.cursor_messages m
+    LEFT JOIN LATERAL (SELECT queen.message_uuid(m.id, m.created_at) AS uuid
+                       FROM queen.messages m
                        WHERE m.transaction_id = a.transaction_id AND NOT a.id = ANY (s.stored)
                        LIMIT 1) m ON true
     UNION ALL
@@ -290,12 +285,12 @@ BEGIN
 END
 $$;
 
--- queen.cursor_push_api with the messages' bigint ids (queen.cursor_message_id of the API
+-- queen.push with the messages' bigint ids (queen.message_id_of of the API
 -- ids), for callers working on the tables themselves.
-CREATE OR REPLACE FUNCTION queen.cursor_push(p_items jsonb, p_producer text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION queen.push_rows(p_items jsonb, p_producer text DEFAULT NULL)
 RETURNS TABLE (idx integer, message_id bigint, transaction_id text, status text)
 LANGUAGE sql AS $$
-    SELECT p.idx, queen.cursor_message_id(p.message_id), p.transaction_id, p.status
-    FROM queen.cursor_push_api(p_items, p_producer) p
+    SELECT p.idx, queen.message_id_of(p.message_id), p.transaction_id, p.status
+    FROM queen.push(p_items, p_producer) p
     ORDER BY p.idx
 $$;

@@ -5,14 +5,14 @@
 -- Wake long polls for work in these partitions: one notification per queue (payload
 -- queen.wake_payload, naming its first partition), sent at commit; nothing while no
 -- worker has a poll parked (queen.waiting_workers).
-CREATE OR REPLACE FUNCTION queen.cursor_wake(p_partitions uuid[]) RETURNS void
+CREATE OR REPLACE FUNCTION queen.wake(p_partitions uuid[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF cardinality(p_partitions) = 0
        OR NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
         RETURN;
     END IF;
-    PERFORM queen.cursor_send_wakes(ARRAY(
+    PERFORM queen.send_wakes(ARRAY(
         SELECT queen.wake_payload(q.name, n.partition, q.namespace, q.task)
         FROM (SELECT p.queue_id, min(p.name) AS partition
               FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
@@ -25,22 +25,22 @@ $$;
 -- group after the route ('queue/partition/namespace/task/group'), and a worker wakes a
 -- poll of that group only (other groups' leases did not change). Its callers check
 -- queen.waiting_workers first (the ack's check also spares its probe for work left).
-CREATE OR REPLACE FUNCTION queen.cursor_wake_group(p_partition uuid, p_group text) RETURNS void
+CREATE OR REPLACE FUNCTION queen.wake_group(p_partition uuid, p_group text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM queen.cursor_send_wakes(ARRAY(
+    PERFORM queen.send_wakes(ARRAY(
         SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task) || '/' || p_group
         FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
         WHERE p.id = p_partition));
 END
 $$;
 
--- Send wake-up payloads at commit. Inside queen.cursor_ack_api they are collected
+-- Send wake-up payloads at commit. Inside queen.ack they are collected
 -- instead (in the transaction's setting queen.wakes, a JSON array), for the caller to
 -- send once the acks committed (queen.notify_wakes): a notification inside the ack would
 -- make its commit wait for the cluster-wide NOTIFY lock, behind every other notifying
 -- commit's WAL flush.
-CREATE OR REPLACE FUNCTION queen.cursor_send_wakes(p_payloads text[]) RETURNS void
+CREATE OR REPLACE FUNCTION queen.send_wakes(p_payloads text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     collected text := current_setting('queen.wakes', true);
@@ -61,7 +61,7 @@ $$;
 -- some group is free (no live lease, not held back) with a message past its cursor, or
 -- where no group has a cursor yet and a message waits. A hint, like a notification:
 -- the woken poll's group may find nothing. Walks every partition of the wanted queues.
-CREATE OR REPLACE FUNCTION queen.cursor_ready_partitions(
+CREATE OR REPLACE FUNCTION queen.ready_partitions(
     p_queues text[], p_partition_queues text[], p_partitions text[],
     p_namespaces text[], p_tasks text[], p_limit integer)
 RETURNS SETOF text
@@ -77,17 +77,17 @@ LANGUAGE sql STABLE AS $$
                       WHERE n.queue = q.name AND n.partition = p.name)
     )
     SELECT w.payload FROM wanted w
-    WHERE EXISTS (SELECT 1 FROM queen.cursor_consumers c
+    WHERE EXISTS (SELECT 1 FROM queen.consumers c
                   WHERE c.partition_id = w.id
                     AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
                     AND (c.not_before IS NULL OR c.not_before <= now())
-                    -- in key order, as queen.cursor_settle's probe (an EXISTS may scan)
-                    AND (SELECT m.id FROM queen.cursor_messages m
+                    -- in key order, as queen.settle's probe (an EXISTS may scan)
+                    AND (SELECT m.id FROM queen.messages m
                          WHERE m.partition_id = w.id AND m.id > c.cursor_id
                            AND m.id <> ALL (c.done_ids)
                          ORDER BY m.id LIMIT 1) IS NOT NULL)
-       OR (NOT EXISTS (SELECT 1 FROM queen.cursor_consumers c WHERE c.partition_id = w.id)
-           AND EXISTS (SELECT 1 FROM queen.cursor_messages m WHERE m.partition_id = w.id))
+       OR (NOT EXISTS (SELECT 1 FROM queen.consumers c WHERE c.partition_id = w.id)
+           AND EXISTS (SELECT 1 FROM queen.messages m WHERE m.partition_id = w.id))
     LIMIT p_limit
 $$;
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from tests.conftest import Server
-from tests.e2e.test_cursor_api import API, pop, push_n
+from tests.e2e.test_api import API, pop, push_n
 
 
 @pytest.fixture

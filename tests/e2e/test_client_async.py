@@ -16,11 +16,11 @@ import pytest
 
 from queen.client import AsyncQueen, Message, NotFound, Queen, ResponseLost, RetryPolicy
 from tests.conftest import ROOT, free_port
-from tests.e2e.cursor_server import cursor_store_server
+from tests.e2e.servers import fresh_server
 from tests.e2e.test_client_sync import DroppingProxy, requests_served
 
 FAST = RetryPolicy(rounds=3, base_delay=0.05, max_delay=0.2)
-__all__ = ["cursor_store_server"]  # a fixture
+__all__ = ["fresh_server"]  # a fixture
 
 
 def run(url: str | list[str], body: Callable[[AsyncQueen], Awaitable[Any]]) -> Any:
@@ -247,8 +247,8 @@ def test_sigterm_mid_handler_finishes_and_acks_the_message_then_exits_0(server, 
         assert queen.message(pushed.transaction_id)["status"] == "completed"
 
 
-def test_a_transaction_acks_and_pushes_together(cursor_store_server):
-    server = cursor_store_server
+def test_a_transaction_acks_and_pushes_together(fresh_server):
+    server = fresh_server
 
     async def body(queen: AsyncQueen) -> None:
         await queen.push("tx-in", [{"n": 1}])
@@ -260,8 +260,8 @@ def test_a_transaction_acks_and_pushes_together(cursor_store_server):
     run(server.url, body)
 
 
-def test_consumer_groups_pop_ack_and_seek(cursor_store_server):
-    server = cursor_store_server
+def test_consumer_groups_pop_ack_and_seek(fresh_server):
+    server = fresh_server
 
     async def body(queen: AsyncQueen) -> None:
         await queen.push("fanout", [{"n": 1}])

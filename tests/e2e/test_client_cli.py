@@ -11,9 +11,9 @@ import time
 
 from queen.client import Queen
 from tests.conftest import ROOT, free_port
-from tests.e2e.cursor_server import cursor_store_server
+from tests.e2e.servers import fresh_server
 
-__all__ = ["cursor_store_server"]  # a fixture
+__all__ = ["fresh_server"]  # a fixture
 
 
 def queen_cli(server, *args: str, stdin: str | None = None, url: str | None = None):
@@ -135,8 +135,8 @@ def test_tail_prints_the_latest_messages_oldest_first_and_follows(server):
         assert len(queen.messages("tailed", status="pending")) == 4
 
 
-def test_groups_list_and_seek_and_tail_as_a_group(cursor_store_server):
-    server = cursor_store_server
+def test_groups_list_and_seek_and_tail_as_a_group(fresh_server):
+    server = fresh_server
 
     queen_cli(server, "push", "grouped", '{"n": 1}')
     tail = queen_cli(server, "tail", "grouped", "--group", "audit")

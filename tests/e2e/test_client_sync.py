@@ -16,10 +16,10 @@ import pytest
 
 from queen.client import Message, NotFound, Queen, ResponseLost, RetryPolicy
 from tests.conftest import ROOT, Server, free_port
-from tests.e2e.cursor_server import cursor_store_server
+from tests.e2e.servers import fresh_server
 
 FAST = RetryPolicy(rounds=3, base_delay=0.05, max_delay=0.2)
-__all__ = ["cursor_store_server"]  # a fixture
+__all__ = ["fresh_server"]  # a fixture
 
 
 class DroppingProxy:
@@ -365,13 +365,13 @@ def test_a_pop_whose_answer_was_dropped_is_not_resent(queen, server):
 
 
 @pytest.fixture
-def cursor_queen(cursor_store_server):
-    with Queen(cursor_store_server.url, retry=FAST) as client:
+def fresh_queen(fresh_server):
+    with Queen(fresh_server.url, retry=FAST) as client:
         yield client
 
 
-def test_a_transaction_acks_and_pushes_together(cursor_queen):
-    queen = cursor_queen
+def test_a_transaction_acks_and_pushes_together(fresh_queen):
+    queen = fresh_queen
     queen.push("tx-in", [{"n": 1}])
     (message,) = queen.pop("tx-in")
     results = queen.transaction().ack(message).push("tx-out", [{"n": 2}]).commit()
@@ -380,8 +380,8 @@ def test_a_transaction_acks_and_pushes_together(cursor_queen):
     assert [m.data for m in queen.pop("tx-out")] == [{"n": 2}]
 
 
-def test_consumer_groups_each_see_every_message_and_seek(cursor_queen):
-    queen = cursor_queen
+def test_consumer_groups_each_see_every_message_and_seek(fresh_queen):
+    queen = fresh_queen
     queen.push("fanout", [{"n": 1}, {"n": 2}])
     for group in ("a", "b"):
         popped = queen.pop("fanout", batch=10, group=group, subscription="all")

@@ -216,7 +216,7 @@ N = 12  # messages each groups test pushes into its queue, over three partitions
 
 
 @pytest.fixture(scope="module")
-def cursor_site(server_dsn: str, template_db: str) -> Iterator[Server]:
+def groups_site(server_dsn: str, template_db: str) -> Iterator[Server]:
     with cloned_database(server_dsn, template_db, "queen_browser_groups") as dsn:
         srv = Server(dsn, **FAST).start()
         yield srv
@@ -280,30 +280,30 @@ def seek_in_page(browser: Any, group: str, queue: str, to: str) -> None:
     click(browser, f"{row(group, queue)} button.seek")
 
 
-def test_consumer_groups_page_shows_each_group_as_the_api_counts_it(browser, cursor_site):
-    make_groups(cursor_site, "ledger")
-    push(cursor_site, {"queue": "refunds", "payload": 1})
-    assert pop_as(cursor_site, "refunds", "billing")  # the same group on a second queue
-    assert pop_as(cursor_site, "ledger", None)  # queue mode reads the queue too
+def test_consumer_groups_page_shows_each_group_as_the_api_counts_it(browser, groups_site):
+    make_groups(groups_site, "ledger")
+    push(groups_site, {"queue": "refunds", "payload": 1})
+    assert pop_as(groups_site, "refunds", "billing")  # the same group on a second queue
+    assert pop_as(groups_site, "ledger", None)  # queue mode reads the queue too
     for _ in range(2):  # 1,200 in one partition: more than a listing counts in one
-        push(cursor_site, *({"queue": "backlog", "payload": i} for i in range(600)))
-    assert pop_as(cursor_site, "backlog", "billing")
-    listed = groups_of(cursor_site, "ledger")
+        push(groups_site, *({"queue": "backlog", "payload": i} for i in range(600)))
+    assert pop_as(groups_site, "backlog", "billing")
+    listed = groups_of(groups_site, "ledger")
     assert set(listed) == {"billing", "audit", "late", "__queue__"}
     assert listed["audit"]["pending"] == N and listed["late"]["pending"] == 0
     assert 0 < listed["billing"]["pending"] < N
 
-    visit(browser, cursor_site, "#/groups")
+    visit(browser, groups_site, "#/groups")
     wait_until(lambda: all(find_all(browser, row(g, "ledger")) for g in listed)
                and find_all(browser, row("billing", "refunds"))
                and find_all(browser, row("billing", "backlog")), what="every group's row")
-    for name, g in groups_of(cursor_site, "ledger").items():
+    for name, g in groups_of(groups_site, "ledger").items():
         assert cell(browser, name, "ledger", "pending") == f"{g['pending']:,}", name
         assert cell(browser, name, "ledger", "partitions") == f"{g['partitions']:,}", name
         assert cell(browser, name, "ledger", "leased") == f"{g['leasedPartitions']:,}", name
         lag = cell(browser, name, "ledger", "lag")
         assert lag.endswith("s") and abs(int(lag[:-1]) - g["lagSeconds"]) <= 5, (name, lag)
-    (capped,) = groups_of(cursor_site, "backlog").values()
+    (capped,) = groups_of(groups_site, "backlog").values()
     assert capped["pendingCapped"], capped
     assert cell(browser, "billing", "backlog", "pending") == f"{capped['pending']:,}+"
     assert cell(browser, "late", "ledger", "reads") == "new messages"
@@ -313,25 +313,25 @@ def test_consumer_groups_page_shows_each_group_as_the_api_counts_it(browser, cur
     assert find_all(browser, f"{row('__queue__', 'ledger')} button.seek")
     screenshot(browser, "consumer-groups")
 
-    push(cursor_site, {"queue": "ledger", "payload": "one more"})
+    push(groups_site, {"queue": "ledger", "payload": "one more"})
     click(browser, "#refresh-groups")
     wait_until(lambda: shows(browser, "late", "ledger", 1), what="the new message counted")
 
 
-def test_seek_and_delete_on_the_groups_page_change_the_groups(browser, cursor_site):
-    make_groups(cursor_site, "payroll")
-    visit(browser, cursor_site, "#/groups")
+def test_seek_and_delete_on_the_groups_page_change_the_groups(browser, groups_site):
+    make_groups(groups_site, "payroll")
+    visit(browser, groups_site, "#/groups")
     wait_until(lambda: find_all(browser, row("billing", "payroll")), what="billing's row")
 
     seek_in_page(browser, "billing", "payroll", "end")
-    wait_until(lambda: groups_of(cursor_site, "payroll")["billing"]["pending"] == 0,
+    wait_until(lambda: groups_of(groups_site, "payroll")["billing"]["pending"] == 0,
                what="billing at the end")
     wait_until(lambda: shows(browser, "billing", "payroll", 0), what="the page showing 0")
     assert "moved to end" in text_of(browser, "#view-page .notices")
-    assert groups_of(cursor_site, "payroll")["audit"]["pending"] == N  # only billing moved
+    assert groups_of(groups_site, "payroll")["audit"]["pending"] == N  # only billing moved
 
     seek_in_page(browser, "billing", "payroll", "beginning")
-    wait_until(lambda: groups_of(cursor_site, "payroll")["billing"]["pending"] == N,
+    wait_until(lambda: groups_of(groups_site, "payroll")["billing"]["pending"] == N,
                what="billing back at the beginning")
     wait_until(lambda: shows(browser, "billing", "payroll", N), what=f"the page showing {N}")
 
@@ -340,37 +340,37 @@ def test_seek_and_delete_on_the_groups_page_change_the_groups(browser, cursor_si
                what="the missing time")
     boundary = math.ceil(time.time() + 0.2)  # a whole second: the field shows seconds
     time.sleep(boundary - time.time() + 0.3)
-    later = push(cursor_site, *({"queue": "payroll", "payload": {"late": i}} for i in range(3)))
+    later = push(groups_site, *({"queue": "payroll", "payload": {"late": i}} for i in range(3)))
     browser.execute_script("""
         const d = new Date(arguments[1] * 1000);  // the field takes the browser's local time
         d.setMinutes(d.getMinutes() - d.getTimezoneOffset());
         document.querySelector(arguments[0]).value = d.toISOString().slice(0, 19);""",
         f"{row('audit', 'payroll')} input.seek-time", boundary)
     click(browser, f"{row('audit', 'payroll')} button.seek")
-    wait_until(lambda: groups_of(cursor_site, "payroll")["audit"]["pending"] == len(later),
+    wait_until(lambda: groups_of(groups_site, "payroll")["audit"]["pending"] == len(later),
                what="audit past the messages before the time")
     wait_until(lambda: shows(browser, "audit", "payroll", len(later)), what="the page showing it")
 
     click(browser, f"{row('audit', 'payroll')} button.delete-group")
     confirm(browser)
-    wait_until(lambda: "audit" not in groups_of(cursor_site, "payroll"), what="audit deleted")
+    wait_until(lambda: "audit" not in groups_of(groups_site, "payroll"), what="audit deleted")
     wait_until(lambda: not find_all(browser, row("audit", "payroll")), what="its row gone")
     assert find_all(browser, row("billing", "payroll"))
 
 
-def test_the_queue_page_lists_and_seeks_the_groups_of_that_queue(browser, cursor_site):
-    make_groups(cursor_site, "invoices")
-    push(cursor_site, {"queue": "receipts", "payload": 1})
-    assert pop_as(cursor_site, "receipts", "printer")
-    visit(browser, cursor_site, "#/queue/invoices")
+def test_the_queue_page_lists_and_seeks_the_groups_of_that_queue(browser, groups_site):
+    make_groups(groups_site, "invoices")
+    push(groups_site, {"queue": "receipts", "payload": 1})
+    assert pop_as(groups_site, "receipts", "printer")
+    visit(browser, groups_site, "#/queue/invoices")
     wait_until(lambda: find_all(browser, ".groups-box " + row("billing", "invoices")),
                what="the groups panel")
     shown = {(r.get_attribute("data-group"), r.get_attribute("data-queue"))
              for r in find_all(browser, ".groups-box table.groups tr[data-group]")}
-    assert shown == {(g, "invoices") for g in groups_of(cursor_site, "invoices")}
+    assert shown == {(g, "invoices") for g in groups_of(groups_site, "invoices")}
 
     seek_in_page(browser, "audit", "invoices", "end")
-    wait_until(lambda: groups_of(cursor_site, "invoices")["audit"]["pending"] == 0,
+    wait_until(lambda: groups_of(groups_site, "invoices")["audit"]["pending"] == 0,
                what="audit at the end")
     wait_until(lambda: shows(browser, "audit", "invoices", 0), what="the panel showing 0")
 

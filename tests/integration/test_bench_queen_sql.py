@@ -25,4 +25,4 @@ def test_queen_sql_pushes_pops_and_acks_until_the_queue_is_empty(db_dsn: str) ->
             client.pop(4)
     finally:
         client.close()
-    assert scalar(db_dsn, "SELECT count(*) FROM queen.cursor_messages") == 6
+    assert scalar(db_dsn, "SELECT count(*) FROM queen.messages") == 6

@@ -258,7 +258,7 @@ HUB_WORKLOAD = textwrap.dedent(
     with psycopg.connect(dsn) as blocker:
         # Hold the partition's push lock: the next push call waits in PostgreSQL.
         blocker.execute(
-            "SELECT pg_advisory_xact_lock(queen.cursor_push_lock_key(p.id))"
+            "SELECT pg_advisory_xact_lock(queen.push_lock_key(p.id))"
             " FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id"
             " WHERE q.name = 'hub'")
         ticks = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from queen.memory import return_large_frees
+from queen.server.memory import return_large_frees
 from queen.store import Store, db
 from queen.store.db import Database, LifoPool
 from tests.integration.helpers import ack, pop, push

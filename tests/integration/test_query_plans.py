@@ -23,7 +23,7 @@ import orjson
 import psycopg
 import pytest
 
-from queen.store import cursors
+from queen.store import lifecycle
 from queen.store.db import QUERIES
 from queen.store.messages import ack_columns
 
@@ -32,7 +32,7 @@ CONSUMED = 20_000  # per partition, queue mode's cursor past them
 PENDING = 40  # per partition, behind the cursor
 RUNS = 7  # of each statement in one session: past the five custom plans of PL/pgSQL
 MAX_ROWS = 200  # rows any plan node on the message tables may produce or filter out
-TABLES = ("cursor_messages", "cursor_consumers", "cursor_failures", "cursor_completions")
+TABLES = ("messages", "consumers", "failures", "completions")
 # A Seq Scan is refused only on the messages: the other tables may be scanned while they
 # are small or empty (the planner rightly does), and the row counts below still bound
 # what any node reads.
@@ -47,7 +47,7 @@ AUTO_EXPLAIN = (
     "SET client_min_messages = 'notice'",
 )
 HISTORY = """
-INSERT INTO queen.cursor_messages (partition_id, transaction_id, payload)
+INSERT INTO queen.messages (partition_id, transaction_id, payload)
 SELECT p.id, 'done-' || p.name || '-' || g, '{"old": true}'
 FROM queen.partitions p, generate_series(1, %(consumed)s) g
 ORDER BY g, p.name
@@ -79,10 +79,10 @@ def seeded(request: pytest.FixtureRequest, server_dsn: str, template_db: str) ->
                 conn.execute(f"ALTER TABLE queen.{table} SET (autovacuum_enabled = false)")
             items = [{"queue": "big", "partition": f"p{p}", "payload": 0}
                      for p in range(PARTITIONS)]
-            cursors.push(conn, items)  # the queue and its partitions
+            lifecycle.push(conn, items)  # the queue and its partitions
             conn.execute(HISTORY, {"consumed": CONSUMED})  # type: ignore[arg-type]
-            cursors.seek(conn, "big", cursors.QUEUE_MODE, "end")  # all consumed
-            cursors.push(conn, [{**item, "payload": n} for n in range(PENDING) for item in items])
+            lifecycle.seek(conn, "big", lifecycle.QUEUE_MODE, "end")  # all consumed
+            lifecycle.push(conn, [{**item, "payload": n} for n in range(PENDING) for item in items])
             if request.param == "analyzed":
                 conn.execute("ANALYZE")
         yield dsn
@@ -131,7 +131,7 @@ def check(name: str, plans: list[Plan]) -> None:
     on_table = re.compile(rf"\b(?:on|using) (?:{names})(?:_\w+)?\b")
     for p in plans:
         where = f"{name}: {p.query[:80]!r}\n{p.plan}"
-        assert not re.search(r"Seq Scan on cursor_messages\b", p.plan), where
+        assert not re.search(r"Seq Scan on messages\b", p.plan), where
         ours = False
         for line in p.plan.splitlines():
             if "(cost=" in line:
@@ -147,7 +147,7 @@ def check(name: str, plans: list[Plan]) -> None:
 def pop_params(**route: Any) -> dict[str, Any]:
     """The parameters of pop_many for one pop (rows: the pop's position, then queen.popped)."""
     params = {"kind": "queue", "queue": "big", "partition": None, "namespace": None,
-              "task": None, "group": cursors.QUEUE_MODE, "mode": None, "since": None,
+              "task": None, "group": lifecycle.QUEUE_MODE, "mode": None, "since": None,
               "batch": 10, "worker": "plans", "lease": str(uuid.uuid4()), "prefer": None}
     return {"pops": orjson.dumps([{**params, **route}]).decode()}
 
@@ -162,9 +162,9 @@ def ack_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
 def test_the_seed_is_what_the_plans_are_measured_against(seeded: str) -> None:
     with psycopg.connect(seeded, autocommit=True) as conn:
         (tuples,) = conn.execute(
-            "SELECT reltuples FROM pg_class WHERE oid = 'queen.cursor_messages'::regclass"
+            "SELECT reltuples FROM pg_class WHERE oid = 'queen.messages'::regclass"
         ).fetchone() or (None,)
-        (total,) = conn.execute("SELECT count(*) FROM queen.cursor_messages").fetchone() or (0,)
+        (total,) = conn.execute("SELECT count(*) FROM queen.messages").fetchone() or (0,)
     assert total == PARTITIONS * (CONSUMED + PENDING + 1)
     assert tuples == -1 or tuples > CONSUMED  # never analysed, or analysed when full
 
@@ -211,8 +211,8 @@ def backlogged(server_dsn: str, template_db: str) -> Iterator[str]:
 
     with cloned_database(server_dsn, template_db, "queen_plans") as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ALTER TABLE queen.cursor_messages SET (autovacuum_enabled = false)")
-            cursors.push(conn, [{"queue": "big", "partition": "p0", "payload": n}
+            conn.execute("ALTER TABLE queen.messages SET (autovacuum_enabled = false)")
+            lifecycle.push(conn, [{"queue": "big", "partition": "p0", "payload": n}
                                 for n in range(BACKLOG)])
             conn.execute("ANALYZE")
         yield dsn
@@ -245,7 +245,7 @@ def wide(request: pytest.FixtureRequest, server_dsn: str, template_db: str) -> I
         with psycopg.connect(dsn, autocommit=True) as conn:
             for table in (*TABLES, "partitions"):
                 conn.execute(f"ALTER TABLE queen.{table} SET (autovacuum_enabled = false)")
-            cursors.push(conn, [{"queue": "big", "partition": f"p{p}", "payload": p}
+            lifecycle.push(conn, [{"queue": "big", "partition": f"p{p}", "payload": p}
                                 for p in range(WIDE)])
             if request.param == "analyzed":
                 conn.execute("ANALYZE")
@@ -261,7 +261,7 @@ def test_pop_by_queue_reads_a_bounded_number_of_partitions(wide: str) -> None:
         check("pop by queue over many partitions", plans)
         # Never analysed, the partitions may be read whole (the planner takes the queue for
         # a few of them) until maintenance's ANALYZE, which takes them in as they change.
-        stale = "partitions" in cursors.analyze(explained.conn, min_changes=1000)
+        stale = "partitions" in lifecycle.analyze(explained.conn, min_changes=1000)
         if stale:
             explained.close()
             explained = Explained(wide)  # (plans made afresh, with the statistics)
@@ -321,7 +321,7 @@ def test_the_hot_calls_run_generic_plans_from_a_sessions_first_call(seeded: str)
         # The check sees a custom plan where there is one: a function without the
         # setting, at its first call.
         explained.plans = []
-        explained.conn.execute("SELECT queen.cursor_targets(%s::jsonb)", (
+        explained.conn.execute("SELECT queen.push_targets(%s::jsonb)", (
             orjson.dumps([{"queue": "big", "partition": "p2"}]).decode(),)).fetchall()
         assert _custom(explained.plans)
     finally:
@@ -329,7 +329,7 @@ def test_the_hot_calls_run_generic_plans_from_a_sessions_first_call(seeded: str)
 
 
 def test_the_count_rollup_plans_its_walk_once_per_session(seeded: str) -> None:
-    """Maintenance's count refresh (queen.cursor_count_refresh) runs generic plans from a
+    """Maintenance's count refresh (queen.count_refresh) runs generic plans from a
     session's first call, over the seeded history as over new messages."""
     explained = Explained(seeded)
     try:
@@ -339,7 +339,7 @@ def test_the_count_rollup_plans_its_walk_once_per_session(seeded: str) -> None:
                 "maintenance_refresh_counts", {"partitions": PARTITIONS, "step": 100}
             )
             assert behind == [(PARTITIONS,)]  # 100 of 20,000 a step: every partition behind
-            walks = [p for p in plans if "cursor_activity_walk" in p.query]
+            walks = [p for p in plans if "activity_walk" in p.query]
             assert len(walks) == PARTITIONS and not _custom(plans), _custom(plans)
     finally:
         explained.close()
@@ -362,7 +362,7 @@ def emptied(server_dsn: str, template_db: str) -> Iterator[str]:
             for table in TABLES:
                 conn.execute(f"ALTER TABLE queen.{table} SET (autovacuum_enabled = false)")
             for _ in range(20):
-                cursors.push(conn, [{"queue": "big", "partition": "one", "payload": BODY}] * 1000)
+                lifecycle.push(conn, [{"queue": "big", "partition": "one", "payload": BODY}] * 1000)
             conn.execute("ANALYZE")
             conn.execute(f"TRUNCATE {', '.join(f'queen.{t}' for t in TABLES)}")
         yield dsn
@@ -374,7 +374,7 @@ def test_plans_a_session_made_while_the_table_was_small_stay_on_keys(emptied: st
         def push(count: int) -> None:
             items = [{"queue": "big", "partition": f"p{n % PARTITIONS}", "payload": BODY}
                      for n in range(count)]
-            cursors.push(explained.conn, items)
+            lifecycle.push(explained.conn, items)
 
         body = orjson.dumps({"items": [{"queue": "big", "partition": "p1", "payload": BODY}]})
         one = {"bodies": f"[{body.decode()}]", "producer": None}

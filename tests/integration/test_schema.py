@@ -131,9 +131,9 @@ def empty_dsn(server_dsn: str) -> Iterator[str]:
 def test_catalog_query_sees_the_schema(db_dsn: str) -> None:
     described = describe(db_dsn)
     relations = {row[0] for row in described["relations"]}
-    assert {"queues", "partitions", "cursor_messages", "cursor_consumers"} <= relations
+    assert {"queues", "partitions", "messages", "consumers"} <= relations
     functions = {row[0] for row in described["functions"]}
-    assert {"cursor_push", "cursor_pop_queue", "cursor_ack", "cursor_extend"} <= functions
+    assert {"push_rows", "pop_queue", "ack_rows", "extend_lease"} <= functions
     assert described["triggers"]
     assert described["indexes"]
 
@@ -197,12 +197,12 @@ def test_the_baseline_holds_nothing_the_code_does_not_use(db_dsn: str) -> None:
 def test_migrate_reinstalls_changed_functions(empty_dsn: str) -> None:
     migrate(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        conn.execute("CREATE OR REPLACE FUNCTION queen.cursor_push_lock_key(p_partition uuid)"
+        conn.execute("CREATE OR REPLACE FUNCTION queen.push_lock_key(p_partition uuid)"
                      " RETURNS bigint"
                      " LANGUAGE sql AS 'SELECT 0::bigint'")
     assert migrate(empty_dsn) == []
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        key = conn.execute("SELECT queen.cursor_push_lock_key(gen_random_uuid())").fetchone()
+        key = conn.execute("SELECT queen.push_lock_key(gen_random_uuid())").fetchone()
     assert key is not None and key[0] != 0
 
 
@@ -324,6 +324,15 @@ EARLIER = {
         CREATE TABLE queen.schema_migrations (name text PRIMARY KEY,
                                               applied_at timestamptz NOT NULL DEFAULT now());
         INSERT INTO queen.schema_migrations (name) VALUES ('0001_initial.sql');
+    """,
+    # The baseline of an earlier build of this store, whose tables had other names.
+    "earlier baseline": """
+        CREATE SCHEMA queen;
+        CREATE TABLE queen.schema_migrations (name text PRIMARY KEY,
+                                              applied_at timestamptz NOT NULL DEFAULT now());
+        INSERT INTO queen.schema_migrations (name)
+        VALUES ('0001_baseline.sql'), ('0002_partitions_by_queue.sql');
+        CREATE TABLE queen.cursor_messages (id bigint, partition_id uuid);
     """,
     # The message-row store's tables without the bookkeeping.
     "row tables": "CREATE SCHEMA queen; CREATE TABLE queen.partition_heads (partition_id uuid);",

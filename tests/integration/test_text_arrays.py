@@ -36,6 +36,6 @@ def test_an_ack_batch_settles_messages_whose_transaction_ids_need_quoting(
     assert [(r.transaction_id, r.status) for r in results] == [
         *((t, "completed") for t in txids[:-1]), (txids[-1], "retry_scheduled")
     ]
-    assert scalar(db_dsn, "SELECT error FROM queen.cursor_failures") == error
+    assert scalar(db_dsn, "SELECT error FROM queen.failures") == error
     (again,) = pop(store, "quoted", batch=10)
     assert again.transaction_id == txids[-1]

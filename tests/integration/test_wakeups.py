@@ -87,11 +87,11 @@ def test_an_expired_lease_released_notifies_even_when_nothing_is_retried(store, 
     received(listener)
     with psycopg.connect(db_dsn, autocommit=True) as conn:  # the lease expires, ended by
         conn.execute(  # maintenance's expiry
-            "UPDATE queen.cursor_consumers SET lease_expires_at = now() - interval '1 second'"
+            "UPDATE queen.consumers SET lease_expires_at = now() - interval '1 second'"
             " WHERE lease_id = %s",
             (leased.lease_id,),
         )
-    released = scalar(db_dsn, "SELECT queen.cursor_expire_leases(100)")
+    released = scalar(db_dsn, "SELECT queen.expire_leases(100)")
     assert released == 1
     assert sorted(rows(db_dsn, storage.STATUS_COUNTS)) == [("dead_letter", 1), ("pending", 1)]
     assert received(listener) == ["q/a///__queue__"]
@@ -103,8 +103,8 @@ def test_a_wake_up_names_one_known_partition_per_queue_at_commit(store, db_dsn, 
     a, b = partition_id(db_dsn, "q", "a"), partition_id(db_dsn, "q", "b")
     c, unknown = partition_id(db_dsn, "r", "c"), uuid.UUID(int=0)
     with psycopg.connect(db_dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SELECT queen.cursor_wake(%s::uuid[])", ([b, a, c, unknown],))
-        conn.execute("SELECT queen.cursor_wake(%s::uuid[])", ([a, b],))  # folded
+        conn.execute("SELECT queen.wake(%s::uuid[])", ([b, a, c, unknown],))
+        conn.execute("SELECT queen.wake(%s::uuid[])", ([a, b],))  # folded
         assert received(listener, 0.1) == []  # nothing before commit
     assert sorted(received(listener)) == ["q/a//", "r/c//"]
 
@@ -116,7 +116,7 @@ def test_unclaim_returns_messages_to_pending_without_a_retry(store, db_dsn, list
     back = store.polling.unclaim(claimed[0].lease_id)
     assert back == 3
     assert received(listener) == ["q/a///__queue__"]
-    lease = scalar(db_dsn, "SELECT lease_id FROM queen.cursor_consumers")  # (partition a's only)
+    lease = scalar(db_dsn, "SELECT lease_id FROM queen.consumers")  # (partition a's only)
     assert lease is None
     again = pop(store, "q", "a", batch=5)
     assert [m.transaction_id for m in again[:3]] == [m.transaction_id for m in claimed]
@@ -340,7 +340,7 @@ def test_an_ack_collects_its_wake_ups_and_sends_none_inside_its_transaction(stor
     ]).decode()
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT idx, status, wakes FROM queen.cursor_ack_api(%s::jsonb)", (acks,)
+            "SELECT idx, status, wakes FROM queen.ack(%s::jsonb)", (acks,)
         ).fetchall()
         assert received(listener) == []  # committed, and nothing sent
         assert [(r[0], r[1]) for r in rows] == [(1, "completed"), (2, "retry_scheduled")]

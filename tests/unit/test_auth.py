@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from queen import auth
-from queen.auth_cache import TOKEN_TTL_S, RateLimiter, TokenVerifier, retry_after
+from queen.auth.cache import TOKEN_TTL_S, RateLimiter, TokenVerifier, retry_after
 from queen.config import SettingError, Settings, check_exposure, is_loopback
 from queen.errors import InvalidInput
 from queen.store.tokens import StoredToken

@@ -316,16 +316,16 @@ def test_small_tables_are_vacuumed_inline_and_a_big_one_apart(session, clock, mo
     # With autovacuum on, the big table is left to it.
     session.results["vacuum_candidates"] = [
         VacuumCandidate("queen.partitions", 8192, autovacuum=True),
-        VacuumCandidate("queen.cursor_messages", big, autovacuum=True),
+        VacuumCandidate("queen.messages", big, autovacuum=True),
     ]
     m._run_task(task(m, "vacuum"))
     assert "vacuum queen.partitions" in session.calls
     assert apart == []
     # With autovacuum off, Queen vacuums it, apart from the maintenance session.
-    session.results["vacuum_candidates"] = [VacuumCandidate("queen.cursor_messages", big, False)]
+    session.results["vacuum_candidates"] = [VacuumCandidate("queen.messages", big, False)]
     m._run_task(task(m, "vacuum"))
-    assert "vacuum queen.cursor_messages" not in session.calls
-    assert started.wait(5) and apart == ["queen.cursor_messages"]
+    assert "vacuum queen.messages" not in session.calls
+    assert started.wait(5) and apart == ["queen.messages"]
     assert task(m, "vacuum").failures == 0
 
 

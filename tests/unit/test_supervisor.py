@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from queen import supervisor
-from queen.supervisor import Supervisor, describe_exit
+from queen.server import supervisor
+from queen.server.supervisor import Supervisor, describe_exit
 
 
 class FakeProc:

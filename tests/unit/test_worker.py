@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gevent.pywsgi import format_date_time  # type: ignore[attr-defined]
 
-from queen import worker
+from queen.server import worker
 
 
 def test_the_date_header_is_gevents_for_the_second_asked() -> None:

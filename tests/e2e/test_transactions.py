@@ -1,7 +1,7 @@
 """POST /api/v1/transaction on a real server: all operations or none.
 
 Messages are created through the transaction's own push operations and popped with the
-queen.store.cursors directly on the server's database (pop over HTTP is another route's work).
+queen.store.lifecycle directly on the server's database (pop over HTTP is another route's work).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import psycopg
 import pytest
 import requests
 
-from queen.store import cursors
-from tests.e2e.cursor_server import (
+from queen.store import lifecycle
+from tests.e2e.servers import (
     API,
     ack_op,
     assert_error,
     conn,
-    cursor_dsn,
-    cursor_server,
+    module_dsn,
+    module_server,
     push_op,
     q,
     stored,
@@ -32,18 +32,18 @@ from tests.e2e.cursor_server import (
 )
 from tests.e2e.test_dashboard import connect, wait_for
 
-__all__ = ["conn", "cursor_dsn", "cursor_server", "q"]  # fixtures
+__all__ = ["conn", "module_dsn", "module_server", "q"]  # fixtures
 
 
-def push_and_pop(server, conn, queue: str, n: int = 1, group: str = cursors.QUEUE_MODE):
+def push_and_pop(server, conn, queue: str, n: int = 1, group: str = lifecycle.QUEUE_MODE):
     resp = transaction(server, push_op(queue, *[{"n": i} for i in range(n)]))
     assert resp.status_code == 200, resp.text
-    return cursors.pop(conn, queue, group=group, batch=n)
+    return lifecycle.pop(conn, queue, group=group, batch=n)
 
 
-def test_pushes_commit_together_and_answer_per_item(cursor_server, conn, q) -> None:
+def test_pushes_commit_together_and_answer_per_item(module_server, conn, q) -> None:
     resp = transaction(
-        cursor_server,
+        module_server,
         push_op(f"{q}-a", {"n": 1}, {"n": 2}, txids=[f"{q}-1", f"{q}-2"]),
         push_op(f"{q}-b", {"n": 3}, partition="p1"),
     )
@@ -58,23 +58,23 @@ def test_pushes_commit_together_and_answer_per_item(cursor_server, conn, q) -> N
     assert stored(conn, f"{q}-a") == [{"n": 1}, {"n": 2}]
     assert stored(conn, f"{q}-b") == [{"n": 3}]
     # A transactionId stored already is a duplicate, as for a plain push.
-    again = transaction(cursor_server, push_op(f"{q}-a", {"n": 9}, txids=[f"{q}-1"]))
+    again = transaction(module_server, push_op(f"{q}-a", {"n": 9}, txids=[f"{q}-1"]))
     (duplicate,) = again.json()["results"][0]["messages"]
     assert duplicate["status"] == "duplicate"
     assert stored(conn, f"{q}-a") == [{"n": 1}, {"n": 2}]
     # Ids are the API's message ids, as a push and GET /messages answer them.
-    shown = requests.get(f"{cursor_server.url}/api/v1/messages/{q}-1", timeout=10).json()
+    shown = requests.get(f"{module_server.url}/api/v1/messages/{q}-1", timeout=10).json()
     assert first["messages"][0]["id"] == shown["id"] == duplicate["id"]
     assert uuid.UUID(first["messages"][1]["id"]).version == 7
 
 
-def test_a_pipeline_stage_consumes_a_and_produces_b_exactly_once(cursor_server, conn, q) -> None:
-    (got,) = push_and_pop(cursor_server, conn, f"{q}-in")
+def test_a_pipeline_stage_consumes_a_and_produces_b_exactly_once(module_server, conn, q) -> None:
+    (got,) = push_and_pop(module_server, conn, f"{q}-in")
     stage = [
         ack_op(got),
         push_op(f"{q}-out", {"from": got.payload["n"]}, txids=[f"{q}-out-of-{got.transaction_id}"]),
     ]
-    resp = transaction(cursor_server, *stage)
+    resp = transaction(module_server, *stage)
     assert resp.status_code == 200, resp.text
     ack, push = resp.json()["results"]
     assert ack == {
@@ -85,42 +85,42 @@ def test_a_pipeline_stage_consumes_a_and_produces_b_exactly_once(cursor_server, 
     }
     assert push["messages"][0]["status"] == "queued"
     assert stored(conn, f"{q}-out") == [{"from": 0}]
-    assert cursors.pop(conn, f"{q}-in") == []  # consumed
+    assert lifecycle.pop(conn, f"{q}-in") == []  # consumed
     # The same stage sent again (its answer lost, say) applies nothing a second time.
-    assert_error(transaction(cursor_server, *stage), 409, operation=0)
+    assert_error(transaction(module_server, *stage), 409, operation=0)
     assert stored(conn, f"{q}-out") == [{"from": 0}]
 
 
-def test_failed_acks_in_a_transaction_schedule_retries(cursor_server, conn, q) -> None:
-    (got,) = push_and_pop(cursor_server, conn, q)
-    resp = transaction(cursor_server, ack_op(got, "failed", error="boom"))
+def test_failed_acks_in_a_transaction_schedule_retries(module_server, conn, q) -> None:
+    (got,) = push_and_pop(module_server, conn, q)
+    resp = transaction(module_server, ack_op(got, "failed", error="boom"))
     assert resp.status_code == 200, resp.text
     (ack,) = resp.json()["results"]
     assert (ack["status"], ack["retryCount"]) == ("retry_scheduled", 1)
-    (again,) = cursors.pop(conn, q)
+    (again,) = lifecycle.pop(conn, q)
     assert (again.transaction_id, again.retry_count) == (got.transaction_id, 1)
 
 
-def test_acks_of_several_groups_and_partitions_in_one_transaction(cursor_server, conn, q) -> None:
+def test_acks_of_several_groups_and_partitions_in_one_transaction(module_server, conn, q) -> None:
     transaction(
-        cursor_server, push_op(q, {"n": 0}, partition="a"), push_op(q, {"n": 1}, partition="b")
+        module_server, push_op(q, {"n": 0}, partition="a"), push_op(q, {"n": 1}, partition="b")
     )
     popped = [
-        cursors.pop(conn, q, partition=p, group=g)[0] for p in ("a", "b") for g in ("g1", "g2")
+        lifecycle.pop(conn, q, partition=p, group=g)[0] for p in ("a", "b") for g in ("g1", "g2")
     ]
-    resp = transaction(cursor_server, *[ack_op(d) for d in popped])
+    resp = transaction(module_server, *[ack_op(d) for d in popped])
     assert resp.status_code == 200, resp.text
     assert [r["status"] for r in resp.json()["results"]] == ["completed"] * 4
     assert [r["consumerGroup"] for r in resp.json()["results"]] == ["g1", "g2", "g1", "g2"]
     for group in ("g1", "g2"):
-        assert cursors.pop(conn, q, group=group, batch=10) == []
+        assert lifecycle.pop(conn, q, group=group, batch=10) == []
 
 
 def lease_state(conn: psycopg.Connection[Any], txid: str) -> tuple[Any, ...]:
     """(cursor_id, lease_acked, lease live) of the queue-mode row of txid's partition."""
     row = conn.execute(
         "SELECT c.cursor_id, c.lease_acked, c.lease_expires_at > now()"
-        " FROM queen.cursor_consumers c JOIN queen.cursor_messages m"
+        " FROM queen.consumers c JOIN queen.messages m"
         " ON m.partition_id = c.partition_id WHERE m.transaction_id = %s"
         " AND c.consumer_group = '__queue__'",
         (txid,),
@@ -154,17 +154,17 @@ def bad_operation(kind: str, server, conn, q: str) -> tuple[dict[str, Any], int]
 @pytest.mark.parametrize(
     "kind", ["unknown message", "stale lease", "not leased", "full queue", "invalid item"]
 )
-def test_one_bad_operation_applies_nothing(cursor_server, conn, q, kind) -> None:
-    (got,) = push_and_pop(cursor_server, conn, f"{q}-in")
-    bad, status = bad_operation(kind, cursor_server, conn, q)
+def test_one_bad_operation_applies_nothing(module_server, conn, q, kind) -> None:
+    (got,) = push_and_pop(module_server, conn, f"{q}-in")
+    bad, status = bad_operation(kind, module_server, conn, q)
     before = lease_state(conn, got.transaction_id)
-    resp = transaction(cursor_server, ack_op(got), push_op(f"{q}-out", {"n": 1}), bad)
+    resp = transaction(module_server, ack_op(got), push_op(f"{q}-out", {"n": 1}), bad)
     assert_error(resp, status, operation=2)
     # Read back from the database: the ack and the push of the same request left nothing.
     assert stored(conn, f"{q}-out") == []
     assert lease_state(conn, got.transaction_id) == before
     assert before[1] == [] and before[2] is True  # still leased, nothing acked
-    assert transaction(cursor_server, ack_op(got)).status_code == 200  # the lease still holds
+    assert transaction(module_server, ack_op(got)).status_code == 200  # the lease still holds
 
 
 BAD_BODIES: list[tuple[str, Any, int]] = [
@@ -273,15 +273,15 @@ BAD_BODIES: list[tuple[str, Any, int]] = [
 
 
 @pytest.mark.parametrize(("why", "body", "status"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
-def test_bad_bodies_are_4xx_json(cursor_server, conn, why, body, status) -> None:
-    resp = requests.post(f"{cursor_server.url}{API}/transaction", json=body, timeout=30)
+def test_bad_bodies_are_4xx_json(module_server, conn, why, body, status) -> None:
+    resp = requests.post(f"{module_server.url}{API}/transaction", json=body, timeout=30)
     assert_error(resp, status)
     assert stored(conn, "x") == []
 
 
-def test_malformed_json_is_400(cursor_server) -> None:
+def test_malformed_json_is_400(module_server) -> None:
     resp = requests.post(
-        f"{cursor_server.url}{API}/transaction",
+        f"{module_server.url}{API}/transaction",
         data=b"{nope",
         headers={"Content-Type": "application/json"},
         timeout=30,
@@ -289,18 +289,18 @@ def test_malformed_json_is_400(cursor_server) -> None:
     assert_error(resp, 400)
 
 
-def test_pushes_into_encrypted_queues_are_sealed(cursor_server, conn, q) -> None:
+def test_pushes_into_encrypted_queues_are_sealed(module_server, conn, q) -> None:
     resp = requests.post(
-        f"{cursor_server.url}{API}/configure",
+        f"{module_server.url}{API}/configure",
         json={"queue": q, "options": {"encryptionEnabled": True}},
         timeout=30,
     )
     assert resp.status_code == 200, resp.text
     time.sleep(2.2)  # the server's cache of queue flags (queen.store.queues.FLAGS_TTL)
     item = {"queue": q, "payload": {"secret": 1}, "encrypted": False}
-    assert transaction(cursor_server, {"type": "push", "items": [item]}).status_code == 200
+    assert transaction(module_server, {"type": "push", "items": [item]}).status_code == 200
     row = conn.execute(
-        "SELECT m.payload, m.encrypted FROM queen.cursor_messages m"
+        "SELECT m.payload, m.encrypted FROM queen.messages m"
         " JOIN queen.partitions p ON p.id = m.partition_id"
         " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s",
         (q,),
@@ -311,9 +311,9 @@ def test_pushes_into_encrypted_queues_are_sealed(cursor_server, conn, q) -> None
     assert "secret" not in str(payload)
     # A client's own marker does not make a plain queue's payload count as sealed.
     plain = {"queue": f"{q}-plain", "payload": {"x": 1}, "encrypted": True}
-    assert transaction(cursor_server, {"type": "push", "items": [plain]}).status_code == 200
+    assert transaction(module_server, {"type": "push", "items": [plain]}).status_code == 200
     flags = conn.execute(
-        "SELECT encrypted FROM queen.cursor_messages WHERE payload = %s::jsonb", ('{"x": 1}',)
+        "SELECT encrypted FROM queen.messages WHERE payload = %s::jsonb", ('{"x": 1}',)
     ).fetchall()
     assert flags == [(False,)]
 
@@ -331,28 +331,28 @@ def wakeups(listener: psycopg.Connection[Any], timeout: float) -> list[str]:
 
 
 def test_long_polls_are_woken_after_commit_and_not_after_a_rollback(
-    cursor_server, cursor_dsn, conn, q
+    module_server, module_dsn, conn, q
 ) -> None:
-    with psycopg.connect(cursor_dsn, autocommit=True) as listener:
+    with psycopg.connect(module_dsn, autocommit=True) as listener:
         listener.execute("LISTEN queen")
         conn.execute("SELECT queen.list_waiting_worker('parked-test', 60)")
         try:
             bad = {"type": "ack", "transactionId": f"{q}-nope", "status": "completed"}
-            assert transaction(cursor_server, push_op(q, {"n": 1}), bad).status_code == 404
+            assert transaction(module_server, push_op(q, {"n": 1}), bad).status_code == 404
             assert [p for p in wakeups(listener, 1.0) if q in p] == []
-            assert transaction(cursor_server, push_op(q, {"n": 1})).status_code == 200
+            assert transaction(module_server, push_op(q, {"n": 1})).status_code == 200
             assert any(q in p for p in wakeups(listener, 20.0))
         finally:
             conn.execute("DELETE FROM queen.waiting_workers WHERE worker = 'parked-test'")
 
 
-def test_racing_copies_of_a_stage_commit_once(cursor_server, conn, q) -> None:
+def test_racing_copies_of_a_stage_commit_once(module_server, conn, q) -> None:
     """Four copies of each stage at once (different output ids): one commits, three get 409."""
-    popped = push_and_pop(cursor_server, conn, f"{q}-in", n=10)
+    popped = push_and_pop(module_server, conn, f"{q}-in", n=10)
 
-    def stage(d: cursors.Delivery, copy: int) -> int:
+    def stage(d: lifecycle.Delivery, copy: int) -> int:
         out = push_op(f"{q}-out", {"n": d.payload["n"]}, txids=[f"{d.transaction_id}-{copy}"])
-        return transaction(cursor_server, ack_op(d), out).status_code
+        return transaction(module_server, ack_op(d), out).status_code
 
     with ThreadPoolExecutor(8) as pool:
         statuses = list(
@@ -362,12 +362,12 @@ def test_racing_copies_of_a_stage_commit_once(cursor_server, conn, q) -> None:
     assert sorted(p["n"] for p in stored(conn, f"{q}-out")) == list(range(10))
 
 
-def test_dashboards_see_a_transactions_pushes_and_acks(cursor_server, conn, q) -> None:
-    (got,) = push_and_pop(cursor_server, conn, f"{q}-in")
-    ws = connect(cursor_server)
+def test_dashboards_see_a_transactions_pushes_and_acks(module_server, conn, q) -> None:
+    (got,) = push_and_pop(module_server, conn, f"{q}-in")
+    ws = connect(module_server)
     try:
         out = push_op(f"{q}-out", {"n": 1}, txids=[f"{q}-out-1"])
-        assert transaction(cursor_server, ack_op(got), out).status_code == 200
+        assert transaction(module_server, ack_op(got), out).status_code == 200
         pushed = wait_for(
             ws,
             lambda e: e["event"] == "message.pushed" and e["data"]["transactionId"] == f"{q}-out-1",

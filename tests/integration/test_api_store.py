@@ -82,13 +82,13 @@ def test_a_pop_whose_answer_was_lost_with_the_connection_counts_no_attempt(cstor
         assert time.monotonic() < deadline, "the pop was not given back"
         time.sleep(0.05)
     assert cstore.messages.give_backs.given_back == 3  # the pop did commit
-    leased = "SELECT count(*) FROM queen.cursor_consumers WHERE lease_id IS NOT NULL"
+    leased = "SELECT count(*) FROM queen.consumers WHERE lease_id IS NOT NULL"
     assert sql(db_dsn, leased) == [(0,)]
 
     again = cstore.messages.pop(PopRoute(queue="lost"), 10, "w2")
     assert [m.transaction_id for m in again] == pushed
     assert [m.retry_count for m in again] == [0, 0, 0]
-    assert sql(db_dsn, "SELECT count(*) FROM queen.cursor_failures") == [(0,)]
+    assert sql(db_dsn, "SELECT count(*) FROM queen.failures") == [(0,)]
 
 
 def test_an_undelivered_pop_is_given_back_without_counting_an_attempt(cstore, db_dsn):
@@ -106,9 +106,9 @@ def test_api_ids_are_uuids_made_of_created_at_and_the_bigint(cstore, db_dsn):
     push(cstore, "ids", 1)
     ((bigint, created, derived, back),) = sql(
         db_dsn,
-        "SELECT id, created_at, queen.cursor_message_uuid(id, created_at),"
-        " queen.cursor_message_id(queen.cursor_message_uuid(id, created_at))"
-        " FROM queen.cursor_messages",
+        "SELECT id, created_at, queen.message_uuid(id, created_at),"
+        " queen.message_id_of(queen.message_uuid(id, created_at))"
+        " FROM queen.messages",
     )
     assert derived == message_uuid(bigint, created)
     assert back == bigint == message_id_of(derived)
@@ -121,7 +121,7 @@ def test_maintenance_expires_leases_and_counts_an_attempt(cstore, session, db_ds
     cstore.queues.configure("exp", None, None, {"retry_limit": 3})
     push(cstore, "exp", 2)
     cstore.messages.pop(PopRoute(queue="exp"), 5, "w")
-    sql(db_dsn, "UPDATE queen.cursor_consumers SET lease_expires_at = now() - interval '1 ms'"
+    sql(db_dsn, "UPDATE queen.consumers SET lease_expires_at = now() - interval '1 ms'"
                 " WHERE lease_id IS NOT NULL")
     result = session.expire_leases(100)
     assert (result.leases, result.messages, result.next_expiry_in) == (1, 2, None)
@@ -141,7 +141,7 @@ def test_maintenance_wakes_polls_when_a_retry_delay_ends(cstore, session, db_dsn
     with psycopg.connect(db_dsn, autocommit=True) as listener:
         listener.execute("LISTEN queen")
         sql(db_dsn, "SELECT queen.list_waiting_worker('w', 30)")
-        sql(db_dsn, "UPDATE queen.cursor_consumers SET not_before = now() - interval '1 ms'")
+        sql(db_dsn, "UPDATE queen.consumers SET not_before = now() - interval '1 ms'")
         scan = session.wake_due(scan.scanned_at)
         assert scan.woken == 1
         assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["held/p//"]
@@ -153,11 +153,11 @@ def test_cleanup_removes_only_partitions_without_cursor_messages(cstore, session
     push(cstore, "clean", 1, partition="full")
     push(cstore, "clean", 1, partition="drained")
     cstore.messages.pop(PopRoute(queue="clean", partition="drained"), 1, "w")
-    sql(db_dsn, "DELETE FROM queen.cursor_messages m USING queen.partitions p"
+    sql(db_dsn, "DELETE FROM queen.messages m USING queen.partitions p"
                 " WHERE p.id = m.partition_id AND p.name = 'drained'")
     sql(db_dsn, "UPDATE queen.partitions SET created_at = now() - interval '1 day'")
     assert session.cleanup_partitions(3600, 100) == 0  # drained: its lease is live
-    sql(db_dsn, "UPDATE queen.cursor_consumers SET lease_id = NULL,"
+    sql(db_dsn, "UPDATE queen.consumers SET lease_id = NULL,"
                 " updated_at = now() - interval '1 day'")
     assert session.cleanup_partitions(3600, 100) == 1
     assert sql(db_dsn, "SELECT name FROM queen.partitions") == [("full",)]
@@ -169,13 +169,13 @@ def test_cleanup_takes_a_removed_partitions_records_along(cstore, session, db_ds
     first, second = cstore.messages.pop(PopRoute(queue="swept", partition="old"), 2, "w")
     assert ack(cstore, first.transaction_id) == "completed"
     assert ack(cstore, second.transaction_id, "failed") == "dead_letter"
-    sql(db_dsn, "ALTER TABLE queen.cursor_messages DISABLE TRIGGER cursor_messages_deleted")
-    sql(db_dsn, "DELETE FROM queen.cursor_messages")  # (as if the records had been left)
-    sql(db_dsn, "ALTER TABLE queen.cursor_messages ENABLE TRIGGER cursor_messages_deleted")
+    sql(db_dsn, "ALTER TABLE queen.messages DISABLE TRIGGER messages_deleted")
+    sql(db_dsn, "DELETE FROM queen.messages")  # (as if the records had been left)
+    sql(db_dsn, "ALTER TABLE queen.messages ENABLE TRIGGER messages_deleted")
     sql(db_dsn, "UPDATE queen.partitions SET created_at = now() - interval '1 day'")
-    sql(db_dsn, "UPDATE queen.cursor_consumers SET updated_at = now() - interval '1 day'")
-    records = ("SELECT (SELECT count(*) FROM queen.cursor_completions),"
-               " (SELECT count(*) FROM queen.cursor_failures)")
+    sql(db_dsn, "UPDATE queen.consumers SET updated_at = now() - interval '1 day'")
+    records = ("SELECT (SELECT count(*) FROM queen.completions),"
+               " (SELECT count(*) FROM queen.failures)")
     assert sql(db_dsn, records) == [(1, 1)]
     assert session.cleanup_partitions(3600, 100) == 1
     assert sql(db_dsn, records) == [(0, 0)]
@@ -186,10 +186,10 @@ def test_retention_and_analyze_run_on_the_cursor_tables(cstore, session, db_dsn)
         "kept", None, None, {"retention_enabled": True, "retention_seconds": 60}
     )
     push(cstore, "kept", 3)
-    sql(db_dsn, "UPDATE queen.cursor_messages SET created_at = now() - interval '2 minutes'")
+    sql(db_dsn, "UPDATE queen.messages SET created_at = now() - interval '2 minutes'")
     assert session.retention(2) == 2
     assert session.retention(10) == 1
-    assert "cursor_messages" in session.analyze(min_changes=1)
+    assert "messages" in session.analyze(min_changes=1)
 
 
 def test_maintenance_runs_every_task_of_the_store(db_dsn):

@@ -1,6 +1,6 @@
 """The client SDK and CLI against the transaction and consumer-group routes.
 
-Messages are popped with queen.store.cursors on the server's database: what the SDK calls
+Messages are popped with queen.store.lifecycle on the server's database: what the SDK calls
 here is only the routes of transactions and consumer groups.
 """
 
@@ -14,12 +14,12 @@ import psycopg
 import pytest
 
 from queen.client import AsyncQueen, Conflict, NotFound, Queen
-from queen.store import cursors
-from tests.e2e.cursor_server import cursor_store_server
+from queen.store import lifecycle
+from tests.e2e.servers import fresh_server
 from tests.e2e.test_client_cli import ndjson, queen_cli
 from tests.e2e.test_client_sync import FAST
 
-__all__ = ["cursor_store_server"]  # a fixture
+__all__ = ["fresh_server"]  # a fixture
 
 
 @pytest.fixture
@@ -29,15 +29,15 @@ def conn(db_dsn: str):
 
 
 @pytest.fixture
-def queen(cursor_store_server):
-    with Queen(cursor_store_server.url, retry=FAST) as client:
+def queen(fresh_server):
+    with Queen(fresh_server.url, retry=FAST) as client:
         yield client
 
 
 def test_a_stage_through_the_sdk_transaction_builder(queen: Queen, conn: Any) -> None:
     pushed = queen.transaction().push("in", [{"n": 1}], transaction_ids=["in-1"]).commit()
     assert pushed[0]["messages"][0]["status"] == "queued"
-    (got,) = cursors.pop(conn, "in", group="stage")
+    (got,) = lifecycle.pop(conn, "in", group="stage")
     stage = queen.transaction().ack("in-1", group="stage").push("out", [{"n": 2}])
     ack, push = stage.commit()
     assert (ack["status"], ack["consumerGroup"]) == ("completed", "stage")
@@ -47,31 +47,31 @@ def test_a_stage_through_the_sdk_transaction_builder(queen: Queen, conn: Any) ->
         again.commit()
     assert refused.value.body["operation"] == 0
     assert "operations[0]" in str(refused.value)
-    assert [d.payload for d in cursors.pop(conn, "out", batch=10)] == [{"n": 2}]
+    assert [d.payload for d in lifecycle.pop(conn, "out", batch=10)] == [{"n": 2}]
     assert got.transaction_id == "in-1"
 
 
 def test_groups_through_the_sdk(queen: Queen, conn: Any) -> None:
     queen.transaction().push("fanout", [{"n": 1}, {"n": 2}]).commit()
     for group in ("a", "b"):
-        assert len(cursors.pop(conn, "fanout", group=group, batch=10)) == 2
+        assert len(lifecycle.pop(conn, "fanout", group=group, batch=10)) == 2
     names = {(g["name"], g["queue"]) for g in queen.consumer_groups()}
     assert {("a", "fanout"), ("b", "fanout")} <= names
     assert queen.consumer_group("a")["queues"][0]["pending"] == 2
     assert queen.seek("a", "fanout", "end")["partitions"] == 1
     assert queen.consumer_group("a")["pending"] == 0
     assert queen.seek("a", "fanout", dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
-    assert len(cursors.pop(conn, "fanout", group="a", batch=10)) == 2
+    assert len(lifecycle.pop(conn, "fanout", group="a", batch=10)) == 2
     queen.delete_consumer_group("b", "fanout")
     with pytest.raises(NotFound):
         queen.consumer_group("b")
 
 
-def test_groups_through_the_async_sdk(cursor_store_server, conn: Any) -> None:
+def test_groups_through_the_async_sdk(fresh_server, conn: Any) -> None:
     async def body() -> None:
-        async with AsyncQueen(cursor_store_server.url, retry=FAST) as queen:
+        async with AsyncQueen(fresh_server.url, retry=FAST) as queen:
             await queen.transaction().push("fanout", [{"n": 1}]).commit()
-            cursors.pop(conn, "fanout", group="a")
+            lifecycle.pop(conn, "fanout", group="a")
             await queen.seek("a", "fanout", "beginning")
             assert any(g["name"] == "a" for g in await queen.consumer_groups())
             await queen.delete_consumer_group("a")
@@ -81,16 +81,16 @@ def test_groups_through_the_async_sdk(cursor_store_server, conn: Any) -> None:
     asyncio.run(asyncio.wait_for(body(), 60))
 
 
-def test_groups_through_the_cli(cursor_store_server, conn: Any) -> None:
-    with Queen(cursor_store_server.url, retry=FAST) as queen:
+def test_groups_through_the_cli(fresh_server, conn: Any) -> None:
+    with Queen(fresh_server.url, retry=FAST) as queen:
         queen.transaction().push("grouped", [{"n": 1}]).commit()
-    cursors.pop(conn, "grouped", group="audit")
-    listed = queen_cli(cursor_store_server, "groups", "list", "-o", "json")
+    lifecycle.pop(conn, "grouped", group="audit")
+    listed = queen_cli(fresh_server, "groups", "list", "-o", "json")
     assert listed.returncode == 0, listed.stderr
     (audit,) = [g for g in ndjson(listed.stdout) if g["name"] == "audit"]
     assert (audit["queue"], audit["pending"]) == ("grouped", 1)
-    sought = queen_cli(cursor_store_server, "groups", "seek", "audit", "grouped", "--to", "end")
+    sought = queen_cli(fresh_server, "groups", "seek", "audit", "grouped", "--to", "end")
     assert sought.returncode == 0, sought.stderr
-    assert cursors.pop(conn, "grouped", group="audit") == []
-    unknown = queen_cli(cursor_store_server, "groups", "seek", "audit", "nope", "--to", "end")
+    assert lifecycle.pop(conn, "grouped", group="audit") == []
+    unknown = queen_cli(fresh_server, "groups", "seek", "audit", "nope", "--to", "end")
     assert unknown.returncode == 1

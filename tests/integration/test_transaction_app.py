@@ -22,15 +22,15 @@ def client_of(store: Store) -> testing.TestClient:
 
 
 @pytest.fixture
-def cursor_store(db_dsn: str) -> Iterator[Store]:
+def fresh_store(db_dsn: str) -> Iterator[Store]:
     store = Store(Database(db_dsn, pool_size=2, timeout_s=5))
     store.db.pool.open(wait=True)
     yield store
     store.close()
 
 
-def test_an_encrypted_queue_without_a_key_names_the_operation(cursor_store: Store) -> None:
-    client = client_of(cursor_store)
+def test_an_encrypted_queue_without_a_key_names_the_operation(fresh_store: Store) -> None:
+    client = client_of(fresh_store)
     configured = client.simulate_post(
         f"{A}/configure", json={"queue": "secret", "options": {"encryptionEnabled": True}}
     )

@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from queen.store import cursors
-from tests.integration.cursor_helpers import conn, expire_leases_now, make_queue
+from queen.store import lifecycle
+from tests.integration.helpers import conn, expire_leases_now, make_queue
 
 __all__ = ["conn"]  # the fixture
 
@@ -67,41 +67,41 @@ def test_random_lifecycles_follow_the_rules(conn: psycopg.Connection[Any], seed:
     rng = random.Random(seed)
     make_queue(conn, "q", retry_limit=RETRY_LIMIT)
     model = Model()
-    leased: list[cursors.Delivery] = []
+    leased: list[lifecycle.Delivery] = []
     for step in range(120):
         op = rng.choice(["push", "pop", "pop", "ack", "ack", "expire"])
         if op == "push":
             txids = [f"m{len(model.ids) + i}" for i in range(rng.randint(1, 4))]
-            cursors.push(conn, [{"queue": "q", "payload": {}, "transactionId": t} for t in txids])
+            lifecycle.push(conn, [{"queue": "q", "payload": {}, "transactionId": t} for t in txids])
             model.ids += txids
         elif op == "pop":
             batch = rng.randint(1, 5)
-            got = cursors.pop(conn, "q", batch=batch)
+            got = lifecycle.pop(conn, "q", batch=batch)
             assert [(d.transaction_id, d.retry_count) for d in got] == model.pop(batch), step
             leased = got or leased
         elif op == "ack" and model.lease:
             open_ = [d for d in leased if d.transaction_id not in model.acked]
             for d in rng.sample(open_, rng.randint(1, len(open_))):
                 completed = rng.random() < 0.6
-                (outcome,) = cursors.ack(conn, [{
+                (outcome,) = lifecycle.ack(conn, [{
                     "transactionId": d.transaction_id, "leaseId": str(d.lease_id),
                     "status": "completed" if completed else "failed", "error": "e"}])
                 assert outcome.status == model.ack(d.transaction_id, completed), step
         elif op == "expire" and model.lease:
             expire_leases_now(conn)
-            assert cursors.expire_leases(conn) == 1
+            assert lifecycle.expire_leases(conn) == 1
             model.expire()
     # Drain: everything not done comes out, oldest first.
     while True:
         model.expire()
         expire_leases_now(conn)
-        cursors.expire_leases(conn)
-        got = cursors.pop(conn, "q", batch=1000)
+        lifecycle.expire_leases(conn)
+        got = lifecycle.pop(conn, "q", batch=1000)
         assert [(d.transaction_id, d.retry_count) for d in got] == model.pop(1000)
         if not got:
             break
         for d in got:
-            cursors.ack(conn, [{"transactionId": d.transaction_id, "status": "completed",
+            lifecycle.ack(conn, [{"transactionId": d.transaction_id, "status": "completed",
                                 "leaseId": str(d.lease_id)}])
             model.ack(d.transaction_id, True)
     assert model.done == set(model.ids)

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import requests
 
-from queen.store import cursors
+from queen.store import lifecycle
 from tests.conftest import Server, cloned_database
 
 ENCRYPTION_KEY = "ab" * 32
@@ -22,21 +22,21 @@ API = "/api/v1"
 
 
 @pytest.fixture(scope="module")
-def cursor_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+def module_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
     with cloned_database(server_dsn, template_db) as dsn:
         yield dsn
 
 
 @pytest.fixture(scope="module")
-def cursor_server(cursor_dsn: str) -> Iterator[Server]:
-    srv = Server(cursor_dsn, QUEEN_ENCRYPTION_KEY=ENCRYPTION_KEY)
+def module_server(module_dsn: str) -> Iterator[Server]:
+    srv = Server(module_dsn, QUEEN_ENCRYPTION_KEY=ENCRYPTION_KEY)
     srv.start()
     yield srv
     srv.stop()
 
 
 @pytest.fixture
-def cursor_store_server(db_dsn: str) -> Iterator[Server]:
+def fresh_server(db_dsn: str) -> Iterator[Server]:
     """A server of its own, on this test's fresh database."""
     srv = Server(db_dsn).start()
     yield srv
@@ -44,9 +44,9 @@ def cursor_store_server(db_dsn: str) -> Iterator[Server]:
 
 
 @pytest.fixture
-def conn(cursor_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+def conn(module_dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to the server's database."""
-    with psycopg.connect(cursor_dsn, autocommit=True) as connection:
+    with psycopg.connect(module_dsn, autocommit=True) as connection:
         yield connection
 
 
@@ -76,7 +76,7 @@ def push_op(
     return {"type": "push", "items": items}
 
 
-def ack_op(d: cursors.Delivery, status: str = "completed", **extra: Any) -> dict[str, Any]:
+def ack_op(d: lifecycle.Delivery, status: str = "completed", **extra: Any) -> dict[str, Any]:
     return {
         "type": "ack",
         "transactionId": d.transaction_id,
@@ -90,7 +90,7 @@ def ack_op(d: cursors.Delivery, status: str = "completed", **extra: Any) -> dict
 def stored(conn: psycopg.Connection[Any], queue: str) -> list[Any]:
     """The payloads stored in queue, in id order (read from the database)."""
     rows = conn.execute(
-        "SELECT m.payload FROM queen.cursor_messages m"
+        "SELECT m.payload FROM queen.messages m"
         " JOIN queen.partitions p ON p.id = m.partition_id"
         " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s ORDER BY m.id",
         (queue,),

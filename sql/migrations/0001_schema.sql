@@ -1,4 +1,4 @@
--- 0001: the baseline. Tables, indexes, types and the one trigger of Queen's store; the
+-- 0001: the schema. Tables, indexes, types and the one trigger of Queen's store; the
 -- functions are in sql/functions/ (installed with CREATE OR REPLACE on every migrate).
 -- docs/SCHEMA.md lists every table and what a row of it is.
 
@@ -33,7 +33,7 @@ CREATE INDEX queues_namespace ON queen.queues (namespace) WHERE namespace IS NOT
 CREATE INDEX queues_task ON queen.queues (task) WHERE task IS NOT NULL;
 
 -- A partition is a FIFO lane of a queue, and what a consumer group leases (per group:
--- queen.cursor_consumers). Made by the first push into it; removed by maintenance when
+-- queen.consumers). Made by the first push into it; removed by maintenance when
 -- it holds no message and no live lease.
 CREATE TABLE queen.partitions (
     id          uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -42,17 +42,21 @@ CREATE TABLE queen.partitions (
     created_at  timestamptz NOT NULL DEFAULT now(),
     UNIQUE (queue_id, name)
 );
+-- A queue's partitions in id order, so that a pop by queue reads them from a random
+-- point on and stops at the first ones with work (queen.candidates) instead of probing
+-- every partition of the queue.
+CREATE INDEX partitions_queue_id ON queen.partitions (queue_id, id);
 
 -- Immutable messages. Ids come from one identity, drawn by a push while it holds its
--- partitions' push locks (queen.cursor_push_lock_key) until it commits: within a
+-- partitions' push locks (queen.push_lock_key) until it commits: within a
 -- partition, ids are in commit order, so a reader that sees a message has seen every
 -- message of the partition with a lower id, and a cursor never passes one that commits
 -- later.
-CREATE TABLE queen.cursor_messages (
+CREATE TABLE queen.messages (
     id             bigint GENERATED ALWAYS AS IDENTITY,
     -- No foreign key: a per-row check costs a third of a batch insert. A push holds the
     -- push locks of the partitions it writes to instead, once per call, and their removal
-    -- takes the same locks (queen.cursor_targets, queen.cursor_cleanup_partitions).
+    -- takes the same locks (queen.push_targets, queen.cleanup_partitions).
     partition_id   uuid NOT NULL,
     transaction_id text COLLATE "C" NOT NULL,     -- unique system-wide
     payload        jsonb NOT NULL,
@@ -70,7 +74,7 @@ CREATE TABLE queen.cursor_messages (
 -- Consumer group metadata per queue: where a group's cursors start in a partition (at
 -- the group's first pop of the queue; later modes are ignored). Queue mode is the group
 -- '__queue__'.
-CREATE TABLE queen.cursor_groups (
+CREATE TABLE queen.consumer_groups (
     queue_id          uuid NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
     consumer_group    text COLLATE "C" NOT NULL,
     subscription_mode text NOT NULL CHECK (subscription_mode IN ('all', 'new', 'from')),
@@ -84,9 +88,9 @@ CREATE TABLE queen.cursor_groups (
 -- done_ids (acked out of order, past a message that is to be retried). While lease_id is
 -- set, the messages past the cursor up to lease_last_id (not in done_ids) are leased to
 -- leased_by until lease_expires_at; lease_acked lists those acked so far. retried_max is
--- the highest id with a retry record (queen.cursor_failures) past the cursor: a pop looks
+-- the highest id with a retry record (queen.failures) past the cursor: a pop looks
 -- retry counts up only below it. not_before holds the partition back (retryDelay).
-CREATE TABLE queen.cursor_consumers (
+CREATE TABLE queen.consumers (
     partition_id     uuid NOT NULL REFERENCES queen.partitions (id) ON DELETE CASCADE,
     consumer_group   text COLLATE "C" NOT NULL,
     queue_id         uuid NOT NULL,
@@ -103,14 +107,14 @@ CREATE TABLE queen.cursor_consumers (
     updated_at       timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (partition_id, consumer_group)
 ) WITH (fillfactor = 50);
-CREATE INDEX cursor_consumers_group ON queen.cursor_consumers (queue_id, consumer_group);
+CREATE INDEX consumers_group ON queen.consumers (queue_id, consumer_group);
 -- No index covers a lease column: a pop and the ack that ends its lease then change no
 -- indexed value, and PostgreSQL updates the row in place (HOT), with no index entry.
 -- Lease extension and expiry read the table (one row per partition and group) instead.
 
 -- A message's failures for one group, one row updated in place: status 'retry' while it
 -- waits for redelivery with retry_count retries, 'dead_letter' or 'failed' for good.
-CREATE TABLE queen.cursor_failures (
+CREATE TABLE queen.failures (
     partition_id   uuid NOT NULL,
     consumer_group text COLLATE "C" NOT NULL,
     message_id     bigint NOT NULL,
@@ -120,11 +124,11 @@ CREATE TABLE queen.cursor_failures (
     failed_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (partition_id, consumer_group, message_id)
 );
-CREATE INDEX cursor_failures_final ON queen.cursor_failures (failed_at) WHERE status <> 'retry';
+CREATE INDEX failures_final ON queen.failures (failed_at) WHERE status <> 'retry';
 
 -- Completions: one row per ack call and (partition, group), covering the ids it
 -- completed (first_id..last_id, count of them); never one row per message.
-CREATE TABLE queen.cursor_completions (
+CREATE TABLE queen.completions (
     partition_id   uuid NOT NULL,
     consumer_group text COLLATE "C" NOT NULL,
     first_id       bigint NOT NULL,
@@ -132,16 +136,16 @@ CREATE TABLE queen.cursor_completions (
     acked          integer NOT NULL,
     acked_at       timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX cursor_completions_range
-    ON queen.cursor_completions (partition_id, consumer_group, last_id);
+CREATE INDEX completions_range
+    ON queen.completions (partition_id, consumer_group, last_id);
 
 -- Queue mode's counts of one partition up to two watermarks: `total` messages with
 -- id <= counted_id, `below` of them with id <= cursor_counted (where queue mode's cursor
 -- stood when last counted), and the final failure records (failed, dead_letter) of those.
--- Kept by maintenance (queen.cursor_count_refresh), so that no request counts the
+-- Kept by maintenance (queen.count_refresh), so that no request counts the
 -- message table: a read adds what lies past the watermarks (bounded walks of the primary
 -- keys); the delete trigger below takes deleted messages out.
-CREATE TABLE queen.cursor_counts (
+CREATE TABLE queen.partition_counts (
     partition_id   uuid PRIMARY KEY REFERENCES queen.partitions (id) ON DELETE CASCADE,
     counted_id     bigint NOT NULL DEFAULT 0,
     total          bigint NOT NULL DEFAULT 0,
@@ -156,7 +160,7 @@ CREATE TABLE queen.cursor_counts (
 -- created (by created_at), completed (by the time of their ack, with the sum and a
 -- histogram of created -> acked in ms: bucket b holds [2^(b/2), 2^((b+1)/2)) ms),
 -- failed and dead-lettered for good (by failed_at).
-CREATE TABLE queen.cursor_metrics_minute (
+CREATE TABLE queen.metrics_minute (
     minute       timestamptz NOT NULL,
     partition_id uuid NOT NULL REFERENCES queen.partitions (id) ON DELETE CASCADE,
     incoming     bigint NOT NULL DEFAULT 0,
@@ -204,21 +208,21 @@ CREATE TYPE queen.popped AS (
 CREATE TYPE queen.push_target AS (queue text, partition text, partition_id uuid, queue_id uuid);
 
 -- One item of a push as stored (idx: its position in the request).
-CREATE TYPE queen.cursor_push_item AS (
+CREATE TYPE queen.push_item AS (
     idx integer, id bigint, transaction_id text, partition_id uuid, queue_id uuid,
     payload jsonb, encrypted boolean, trace_id text
 );
 
--- What a pop returns for each message (queen.store.cursors.Delivery).
-CREATE TYPE queen.cursor_popped AS (
+-- What a pop returns for each message (queen.store.lifecycle.Delivery).
+CREATE TYPE queen.delivery AS (
     id bigint, transaction_id text, queue text, partition text, consumer_group text,
     payload jsonb, encrypted boolean, producer text, trace_id text, retry_count integer,
     created_at timestamptz, lease_id uuid, lease_expires_at timestamptz
 );
 
--- What an acknowledgment decided (queen.cursor_ack; applied: it changed something,
+-- What an acknowledgment decided (queen.ack_rows; applied: it changed something,
 -- rather than reporting what was already so).
-CREATE TYPE queen.cursor_ack_outcome AS (
+CREATE TYPE queen.ack_outcome AS (
     idx integer, transaction_id text, consumer_group text, message_id bigint,
     status text, retry_count integer, error text, applied boolean
 );
@@ -226,8 +230,8 @@ CREATE TYPE queen.cursor_ack_outcome AS (
 -- Deleted messages (retention, admin delete, clear) leave the counts and take their
 -- failure records along. A statement trigger: pushes do not fire it. A trigger needs
 -- its function: this empty one is replaced by sql/functions/ in the same migrate.
-CREATE FUNCTION queen.cursor_messages_deleted() RETURNS trigger
+CREATE FUNCTION queen.messages_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
-CREATE TRIGGER cursor_messages_deleted AFTER DELETE ON queen.cursor_messages
+CREATE TRIGGER messages_deleted AFTER DELETE ON queen.messages
 REFERENCING OLD TABLE AS gone FOR EACH STATEMENT
-EXECUTE FUNCTION queen.cursor_messages_deleted();
+EXECUTE FUNCTION queen.messages_deleted();

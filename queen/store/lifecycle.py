@@ -26,7 +26,7 @@ from queen.store.sqlfile import load_queries
 
 QUEUE_MODE = "__queue__"  # the built-in group of pops without consumerGroup
 
-QUERIES = load_queries(Path(__file__).with_name("cursors.sql"))
+QUERIES = load_queries(Path(__file__).with_name("lifecycle.sql"))
 
 SubscriptionMode = Literal["all", "new"]
 SeekTarget = Literal["beginning", "end", "time"]
@@ -152,7 +152,7 @@ def push(
 ) -> list[PushOutcome]:
     """Store items ({queue, partition?, payload, transactionId?, traceId?}); one outcome each."""
     params = {"items": orjson.dumps(list(items)).decode(), "producer": producer}
-    return [PushOutcome(*row) for row in _rows(conn, "cursor_push", params)]
+    return [PushOutcome(*row) for row in _rows(conn, "push_rows", params)]
 
 
 def push_api(
@@ -160,7 +160,7 @@ def push_api(
 ) -> list[PushOutcome]:
     """push(), each outcome's id the message's API id (a UUID) instead of its number."""
     params = {"items": orjson.dumps(list(items)).decode(), "producer": producer}
-    return [PushOutcome(*row) for row in _rows(conn, "cursor_push_api", params)]
+    return [PushOutcome(*row) for row in _rows(conn, "push", params)]
 
 
 def pop(
@@ -183,41 +183,41 @@ def pop(
         "queue": queue, "partition": partition, "group": group, "batch": batch,
         "worker": worker, "mode": mode, "since": since,
     }
-    name = "cursor_pop_queue" if partition is None else "cursor_pop_partition"
+    name = "pop_queue" if partition is None else "pop_partition"
     return [Delivery(*row) for row in _rows(conn, name, params)]
 
 
 def ack(conn: Connection, acks: Sequence[Mapping[str, Any]]) -> list[AckOutcome]:
     """Apply acknowledgments ({transactionId, status, error?, consumerGroup?, leaseId?})."""
     params = {"acks": orjson.dumps(list(acks), default=str).decode()}
-    return [AckOutcome(*row) for row in _rows(conn, "cursor_ack", params)]
+    return [AckOutcome(*row) for row in _rows(conn, "ack_rows", params)]
 
 
 def ack_checked(conn: Connection, acks: Sequence[Mapping[str, Any]]) -> list[CheckedAck]:
     """Apply acknowledgments as ack does; each outcome also says whether it applied."""
     params = {"acks": orjson.dumps(list(acks), default=str).decode()}
-    return [CheckedAck(*row) for row in _rows(conn, "cursor_ack_checked", params)]
+    return [CheckedAck(*row) for row in _rows(conn, "ack_checked", params)]
 
 
 def queues_of(conn: Connection, transaction_ids: Sequence[str]) -> dict[str, str]:
     """Return {transactionId: queue} of the stored messages among transaction_ids."""
-    rows = _rows(conn, "cursor_locate", {"transaction_ids": list(transaction_ids)})
+    rows = _rows(conn, "locate", {"transaction_ids": list(transaction_ids)})
     return {txid: queue for txid, queue in rows}
 
 
 def extend(conn: Connection, lease_id: uuid.UUID, seconds: int) -> dt.datetime | None:
     """Extend a live lease to seconds from now; its new expiry, None when it has ended."""
-    return _scalar(conn, "cursor_extend", {"lease": lease_id, "seconds": seconds})  # type: ignore[no-any-return]
+    return _scalar(conn, "extend_lease", {"lease": lease_id, "seconds": seconds})  # type: ignore[no-any-return]
 
 
 def expire_leases(conn: Connection, limit: int = 1000) -> int:
     """End up to limit expired leases; return how many."""
-    return int(_scalar(conn, "cursor_expire_leases", {"limit": limit}))
+    return int(_scalar(conn, "expire_leases", {"limit": limit}))
 
 
 def groups(conn: Connection, queue: str | None = None) -> list[GroupInfo]:
     """List the consumer groups of queue (or of every queue), queue mode included."""
-    return [GroupInfo(*row) for row in _rows(conn, "cursor_groups", {"queue": queue})]
+    return [GroupInfo(*row) for row in _rows(conn, "consumer_groups", {"queue": queue})]
 
 
 def group_summaries(
@@ -230,7 +230,7 @@ def group_summaries(
     """List groups per queue (None: every queue, every group), pending counted up to cap
     messages a partition and budget in all (at least 10 a partition)."""
     params = {"queue": queue, "group": group, "cap": cap, "budget": budget}
-    return [GroupSummary(*row) for row in _rows(conn, "cursor_group_summaries", params)]
+    return [GroupSummary(*row) for row in _rows(conn, "group_summaries", params)]
 
 
 def group_partitions(
@@ -243,7 +243,7 @@ def group_partitions(
     """Describe group in every partition of its queues (or of queue), pending counted up
     to cap messages a partition and budget in all (at least 10 a partition)."""
     params = {"queue": queue, "group": group, "cap": cap, "budget": budget}
-    return [GroupPartition(*row) for row in _rows(conn, "cursor_group_partitions", params)]
+    return [GroupPartition(*row) for row in _rows(conn, "group_partitions", params)]
 
 
 def seek(
@@ -252,24 +252,24 @@ def seek(
     """Move group's cursors on queue; the partitions moved, None when queue is unknown."""
     if (to == "time") != (at is not None):
         raise ValueError("a seek to a time takes the time, and only that one")
-    return _scalar(conn, "cursor_seek", {"queue": queue, "group": group, "to": to, "at": at})  # type: ignore[no-any-return]
+    return _scalar(conn, "seek", {"queue": queue, "group": group, "to": to, "at": at})  # type: ignore[no-any-return]
 
 
 def group_queues(conn: Connection, group: str) -> list[str]:
     """Return the queues group has joined (first pop or seek), by name."""
-    return [row[0] for row in _rows(conn, "cursor_group_queues", {"group": group})]
+    return [row[0] for row in _rows(conn, "group_queues", {"group": group})]
 
 
 def delete_group(conn: Connection, queue: str, group: str) -> int:
     """Forget group on queue (it starts over at its next pop); the cursors dropped."""
-    return int(_scalar(conn, "cursor_delete_group", {"queue": queue, "group": group}))
+    return int(_scalar(conn, "delete_group", {"queue": queue, "group": group}))
 
 
 def retention(conn: Connection, limit: int = 10000) -> int:
     """Delete up to limit messages past their queue's retention; return how many."""
-    return int(_scalar(conn, "cursor_retention", {"limit": limit}))
+    return int(_scalar(conn, "retention", {"limit": limit}))
 
 
 def analyze(conn: Connection, min_changes: int = 1000) -> list[str]:
     """ANALYZE the cursor tables changed by more than a tenth; return their names."""
-    return list(_scalar(conn, "cursor_analyze", {"min_changes": min_changes}))
+    return list(_scalar(conn, "analyze_tables", {"min_changes": min_changes}))

@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from queen.store import cursors
-from tests.integration.cursor_helpers import (
+from queen.store import lifecycle
+from tests.integration.helpers import (
     ack_all,
     conn,
     expire_leases_now,
@@ -25,43 +25,43 @@ Conn = psycopg.Connection[Any]
 
 
 def test_push_pop_ack_round_trip(conn: Conn) -> None:
-    results = cursors.push(conn, [
+    results = lifecycle.push(conn, [
         {"queue": "q", "payload": {"n": 0}, "transactionId": "a"},
         {"queue": "q", "partition": "p2", "payload": {"n": 1}},
         {"queue": "q", "payload": {"n": 2}, "traceId": "trace-1"},
     ], producer="svc")
     assert [(r.position, r.status) for r in results] == [(1, "queued"), (2, "queued"), (3, "queued")]
     assert results[0].transaction_id == "a" and results[1].transaction_id
-    got = cursors.pop(conn, "q", partition="Default", batch=10, worker="w1")
+    got = lifecycle.pop(conn, "q", partition="Default", batch=10, worker="w1")
     assert numbers(got) == [0, 2]
     first = got[0]
     assert (first.queue, first.partition, first.consumer_group) == ("q", "Default", "__queue__")
     assert (first.producer, got[1].trace_id, first.retry_count) == ("svc", "trace-1", 0)
     assert got[0].lease_id == got[1].lease_id and first.lease_expires_at > first.created_at
-    assert cursors.pop(conn, "q", partition="Default") == []  # leased
+    assert lifecycle.pop(conn, "q", partition="Default") == []  # leased
     outcomes = ack_all(conn, got)
     assert [(o.position, o.status) for o in outcomes] == [(1, "completed"), (2, "completed")]
-    assert cursors.pop(conn, "q", partition="Default") == []  # all done
-    assert numbers(cursors.pop(conn, "q", batch=10)) == [1]  # by queue: the other partition
+    assert lifecycle.pop(conn, "q", partition="Default") == []  # all done
+    assert numbers(lifecycle.pop(conn, "q", batch=10)) == [1]  # by queue: the other partition
 
 
 def test_pop_of_unknown_queue_or_partition_is_empty(conn: Conn) -> None:
-    assert cursors.pop(conn, "nope") == []
+    assert lifecycle.pop(conn, "nope") == []
     push_n(conn, "q", 1)
-    assert cursors.pop(conn, "q", partition="nope") == []
+    assert lifecycle.pop(conn, "q", partition="nope") == []
 
 
 def test_duplicates_by_transaction_id_store_nothing(conn: Conn) -> None:
     push_n(conn, "q", 2)
-    results = cursors.push(conn, [
+    results = lifecycle.push(conn, [
         {"queue": "q", "payload": {"n": 9}, "transactionId": "q-Default-1"},
         {"queue": "other", "payload": {"n": 8}, "transactionId": "fresh"},
         {"queue": "other", "payload": {"n": 7}, "transactionId": "fresh"},
     ])
     assert [r.status for r in results] == ["duplicate", "queued", "duplicate"]
     assert results[2].id == results[1].id  # the stored message's id
-    assert numbers(cursors.pop(conn, "q", batch=10)) == [0, 1]
-    assert numbers(cursors.pop(conn, "other", batch=10)) == [8]
+    assert numbers(lifecycle.pop(conn, "q", batch=10)) == [0, 1]
+    assert numbers(lifecycle.pop(conn, "other", batch=10)) == [8]
 
 
 def test_a_drawn_transaction_id_a_client_stored_already_is_drawn_again(conn: Conn) -> None:
@@ -71,17 +71,17 @@ def test_a_drawn_transaction_id_a_client_stored_already_is_drawn_again(conn: Con
     with conn.transaction():  # (one now(): the id the next push draws is known)
         (next_id,) = conn.execute(
             "SELECT last_value + CASE WHEN is_called THEN 2 ELSE 1 END"
-            " FROM queen.cursor_messages_id_seq").fetchone() or (None,)
+            " FROM queen.messages_id_seq").fetchone() or (None,)
         (taken,) = conn.execute(
-            "SELECT queen.cursor_message_uuid(%s, now())::text", (next_id,)).fetchone() or (None,)
-        (own,) = cursors.push(conn, [{"queue": "q", "payload": {"n": 0}, "transactionId": taken}])
-        drawn = cursors.push(conn, [{"queue": "q", "payload": {"n": 1}},
+            "SELECT queen.message_uuid(%s, now())::text", (next_id,)).fetchone() or (None,)
+        (own,) = lifecycle.push(conn, [{"queue": "q", "payload": {"n": 0}, "transactionId": taken}])
+        drawn = lifecycle.push(conn, [{"queue": "q", "payload": {"n": 1}},
                                     {"queue": "q", "payload": {"n": 2}}])
     assert own.status == "queued"
     assert [r.status for r in drawn] == ["queued", "queued"]
     assert next_id < drawn[0].id < drawn[1].id  # next_id was drawn first, and collided
     assert taken not in {r.transaction_id for r in drawn}
-    assert numbers(cursors.pop(conn, "q", batch=10)) == [0, 1, 2]
+    assert numbers(lifecycle.pop(conn, "q", batch=10)) == [0, 1, 2]
 
 
 def test_two_pushes_racing_with_one_transaction_id_store_one_message(db_dsn: str) -> None:
@@ -95,7 +95,7 @@ def test_two_pushes_racing_with_one_transaction_id_store_one_message(db_dsn: str
         ) -> None:
             with psycopg.connect(db_dsn, autocommit=True) as c:
                 barrier.wait()
-                (res,) = cursors.push(c, [{"queue": "q", "partition": f"p{i % 2}",
+                (res,) = lifecycle.push(c, [{"queue": "q", "partition": f"p{i % 2}",
                                            "payload": {"i": i}, "transactionId": f"t{r}"}])
                 statuses.append(res.status)
 
@@ -106,81 +106,81 @@ def test_two_pushes_racing_with_one_transaction_id_store_one_message(db_dsn: str
             t.join(30)
         assert sorted(statuses) == ["duplicate"] * (racers - 1) + ["queued"]
     with psycopg.connect(db_dsn, autocommit=True) as c:
-        assert c.execute("SELECT count(*) FROM queen.cursor_messages").fetchone() == (rounds,)
+        assert c.execute("SELECT count(*) FROM queen.messages").fetchone() == (rounds,)
 
 
 def test_max_size_rejects_items_past_the_room(conn: Conn) -> None:
     make_queue(conn, "q", max_size=3)
     push_n(conn, "q", 2)
-    results = cursors.push(conn, [{"queue": "q", "payload": i} for i in range(3)])
+    results = lifecycle.push(conn, [{"queue": "q", "payload": i} for i in range(3)])
     assert [r.status for r in results] == ["queued", "rejected", "rejected"]
-    ack_all(conn, cursors.pop(conn, "q", batch=2))  # room again for two
-    results = cursors.push(conn, [{"queue": "q", "payload": i} for i in range(3)])
+    ack_all(conn, lifecycle.pop(conn, "q", batch=2))  # room again for two
+    results = lifecycle.push(conn, [{"queue": "q", "payload": i} for i in range(3)])
     assert [r.status for r in results] == ["queued", "queued", "rejected"]
 
 
 def test_max_size_counts_pending_messages_not_leased_ones(conn: Conn) -> None:
     make_queue(conn, "q", max_size=3, lease_time=60)
     push_n(conn, "q", 2)
-    got = cursors.pop(conn, "q", batch=2)  # both processing: nothing pending
-    cursors.ack(conn, [{"transactionId": got[0].transaction_id, "status": "failed",
+    got = lifecycle.pop(conn, "q", batch=2)  # both processing: nothing pending
+    lifecycle.ack(conn, [{"transactionId": got[0].transaction_id, "status": "failed",
                         "leaseId": str(got[0].lease_id)}])  # pending again, though leased
-    results = cursors.push(conn, [{"queue": "q", "payload": i} for i in range(3)])
+    results = lifecycle.push(conn, [{"queue": "q", "payload": i} for i in range(3)])
     assert [r.status for r in results] == ["queued", "queued", "rejected"]
     expire_leases_now(conn)  # the other one is pending again too: over the limit
-    assert [r.status for r in cursors.push(conn, [{"queue": "q", "payload": 9}])] == ["rejected"]
+    assert [r.status for r in lifecycle.push(conn, [{"queue": "q", "payload": 9}])] == ["rejected"]
 
 
 def test_failed_message_is_redelivered_before_what_follows_it(conn: Conn) -> None:
     push_n(conn, "q", 5)
-    got = cursors.pop(conn, "q", batch=3)
+    got = lifecycle.pop(conn, "q", batch=3)
     lease = str(got[0].lease_id)
-    outcomes = cursors.ack(conn, [
+    outcomes = lifecycle.ack(conn, [
         {"transactionId": "q-Default-0", "status": "completed", "leaseId": lease},
         {"transactionId": "q-Default-1", "status": "failed", "error": "boom", "leaseId": lease},
         {"transactionId": "q-Default-2", "status": "completed", "leaseId": lease},
     ])
     assert [(o.status, o.retry_count) for o in outcomes] == [
         ("completed", 0), ("retry_scheduled", 1), ("completed", 0)]
-    again = cursors.pop(conn, "q", batch=10)
+    again = lifecycle.pop(conn, "q", batch=10)
     # 1 first, with its retry; 2 was completed in that lease and is not delivered again.
     assert numbers(again) == [1, 3, 4]
     assert [d.retry_count for d in again] == [1, 0, 0]
     ack_all(conn, again)
-    assert cursors.pop(conn, "q", batch=10) == []
+    assert lifecycle.pop(conn, "q", batch=10) == []
     assert conn.execute(
-        "SELECT status, retry_count, error FROM queen.cursor_failures").fetchall() == [
+        "SELECT status, retry_count, error FROM queen.failures").fetchall() == [
         ("retry", 1, "boom")]
 
 
 def test_lease_ends_only_when_every_message_is_acked(conn: Conn) -> None:
     push_n(conn, "q", 3)
-    got = cursors.pop(conn, "q", batch=3)
+    got = lifecycle.pop(conn, "q", batch=3)
     ack_all(conn, got[2:])
-    assert cursors.pop(conn, "q") == []  # still leased
+    assert lifecycle.pop(conn, "q") == []  # still leased
     ack_all(conn, got[:1])
-    assert cursors.pop(conn, "q") == []
+    assert lifecycle.pop(conn, "q") == []
     ack_all(conn, got[1:2])
     push_n(conn, "q", 1, start=3)
-    assert numbers(cursors.pop(conn, "q", batch=10)) == [3]
+    assert numbers(lifecycle.pop(conn, "q", batch=10)) == [3]
 
 
 def test_expired_lease_redelivers_the_unacked_in_order_with_a_retry(conn: Conn) -> None:
     push_n(conn, "q", 4)
-    got = cursors.pop(conn, "q", batch=3)
+    got = lifecycle.pop(conn, "q", batch=3)
     ack_all(conn, got[1:2])  # message 1 done, 0 and 2 not
     expire_leases_now(conn)
-    assert cursors.expire_leases(conn) == 1
-    again = cursors.pop(conn, "q", batch=10)
+    assert lifecycle.expire_leases(conn) == 1
+    again = lifecycle.pop(conn, "q", batch=10)
     assert numbers(again) == [0, 2, 3]
     assert [d.retry_count for d in again] == [1, 1, 0]
 
 
 def test_pop_takes_over_an_expired_lease_without_maintenance(conn: Conn) -> None:
     push_n(conn, "q", 2)
-    first = cursors.pop(conn, "q", batch=2, worker="a")
+    first = lifecycle.pop(conn, "q", batch=2, worker="a")
     expire_leases_now(conn)
-    second = cursors.pop(conn, "q", batch=2, worker="b")
+    second = lifecycle.pop(conn, "q", batch=2, worker="b")
     assert numbers(second) == [0, 1] and second[0].lease_id != first[0].lease_id
     assert [d.retry_count for d in second] == [1, 1]
 
@@ -188,10 +188,10 @@ def test_pop_takes_over_an_expired_lease_without_maintenance(conn: Conn) -> None
 def test_real_lease_expiry_with_a_short_lease_time(conn: Conn) -> None:
     make_queue(conn, "q", lease_time=1)
     push_n(conn, "q", 1)
-    assert numbers(cursors.pop(conn, "q")) == [0]
-    assert cursors.pop(conn, "q") == []
+    assert numbers(lifecycle.pop(conn, "q")) == [0]
+    assert lifecycle.pop(conn, "q") == []
     deadline = time.monotonic() + 30
-    while not (again := cursors.pop(conn, "q")):
+    while not (again := lifecycle.pop(conn, "q")):
         assert time.monotonic() < deadline, "the lease of 1 s never expired"
         time.sleep(0.2)
     assert numbers(again) == [0] and again[0].retry_count == 1
@@ -199,14 +199,14 @@ def test_real_lease_expiry_with_a_short_lease_time(conn: Conn) -> None:
 
 def test_stale_ack_changes_nothing(conn: Conn) -> None:
     push_n(conn, "q", 2)
-    old = cursors.pop(conn, "q", batch=2, worker="slow")
+    old = lifecycle.pop(conn, "q", batch=2, worker="slow")
     expire_leases_now(conn)
-    new = cursors.pop(conn, "q", batch=2, worker="fast")
-    before = conn.execute("SELECT * FROM queen.cursor_consumers").fetchall()
+    new = lifecycle.pop(conn, "q", batch=2, worker="fast")
+    before = conn.execute("SELECT * FROM queen.consumers").fetchall()
     outcomes = ack_all(conn, old)
     assert [o.status for o in outcomes] == ["lease_expired", "lease_expired"]
     assert ack_all(conn, old, status="failed")[0].status == "lease_expired"
-    assert conn.execute("SELECT * FROM queen.cursor_consumers").fetchall() == before
+    assert conn.execute("SELECT * FROM queen.consumers").fetchall() == before
     assert [o.status for o in ack_all(conn, new)] == ["completed", "completed"]
     # Once done, a late ack of the old lease still changes nothing.
     assert ack_all(conn, old)[0].status == "lease_expired"
@@ -214,15 +214,15 @@ def test_stale_ack_changes_nothing(conn: Conn) -> None:
 
 def test_ack_without_lease_id_uses_the_current_lease(conn: Conn) -> None:
     push_n(conn, "q", 2)
-    cursors.pop(conn, "q", batch=1)
-    outcomes = cursors.ack(conn, [
+    lifecycle.pop(conn, "q", batch=1)
+    outcomes = lifecycle.ack(conn, [
         {"transactionId": "q-Default-0", "status": "completed"},
         {"transactionId": "q-Default-1", "status": "completed"},  # not leased
         {"transactionId": "missing", "status": "completed"},
     ])
     assert [o.status for o in outcomes] == ["completed", "lease_expired", "not_found"]
     # Acking a done message again reports it done.
-    assert cursors.ack(conn, [{"transactionId": "q-Default-0", "status": "failed"}])[0].status == (
+    assert lifecycle.ack(conn, [{"transactionId": "q-Default-0", "status": "failed"}])[0].status == (
         "completed")
 
 
@@ -231,71 +231,71 @@ def test_dead_letter_after_retry_limit(conn: Conn) -> None:
     push_n(conn, "q", 2)
     seen = []
     for _ in range(3):
-        got = cursors.pop(conn, "q", batch=1)
+        got = lifecycle.pop(conn, "q", batch=1)
         seen.append((numbers(got), got[0].retry_count))
         (outcome,) = ack_all(conn, got, status="failed")
     assert seen == [([0], 0), ([0], 1), ([0], 2)]
     assert (outcome.status, outcome.retry_count) == ("dead_letter", 2)
-    assert numbers(cursors.pop(conn, "q")) == [1]
+    assert numbers(lifecycle.pop(conn, "q")) == [1]
     assert conn.execute(
-        "SELECT message_id, status, retry_count, error FROM queen.cursor_failures").fetchall() == [
+        "SELECT message_id, status, retry_count, error FROM queen.failures").fetchall() == [
         (1, "dead_letter", 2, "boom")]
 
 
 def test_failed_for_good_without_dead_letter_queue(conn: Conn) -> None:
     make_queue(conn, "q", retry_limit=0, dlq_after_max_retries=False)
     push_n(conn, "q", 1)
-    (outcome,) = ack_all(conn, cursors.pop(conn, "q"), status="failed")
+    (outcome,) = ack_all(conn, lifecycle.pop(conn, "q"), status="failed")
     assert outcome.status == "failed"
-    assert cursors.pop(conn, "q") == []
+    assert lifecycle.pop(conn, "q") == []
 
 
 def test_expiry_past_the_retry_limit_dead_letters(conn: Conn) -> None:
     make_queue(conn, "q", retry_limit=0)
     push_n(conn, "q", 2)
-    cursors.pop(conn, "q", batch=1)
+    lifecycle.pop(conn, "q", batch=1)
     expire_leases_now(conn)
-    assert cursors.expire_leases(conn) == 1
-    assert numbers(cursors.pop(conn, "q")) == [1]
-    assert conn.execute("SELECT status, error FROM queen.cursor_failures").fetchall() == [
+    assert lifecycle.expire_leases(conn) == 1
+    assert numbers(lifecycle.pop(conn, "q")) == [1]
+    assert conn.execute("SELECT status, error FROM queen.failures").fetchall() == [
         ("dead_letter", "lease expired")]
 
 
 def test_lease_extension(conn: Conn) -> None:
     push_n(conn, "q", 1)
-    (got,) = cursors.pop(conn, "q")
-    extended = cursors.extend(conn, got.lease_id, 600)
+    (got,) = lifecycle.pop(conn, "q")
+    extended = lifecycle.extend(conn, got.lease_id, 600)
     assert extended is not None and extended > got.lease_expires_at
-    assert cursors.extend(conn, uuid.uuid4(), 600) is None
+    assert lifecycle.extend(conn, uuid.uuid4(), 600) is None
     ack_all(conn, [got])
-    assert cursors.extend(conn, got.lease_id, 600) is None  # ended
+    assert lifecycle.extend(conn, got.lease_id, 600) is None  # ended
 
 
 def test_an_expired_lease_cannot_be_extended(conn: Conn) -> None:
     push_n(conn, "q", 1)
-    (got,) = cursors.pop(conn, "q")
+    (got,) = lifecycle.pop(conn, "q")
     expire_leases_now(conn)
-    assert cursors.extend(conn, got.lease_id, 600) is None
+    assert lifecycle.extend(conn, got.lease_id, 600) is None
 
 
 def test_retry_delay_holds_the_partition(conn: Conn) -> None:
     make_queue(conn, "q", retry_delay=60_000)
     push_n(conn, "q", 2, partition="a")
     push_n(conn, "q", 1, partition="b")
-    ack_all(conn, cursors.pop(conn, "q", partition="a", batch=1), status="failed")
-    assert cursors.pop(conn, "q", partition="a") == []  # held, with its later message
-    assert numbers(cursors.pop(conn, "q", batch=5)) == [0]  # partition b still served
-    conn.execute("UPDATE queen.cursor_consumers SET not_before = now() - interval '1 second'")
-    again = cursors.pop(conn, "q", partition="a", batch=5)
+    ack_all(conn, lifecycle.pop(conn, "q", partition="a", batch=1), status="failed")
+    assert lifecycle.pop(conn, "q", partition="a") == []  # held, with its later message
+    assert numbers(lifecycle.pop(conn, "q", batch=5)) == [0]  # partition b still served
+    conn.execute("UPDATE queen.consumers SET not_before = now() - interval '1 second'")
+    again = lifecycle.pop(conn, "q", partition="a", batch=5)
     assert numbers(again) == [0, 1] and again[0].retry_count == 1
 
 
 def test_short_retry_delay_passes(conn: Conn) -> None:
     make_queue(conn, "q", retry_delay=300)
     push_n(conn, "q", 1)
-    ack_all(conn, cursors.pop(conn, "q"), status="failed")
+    ack_all(conn, lifecycle.pop(conn, "q"), status="failed")
     deadline = time.monotonic() + 30
-    while not (again := cursors.pop(conn, "q")):
+    while not (again := lifecycle.pop(conn, "q")):
         assert time.monotonic() < deadline, "a retryDelay of 300 ms never passed"
         time.sleep(0.1)
     assert again[0].retry_count == 1
@@ -306,102 +306,102 @@ def test_delayed_processing_and_window_buffer_hide_messages(conn: Conn) -> None:
     make_queue(conn, "windowed", window_buffer=3600)
     push_n(conn, "delayed", 1)
     push_n(conn, "windowed", 1)
-    assert cursors.pop(conn, "delayed") == []
-    assert cursors.pop(conn, "windowed") == []
+    assert lifecycle.pop(conn, "delayed") == []
+    assert lifecycle.pop(conn, "windowed") == []
     conn.execute("UPDATE queen.queues SET delayed_processing = 0, window_buffer = 0")
-    assert numbers(cursors.pop(conn, "delayed")) == [0]
-    assert numbers(cursors.pop(conn, "windowed")) == [0]
+    assert numbers(lifecycle.pop(conn, "delayed")) == [0]
+    assert numbers(lifecycle.pop(conn, "windowed")) == [0]
 
 
 def test_messages_past_ttl_are_dead_lettered_not_delivered(conn: Conn) -> None:
     make_queue(conn, "q", ttl=60)
     push_n(conn, "q", 3)
-    conn.execute("UPDATE queen.cursor_messages SET created_at = now() - interval '1 hour'"
+    conn.execute("UPDATE queen.messages SET created_at = now() - interval '1 hour'"
                  " WHERE transaction_id <> 'q-Default-2'")
-    assert numbers(cursors.pop(conn, "q", batch=1)) == [2]
+    assert numbers(lifecycle.pop(conn, "q", batch=1)) == [2]
     assert conn.execute(
-        "SELECT message_id, status, error FROM queen.cursor_failures ORDER BY 1").fetchall() == [
+        "SELECT message_id, status, error FROM queen.failures ORDER BY 1").fetchall() == [
         (1, "dead_letter", "ttl expired"), (2, "dead_letter", "ttl expired")]
 
 
 def test_a_push_is_written_once_however_many_groups_read_it(conn: Conn) -> None:
     push_n(conn, "q", 3)
     for group in ["__queue__", "g1", "g2", "g3"]:
-        got = cursors.pop(conn, "q", group=group, batch=10)
+        got = lifecycle.pop(conn, "q", group=group, batch=10)
         assert numbers(got) == [0, 1, 2] and {d.consumer_group for d in got} == {group}
         ack_all(conn, got)
-    assert conn.execute("SELECT count(*) FROM queen.cursor_messages").fetchone() == (3,)
-    assert conn.execute("SELECT count(*) FROM queen.cursor_completions").fetchone() == (4,)
+    assert conn.execute("SELECT count(*) FROM queen.messages").fetchone() == (3,)
+    assert conn.execute("SELECT count(*) FROM queen.completions").fetchone() == (4,)
 
 
 def test_another_group_reads_the_same_messages_independently(conn: Conn) -> None:
     push_n(conn, "q", 2)
-    mine = cursors.pop(conn, "q", batch=1)
-    theirs = cursors.pop(conn, "q", group="g", batch=2)
+    mine = lifecycle.pop(conn, "q", batch=1)
+    theirs = lifecycle.pop(conn, "q", group="g", batch=2)
     assert numbers(mine) == [0] and numbers(theirs) == [0, 1]
     ack_all(conn, theirs, status="failed")
     ack_all(conn, mine)
-    assert numbers(cursors.pop(conn, "q", batch=5)) == [1]
-    again = cursors.pop(conn, "q", group="g", batch=5)
+    assert numbers(lifecycle.pop(conn, "q", batch=5)) == [1]
+    again = lifecycle.pop(conn, "q", group="g", batch=5)
     assert numbers(again) == [0, 1] and [d.retry_count for d in again] == [1, 1]
 
 
 def test_one_completion_record_per_acked_batch(conn: Conn) -> None:
     push_n(conn, "q", 100)
-    ack_all(conn, cursors.pop(conn, "q", batch=100))
+    ack_all(conn, lifecycle.pop(conn, "q", batch=100))
     assert conn.execute(
-        "SELECT first_id, last_id, acked FROM queen.cursor_completions").fetchall() == [(1, 100, 100)]
+        "SELECT first_id, last_id, acked FROM queen.completions").fetchall() == [(1, 100, 100)]
 
 
 def test_no_update_of_the_message_table_over_a_full_lifecycle(conn: Conn) -> None:
     make_queue(conn, "q", retry_limit=1)
     push_n(conn, "q", 6, partition="a")
     push_n(conn, "q", 6, partition="b")
-    got = cursors.pop(conn, "q", partition="a", batch=3)
+    got = lifecycle.pop(conn, "q", partition="a", batch=3)
     ack_all(conn, got[:1])
     ack_all(conn, got[1:], status="failed")
     expire_leases_now(conn)
-    cursors.expire_leases(conn)
+    lifecycle.expire_leases(conn)
     for group in ["__queue__", "g"]:
-        while got := cursors.pop(conn, "q", group=group, batch=4):
+        while got := lifecycle.pop(conn, "q", group=group, batch=4):
             ack_all(conn, got[:2], status="failed")
             ack_all(conn, got[2:])
-    cursors.extend(conn, uuid.uuid4(), 5)
-    cursors.seek(conn, "q", "g", "beginning")
-    cursors.delete_group(conn, "q", "g")
+    lifecycle.extend(conn, uuid.uuid4(), 5)
+    lifecycle.seek(conn, "q", "g", "beginning")
+    lifecycle.delete_group(conn, "q", "g")
     conn.execute("SELECT pg_stat_force_next_flush()")  # this session's counts, at commit
     conn.execute("SELECT 1")
     conn.execute("SELECT pg_stat_clear_snapshot()")
     counts = conn.execute(
         "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
-        " WHERE relname = 'cursor_messages'").fetchone()
+        " WHERE relname = 'messages'").fetchone()
     assert counts == (12, 0, 0)  # (the inserts show that the counts have arrived)
 
 
 def test_calls_compose_in_one_transaction(conn: Conn) -> None:
     push_n(conn, "in", 1)
-    (got,) = cursors.pop(conn, "in")
+    (got,) = lifecycle.pop(conn, "in")
     try:
         with conn.transaction():
             ack_all(conn, [got])
-            cursors.push(conn, [{"queue": "out", "payload": 1, "transactionId": "o"}])
+            lifecycle.push(conn, [{"queue": "out", "payload": 1, "transactionId": "o"}])
             raise RuntimeError("roll back")
     except RuntimeError:
         pass
-    assert cursors.pop(conn, "out") == []
-    assert cursors.pop(conn, "in") == []  # still leased: the ack was rolled back
+    assert lifecycle.pop(conn, "out") == []
+    assert lifecycle.pop(conn, "in") == []  # still leased: the ack was rolled back
     with conn.transaction():
         ack_all(conn, [got])
-        cursors.push(conn, [{"queue": "out", "payload": 1, "transactionId": "o"}])
-    assert [d.transaction_id for d in cursors.pop(conn, "out")] == ["o"]
+        lifecycle.push(conn, [{"queue": "out", "payload": 1, "transactionId": "o"}])
+    assert [d.transaction_id for d in lifecycle.pop(conn, "out")] == ["o"]
 
 
 def test_pop_taking_over_an_expired_lease_skips_what_it_dead_lettered(conn: Conn) -> None:
     make_queue(conn, "q", retry_limit=0)
     push_n(conn, "q", 3)
-    cursors.pop(conn, "q", batch=2)
+    lifecycle.pop(conn, "q", batch=2)
     expire_leases_now(conn)
-    assert numbers(cursors.pop(conn, "q", batch=10)) == [2]
+    assert numbers(lifecycle.pop(conn, "q", batch=10)) == [2]
 
 
 def test_the_pop_and_ack_routes_commit_without_waiting_for_the_disk(conn: Conn) -> None:
@@ -413,19 +413,19 @@ def test_the_pop_and_ack_routes_commit_without_waiting_for_the_disk(conn: Conn) 
 
     assert setting() == "on"
     with conn.transaction():
-        conn.execute("SELECT count(*) FROM queen.cursor_push_api(%s::jsonb)",
+        conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)",
                      ('[{"queue": "q", "payload": 1}]',))
         assert setting() == "on"
     with conn.transaction():
         (txid,) = conn.execute(
-            "SELECT (message).transaction_id FROM queen.cursor_pop_many(%s::jsonb)",
+            "SELECT (message).transaction_id FROM queen.pop_many(%s::jsonb)",
             ('[{"kind": "queue", "queue": "q", "group": "__queue__", "batch": 1,'
              ' "worker": "w"}]',)).fetchone() or (None,)
         assert setting() == "off"
     assert setting() == "on"  # (for that transaction only)
     with conn.transaction():
         (status,) = conn.execute(
-            "SELECT status FROM queen.cursor_ack_api(%s::jsonb)",
+            "SELECT status FROM queen.ack(%s::jsonb)",
             (f'[{{"transactionId": "{txid}", "status": "completed"}}]',)).fetchone() or (None,)
         assert (status, setting()) == ("completed", "off")
     assert setting() == "on"
@@ -435,36 +435,36 @@ def ack_calls(conn: Conn, acks: list[dict[str, Any]]) -> tuple[list[Any], set[st
     """Ack in one transaction; the outcomes and the functions it called."""
     with conn.transaction():
         conn.execute("SET LOCAL track_functions = 'all'")
-        outcomes = cursors.ack(conn, acks)
+        outcomes = lifecycle.ack(conn, acks)
         called = {r[0] for r in conn.execute("SELECT funcname FROM pg_stat_xact_user_functions")}
     return outcomes, called
 
 
 def test_a_whole_lease_completed_at_once_is_decided_as_a_set(conn: Conn) -> None:
     push_n(conn, "q", 4)
-    cursors.pop(conn, "q", batch=3)
+    lifecycle.pop(conn, "q", batch=3)
     expire_leases_now(conn)
-    got = cursors.pop(conn, "q", batch=3)  # again, each with a retry behind it
+    got = lifecycle.pop(conn, "q", batch=3)  # again, each with a retry behind it
     outcomes, called = ack_calls(conn, [
         {"transactionId": d.transaction_id, "status": "completed", "leaseId": str(d.lease_id)}
         for d in reversed(got)])
-    assert "cursor_ack_lease" in called and "cursor_ack_consumer" not in called
+    assert "ack_lease" in called and "ack_consumer" not in called
     assert [(o.position, o.status, o.retry_count) for o in outcomes] == [
         (1, "completed", 1), (2, "completed", 1), (3, "completed", 1)]
     assert [o.transaction_id for o in outcomes] == [d.transaction_id for d in reversed(got)]
-    assert conn.execute("SELECT first_id, last_id, acked FROM queen.cursor_completions"
+    assert conn.execute("SELECT first_id, last_id, acked FROM queen.completions"
                         ).fetchall() == [(1, 3, 3)]
-    last = cursors.pop(conn, "q", batch=10)
+    last = lifecycle.pop(conn, "q", batch=10)
     assert numbers(last) == [3]
     # Without leaseId: the current lease's, as any ack without one.
     outcomes, called = ack_calls(conn, [{"transactionId": last[0].transaction_id,
                                          "status": "completed"}])
-    assert "cursor_ack_consumer" not in called
+    assert "ack_consumer" not in called
     assert [(o.status, o.retry_count) for o in outcomes] == [("completed", 0)]
-    assert conn.execute("SELECT first_id, last_id, acked FROM queen.cursor_completions"
+    assert conn.execute("SELECT first_id, last_id, acked FROM queen.completions"
                         " ORDER BY first_id").fetchall() == [(1, 3, 3), (4, 4, 1)]
     push_n(conn, "q", 1, start=4)
-    assert numbers(cursors.pop(conn, "q")) == [4]
+    assert numbers(lifecycle.pop(conn, "q")) == [4]
 
 
 def test_whole_leases_of_several_partitions_in_one_call_are_each_decided_as_a_set(
@@ -475,39 +475,39 @@ def test_whole_leases_of_several_partitions_in_one_call_are_each_decided_as_a_se
     back alone."""
     for partition in ("a", "b", "c"):
         push_n(conn, "q", 2, partition=partition)
-    a = cursors.pop(conn, "q", partition="a", batch=2)
-    b = cursors.pop(conn, "q", partition="b", batch=1)
-    c = cursors.pop(conn, "q", partition="c", batch=2)
+    a = lifecycle.pop(conn, "q", partition="a", batch=2)
+    b = lifecycle.pop(conn, "q", partition="b", batch=1)
+    c = lifecycle.pop(conn, "q", partition="c", batch=2)
     acks = [{"transactionId": d.transaction_id, "status": "completed"} for d in a + b]
     outcomes, called = ack_calls(conn, acks)
-    assert "cursor_ack_lease" in called and "cursor_ack_consumer" not in called
+    assert "ack_lease" in called and "ack_consumer" not in called
     assert [(o.position, o.status) for o in outcomes] == [
         (1, "completed"), (2, "completed"), (3, "completed")]
-    assert numbers(cursors.pop(conn, "q", partition="a")) == []  # (its messages all done)
-    assert numbers(cursors.pop(conn, "q", partition="b")) == [1]
+    assert numbers(lifecycle.pop(conn, "q", partition="a")) == []  # (its messages all done)
+    assert numbers(lifecycle.pop(conn, "q", partition="b")) == [1]
     # c's first message only, with a of no lease any more: one by one, c alone.
     acks = [{"transactionId": c[0].transaction_id, "status": "completed"},
             {"transactionId": a[0].transaction_id, "status": "completed"}]
     outcomes, called = ack_calls(conn, acks)
-    assert "cursor_ack_consumer" in called
+    assert "ack_consumer" in called
     assert [o.status for o in outcomes] == ["completed", "completed"]
     assert conn.execute(
-        "SELECT p.name, c.acked FROM queen.cursor_completions c"
+        "SELECT p.name, c.acked FROM queen.completions c"
         " JOIN queen.partitions p ON p.id = c.partition_id ORDER BY p.name, c.first_id"
     ).fetchall() == [("a", 2), ("b", 1), ("c", 1)]
 
 
 def test_an_ack_that_is_not_its_whole_lease_is_decided_one_by_one(conn: Conn) -> None:
     push_n(conn, "q", 3)
-    got = cursors.pop(conn, "q", batch=2)
+    got = lifecycle.pop(conn, "q", batch=2)
     lease = str(got[0].lease_id)
     twice = [{"transactionId": got[0].transaction_id, "status": "completed", "leaseId": lease}] * 2
     outcomes, called = ack_calls(conn, twice)  # as many items as the lease, one message
-    assert "cursor_ack_consumer" in called
+    assert "ack_consumer" in called
     assert [o.status for o in outcomes] == ["completed", "completed"]
-    assert cursors.pop(conn, "q") == []  # the other message is still leased
+    assert lifecycle.pop(conn, "q") == []  # the other message is still leased
     rest = [{"transactionId": got[1].transaction_id, "status": "completed", "leaseId": lease},
             {"transactionId": "q-Default-2", "status": "completed", "leaseId": lease}]
     outcomes, called = ack_calls(conn, rest)  # one of them outside the lease
     assert [o.status for o in outcomes] == ["completed", "lease_expired"]
-    assert numbers(cursors.pop(conn, "q")) == [2]
+    assert numbers(lifecycle.pop(conn, "q")) == [2]

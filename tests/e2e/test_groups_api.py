@@ -1,6 +1,6 @@
 """The consumer-group routes on a real server.
 
-Groups come to exist by popping with queen.store.cursors directly on the server's database;
+Groups come to exist by popping with queen.store.lifecycle directly on the server's database;
 messages come through the transaction endpoint's push operations.
 """
 
@@ -11,19 +11,19 @@ from typing import Any
 
 import requests
 
-from queen.store import cursors
-from tests.e2e.cursor_server import (
+from queen.store import lifecycle
+from tests.e2e.servers import (
     API,
     assert_error,
     conn,
-    cursor_dsn,
-    cursor_server,
+    module_dsn,
+    module_server,
     push_op,
     q,
     transaction,
 )
 
-__all__ = ["conn", "cursor_dsn", "cursor_server", "q"]  # fixtures
+__all__ = ["conn", "module_dsn", "module_server", "q"]  # fixtures
 
 
 def get(server, path: str, **params: str) -> requests.Response:
@@ -45,8 +45,8 @@ def push(server, queue: str, n: int, partition: str = "Default") -> None:
     assert resp.status_code == 200, resp.text
 
 
-def ack(conn, got: list[cursors.Delivery]) -> None:
-    outcomes = cursors.ack(
+def ack(conn, got: list[lifecycle.Delivery]) -> None:
+    outcomes = lifecycle.ack(
         conn,
         [
             {
@@ -61,17 +61,17 @@ def ack(conn, got: list[cursors.Delivery]) -> None:
     assert {o.status for o in outcomes} == {"completed"}
 
 
-def numbers(got: list[cursors.Delivery]) -> list[int]:
+def numbers(got: list[lifecycle.Delivery]) -> list[int]:
     return [d.payload["n"] for d in got]
 
 
-def test_list_shows_each_group_with_its_backlog(cursor_server, conn, q) -> None:
-    push(cursor_server, q, 3, partition="a")
-    push(cursor_server, q, 2, partition="b")
-    ack(conn, cursors.pop(conn, q, group="done", batch=10))  # one partition's worth
-    cursors.pop(conn, q, group="held", partition="b", batch=1)  # leased, not acked
-    cursors.pop(conn, q, partition="a", batch=1)  # queue mode
-    resp = get(cursor_server, "/consumer-groups", queue=q)
+def test_list_shows_each_group_with_its_backlog(module_server, conn, q) -> None:
+    push(module_server, q, 3, partition="a")
+    push(module_server, q, 2, partition="b")
+    ack(conn, lifecycle.pop(conn, q, group="done", batch=10))  # one partition's worth
+    lifecycle.pop(conn, q, group="held", partition="b", batch=1)  # leased, not acked
+    lifecycle.pop(conn, q, partition="a", batch=1)  # queue mode
+    resp = get(module_server, "/consumer-groups", queue=q)
     assert resp.status_code == 200, resp.text
     listed = {g["name"]: g for g in resp.json()["consumerGroups"]}
     assert set(listed) == {"__queue__", "done", "held"}
@@ -87,31 +87,31 @@ def test_list_shows_each_group_with_its_backlog(cursor_server, conn, q) -> None:
         assert 0 <= g["lagSeconds"] < 600
         assert g["createdAt"].endswith("Z")
     # Every queue when no filter is given; none for a queue nobody reads.
-    everything = get(cursor_server, "/consumer-groups").json()["consumerGroups"]
+    everything = get(module_server, "/consumer-groups").json()["consumerGroups"]
     assert {(g["name"], g["queue"]) for g in everything} >= {(n, q) for n in listed}
-    assert get(cursor_server, "/consumer-groups", queue=f"{q}-none").json() == {
+    assert get(module_server, "/consumer-groups", queue=f"{q}-none").json() == {
         "consumerGroups": []
     }
 
 
-def test_pending_is_counted_up_to_a_cap(cursor_server, conn, q) -> None:
+def test_pending_is_counted_up_to_a_cap(module_server, conn, q) -> None:
     for _ in range(2):  # 1,200 messages: more than a listing counts per partition
-        push(cursor_server, q, 600)
-    cursors.pop(conn, q, group="g", batch=1)
-    (listed,) = get(cursor_server, "/consumer-groups", queue=q).json()["consumerGroups"]
+        push(module_server, q, 600)
+    lifecycle.pop(conn, q, group="g", batch=1)
+    (listed,) = get(module_server, "/consumer-groups", queue=q).json()["consumerGroups"]
     assert (listed["pending"], listed["pendingCapped"]) == (1000, True)
-    detail = get(cursor_server, "/consumer-groups/g", queue=q).json()
+    detail = get(module_server, "/consumer-groups/g", queue=q).json()
     assert (detail["pending"], detail["pendingCapped"]) == (1200, False)
 
 
-def test_describe_one_group_per_queue_and_partition(cursor_server, conn, q) -> None:
-    push(cursor_server, q, 2, partition="a")
-    push(cursor_server, q, 1, partition="b")
-    push(cursor_server, f"{q}-2", 1)
-    ack(conn, cursors.pop(conn, q, group="g", partition="a", batch=1))
-    held = cursors.pop(conn, q, group="g", partition="b", batch=1, worker="worker-7")
-    cursors.pop(conn, f"{q}-2", group="g")
-    resp = get(cursor_server, "/consumer-groups/g")
+def test_describe_one_group_per_queue_and_partition(module_server, conn, q) -> None:
+    push(module_server, q, 2, partition="a")
+    push(module_server, q, 1, partition="b")
+    push(module_server, f"{q}-2", 1)
+    ack(conn, lifecycle.pop(conn, q, group="g", partition="a", batch=1))
+    held = lifecycle.pop(conn, q, group="g", partition="b", batch=1, worker="worker-7")
+    lifecycle.pop(conn, f"{q}-2", group="g")
+    resp = get(module_server, "/consumer-groups/g")
     assert resp.status_code == 200, resp.text
     doc = resp.json()
     assert (doc["name"], doc["queueMode"]) == ("g", False)
@@ -128,41 +128,41 @@ def test_describe_one_group_per_queue_and_partition(cursor_server, conn, q) -> N
     assert b["lease"]["size"] == 1
     assert b["lease"]["leaseExpiresAt"].endswith("Z")
     assert mine[q]["pending"] == 2
-    only = get(cursor_server, "/consumer-groups/g", queue=f"{q}-2").json()
+    only = get(module_server, "/consumer-groups/g", queue=f"{q}-2").json()
     assert [entry["queue"] for entry in only["queues"]] == [f"{q}-2"]
-    assert_error(get(cursor_server, "/consumer-groups/nobody"), 404)
-    assert_error(get(cursor_server, "/consumer-groups/g", queue=f"{q}-none"), 404)
-    cursors.pop(conn, q)
-    assert get(cursor_server, "/consumer-groups/__queue__", queue=q).json()["queueMode"] is True
+    assert_error(get(module_server, "/consumer-groups/nobody"), 404)
+    assert_error(get(module_server, "/consumer-groups/g", queue=f"{q}-none"), 404)
+    lifecycle.pop(conn, q)
+    assert get(module_server, "/consumer-groups/__queue__", queue=q).json()["queueMode"] is True
 
 
-def test_seek_to_the_beginning_the_end_and_a_time(cursor_server, conn, q) -> None:
-    push(cursor_server, q, 3)
-    ack(conn, cursors.pop(conn, q, group="g", batch=10))
-    resp = seek(cursor_server, "g", {"queue": q, "to": "beginning"})
+def test_seek_to_the_beginning_the_end_and_a_time(module_server, conn, q) -> None:
+    push(module_server, q, 3)
+    ack(conn, lifecycle.pop(conn, q, group="g", batch=10))
+    resp = seek(module_server, "g", {"queue": q, "to": "beginning"})
     assert resp.status_code == 200, resp.text
     assert resp.json() == {"consumerGroup": "g", "queue": q, "to": "beginning", "partitions": 1}
-    assert numbers(cursors.pop(conn, q, group="g", batch=10)) == [0, 1, 2]  # a lease...
-    assert seek(cursor_server, "g", {"queue": q, "to": "end"}).status_code == 200
-    assert cursors.pop(conn, q, group="g", batch=10) == []  # ...ended by the seek
+    assert numbers(lifecycle.pop(conn, q, group="g", batch=10)) == [0, 1, 2]  # a lease...
+    assert seek(module_server, "g", {"queue": q, "to": "end"}).status_code == 200
+    assert lifecycle.pop(conn, q, group="g", batch=10) == []  # ...ended by the seek
     conn.execute(
-        "UPDATE queen.cursor_messages m SET created_at = m.created_at - interval '2 hours'"
+        "UPDATE queen.messages m SET created_at = m.created_at - interval '2 hours'"
         " FROM queen.partitions p, queen.queues q WHERE p.id = m.partition_id"
         " AND q.id = p.queue_id AND q.name = %s",
         (q,),
     )
-    push(cursor_server, q, 1)
+    push(module_server, q, 1)
     hour_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
-    assert seek(cursor_server, "g", {"queue": q, "to": hour_ago}).status_code == 200
-    assert numbers(cursors.pop(conn, q, group="g", batch=10)) == [0]  # the newest only
+    assert seek(module_server, "g", {"queue": q, "to": hour_ago}).status_code == 200
+    assert numbers(lifecycle.pop(conn, q, group="g", batch=10)) == [0]  # the newest only
     # A group that never read the queue joins it where the seek puts it.
-    assert seek(cursor_server, "fresh", {"queue": q, "to": "end"}).json()["partitions"] == 1
-    assert cursors.pop(conn, q, group="fresh", batch=10) == []
+    assert seek(module_server, "fresh", {"queue": q, "to": "end"}).json()["partitions"] == 1
+    assert lifecycle.pop(conn, q, group="fresh", batch=10) == []
 
 
-def test_seek_refuses_bad_input(cursor_server, q) -> None:
-    push(cursor_server, q, 1)
-    assert_error(seek(cursor_server, "g", {"queue": f"{q}-none", "to": "end"}), 404)
+def test_seek_refuses_bad_input(module_server, q) -> None:
+    push(module_server, q, 1)
+    assert_error(seek(module_server, "g", {"queue": f"{q}-none", "to": "end"}), 404)
     for body in (
         {"to": "end"},
         {"queue": "bad name", "to": "end"},
@@ -171,38 +171,38 @@ def test_seek_refuses_bad_input(cursor_server, q) -> None:
         {"queue": q, "to": 12},
         [],
     ):
-        assert_error(seek(cursor_server, "g", body), 400)
+        assert_error(seek(module_server, "g", body), 400)
     resp = requests.post(
-        f"{cursor_server.url}{API}/consumer-groups/g/seek",
+        f"{module_server.url}{API}/consumer-groups/g/seek",
         data=b"{",
         headers={"Content-Type": "application/json"},
         timeout=30,
     )
     assert_error(resp, 400)
-    assert_error(seek(cursor_server, "bad%20group", {"queue": q, "to": "end"}), 400)
+    assert_error(seek(module_server, "bad%20group", {"queue": q, "to": "end"}), 400)
 
 
-def test_a_deleted_group_starts_over_on_its_next_pop(cursor_server, conn, q) -> None:
-    push(cursor_server, q, 2)
-    push(cursor_server, f"{q}-2", 1)
-    ack(conn, cursors.pop(conn, q, group="g", batch=10))
-    cursors.pop(conn, f"{q}-2", group="g")
-    resp = delete(cursor_server, "g", queue=q)
+def test_a_deleted_group_starts_over_on_its_next_pop(module_server, conn, q) -> None:
+    push(module_server, q, 2)
+    push(module_server, f"{q}-2", 1)
+    ack(conn, lifecycle.pop(conn, q, group="g", batch=10))
+    lifecycle.pop(conn, f"{q}-2", group="g")
+    resp = delete(module_server, "g", queue=q)
     assert resp.status_code == 200, resp.text
     assert resp.json() == {"consumerGroup": "g", "deleted": [{"queue": q, "partitions": 1}]}
-    assert numbers(cursors.pop(conn, q, group="g", batch=10)) == [0, 1]
-    assert_error(delete(cursor_server, "g", queue=f"{q}-none"), 404)
+    assert numbers(lifecycle.pop(conn, q, group="g", batch=10)) == [0, 1]
+    assert_error(delete(module_server, "g", queue=f"{q}-none"), 404)
     # Without a queue: the group on every queue it reads.
-    everywhere = delete(cursor_server, "g").json()["deleted"]
+    everywhere = delete(module_server, "g").json()["deleted"]
     assert {d["queue"] for d in everywhere} >= {q, f"{q}-2"}
-    assert_error(get(cursor_server, "/consumer-groups/g"), 404)
-    assert_error(delete(cursor_server, "g"), 404)
-    assert_error(delete(cursor_server, "__queue__", queue=q), 400)
-    assert_error(delete(cursor_server, "bad%20group"), 400)
+    assert_error(get(module_server, "/consumer-groups/g"), 404)
+    assert_error(delete(module_server, "g"), 404)
+    assert_error(delete(module_server, "__queue__", queue=q), 400)
+    assert_error(delete(module_server, "bad%20group"), 400)
 
 
-def test_bad_query_parameters_are_400(cursor_server) -> None:
-    assert_error(get(cursor_server, "/consumer-groups", queue="bad name"), 400)
-    resp = requests.get(f"{cursor_server.url}{API}/consumer-groups?queue=a&queue=b", timeout=30)
+def test_bad_query_parameters_are_400(module_server) -> None:
+    assert_error(get(module_server, "/consumer-groups", queue="bad name"), 400)
+    resp = requests.get(f"{module_server.url}{API}/consumer-groups?queue=a&queue=b", timeout=30)
     assert_error(resp, 400)
-    assert_error(get(cursor_server, "/consumer-groups/bad%20group"), 400)
+    assert_error(get(module_server, "/consumer-groups/bad%20group"), 400)

@@ -104,7 +104,7 @@ class Worker(GeventWebSocketWorker):  # type: ignore[misc]
     def init_process(self) -> None:
         """Bound this process's client connections, then run (in the worker, after fork)."""
         from queen.config import Settings
-        from queen.memory import return_large_frees
+        from queen.server.memory import return_large_frees
 
         global _connections
         return_large_frees()  # huge bodies do not leave the heap grown
