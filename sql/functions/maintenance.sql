@@ -63,7 +63,7 @@ $$;
 -- their last analysis (or were never analysed): plans stay index-driven on a server
 -- without autovacuum (a queue's partitions read in index order by a pop: see
 -- queen.candidates). Where autovacuum runs on a table it analyses it itself, at
--- a smaller change (0001_baseline.sql's table settings), but at most once a minute
+-- a smaller change (0001_schema.sql's table settings), but at most once a minute
 -- (autovacuum_naptime). Done here meanwhile: a table it has not analysed yet, and one
 -- that holds more than twice the rows its statistics say (reltuples: -1 since a
 -- TRUNCATE), since sessions keep the plans they made from those statistics (a probe of
@@ -80,7 +80,9 @@ DECLARE
 BEGIN
     FOR stale IN
         SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
-        WHERE s.schemaname = 'queen' AND (s.relname LIKE 'cursor\_%' OR s.relname = 'partitions')
+        WHERE s.schemaname = 'queen'
+          AND s.relname IN ('messages', 'consumers', 'consumer_groups', 'failures', 'completions',
+                            'partition_counts', 'metrics_minute', 'partitions')
           AND s.n_mod_since_analyze >= greatest(p_min_changes, c.reltuples / 10)
           AND (coalesce(s.last_analyze, s.last_autoanalyze) IS NULL
                OR s.n_live_tup > 2 * greatest(c.reltuples, 0)

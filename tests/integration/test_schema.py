@@ -317,6 +317,7 @@ EARLIER = {
         CREATE TABLE queen.queues (id uuid PRIMARY KEY, name text NOT NULL UNIQUE);
         CREATE TABLE queen.messages (transaction_id text PRIMARY KEY, status text);
         INSERT INTO queen.messages VALUES ('still-pending', 'pending');
+        CREATE TABLE queen.partition_heads (partition_id uuid PRIMARY KEY);
     """,
     # A migration this build does not have, and nothing else of it.
     "unknown migration": """
@@ -380,7 +381,7 @@ def test_queen_migrate_serve_and_maintenance_refuse_it_with_one_line(empty_dsn: 
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert len(lines) == 1, (args, done.stderr)
         assert "earlier build" in lines[0] and "0001_initial.sql" in lines[0]
-        assert "queen.messages" in lines[0]
+        assert "queen.partition_heads" in lines[0]
     assert everything(empty_dsn) == before
 
 
