@@ -1,6 +1,7 @@
 """Analytics, resources and message management over HTTP against a real gunicorn.
 
-One server and database serve the whole module; each test works on its own queues.
+One server and database serve the whole module; each test works on its own queues. The
+last tests start a server of their own on a fresh database.
 """
 
 from __future__ import annotations

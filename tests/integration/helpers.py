@@ -1,4 +1,5 @@
-"""Small helpers for the integration tests: push, pop and ack through the store."""
+"""Small helpers for the integration tests: push, pop and ack through the Store, and the
+same on a plain connection through queen.store.lifecycle."""
 
 from __future__ import annotations
 

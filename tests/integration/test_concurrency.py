@@ -1,4 +1,5 @@
-"""Ordering, lease exclusivity and idempotency with concurrent clients on a real database."""
+"""Ordering, lease exclusivity and idempotency with concurrent clients on a real database:
+through the Store, and through queen.store.lifecycle on connections of their own."""
 
 from __future__ import annotations
 
@@ -511,9 +512,8 @@ def test_an_ack_racing_an_operator_change_decides_on_what_was_committed(
 ) -> None:
     """An ack finds its messages before it locks their partition's consumer row: when
     another transaction changes that row (or the messages) in between, the ack waits for
-    it and decides on what it committed. (The row store's: test_concurrency.py's
-    test_ack_racing_a_status_change_decides_on_the_new_status.)"""
-    app = "queen-race-cursor-ack"
+    it and decides on what it committed."""
+    app = "queen-race-ack"
     results: list[tuple[Any, ...]] = []
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO queen.queues (name, retry_limit) VALUES ('race', 0)")

@@ -1,4 +1,4 @@
-"""Consumer groups of the cursor store: subscription modes, listing, seek and delete."""
+"""Consumer groups: subscription modes, listing, seek and delete."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The cursor store's push, pop and ack: FIFO per partition and group, leases, retries."""
+"""Push, pop and ack: FIFO per partition and group, leases, retries."""
 
 from __future__ import annotations
 

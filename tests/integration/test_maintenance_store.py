@@ -1,6 +1,6 @@
 """The maintenance session's statements against a real database: timing scans, cleanup
-racing pushes, metric pruning, leadership, vacuum. (Leases, ttl, retention and analyze:
-test_cursor_maintenance.py and test_cursor_api_store.py.)"""
+racing pushes, metric pruning, leadership, vacuum; then lease expiry, ttl, retention and
+analyze on queen.store.lifecycle (more of those in test_api_store.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The cursor store against a model of its rules, over random pushes, pops, acks and expiries.
+"""The store against a model of its rules, over random pushes, pops, acks and expiries.
 
 One partition, one group: every pop must return the oldest messages not done yet, in
 order, with the retry counts the model expects; every ack the status it expects.

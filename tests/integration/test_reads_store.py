@@ -1,4 +1,5 @@
-"""The read side's SQL against real PostgreSQL: the lag histograms."""
+"""The read and admin side against real PostgreSQL: the lag histograms, then derived
+statuses, counts, pages and actions on data made with queen.store.lifecycle."""
 
 from __future__ import annotations
 
