@@ -1,7 +1,7 @@
 """Per-process LISTEN connection and the registry of parked long polls.
 
-PostgreSQL sends `pg_notify('queen', 'queue/partition/namespace/task')` when a partition
-may have work for a consumer (queen.wake_payload, in sql/functions/wakeups.sql). The
+PostgreSQL notifies when a partition may have work for a consumer (the protocol:
+queen.wakeup). The
 listener (one dedicated autocommit connection per process, outside the pool) hands each
 notification to the registry, which wakes ONE parked poll whose route matches in each
 consumer group parked here (queue mode is a group of its own): within a group a
@@ -40,10 +40,20 @@ from queen.models import PopRoute
 from queen.store.bounds import WATCHDOG, bounded_conninfo
 from queen.store.dashboard import DASHBOARD_CHANNEL
 from queen.store.lifecycle import QUEUE_MODE
+from queen.wakeup import (
+    BY_FILTER,
+    BY_PARTITION,
+    BY_QUEUE,
+    CHANNEL,
+    RouteKey,
+    Wake,
+    keys_for,
+    parse,
+    route_key,
+)
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "queen"
 APPLICATION_NAME = "queen-listener"
 KEEPALIVE = 5.0  # seconds between keepalive queries on an idle listener
 MIN_BACKOFF = 0.1  # seconds before the first reconnect attempt
@@ -55,7 +65,6 @@ FALLBACK_BUDGET = 100
 ANY_GROUP = object()  # (a wake-up for every group, not one)
 PRESENCE_REFRESH_S = 10.0  # seconds between calls of while_waiting while polls are parked
 
-RouteKey = tuple[str, str | None, str | None]
 Group = str | None  # a waiter's consumer group (None: queue mode)
 # (queues, (queue, partition) pairs, (namespace, task) filters, limit) -> wake payloads
 ReadyCheck = Callable[
@@ -63,38 +72,12 @@ ReadyCheck = Callable[
 ]
 
 
-def route_key(route: PopRoute) -> RouteKey:
-    """Index a waiter by what it asks for."""
-    if route.kind == "partition":
-        return ("p", route.queue, route.partition)
-    if route.kind == "queue":
-        return ("q", route.queue, None)
-    return ("f", route.namespace, route.task)
-
-
-def group_of(payload: str) -> Group | object:
-    """The consumer group a notification is for: a partition one group's ack or
-    give-back freed comes with that group after the route
-    ('queue/partition/namespace/task/group'); any other (a push's) is for every group
-    (ANY_GROUP)."""
-    fields = payload.split("/", 5)
-    if len(fields) < 5:
+def group_of(wake: Wake) -> Group | object:
+    """The consumer group a notification is for: the group it names (queue mode's is
+    None), or ANY_GROUP for a push's."""
+    if wake.group is None:
         return ANY_GROUP
-    return None if fields[4] == QUEUE_MODE else fields[4]
-
-
-def keys_for(payload: str) -> tuple[RouteKey, ...]:
-    """Return the route keys a notification 'queue/partition/namespace/task' can serve."""
-    queue, partition, namespace, task = (payload.split("/") + ["", "", "", ""])[:4]
-    ns, tk = namespace or None, task or None
-    return (
-        ("p", queue, partition),
-        ("q", queue, None),
-        ("f", None, None),
-        ("f", ns, None),
-        ("f", None, tk),
-        ("f", ns, tk),
-    )
+    return None if wake.group == QUEUE_MODE else wake.group
 
 
 class Waiter:
@@ -228,7 +211,8 @@ class Events:
     def notify(self, payload: str) -> bool:
         """Dispatch one notification payload to each consumer group parked for it (or to
         the one group it names); True when it woke a waiter."""
-        return self._wake_each_group(keys_for(payload), payload, group_of(payload))
+        wake = parse(payload)
+        return self._wake_each_group(keys_for(wake), payload, group_of(wake))
 
     def _wake_each_group(
         self, keys: tuple[RouteKey, ...], hint: str | None, only: Group | object = ANY_GROUP
@@ -276,9 +260,9 @@ class Events:
             return 0
         if self._ready is None:
             return self.wake_one_per_route()
-        queues = [k[1] for k in keys if k[0] == "q" and k[1] is not None]
-        partitions = [(k[1], k[2]) for k in keys if k[0] == "p" and k[1] and k[2]]
-        filters = [(k[1], k[2]) for k in keys if k[0] == "f"]
+        queues = [k[1] for k in keys if k[0] == BY_QUEUE and k[1] is not None]
+        partitions = [(k[1], k[2]) for k in keys if k[0] == BY_PARTITION and k[1] and k[2]]
+        filters = [(k[1], k[2]) for k in keys if k[0] == BY_FILTER]
         try:
             payloads = self._ready(queues, partitions, filters, min(armed, FALLBACK_BUDGET))
         except Exception as exc:  # noqa: BLE001 - the next period tries again

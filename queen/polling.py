@@ -21,6 +21,7 @@ from queen.errors import QueenError, Unavailable
 from queen.events import Events
 from queen.models import Popped, PopRoute
 from queen.store import Store
+from queen.wakeup import parse
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +194,10 @@ def _hinted_partition(route: PopRoute, hint: str | None) -> PopRoute | None:
     """Return the partition a notification named, for a poll by queue on its queue."""
     if hint is None or route.kind != "queue":
         return None
-    queue, _, rest = hint.partition("/")
-    partition = rest.split("/", 1)[0]
-    if queue != route.queue or not partition:
+    wake = parse(hint)
+    if wake.queue != route.queue or not wake.partition:
         return None
-    return PopRoute(queue=queue, partition=partition)
+    return PopRoute(queue=wake.queue, partition=wake.partition)
 
 
 class ClaimedBody:

@@ -53,6 +53,7 @@ from queen.config import Settings
 from queen.errors import Unavailable
 from queen.store.maintenance import DueScan, MaintenanceSession, TimedQueue, vacuum_apart
 from queen.store.migrate import EarlierDatabase
+from queen.wakeup import parse
 
 log = logging.getLogger("queen.maintenance")
 
@@ -246,7 +247,7 @@ class Maintenance:
             return
         due = next(t for t in self.tasks if t.name == "due")
         for payload in payloads:
-            timed = self._timed.get(payload.split("/", 1)[0])
+            timed = self._timed.get(parse(payload).queue)
             if timed is not None:
                 due.next_at = min(due.next_at, self.clock() + timed.soonest_s + DUE_MARGIN)
 

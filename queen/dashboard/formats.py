@@ -11,6 +11,7 @@ import orjson
 
 from queen.models import AckResult, Popped, PushResult, iso
 from queen.store.dashboard import MessagePlace, PartitionDepth
+from queen.wakeup import DEFAULT_PARTITION
 
 # What the API publishes: one call per request, with the request's records.
 PUSHED = "message.pushed"  # (items, push results)
@@ -59,7 +60,7 @@ def pushed(items: Sequence[Mapping[str, Any]], results: Iterable[PushResult]) ->
         queue = item["queue"]
         data = {
             "queue": queue,
-            "partition": item.get("partition") or "Default",
+            "partition": item.get("partition") or DEFAULT_PARTITION,
             "transactionId": r.transaction_id,
         }
         yield Event(PUSHED, data, queue)

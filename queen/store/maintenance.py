@@ -27,11 +27,11 @@ from queen.errors import Unavailable
 from queen.store.bounds import DEADLINE_MARGIN_S, WATCHDOG, bounded_conninfo, call_deadline_s
 from queen.store.db import QUERIES, RETRYABLE, returns_rows, translate_errors
 from queen.store.migrate import migration_files, refuse_earlier
+from queen.wakeup import CHANNEL
 
 log = logging.getLogger(__name__)
 
 LEADER_LOCK = 0x5155_4545_4E01  # pg_advisory_lock key of the maintenance leader
-CHANNEL = "queen"  # the channel pushes notify (queen.wake_payload)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -11,10 +11,9 @@ from typing import Any
 
 from queen.errors import QueenError
 from queen.store.db import Database
+from queen.wakeup import DEFAULT_PARTITION
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PARTITION = "Default"
 
 
 def ready_params(

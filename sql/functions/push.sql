@@ -23,7 +23,7 @@ BEGIN
     SELECT array_agg(ROW(n.queue, n.partition, NULL, NULL)::queen.push_target
                      ORDER BY n.queue, n.partition)
     INTO names
-    FROM (SELECT DISTINCT i ->> 'queue' AS queue, coalesce(i ->> 'partition', 'Default') AS partition
+    FROM (SELECT DISTINCT i ->> 'queue' AS queue, coalesce(i ->> 'partition', queen.default_partition()) AS partition
           FROM jsonb_array_elements(p_items) i) n;
     LOOP
         SELECT array_agg(ROW(n.queue, n.partition, p.id, q.id)::queen.push_target)
@@ -91,7 +91,7 @@ BEGIN
             SELECT x.ord::integer
             FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
             JOIN unnest(p_targets) t ON t.queue = x.i ->> 'queue'
-                                    AND t.partition = coalesce(x.i ->> 'partition', 'Default')
+                                    AND t.partition = coalesce(x.i ->> 'partition', queen.default_partition())
             WHERE t.queue_id = limited.id
             ORDER BY x.ord
             OFFSET greatest(0, limited.max_size
@@ -124,7 +124,7 @@ BEGIN
           FROM (SELECT x.ord::integer AS idx, x.i, t.partition_id, t.queue_id
                 FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
                 JOIN unnest(p_targets) t ON t.queue = x.i ->> 'queue'
-                                        AND t.partition = coalesce(x.i ->> 'partition', 'Default')
+                                        AND t.partition = coalesce(x.i ->> 'partition', queen.default_partition())
                 WHERE x.ord <> ALL (p_rejected)
                 ORDER BY x.ord) r) n);
 END
@@ -198,7 +198,7 @@ BEGIN
                     FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
                     JOIN unnest(p_targets) t
                       ON t.queue = x.i ->> 'queue'
-                     AND t.partition = coalesce(x.i ->> 'partition', 'Default')
+                     AND t.partition = coalesce(x.i ->> 'partition', queen.default_partition())
                     ORDER BY x.ord) r) n
         RETURNING id
     )

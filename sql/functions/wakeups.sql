@@ -13,7 +13,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM queen.send_wakes(ARRAY(
-        SELECT queen.wake_payload(q.name, n.partition, q.namespace, q.task)
+        SELECT queen.wake_payload(q.name, n.partition, q.namespace, q.task, NULL)
         FROM (SELECT p.queue_id, min(p.name) AS partition
               FROM queen.partitions p WHERE p.id = ANY (p_partitions) GROUP BY p.queue_id) n
         JOIN queen.queues q ON q.id = n.queue_id));
@@ -29,7 +29,7 @@ CREATE OR REPLACE FUNCTION queen.wake_group(p_partition uuid, p_group text) RETU
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM queen.send_wakes(ARRAY(
-        SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task) || '/' || p_group
+        SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task, p_group)
         FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
         WHERE p.id = p_partition));
 END
@@ -51,7 +51,7 @@ BEGIN
     IF left(collected, 1) = '[' THEN
         PERFORM set_config('queen.wakes', (collected::jsonb || to_jsonb(p_payloads))::text, true);
     ELSE
-        PERFORM pg_notify('queen', w) FROM unnest(p_payloads) w;
+        PERFORM pg_notify(queen.wake_channel(), w) FROM unnest(p_payloads) w;
     END IF;
 END
 $$;
@@ -67,7 +67,7 @@ CREATE OR REPLACE FUNCTION queen.ready_partitions(
 RETURNS SETOF text
 LANGUAGE sql STABLE AS $$
     WITH wanted AS (
-        SELECT p.id, queen.wake_payload(q.name, p.name, q.namespace, q.task) AS payload
+        SELECT p.id, queen.wake_payload(q.name, p.name, q.namespace, q.task, NULL) AS payload
         FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
         WHERE q.name = ANY (p_queues)
            OR EXISTS (SELECT 1 FROM unnest(p_namespaces, p_tasks) f(ns, tk)
@@ -91,13 +91,25 @@ LANGUAGE sql STABLE AS $$
     LIMIT p_limit
 $$;
 
--- What a long poll listens for: 'queue/partition/namespace/task' (names cannot contain
--- '/'; at most ~520 bytes, far below NOTIFY's 8000-byte limit).
-CREATE OR REPLACE FUNCTION queen.wake_payload(p_queue text, p_partition text, p_namespace text, p_task text)
+-- The wake-up protocol (queen/wakeup.py, pinned to these by tests): the channel long
+-- polls listen on, and what they listen for: 'queue/partition/namespace/task', with
+-- '/group' after it when the wake-up is for one consumer group only (p_group; NULL: for
+-- every group). Names cannot contain '/'; a payload stays far below NOTIFY's 8000-byte
+-- limit.
+CREATE OR REPLACE FUNCTION queen.wake_channel() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 'queen' $$;
+
+CREATE OR REPLACE FUNCTION queen.wake_payload(p_queue text, p_partition text, p_namespace text,
+                                              p_task text, p_group text)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT p_queue || '/' || p_partition || '/' || coalesce(p_namespace, '') || '/' || coalesce(p_task, '')
+    SELECT p_queue || '/' || p_partition || '/' || coalesce(p_namespace, '') || '/'
+           || coalesce(p_task, '') || coalesce('/' || p_group, '')
 $$;
+
+-- The partition of a push that names none.
+CREATE OR REPLACE FUNCTION queen.default_partition() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 'Default' $$;
 
 -- List a worker as having polls parked for the next p_seconds (see queen.waiting_workers).
 CREATE OR REPLACE FUNCTION queen.list_waiting_worker(p_worker text, p_seconds integer) RETURNS void
@@ -120,7 +132,7 @@ CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions tex
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM queen.notify_wakes(ARRAY(
-        SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task)
+        SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task, NULL)
         FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)
         JOIN queen.queues q ON q.name = n.queue
         JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition));
@@ -138,6 +150,6 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM pg_notify('queen', w) FROM (SELECT DISTINCT unnest(p_payloads) AS w) x;
+    PERFORM pg_notify(queen.wake_channel(), w) FROM (SELECT DISTINCT unnest(p_payloads) AS w) x;
 END
 $$;

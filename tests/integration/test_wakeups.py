@@ -12,7 +12,9 @@ import falcon.testing
 import orjson
 import psycopg
 import pytest
+from psycopg import sql
 
+from queen import wakeup
 from queen.app import create_app
 from queen.config import Settings
 from queen.events import Events
@@ -27,7 +29,7 @@ from tests.integration.helpers import ack, partition_id, pop, push, rows, scalar
 def listener(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
     """A LISTEN connection, with a worker listed as having polls parked (so pushes notify)."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("LISTEN queen")
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(wakeup.CHANNEL)))
         conn.execute("SELECT queen.list_waiting_worker('elsewhere', 600)")
         yield conn
 
@@ -38,6 +40,31 @@ def received(conn: psycopg.Connection[Any], wait_s: float = 0.3) -> list[str]:
 
 def items(queue: str, partition: str, n: int) -> list[dict[str, Any]]:
     return [{"queue": queue, "partition": partition, "payload": {"i": i}} for i in range(n)]
+
+
+AWKWARD_NAMES = [
+    ("q", "p", None, None, None),
+    ("orders eu", "Ünïcode ✓ part", "ns", "task", None),
+    ("q", "Default", "", "", "ledger"),
+    ("q", "p", None, "t", "__queue__"),
+    ("a.b-c_d", "x:y", "ns", None, "group with spaces"),
+]
+
+
+@pytest.mark.parametrize("names", AWKWARD_NAMES)
+def test_sql_and_python_make_and_read_the_same_payload(db_dsn, names):
+    made = scalar(db_dsn, "SELECT queen.wake_payload(%s, %s, %s, %s, %s)", names)
+    assert made == wakeup.payload(*names)
+    queue, partition, namespace, task, group = names
+    assert wakeup.parse(made) == wakeup.Wake(queue, partition, namespace or None, task or None, group)
+
+
+def test_sql_notifies_on_the_channel_and_fills_in_the_partition_python_names(store, listener):
+    assert scalar(store.db.dsn, "SELECT queen.wake_channel()") == wakeup.CHANNEL
+    assert scalar(store.db.dsn, "SELECT queen.default_partition()") == wakeup.DEFAULT_PARTITION
+    push(store, [{"queue": "unnamed", "payload": 1}])
+    (note,) = received(listener)
+    assert wakeup.parse(note).partition == wakeup.DEFAULT_PARTITION
 
 
 def test_a_push_notifies_once_per_partition_not_per_message(store, listener):
@@ -311,7 +338,7 @@ def test_started_wakeups_send_for_many_pushes_at_once(store: Store, listener):
 
 def test_pushes_send_no_wake_up_while_no_worker_has_polls_parked(store: Store, db_dsn):
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("LISTEN queen")
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(wakeup.CHANNEL)))
         push(store, items("q", "a", 1))
         assert received(conn) == []
         store.polling.list_waiting_worker("w1", 30)

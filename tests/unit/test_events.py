@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from queen.events import Events, keys_for, route_key
+from queen.events import Events
 from queen.models import PopRoute
+from queen.wakeup import keys_for, parse, route_key
 
 BY_PARTITION = PopRoute(queue="q", partition="p")
 BY_QUEUE = PopRoute(queue="q")
@@ -19,7 +20,7 @@ def payload(queue: str = "q", partition: str = "p", namespace: str = "", task: s
 
 
 def test_a_notification_serves_its_partition_queue_and_matching_filters():
-    keys = set(keys_for(payload(namespace="ns", task="t")))
+    keys = set(keys_for(parse(payload(namespace="ns", task="t"))))
     assert route_key(BY_PARTITION) in keys
     assert route_key(BY_QUEUE) in keys
     assert route_key(BY_NAMESPACE) in keys
