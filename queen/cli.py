@@ -11,7 +11,7 @@ import sys
 
 from queen.auth import tokens_cli
 from queen.client.cli import add_client_commands
-from queen.config import SettingError, Settings, check_exposure, env_table
+from queen.config import SettingError, Settings, add_flags, check_exposure, env_table, log_level
 from queen.server.supervisor import Supervisor
 
 log = logging.getLogger("queen")
@@ -19,6 +19,7 @@ log = logging.getLogger("queen")
 # Both run from the installed package, whatever the current folder.
 GUNICORN_CONFIG = "python:queen.gunicorn_conf"
 MAINTENANCE_MODULE = "queen.workers.maintenance"
+SERVE_FLAGS = ("host", "port", "workers")  # Settings fields `queen serve` takes as flags
 
 
 def _database_env(settings: Settings) -> dict[str, str]:
@@ -100,11 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="queen", description="Queen message queue server")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the HTTP API (gunicorn) and the maintenance process")
-    serve.add_argument("--host", help="listen address (env HOST, default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (env PORT, default 6632)")
-    serve.add_argument(
-        "--workers", type=int, help="gunicorn workers (env QUEEN_WORKERS, default 2)"
-    )
+    add_flags(serve, SERVE_FLAGS)
     serve.add_argument(
         "--no-maintenance",
         dest="maintenance",
@@ -124,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "info").upper(),
+        level=log_level(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     parser = build_parser()

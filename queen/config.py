@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import ipaddress
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -199,6 +200,33 @@ class Settings:
     def effective_worker_id(self) -> str:
         """Return the worker id recorded on leases."""
         return self.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def add_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
+    """Add a command-line flag for each named setting: --name (a trailing _s dropped,
+    dashes for underscores), of its default's type, with its help text, variable and
+    default. A flag left out is None, so Settings.from_env(**vars(args)) keeps the
+    environment's value."""
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    for name in names:
+        field = fields[name]
+        env = field.metadata["env"]
+        parser.add_argument(
+            "--" + name.removesuffix("_s").replace("_", "-"),
+            dest=name,
+            type=type(field.default),
+            metavar=env,
+            help=f"{field.metadata['doc']} (env {env}, default {field.default})",
+        )
+
+
+def log_level(environ: Mapping[str, str] | None = None) -> str:
+    """LOG_LEVEL as Settings reads it, in the form logging takes (upper case). Read on
+    its own, so that a process can log why another setting is refused."""
+    environ = os.environ if environ is None else environ
+    field = next(f for f in dataclasses.fields(Settings) if f.name == "log_level")
+    raw = environ.get(field.metadata["env"], "")
+    return str(_parse(field, raw) if raw else field.default).upper()
 
 
 def _parse(field: dataclasses.Field[Any], raw: str) -> Any:

@@ -49,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from queen.config import Settings
+from queen.config import Settings, add_flags, log_level
 from queen.errors import Unavailable
 from queen.store.maintenance import DueScan, MaintenanceSession, TimedQueue, vacuum_apart
 from queen.store.migrate import EarlierDatabase
@@ -381,17 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="queen maintenance",
         description="Run the maintenance process (one leader among any number).",
     )
-    fields = {f.name: f for f in dataclasses.fields(Settings)}
-    for name in FLAGS:
-        field = fields[name]
-        flag = "--" + name.removesuffix("_s").replace("_", "-")
-        parser.add_argument(
-            flag,
-            dest=name,
-            type=type(field.default),
-            metavar=field.metadata["env"],
-            help=f"{field.metadata['doc']} (env {field.metadata['env']}, default {field.default})",
-        )
+    add_flags(parser, FLAGS)
     return parser
 
 
@@ -400,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args([] if argv is None else argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(
-            level=os.environ.get("LOG_LEVEL", "info").upper(),
+            level=log_level(),
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
     settings = Settings.from_env(**vars(args))

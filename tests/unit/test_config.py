@@ -193,3 +193,29 @@ def test_cli_reports_a_bad_setting_without_a_traceback(monkeypatch, capsys) -> N
         cli.main(["migrate"])
     assert exited.value.code == 2
     assert capsys.readouterr().err == "queen: DB_POOL_SIZE=0 is too small (at least 1)\n"
+
+
+def test_serve_flags_come_from_the_settings_they_override() -> None:
+    from queen.cli import SERVE_FLAGS, build_parser
+
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--host", "0.0.0.0", "--port", "7000", "--workers", "3"])
+    assert (args.host, args.port, args.workers) == ("0.0.0.0", 7000, 3)
+    assert Settings.from_env({}, **{n: getattr(args, n) for n in SERVE_FLAGS}).port == 7000
+    unset = parser.parse_args(["serve"])
+    assert Settings.from_env({"PORT": "7001"}, **{n: getattr(unset, n) for n in SERVE_FLAGS}).port == 7001
+    serve_help = next(
+        a for a in parser._subparsers._group_actions[0].choices.values() if a.prog.endswith("serve")
+    ).format_help()
+    for name in SERVE_FLAGS:
+        assert fields[name].metadata["env"] in serve_help
+        assert fields[name].metadata["doc"] in " ".join(serve_help.split())
+
+
+def test_log_level_is_read_as_settings_read_it() -> None:
+    from queen.config import log_level
+
+    assert log_level({}) == Settings().log_level.upper()
+    assert log_level({"LOG_LEVEL": "debug", "PORT": "not a port"}) == "DEBUG"
+    assert log_level({"LOG_LEVEL": ""}) == "INFO"
