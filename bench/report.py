@@ -8,16 +8,15 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench import report_small
+from bench.tables import fmt, ran, ratio, systems_in
+
 HEADLINE_PARTITIONS = 16  # Queen's e2e point compared with the baselines
 GOALS_DOC = "docs/PERFORMANCE.md"
 
 
-def _ok(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in results if "failed" not in r]
-
-
 def find(results: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
-    for r in _ok(results):
+    for r in ran(results):
         if all(r.get(k) == v for k, v in match.items()):
             return r
     return None
@@ -33,16 +32,6 @@ def latency_of(r: dict[str, Any] | None, q: str, op: str = "pop") -> float:
     if not r:
         return math.nan
     return float(r.get("latency_ms", {}).get(op, {}).get(q, math.nan))
-
-
-def fmt(x: float, digits: int = 0) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:,.{digits}f}"
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
 
 
 # --------------------------------------------------------------------------- rounds
@@ -126,9 +115,9 @@ def _meets(value: float, target: str) -> bool | None:
     return {">=": value >= limit, "<=": value <= limit, "<": value < limit}[op]
 
 
-# The throughput goals: (goal, workload, batch, baseline system, factor), Queen's rate
-# at least factor x the baseline's (end to end at HEADLINE_PARTITIONS partitions).
-# Those of the cursor store (docs/PERFORMANCE.md, "Goals").
+# The throughput goals (docs/PERFORMANCE.md, "Goals"): (goal, workload, batch, baseline
+# system, factor), Queen's rate at least factor x the baseline's (end to end at
+# HEADLINE_PARTITIONS partitions).
 RATE_GOALS = (
     (f"e2e batch 100 (p{HEADLINE_PARTITIONS}) / raw ceiling", "e2e", 100, "raw", 0.8),
     (f"e2e batch 100 (p{HEADLINE_PARTITIONS}) / pgmq", "e2e", 100, "pgmq", 1.5),
@@ -169,13 +158,12 @@ def _goals(
     results: list[dict[str, Any]], wal_baseline: float | None = None
 ) -> list[tuple[str, float, str, bool | None]]:
     """(goal, measured, target, met) from one round's results."""
-    from bench import report_small
 
     crowded = report_small.goal_rows(results)
     results = report_small.others(results)
     lat = find(results, system="queen", workload="latency")
     backlogs = sorted(
-        (r for r in _ok(results) if r["workload"] == "backlog"), key=lambda r: r["backlog"]
+        (r for r in ran(results) if r["workload"] == "backlog"), key=lambda r: r["backlog"]
     )
     mem = find(results, workload="memory")
     rows: list[tuple[str, float, str, bool | None]] = []
@@ -262,7 +250,6 @@ def budgets(results: list[dict[str, Any]]) -> list[tuple[str, int, str, float, f
     baseline's rate times the factor), from the windows given (one round's, or the
     median windows). Goals whose windows are missing are left out.
     """
-    from bench import report_small
 
     results = report_small.others(results)
     rows = []
@@ -317,7 +304,6 @@ def markdown(mode: str, results: list[dict[str, Any]], facts: dict[str, Any]) ->
             else ""
         ),
     ]
-    from bench import report_small
 
     shown = median_windows(results)
     main = report_small.others(shown)
@@ -367,15 +353,9 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _systems(results: list[dict[str, Any]], workload: str) -> list[str]:
-    order = ["queen", "queen_sql", "queen3", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq"]
-    present = {r["system"] for r in _ok(results) if r["workload"] == workload}
-    return [s for s in order if s in present]
-
-
 def _push_table(results: list[dict[str, Any]]) -> list[str]:
-    systems = _systems(results, "push")
-    batches = sorted({r["batch"] for r in _ok(results) if r["workload"] == "push"})
+    systems = systems_in(results, "push")
+    batches = sorted({r["batch"] for r in ran(results) if r["workload"] == "push"})
     if not batches:
         return []
     out = [
@@ -395,7 +375,7 @@ def _push_table(results: list[dict[str, Any]]) -> list[str]:
 
 
 def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
-    e2e = [r for r in _ok(results) if r["workload"] == "e2e"]
+    e2e = [r for r in ran(results) if r["workload"] == "e2e"]
     if not e2e:
         return []
     queens = [
@@ -403,7 +383,7 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
         for s in ("queen", "queen_sql", "queen3")
         for n in sorted({r["partitions"] for r in e2e if r["system"] == s})
     ]
-    peers = [s for s in _systems(results, "e2e") if s not in ("queen", "queen_sql", "queen3")]
+    peers = [s for s in systems_in(results, "e2e") if s not in ("queen", "queen_sql", "queen3")]
     cols = [f"{s} p{n}" for s, n in queens] + peers
     out = [
         "## End to end: push batch B, pop batch B, ack batch (messages/s acknowledged)",
@@ -447,7 +427,7 @@ def _e2e_table(results: list[dict[str, Any]]) -> list[str]:
 
 def _fanout_table(results: list[dict[str, Any]]) -> list[str]:
     """Each fan-out window, and consumer groups against each copy approach of its run."""
-    rows = [r for r in _ok(results) if r["workload"] == "fanout"]
+    rows = [r for r in ran(results) if r["workload"] == "fanout"]
     if not rows:
         return []
     out = [
@@ -474,7 +454,7 @@ def _fanout_table(results: list[dict[str, Any]]) -> list[str]:
 
 
 def _latency_table(results: list[dict[str, Any]]) -> list[str]:
-    rows = [r for r in _ok(results) if r["workload"] == "latency"]
+    rows = [r for r in ran(results) if r["workload"] == "latency"]
     if not rows:
         return []
     out = [
@@ -494,9 +474,9 @@ def _latency_table(results: list[dict[str, Any]]) -> list[str]:
 
 def _backlog_table(results: list[dict[str, Any]]) -> list[str]:
     rows = sorted(
-        (r for r in _ok(results) if r["workload"] == "backlog"), key=lambda r: r["backlog"]
+        (r for r in ran(results) if r["workload"] == "backlog"), key=lambda r: r["backlog"]
     )
-    mem = [r for r in _ok(results) if r["workload"] == "memory"]
+    mem = [r for r in ran(results) if r["workload"] == "memory"]
     out: list[str] = []
     if rows:
         out += [
@@ -538,7 +518,7 @@ def _cpu_table(results: list[dict[str, Any]]) -> list[str]:
         "| case | msg/s | client | server | postgres | pg bg | other | idle | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in _ok(results):
+    for r in ran(results):
         c = r.get("cpu", {})
         cells = [
             f"{100 * c.get(k, 0):.0f}%"
@@ -554,7 +534,7 @@ def _cpu_table(results: list[dict[str, Any]]) -> list[str]:
 
 def _cpu_per_message_table(results: list[dict[str, Any]]) -> list[str]:
     rows = []
-    for r in _ok(results):
+    for r in ran(results):
         c = cpu_per_message(r) if r["workload"] in ("push", "e2e", "fanout") else None
         if c is not None:
             rows.append((r, c))
@@ -597,7 +577,7 @@ def _cpu_per_message_table(results: list[dict[str, Any]]) -> list[str]:
 def _rounds_table(results: list[dict[str, Any]], numbers: list[int]) -> list[str]:
     """Every push and end-to-end case's rate in each round, and their median."""
     by_case: dict[str, dict[int, float]] = {}
-    for r in _ok(results):
+    for r in ran(results):
         if r["workload"] in ("push", "e2e", "fanout"):
             by_case.setdefault(r["case"], {})[round_of(r)] = float(r["msgs_per_s"])
     if not by_case:
@@ -630,7 +610,6 @@ def plots(out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    from bench import report_small
 
     paths = []
     small_path = report_small.plot(plt, out_dir, mode, results)
@@ -648,7 +627,7 @@ def plots(out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]
 
 def _throughput_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str, Any]]) -> bool:
     """Push and end-to-end rates by batch size, one line per system; False with neither."""
-    if not [r for r in _ok(results) if r["workload"] in ("push", "e2e")]:
+    if not [r for r in ran(results) if r["workload"] in ("push", "e2e")]:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, workload, title in (
@@ -656,7 +635,7 @@ def _throughput_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str,
         (axes[1], "e2e", "End to end (push, pop, ack)"),
     ):
         series: dict[str, list[tuple[int, float]]] = {}
-        for r in _ok(results):
+        for r in ran(results):
             if r["workload"] != workload:
                 continue
             name = r["system"]
@@ -689,7 +668,7 @@ def _throughput_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str,
 
 def _latency_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]:
     paths = []
-    rows = [r for r in _ok(results) if r["workload"] in ("latency", "backlog")]
+    rows = [r for r in ran(results) if r["workload"] in ("latency", "backlog")]
     if rows:
         fig, ax = plt.subplots(figsize=(9, 4.5))
         labels = [
@@ -724,7 +703,7 @@ def _cpu_plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str, Any]])
     panels = []
     for batch in (100, 1):
         bars = []
-        for r in _ok(results):
+        for r in ran(results):
             if r["workload"] != "e2e" or r["batch"] != batch:
                 continue
             if r["system"] == "queen" and r["partitions"] != HEADLINE_PARTITIONS:

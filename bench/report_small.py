@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.report import _ok, _systems, fmt, ratio
+from bench.tables import fmt, ran, ratio, systems_in
 
 PHASE = "small"
 # (goal, batch, baseline, factor): Queen's end-to-end rate at least factor x the baseline's.
@@ -26,7 +26,7 @@ def others(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _window(results: list[dict[str, Any]], system: str, workload: str, batch: int) -> Any:
-    for r in _ok(windows(results)):
+    for r in ran(windows(results)):
         if (r["system"], r["workload"], r["batch"]) == (system, workload, batch):
             return r
     return None
@@ -47,7 +47,7 @@ def goal_rows(results: list[dict[str, Any]]) -> list[tuple[str, float, str, bool
 def _shapes(results: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, Any]]]:
     """(workload, batch, a window of that shape) in table order: push, then e2e by batch."""
     seen: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in _ok(windows(results)):
+    for r in ran(windows(results)):
         seen.setdefault((r["workload"], r["batch"]), r)
     order = sorted(seen, key=lambda k: (k[0] != "push", k[1]))
     return [(w, b, seen[(w, b)]) for w, b in order]
@@ -61,10 +61,10 @@ def _clients(r: dict[str, Any]) -> str:
 
 def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
     """The small phase's rates with Queen's ratios to raw and pgmq, then its latencies."""
-    small = _ok(windows(results))
+    small = ran(windows(results))
     if not small:
         return []
-    systems = list(dict.fromkeys(_systems(small, "push") + _systems(small, "e2e")))
+    systems = list(dict.fromkeys(systems_in(small, "push") + systems_in(small, "e2e")))
     queen_parts = sorted(
         {r["partitions"] for r in small if r["system"] == "queen" and r["workload"] == "e2e"}
     )
@@ -121,8 +121,8 @@ def plot(plt: Any, out_dir: Path, mode: str, results: list[dict[str, Any]]) -> P
     shapes = _shapes(results)
     if not shapes:
         return None
-    small = _ok(windows(results))
-    systems = list(dict.fromkeys(_systems(small, "push") + _systems(small, "e2e")))
+    small = ran(windows(results))
+    systems = list(dict.fromkeys(systems_in(small, "push") + systems_in(small, "e2e")))
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / max(1, len(systems))
     for i, system in enumerate(systems):

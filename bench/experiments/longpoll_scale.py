@@ -1,6 +1,6 @@
 """10,000 parked long polls over 2 workers: memory, database connections, exactly-once delivery.
 
-    python -m bench.longpoll_scale [--polls 10000] [--workers 2] [--pool 10] [--cluster]
+    python -m bench.experiments.longpoll_scale [--polls 10000] [--workers 2] [--pool 10] [--cluster]
 
 1. Start Queen (gunicorn, maintenance off) on a fresh database; warm each worker up;
    read each worker's RSS and the database connections (pg_stat_activity).
@@ -29,7 +29,7 @@ import psycopg
 import requests
 
 from bench import cluster, procstat
-from bench.rawpoll import Poll, Reader
+from bench.experiments.rawpoll import Poll, Reader
 from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 
@@ -209,10 +209,10 @@ def run(args: argparse.Namespace, server_dsn: str) -> None:
     lines = [
         "# 10,000 parked long polls",
         "",
-        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, `python -m bench.longpoll_scale"
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, `python -m bench.experiments.longpoll_scale"
         f" --polls {n} --workers {args.workers} --pool {args.pool}`; {platform.node()},"
         f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end;"
-        f" {postgres}; Queen on the cursor store.",
+        f" {postgres}.",
         "",
         "| measure | value | goal |",
         "|---|---|---|",

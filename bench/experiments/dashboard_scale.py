@@ -1,9 +1,9 @@
 """Every request the dashboard's pages make, timed on a big database (goal: none over 1 s).
 
-    python -m bench.dashboard_scale [--dsn ... | --cluster] [--skip-seed] [--repeat 5]
+    python -m bench.experiments.dashboard_scale [--dsn ... | --cluster] [--skip-seed] [--repeat 5]
         [--messages 1000000]
 
-Seeds (bench.seed) 100 queues, 1,000 partitions and 1 million messages
+Seeds (bench.experiments.seed) 100 queues, 1,000 partitions and 1 million messages
 into a fresh database on $QUEEN_BENCH_DSN's server, or with --cluster on a throwaway
 cluster with default settings (autovacuum on), starts Queen (2 workers plus maintenance)
 and requests what each page asks for, --repeat times
@@ -30,10 +30,10 @@ import psycopg
 import requests
 import websocket
 
-from bench import cluster, seed
-from bench.api_latency import running_server
+from bench import cluster
+from bench.experiments import seed
 from bench.report import save_lines
-from bench.systems import BENCH_DIR, fresh_database
+from bench.systems import BENCH_DIR, QueenServer, fresh_database
 
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 NAME = "queen_bench_dashscale"
@@ -46,7 +46,7 @@ def seed_database(dsn: str, messages: int) -> None:
 
 
 # A pending message (past queue mode's cursor), a dead letter and a completed one (behind
-# the cursor, with no failure record), in queue mode's terms on the cursor store.
+# the cursor, with no failure record), in queue mode's terms.
 SAMPLE_MESSAGES = """
 SELECT (SELECT m.transaction_id FROM queen.consumers c
         JOIN queen.messages m ON m.partition_id = c.partition_id AND m.id > c.cursor_id
@@ -172,7 +172,7 @@ def report(
         f"Run {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()} "
         f"({os.cpu_count()} cores, Python {platform.python_version()}); {server}, "
         "ANALYZEd after seeding only when autovacuum is off. Queen: 2 workers + maintenance, "
-        "cursor store, idle apart from these "
+        "idle apart from these "
         f"requests, each made {repeat} times one after another (actions that change their "
         f"target once). Database: {counts['queues']} queues, {counts['partitions']:,} "
         f"partitions, {counts['messages']:,} messages.",
@@ -219,9 +219,12 @@ def run(args: argparse.Namespace, dsn: str, server: str) -> int:
         seed_database(dsn, args.messages)
     counts = counts_of(dsn)
     s = sample(dsn)
-    with running_server(dsn, workers=2, maintenance=True) as url:
+    server_ = QueenServer(dsn, workers=2, maintenance=True).start()
+    try:
         time.sleep(3)  # maintenance folds the counters once
-        rows = measure(url, s, args.repeat)
+        rows = measure(server_.url, s, args.repeat)
+    finally:
+        server_.stop()
     lines = report(rows, counts, args.repeat, server)
     save_lines(BENCH_DIR / "results" / "dashboard-scale.md", lines)
     return 0

@@ -1,6 +1,6 @@
 """What maintenance's count rollup costs PostgreSQL per message, with nothing else running.
 
-    python -m bench.count_walk [--dsn DSN | --cluster] [--partitions 16] [--messages 80000]
+    python -m bench.experiments.count_walk [--dsn DSN | --cluster] [--partitions 16] [--messages 80000]
         [--batch 100] [--step 5000] [--fail-every 0] [--rounds 3]
 
 A fresh database migrated by `queen migrate`'s code; --messages messages pushed at batch
@@ -117,7 +117,7 @@ def walk(conn: psycopg.Connection[Any], partitions: int, step: int) -> tuple[flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.count_walk")
+    parser = argparse.ArgumentParser(prog="python -m bench.experiments.count_walk")
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--messages", type=int, default=80_000)

@@ -1,6 +1,6 @@
-"""Seed a Queen database (the cursor store) with a large, realistic backlog for read benchmarks.
+"""Seed a Queen database with a large, realistic backlog for read benchmarks.
 
-    python -m bench.seed --dsn postgresql://postgres@127.0.0.1/queen_bench \
+    python -m bench.experiments.seed --dsn postgresql://postgres@127.0.0.1/queen_bench \
         --messages 10000000 --partitions 1000 --queues 20
 
 Messages are generated inside PostgreSQL (INSERT ... SELECT generate_series into

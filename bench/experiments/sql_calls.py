@@ -1,6 +1,6 @@
 """What one call of the hot path costs PostgreSQL at one batch size, with nothing else running.
 
-    python -m bench.sql_calls [--dsn DSN | --cluster] [--calls 1000] [--rounds 3]
+    python -m bench.experiments.sql_calls [--dsn DSN | --cluster] [--calls 1000] [--rounds 3]
         [--partitions 16] [--messages 20000] [--durable] [--cases pop,ack,...] [--batch 1]
 
 A fresh database migrated by `queen migrate`'s code, seeded with --messages messages over
@@ -130,7 +130,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.sql_calls")
+    parser = argparse.ArgumentParser(prog="python -m bench.experiments.sql_calls")
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)

@@ -1,6 +1,6 @@
 """Where a message's WAL goes: the store's lifecycle at one batch size, by record type.
 
-    python -m bench.wal_records [--dsn DSN | --cluster] [--batch 100] [--rounds 100]
+    python -m bench.experiments.wal_records [--dsn DSN | --cluster] [--batch 100] [--rounds 100]
         [--partitions 16]
 
 A fresh database migrated by `queen migrate`'s code; one session pushes --batch messages
@@ -72,6 +72,11 @@ def run(dsn: str, batch: int, rounds: int, partitions: int) -> None:
         (start,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone() or (None,)
         acked = lifecycle(conn, batch, rounds, partitions)
         (end,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone() or (None,)
+        # Claims and acks commit without waiting for the disk: a durable commit flushes
+        # the WAL up to end, which pg_walinspect reads only once it is flushed.
+        with conn.transaction():
+            conn.execute("SET LOCAL synchronous_commit = on")
+            conn.execute("SELECT pg_current_xact_id()")
         (total,) = conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (end, start)).fetchone() or (0,)
         print(f"batch {batch}: {acked} messages acked, {float(total) / acked:,.0f} WAL bytes"
               " per message\n")
@@ -87,7 +92,7 @@ def run(dsn: str, batch: int, rounds: int, partitions: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.wal_records")
+    parser = argparse.ArgumentParser(prog="python -m bench.experiments.wal_records")
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=100)

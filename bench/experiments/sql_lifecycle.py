@@ -1,6 +1,6 @@
 """The store's SQL beside a naive lifecycle, over plain psycopg.
 
-    python -m bench.cursor_sql [--dsn DSN] [--seconds 7] [--rounds 3] [--out FILE]
+    python -m bench.experiments.sql_lifecycle [--dsn DSN] [--seconds 7] [--rounds 3] [--out FILE]
 
 Each system gets a database of its own on the server of --dsn, built by `queen migrate`'s
 code, seeded with a backlog and ANALYZEd (a server with autovacuum off never would), then
@@ -61,7 +61,7 @@ def push_rows(conn: Conn, partition: int, first: int) -> None:
 
 def minimal_consume(conn: Conn, worker: str) -> int:
     # (The statements of queen.store.lifecycle, reading only what the ack needs, as the
-    # other two systems do.)
+    # naive system does.)
     rows = conn.execute("SELECT transaction_id, lease_id FROM queen.pop_queue("
                         "'bench', '__queue__', %s, %s)", (BATCH, worker)).fetchall()
     if rows:
@@ -101,7 +101,7 @@ def naive_consume(conn: Conn, worker: str) -> int:
 
 
 SYSTEMS = [
-    System("cursor store (queen.cursor_*)", push_rows, minimal_consume),
+    System("Queen's functions (queen.push_rows, pop_queue, ack_rows)", push_rows, minimal_consume),
     System("naive lifecycle (insert, claim UPDATE, UPDATE)", naive_push, naive_consume),
 ]
 
@@ -109,7 +109,7 @@ SYSTEMS = [
 @contextlib.contextmanager
 def bench_database(dsn: str) -> Iterator[str]:
     """A new database migrated for Queen; dropped afterwards."""
-    name = f"queen_bench_cursor_{uuid.uuid4().hex[:8]}"
+    name = f"queen_bench_sql_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     target = psycopg.conninfo.make_conninfo(dsn, dbname=name)
@@ -200,9 +200,9 @@ def report(rounds: list[dict[str, dict[str, float]]], seconds: float, server: st
     """The markdown table: each system's median over the rounds, and its median ratio."""
     naive = SYSTEMS[-1].name
     lines = [
-        "# Cursor store SQL beside the current functions and a naive lifecycle",
+        "# Queen's SQL beside a naive lifecycle",
         "",
-        f"`python -m bench.cursor_sql --seconds {seconds:g} --rounds {len(rounds)}`: "
+        f"`python -m bench.experiments.sql_lifecycle --seconds {seconds:g} --rounds {len(rounds)}`: "
         f"{PRODUCERS} producers (batch {BATCH} into one of {PARTITIONS} partitions) and "
         f"{CONSUMERS} consumers (pop by queue, batch {BATCH}, ack), plain psycopg, one thread "
         f"and connection each; a backlog of {SEED_PER_PARTITION} per partition seeded and "
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--seconds", type=float, default=7.0, help="per system and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/cursor-sql.md"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/sql-lifecycle.md"))
     args = parser.parse_args(argv)
     with psycopg.connect(args.dsn) as conn:
         settings = dict(conn.execute(
