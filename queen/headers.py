@@ -1,10 +1,9 @@
 """Request headers parsed without the email package (gevent's parser), same results.
 
 gevent.pywsgi reads a request's headers with http.client.parse_headers, which hands
-them to email.parser: 27 us for the seven headers of a usual request (6 here), 6-9 % of
-a worker's CPU in the end to end benchmark. Header lines of the usual shape (a name, a
-colon, a value on one line) are split here directly into the message class gevent
-uses; a block with any other line (folded, without a name, with a stray CR, a "From "
+them to email.parser, a visible share of a worker's CPU end to end. Header lines of the
+usual shape (a name, a colon, a value on one line) are split here directly into the
+message class gevent uses; a block with any other line (folded, without a name, with a stray CR, a "From "
 line) goes to the email parser as before, so every request gets what gevent's own
 parser would give it.
 """

@@ -63,7 +63,7 @@ class _Pop(NamedTuple):
 # and psycopg's class_row also builds a dict of column names per row. tuple.__new__ does
 # not count the values, so the factories check the columns, once per query.
 # (They read the result's own column count and names: cursor.description builds a Column
-# object per column, about 11 us for a pop's 14.)
+# object per column, which costs more than the rows of a small pop.)
 def _records(record: type[Any], cursor: Cursor[Any]) -> RowMaker[Any]:
     """Make record from each row's values, which are its fields in order."""
     result = cursor.pgresult

@@ -1,7 +1,7 @@
 -- Runtime statements, by name. DDL and the functions they call live in sql/.
 
 -- push: store the items of push bodies (a JSON array of {"items": [...]}, one per fused request), one row per item with its API id, numbered across the bodies --
--- A lone body's items are taken as they are: gathering them by path copies every item (1.4 µs each).
+-- A lone body's items are taken as they are: gathering them by path copies every item.
 SELECT p.idx, p.message_id, p.transaction_id, p.status
 FROM (SELECT %(bodies)s::jsonb AS b) x
 CROSS JOIN LATERAL queen.push(
@@ -10,7 +10,7 @@ CROSS JOIN LATERAL queen.push(
     %(producer)s) p
 
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped --
--- What the messages of one pop share (queue, partition, priority, lockedAt, the lease, the options) comes on its first row only, NULL on the others: formatting and loading those eight values again on every row took about half the time psycopg spends loading a row.
+-- What the messages of one pop share (queue, partition, priority, lockedAt, the lease, the options) comes on its first row only, NULL on the others: formatting and loading those eight values again on every row is a large share of what psycopg spends loading a row.
 SELECT x.pop, (x.message).id, (x.message).transaction_id,
        CASE WHEN x.first THEN (x.message).queue END AS queue,
        CASE WHEN x.first THEN (x.message).partition END AS partition,

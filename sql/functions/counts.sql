@@ -31,9 +31,6 @@ LANGUAGE sql STABLE AS $$
     ORDER BY m.id LIMIT p_step
 $$;
 
--- (An earlier build walked what the cursor passed a message at a time, matching each
--- to its completion with window functions over the messages: 3.8 us of PostgreSQL a
--- message.)
 -- What queue mode's cursor passed from p_after to p_upto (up to p_step messages, in id
 -- order), in groups of n messages that ended alike: completed (final NULL) at the time
 -- of the ack that completed them, ms from push to ack; or failed / dead_letter at the
@@ -242,8 +239,8 @@ $$;
 -- refreshed longest ago first, by at most p_step messages each. Returns how many are
 -- not caught up yet (run again soon when some are). Its statements and those of the
 -- functions it calls keep one plan per session (plan_cache_mode), as the hot path's:
--- PL/pgSQL planned the walk (queen.activity_walk, inlined) afresh for every
--- partition, 1.5-2 ms of a refresh that walks a few hundred new messages in 1-1.5.
+-- PL/pgSQL would plan the walk (queen.activity_walk, inlined) afresh for every
+-- partition, which costs more than the walk itself.
 CREATE OR REPLACE FUNCTION queen.count_refresh(p_partitions integer, p_step integer)
 RETURNS integer
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$

@@ -18,8 +18,8 @@ $$;
 -- needs no column. The one definition: every answer naming a message uses it. Built as
 -- two big-endian bigints (time, version and the id's top bits; variant and its low 62
 -- bits) read as hex. Only immutable parts (the epoch of an interval, not of a
--- timestamptz, which is stable), so that queries inline it: about 1 us a message, where
--- a call took 12 (a push and a pop make one per message).
+-- timestamptz, which is stable), so that queries inline it instead of calling it once per
+-- message (a push and a pop make one per message).
 CREATE OR REPLACE FUNCTION queen.message_uuid(p_id bigint, p_created_at timestamptz)
 RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -40,8 +40,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- queen.message_uuid(p_id, p_created_at)::text, given p_prefix =
--- queen.uuid_prefix(p_created_at): the id's 12 hex digits appended (a fifth of
--- the cost of building the whole UUID), or the whole UUID for an id of 2^48 or more.
+-- queen.uuid_prefix(p_created_at): the id's 12 hex digits appended (cheaper than
+-- building the whole UUID), or the whole UUID for an id of 2^48 or more.
 CREATE OR REPLACE FUNCTION queen.message_uuid_text(p_id bigint, p_prefix text,
                                                           p_created_at timestamptz)
 RETURNS text

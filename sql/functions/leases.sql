@@ -77,7 +77,7 @@ DECLARE
 BEGIN
     ended := c.lease_id IS NOT NULL AND (p_expired OR cardinality(acked) >= c.lease_size);
     -- A message retried in this lease: acked (failed) but not done. (<@ compares every
-    -- pair: 0.2 ms for a lease of 100; a call that does what it acks needs none.)
+    -- pair, quadratic in the lease's size; a call that does what it acks needs none.)
     retrying := p_retried IS NOT NULL
                 OR CASE WHEN cardinality(c.lease_acked) = 0 AND p_acked = p_done THEN false
                         ELSE NOT acked <@ done END;
@@ -106,7 +106,7 @@ BEGIN
     WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
     -- (Past the moved cursor, the first message is one not done, if there is any.) The
     -- probe walks the key in order: as an EXISTS, a generic plan may scan the table from
-    -- its start through every consumed message still kept (half the throughput, measured).
+    -- its start through every consumed message still kept.
     -- Nobody to wake while no worker has a poll parked (queen.wake): no probe then.
     IF ended AND (p_delay_ms = 0 OR NOT retrying)
        AND EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())

@@ -188,8 +188,9 @@ $$;
 -- can still name the lease and give it back (queen.give_back). Its statements keep
 -- one plan per session (plan_cache_mode): PL/pgSQL would otherwise plan the batch reads
 -- afresh at every call, since with the cursor and batch size known a custom plan always
--- looks cheaper (a third of a one-message pop). Those generic plans are the ones
--- tests/integration/test_query_plans.py checks, with stale and with fresh statistics.
+-- looks cheaper, and planning is a large share of a small pop. Those generic plans are
+-- the ones tests/integration/test_query_plans.py checks, with stale and with fresh
+-- statistics.
 CREATE OR REPLACE FUNCTION queen.pop(
     p_kind text, p_queue text, p_partition text, p_namespace text, p_task text,
     p_group text, p_batch integer, p_worker text, p_mode text, p_from timestamptz,

@@ -12,8 +12,8 @@ $$;
 -- 'Default' when none is named). A partition stays while its lock is held: its removal
 -- (queen.cleanup_partitions) takes the same lock, and one removed between the
 -- lookup and the lock is made again. One probe of the unique indexes per name, whatever
--- the statistics. (A row lock on each partition, which would do the same, costs a push
--- of one message a third of its time.)
+-- the statistics. (A row lock on each partition, which would do the same, writes WAL and
+-- slows a push of one message markedly.)
 CREATE OR REPLACE FUNCTION queen.push_targets(p_items jsonb) RETURNS queen.push_target[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -176,7 +176,7 @@ $$;
 -- p_prefix, queen.uuid_prefix(now()): queen.message_uuid_text). Returns
 -- the ids in item order. None of those transactionIds can be stored already, so the
 -- insert is a plain one, not a speculative one (ON CONFLICT writes a second WAL record
--- per row to confirm it: a tenth of a message's WAL), and nothing passes through arrays
+-- per row to confirm it), and nothing passes through arrays
 -- of rows. A client may have stored one of them as its own transactionId: the insert
 -- then fails (unique_violation) and the caller stores the batch as any other.
 CREATE OR REPLACE FUNCTION queen.store_new_messages(p_items jsonb, p_targets queen.push_target[],

@@ -125,7 +125,7 @@ $$;
 -- its own, for one push or many; nothing while no worker has a poll parked. NOTIFY
 -- holds a cluster-wide lock from the start of commit until the commit is durable, so
 -- notifying inside the push would line up the WAL flushes of all concurrent pushes one
--- behind another (bench/notify_cost.py). Here the commit is asynchronous: a
+-- behind another. Here the commit is asynchronous: a
 -- notification needs no durability, and the lock is held for microseconds. Unknown
 -- names are ignored.
 CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[]) RETURNS void

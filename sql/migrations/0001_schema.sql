@@ -54,7 +54,7 @@ CREATE INDEX partitions_queue_id ON queen.partitions (queue_id, id);
 -- later.
 CREATE TABLE queen.messages (
     id             bigint GENERATED ALWAYS AS IDENTITY,
-    -- No foreign key: a per-row check costs a third of a batch insert. A push holds the
+    -- No foreign key: a per-row check is a large share of a batch insert. A push holds the
     -- push locks of the partitions it writes to instead, once per call, and their removal
     -- takes the same locks (queen.push_targets, queen.cleanup_partitions).
     partition_id   uuid NOT NULL,

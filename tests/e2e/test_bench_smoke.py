@@ -27,7 +27,7 @@ def run_smoke(
     out: Path, *server: str, rounds: int = 1, systems: tuple[str, ...] = ("queen", "raw")
 ) -> tuple[str, list[dict[str, Any]]]:
     """Run `python -m bench --smoke` on server (its arguments, and any more); return the
-    report and results, after checking that systems ran on the cursor store and none failed."""
+    report and results, after checking that none failed."""
     run = subprocess.run(
         [
             sys.executable,

@@ -22,7 +22,7 @@ from tests.e2e.polls import Poll, gather
 
 NO_FALLBACK = {"QUEEN_POLL_FALLBACK": "60"}
 # Seconds from the push's response to the poll's response. Wake latency itself is measured
-# by bench.longpoll_latency; here the bound only has to tell a notification from the fallback
+# by the bench's latency phase; here the bound only has to tell a notification from the fallback
 # re-check (60 s away), with room for a loaded 2-core machine.
 PROMPT = 3.0
 PARK = 0.5  # seconds to let a poll reach the database and park
