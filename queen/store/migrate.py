@@ -23,7 +23,7 @@ MIGRATIONS_LOCK = 0x5155_4545_4E00  # pg_advisory_lock key ("QUEEN")
 # Tables only earlier builds made. Their migrations have names this build does not
 # know either; these catch a database whose bookkeeping is gone.
 EARLIER_TABLES = (
-    "queen.cursor_messages", "queen.partition_heads", "queen.status_deltas", "queen.lag_hour",
+    "queen.partition_heads", "queen.status_deltas", "queen.lag_hour",
     "queen.lag_window",
 )
 

@@ -149,7 +149,7 @@ def test_maintenance_wakes_polls_when_a_retry_delay_ends(cstore, session, db_dsn
     assert (m.transaction_id, m.retry_count) == (txid, 1)
 
 
-def test_cleanup_removes_only_partitions_without_cursor_messages(cstore, session, db_dsn):
+def test_cleanup_removes_only_partitions_without_messages(cstore, session, db_dsn):
     push(cstore, "clean", 1, partition="full")
     push(cstore, "clean", 1, partition="drained")
     cstore.messages.pop(PopRoute(queue="clean", partition="drained"), 1, "w")
@@ -181,7 +181,7 @@ def test_cleanup_takes_a_removed_partitions_records_along(cstore, session, db_ds
     assert sql(db_dsn, records) == [(0, 0)]
 
 
-def test_retention_and_analyze_run_on_the_cursor_tables(cstore, session, db_dsn):
+def test_retention_and_analyze_run_on_the_store_tables(cstore, session, db_dsn):
     cstore.queues.configure(
         "kept", None, None, {"retention_enabled": True, "retention_seconds": 60}
     )

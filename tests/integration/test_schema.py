@@ -333,7 +333,6 @@ EARLIER = {
                                               applied_at timestamptz NOT NULL DEFAULT now());
         INSERT INTO queen.schema_migrations (name)
         VALUES ('0001_baseline.sql'), ('0002_partitions_by_queue.sql');
-        CREATE TABLE queen.cursor_messages (id bigint, partition_id uuid);
     """,
     # The message-row store's tables without the bookkeeping.
     "row tables": "CREATE SCHEMA queen; CREATE TABLE queen.partition_heads (partition_id uuid);",
