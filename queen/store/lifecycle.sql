@@ -9,11 +9,11 @@ FROM queen.push(%(items)s::jsonb, %(producer)s)
 
 -- pop_partition: lease one named partition for a group and read its batch --
 SELECT * FROM queen.pop_partition(%(queue)s, %(partition)s, %(group)s, %(batch)s,
-                                         %(worker)s, %(mode)s, %(since)s)
+                                  %(worker)s, %(mode)s, %(since)s)
 
 -- pop_queue: lease the free partition of a queue with the oldest next message --
 SELECT * FROM queen.pop_queue(%(queue)s, %(group)s, %(batch)s, %(worker)s,
-                                     %(mode)s, %(since)s)
+                              %(mode)s, %(since)s)
 
 -- ack_rows: apply a batch of acknowledgments (a JSON array) --
 SELECT idx, transaction_id, consumer_group, status, retry_count FROM queen.ack_rows(%(acks)s::jsonb)

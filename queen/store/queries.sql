@@ -48,7 +48,7 @@ SELECT payload FROM queen.ready_partitions(
 -- ack: acknowledge a batch (its items as parallel arrays: ack_columns), one row per acknowledgment in request order; the first carries the wake-ups to send once committed (notify_wakes) --
 SELECT idx, transaction_id, status, retry_count, acknowledged_at, wakes
 FROM queen.ack_items(%(txids)s::text[], %(groups)s::text[], %(statuses)s::text[],
-                                %(errors)s::text[], %(leases)s::text[])
+                     %(errors)s::text[], %(leases)s::text[])
 
 -- create_queue: make sure a queue exists (its options start at the schema defaults) --
 INSERT INTO queen.queues (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING
@@ -267,8 +267,8 @@ WITH minutes AS (
     LEFT JOIN queen.partition_counts k ON k.partition_id = t.id
     LEFT JOIN queen.consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
     CROSS JOIN LATERAL queen.activity_walk(t.id, coalesce(k.counted_id, 0),
-                                                  coalesce(k.cursor_counted, 0),
-                                                  coalesce(c.cursor_id, 0), 5000) x
+                                           coalesce(k.cursor_counted, 0),
+                                           coalesce(c.cursor_id, 0), 5000) x
     UNION ALL
     SELECT date_trunc('minute', c.lease_expires_at - make_interval(secs => t.lease_time)),
            0, 0, 0, 0, 0, c.lease_size - cardinality(c.lease_acked)
@@ -316,8 +316,8 @@ LEFT JOIN LATERAL (
           UNION ALL
           SELECT x.completed, x.lag_ms, x.lag_hist
           FROM queen.activity_walk(t.id, coalesce(k.counted_id, 0),
-                                          coalesce(k.cursor_counted, 0),
-                                          coalesce(c.cursor_id, 0), 5000) x
+                                   coalesce(k.cursor_counted, 0),
+                                   coalesce(c.cursor_id, 0), 5000) x
           WHERE x.completed > 0) a
 ) w ON true
 ORDER BY t.queue, t.name

@@ -95,8 +95,8 @@ $$;
 -- the row lock. NULL when the call is anything else: queen.ack_consumer then
 -- decides its items one by one.
 CREATE OR REPLACE FUNCTION queen.ack_lease(p_partition uuid, p_group text, p_lease uuid,
-                                                  p_idx integer[], p_txids text[],
-                                                  p_errors text[])
+                                           p_idx integer[], p_txids text[],
+                                           p_errors text[])
 RETURNS queen.ack_outcome[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -117,7 +117,7 @@ BEGIN
     SELECT array_agg(ROW(i.idx, i.txid, p_group, l.id, 'completed',
                          CASE WHEN l.id > c.retried_max THEN 0  -- (no retry record: no lookup)
                               ELSE queen.retries_of(p_partition, p_group, l.id,
-                                                        c.retried_max) END,
+                                                    c.retried_max) END,
                          i.error, true)::queen.ack_outcome),
            array_agg(l.id ORDER BY l.id), count(DISTINCT l.id)
     INTO decided, ids, matched
@@ -142,8 +142,8 @@ $$;
 -- else completed, or a failure: retry_scheduled, dead_letter or failed (retryLimit counts
 -- retries after the first delivery).
 CREATE OR REPLACE FUNCTION queen.ack_decide(c queen.consumers, q queen.queues,
-                                               p_id bigint, p_wanted text, p_lease uuid,
-                                               p_tries integer)
+                                            p_id bigint, p_wanted text, p_lease uuid,
+                                            p_tries integer)
 RETURNS TABLE (status text, applied boolean)
 LANGUAGE sql STABLE AS $$
     SELECT CASE
@@ -182,8 +182,8 @@ $$;
 -- routes pass them: PostgreSQL reads arrays for a fraction of what the same items cost
 -- out of JSON.
 CREATE OR REPLACE FUNCTION queen.ack_apply(p_txids text[], p_groups text[],
-                                                  p_wanted text[], p_errors text[],
-                                                  p_leases text[])
+                                           p_wanted text[], p_errors text[],
+                                           p_leases text[])
 RETURNS queen.ack_outcome[]
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -229,7 +229,7 @@ BEGIN
     IF array_position(parts, NULL) IS NULL AND parts[1] = ALL (parts)
        AND groups[1] = ALL (groups) THEN
         outcomes := queen.ack_consumer(parts[1], groups[1], idxs, p_txids, ids, p_wanted,
-                                              errors, leases);
+                                       errors, leases);
         IF cardinality(outcomes) = cardinality(idxs) THEN
             RETURN outcomes;
         END IF;
@@ -250,7 +250,7 @@ BEGIN
                     OR cardinality(array_remove(pair.leases, NULL)) = 0) THEN
                 -- (A fused call's requests: each one lease's messages, as a lone one's.)
                 decided := queen.ack_lease(pair.part, pair.grp, pair.leases[1]::uuid,
-                                                  pair.idxs, pair.txids, pair.errors);
+                                           pair.idxs, pair.txids, pair.errors);
             END IF;
             outcomes := outcomes || coalesce(decided, queen.ack_consumer(
                 pair.part, pair.grp, pair.idxs, pair.txids, pair.ids, pair.wanted,
@@ -309,8 +309,8 @@ $$;
 -- acks committed: the wake-up payloads (see queen.wake) come on the first row,
 -- NULL when there are none. One plan per session (plan_cache_mode).
 CREATE OR REPLACE FUNCTION queen.ack_items(p_txids text[], p_groups text[],
-                                                      p_wanted text[], p_errors text[],
-                                                      p_leases text[])
+                                           p_wanted text[], p_errors text[],
+                                           p_leases text[])
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
                acknowledged_at timestamptz, wakes text[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -342,5 +342,5 @@ RETURNS TABLE (idx integer, transaction_id text, status text, retry_count intege
 LANGUAGE sql AS $$
     SELECT a.* FROM queen.ack_columns(p_acks) i
     CROSS JOIN LATERAL queen.ack_items(i.txids, i.groups, i.wanted, i.errors,
-                                                  i.leases) a
+                                       i.leases) a
 $$;

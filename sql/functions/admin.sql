@@ -78,7 +78,7 @@ $$;
 -- false). Within a lease's range it counts as a message of the lease acked for a retry,
 -- so it comes first once the lease ends.
 CREATE OR REPLACE FUNCTION queen.retry_in_place(m queen.messages,
-                                                       c queen.consumers, p_max integer)
+                                                c queen.consumers, p_max integer)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE

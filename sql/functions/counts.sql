@@ -42,7 +42,7 @@ $$;
 -- span's group like the others, then taken out of it (n -1) and counted as failed:
 -- failure records are few, and a walk with none reads none of them.
 CREATE OR REPLACE FUNCTION queen.passed_ends(p_partition uuid, p_after bigint,
-                                                    p_upto bigint, p_step integer)
+                                             p_upto bigint, p_step integer)
 RETURNS TABLE (minute timestamptz, final text, ms double precision, n bigint, reached bigint)
 LANGUAGE sql STABLE AS $$
     WITH bound AS MATERIALIZED (  -- the window's last message
@@ -114,8 +114,8 @@ $$;
 -- queen.metrics_minute and moves the watermarks; reads add it to what
 -- maintenance added.
 CREATE OR REPLACE FUNCTION queen.activity_walk(p_partition uuid, p_counted bigint,
-                                                      p_cursor_counted bigint, p_cursor bigint,
-                                                      p_step integer)
+                                               p_cursor_counted bigint, p_cursor bigint,
+                                               p_step integer)
 RETURNS TABLE (minute timestamptz, incoming bigint, completed bigint, failed bigint,
                dead_letter bigint, lag_ms bigint, lag_hist integer[], newest bigint,
                reached bigint)
@@ -159,7 +159,7 @@ RETURNS void
 LANGUAGE sql AS $$
     UPDATE queen.partition_counts k SET
         below = k.below - queen.count_range(p_partition, p_to, k.cursor_counted,
-                                                   2147483647),
+                                            2147483647),
         failed = k.failed - (SELECT count(*) FROM queen.failures f
                              WHERE f.partition_id = p_partition AND f.consumer_group = '__queue__'
                                AND f.message_id > p_to AND f.message_id <= k.cursor_counted
@@ -196,7 +196,7 @@ BEGIN
                         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'), 0);
     WITH walk AS MATERIALIZED (
         SELECT * FROM queen.activity_walk(p_partition, k.counted_id, k.cursor_counted,
-                                                 target, p_step)
+                                          target, p_step)
     ), added AS (
         INSERT INTO queen.metrics_minute AS t
             (minute, partition_id, incoming, completed, failed, dead_letter, lag_ms, lag_hist)

@@ -4,7 +4,7 @@
 -- Register a group on a queue at its first pop (later modes are ignored): 'all' starts
 -- at the oldest retained message, 'new' after what exists now, 'from' at p_from.
 CREATE OR REPLACE FUNCTION queen.join_group(p_queue uuid, p_group text, p_mode text,
-                                             p_from timestamptz)
+                                            p_from timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -34,7 +34,7 @@ $$;
 -- yet, where its subscription says. Partitions are taken by key (one named: a probe of
 -- it, whatever the queue's width).
 CREATE OR REPLACE FUNCTION queen.ensure_cursors(p_queue uuid, p_group text,
-                                               p_partition uuid DEFAULT NULL)
+                                                p_partition uuid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -88,7 +88,7 @@ $$;
 -- its leases (their acks then answer lease_expired) and forgets its retry state. Returns
 -- the number of partitions moved; NULL when the queue does not exist.
 CREATE OR REPLACE FUNCTION queen.seek(p_queue text, p_group text, p_to text,
-                                             p_time timestamptz DEFAULT NULL)
+                                      p_time timestamptz DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -156,7 +156,7 @@ $$;
 -- 'new' or 'from'): only messages created at or after it count, among the first p_cap
 -- past p_after. An ordered walk of the primary key with a LIMIT: O(min(backlog, p_cap)).
 CREATE OR REPLACE FUNCTION queen.backlog(p_partition uuid, p_after bigint, p_done bigint[],
-                                                p_cap integer, p_since timestamptz DEFAULT NULL)
+                                         p_cap integer, p_since timestamptz DEFAULT NULL)
 RETURNS TABLE (pending integer, capped boolean, oldest timestamptz)
 LANGUAGE sql STABLE AS $$
     SELECT count(*) FILTER (WHERE p_since IS NULL OR w.created_at >= p_since)::integer,
@@ -174,7 +174,7 @@ $$;
 -- pair. Partitions where the group has no cursor yet count from where its subscription
 -- starts. Queue mode is '__queue__'.
 CREATE OR REPLACE FUNCTION queen.group_partitions(p_queue text, p_group text,
-                                                         p_cap integer, p_budget integer)
+                                                  p_cap integer, p_budget integer)
 RETURNS TABLE (consumer_group text, queue text, subscription_mode text,
                subscription_from timestamptz, joined_at timestamptz, partition text,
                cursor_id bigint, pending integer, capped boolean, lag_seconds double precision,
@@ -215,7 +215,7 @@ $$;
 -- The groups reading a queue (or every queue), or one group: what
 -- queen.group_partitions says per partition, summed per (group, queue).
 CREATE OR REPLACE FUNCTION queen.group_summaries(p_queue text, p_group text,
-                                                        p_cap integer, p_budget integer)
+                                                 p_cap integer, p_budget integer)
 RETURNS TABLE (consumer_group text, queue text, subscription_mode text,
                subscription_from timestamptz, joined_at timestamptz, partitions integer,
                leased integer, pending bigint, capped boolean, lag_seconds double precision)

@@ -43,7 +43,7 @@ $$;
 -- queen.uuid_prefix(p_created_at): the id's 12 hex digits appended (cheaper than
 -- building the whole UUID), or the whole UUID for an id of 2^48 or more.
 CREATE OR REPLACE FUNCTION queen.message_uuid_text(p_id bigint, p_prefix text,
-                                                          p_created_at timestamptz)
+                                                   p_created_at timestamptz)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN p_id >= 0 AND p_id < 281474976710656

@@ -4,7 +4,7 @@
 -- The retries a message has had for a group (0 unless a failure record says otherwise;
 -- looked up only at or below the group's retried_max in the partition).
 CREATE OR REPLACE FUNCTION queen.retries_of(p_partition uuid, p_group text, p_id bigint,
-                                                p_retried_max bigint)
+                                            p_retried_max bigint)
 RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p_retried_max IS NULL OR p_id > p_retried_max THEN 0
@@ -42,8 +42,8 @@ $$;
 -- the lease took the last of it: nobody could pop anything). Returns
 -- whether the lease ended.
 CREATE OR REPLACE FUNCTION queen.settle(p_partition uuid, p_group text, p_done bigint[],
-                                               p_acked bigint[], p_retried bigint,
-                                               p_expired boolean DEFAULT false)
+                                        p_acked bigint[], p_retried bigint,
+                                        p_expired boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -63,9 +63,9 @@ $$;
 -- queen.settle given the group's row c as the caller locked and read it, and its
 -- queue's retryDelay (ms): the row is not read again.
 CREATE OR REPLACE FUNCTION queen.settle_row(c queen.consumers, p_delay_ms integer,
-                                                   p_done bigint[], p_acked bigint[],
-                                                   p_retried bigint,
-                                                   p_expired boolean DEFAULT false)
+                                            p_done bigint[], p_acked bigint[],
+                                            p_retried bigint,
+                                            p_expired boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -140,10 +140,10 @@ BEGIN
                        AND m.id <> ALL (c.lease_acked)
                      ORDER BY m.id);
     final := queen.record_failures(p_partition, p_group, unacked,
-                               array_fill('lease expired'::text, ARRAY[cardinality(unacked)]),
-                               c.retried_max);
+                                   array_fill('lease expired'::text, ARRAY[cardinality(unacked)]),
+                                   c.retried_max);
     PERFORM queen.settle(p_partition, p_group, final, '{}',
-                                CASE WHEN cardinality(final) < cardinality(unacked)
+                         CASE WHEN cardinality(final) < cardinality(unacked)
                                      THEN c.lease_last_id END,
                                 p_expired => true);
     RETURN cardinality(unacked);
@@ -154,7 +154,7 @@ $$;
 -- of retries, or 'dead_letter' / 'failed' (dlqAfterMaxRetries) past the retryLimit.
 -- Returns the ids now done for good.
 CREATE OR REPLACE FUNCTION queen.record_failures(p_partition uuid, p_group text, p_ids bigint[],
-                                             p_errors text[], p_retried_max bigint)
+                                                 p_errors text[], p_retried_max bigint)
 RETURNS bigint[]
 LANGUAGE sql AS $$
     WITH q AS (

@@ -109,8 +109,8 @@ $$;
 -- delayedProcessing old, its newest message is windowBuffer old (what a pop checks,
 -- queen.pop). NULL: nothing to wait for.
 CREATE OR REPLACE FUNCTION queen.due_at(p_partition uuid, p_cursor bigint,
-                                               p_done bigint[], p_not_before timestamptz,
-                                               p_delay integer, p_window integer)
+                                        p_done bigint[], p_not_before timestamptz,
+                                        p_delay integer, p_window integer)
 RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
     SELECT greatest(
@@ -142,7 +142,7 @@ BEGIN
     INTO due, next_due
     FROM (SELECT c.partition_id,
                  queen.due_at(c.partition_id, c.cursor_id, c.done_ids, c.not_before,
-                                     q.delayed_processing, q.window_buffer) AS due_at
+                              q.delayed_processing, q.window_buffer) AS due_at
           FROM queen.consumers c JOIN queen.queues q ON q.id = c.queue_id
           WHERE (c.not_before IS NOT NULL OR q.delayed_processing > 0 OR q.window_buffer > 0)
             AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
@@ -150,7 +150,7 @@ BEGIN
           -- Partitions of timed queues no group has a cursor in yet: a poll may wait on
           -- them before any pop made one (pop by queue passes over an open window).
           SELECT p.id, queen.due_at(p.id, 0, '{}', NULL, q.delayed_processing,
-                                           q.window_buffer)
+                                    q.window_buffer)
           FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
           WHERE (q.delayed_processing > 0 OR q.window_buffer > 0)
             AND NOT EXISTS (SELECT 1 FROM queen.consumers c
@@ -269,7 +269,7 @@ BEGIN
     LOOP
         EXIT WHEN expired >= p_limit;
         expired := expired + queen.expire_ttl(c.partition_id, c.consumer_group, c.ttl,
-                                                     p_limit - expired);
+                                              p_limit - expired);
     END LOOP;
     RETURN expired;
 END

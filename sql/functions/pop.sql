@@ -5,7 +5,7 @@
 -- ttl (never delivered: error 'ttl expired'), up to p_limit of them; the caller holds the
 -- group's row lock. Returns how many.
 CREATE OR REPLACE FUNCTION queen.expire_ttl(p_partition uuid, p_group text, p_ttl integer,
-                                                   p_limit integer)
+                                            p_limit integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -43,8 +43,8 @@ $$;
 -- over; messages past the ttl (p_ttl) are dead-lettered, a batch's worth at a time while
 -- whole batches expire. Returns whether the claim may go on.
 CREATE OR REPLACE FUNCTION queen.claimable(p_partition uuid, p_group text,
-                                                  p_expired boolean, p_window integer,
-                                                  p_ttl integer, p_batch integer)
+                                           p_expired boolean, p_window integer,
+                                           p_ttl integer, p_batch integer)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -221,8 +221,8 @@ BEGIN
             ORDER BY x.priority DESC, x.created_at, x.name
         LOOP
             RETURN QUERY SELECT * FROM queen.pop('queue', matching, NULL, NULL, NULL,
-                                                            p_group, p_batch, p_worker, p_mode,
-                                                            p_from, p_lease);
+                                                 p_group, p_batch, p_worker, p_mode,
+                                                 p_from, p_lease);
             IF FOUND THEN
                 RETURN;
             END IF;
@@ -280,7 +280,7 @@ BEGIN
         END IF;
         IF c.lease_id IS NOT NULL OR q.window_buffer > 0 OR q.ttl > 0 THEN
             CONTINUE WHEN NOT queen.claimable(candidate, p_group, c.lease_id IS NOT NULL,
-                                                     q.window_buffer, q.ttl, p_batch);
+                                              q.window_buffer, q.ttl, p_batch);
             SELECT * INTO c FROM queen.consumers x
             WHERE x.partition_id = candidate AND x.consumer_group = p_group;
         END IF;
@@ -333,7 +333,7 @@ LANGUAGE sql AS $$
     SELECT d.id, d.transaction_id, d.queue, d.partition, p_group, d.payload, d.encrypted,
            d.producer, d.trace_id, d.retry_count, d.created_at, d.lease_id, d.lease_expires_at
     FROM queen.pop('partition', p_queue, p_partition, NULL, NULL, p_group, p_batch,
-                              p_worker, p_mode, p_from, p_lease) d
+                   p_worker, p_mode, p_from, p_lease) d
 $$;
 
 -- Pop from a queue as a group: the free partition whose next message is oldest, up to
@@ -346,7 +346,7 @@ LANGUAGE sql AS $$
     SELECT d.id, d.transaction_id, d.queue, d.partition, p_group, d.payload, d.encrypted,
            d.producer, d.trace_id, d.retry_count, d.created_at, d.lease_id, d.lease_expires_at
     FROM queen.pop('queue', p_queue, NULL, NULL, NULL, p_group, p_batch, p_worker,
-                              p_mode, p_from, p_lease) d
+                   p_mode, p_from, p_lease) d
 $$;
 
 -- Several pops in one call (a worker's concurrent pops, fused): p_pops is an array of
@@ -382,7 +382,7 @@ BEGIN
                    d.created_at, now(), d.lease_id, d.lease_expires_at, d.lease_time,
                    d.retry_limit)::queen.popped
         FROM queen.pop(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
-                                  r.batch, r.worker, r.mode, r.since, r.lease, r.prefer) d;
+                       r.batch, r.worker, r.mode, r.since, r.lease, r.prefer) d;
     END LOOP;
 END
 $$;

@@ -109,7 +109,7 @@ $$;
 -- (PL/pgSQL, not SQL: PostgreSQL plans a SQL function's statement again at every call it
 -- cannot inline; PL/pgSQL keeps the plan for the session.)
 CREATE OR REPLACE FUNCTION queen.number_messages(p_items jsonb, p_targets queen.push_target[],
-                                               p_rejected integer[], p_prefix text)
+                                                 p_rejected integer[], p_prefix text)
 RETURNS queen.push_item[]
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -139,8 +139,8 @@ $$;
 -- once the push committed (queen.notify_pushed: see there why). p_prefix: as
 -- queen.number_messages's.
 CREATE OR REPLACE FUNCTION queen.store_messages(p_items jsonb, p_producer text, p_prefix text,
-                                              OUT accepted queen.push_item[],
-                                              OUT stored bigint[], OUT rejected integer[])
+                                                OUT accepted queen.push_item[],
+                                                OUT stored bigint[], OUT rejected integer[])
 LANGUAGE plpgsql AS $$
 DECLARE
     targets queen.push_target[];
@@ -164,7 +164,7 @@ BEGIN
     SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
     IF current_setting('queen.push_notify', true) IS DISTINCT FROM 'after_commit' THEN
         PERFORM queen.wake(ARRAY(SELECT DISTINCT a.partition_id FROM unnest(accepted) a
-                                        WHERE a.id = ANY (stored)));
+                                 WHERE a.id = ANY (stored)));
     END IF;
 END
 $$;
@@ -180,7 +180,7 @@ $$;
 -- of rows. A client may have stored one of them as its own transactionId: the insert
 -- then fails (unique_violation) and the caller stores the batch as any other.
 CREATE OR REPLACE FUNCTION queen.store_new_messages(p_items jsonb, p_targets queen.push_target[],
-                                                  p_producer text, p_prefix text)
+                                                    p_producer text, p_prefix text)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -4,7 +4,7 @@
 -- Queue mode's status of message p_id given its partition's consumer row c (NULL: never
 -- popped) and its failure record's status (NULL: none).
 CREATE OR REPLACE FUNCTION queen.message_status(p_id bigint, c queen.consumers,
-                                               p_failure text)
+                                                p_failure text)
 RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
@@ -19,7 +19,7 @@ $$;
 -- Messages of a partition with p_after < id <= p_upto, counted up to p_cap (one walk of
 -- the primary key).
 CREATE OR REPLACE FUNCTION queen.count_range(p_partition uuid, p_after bigint,
-                                                    p_upto bigint, p_cap integer)
+                                             p_upto bigint, p_cap integer)
 RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT count(*) FROM (SELECT 1 FROM queen.messages m
@@ -33,7 +33,7 @@ $$;
 -- maintenance catches up). pending + processing + completed + failed + dead_letter is
 -- the number of messages.
 CREATE OR REPLACE FUNCTION queen.message_counts(p_partitions uuid[],
-                                                         p_cap integer DEFAULT 100000)
+                                                p_cap integer DEFAULT 100000)
 RETURNS TABLE (partition_id uuid, pending bigint, processing bigint, completed bigint,
                failed bigint, dead_letter bigint)
 LANGUAGE sql STABLE AS $$
@@ -138,7 +138,7 @@ $$;
 -- newest first: (partition, id) pairs. Without a status only the partitions whose newest
 -- message is among the p_limit + p_offset newest partition heads can hold the page.
 CREATE OR REPLACE FUNCTION queen.message_page(p_partitions uuid[], p_status text,
-                                                     p_limit integer, p_offset integer)
+                                              p_limit integer, p_offset integer)
 RETURNS TABLE (partition_id uuid, id bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE

@@ -357,7 +357,7 @@ def test_an_analysed_table_is_left_to_autovacuum_where_it_runs(conn: Conn) -> No
     lifecycle.push(conn, [{"queue": "q", "payload": i} for i in range(50)])
     flush_statistics(conn)
     assert lifecycle.analyze(conn, min_changes=10) == ([] if autovacuum == (True,)
-                                                     else ["messages"])
+                                                       else ["messages"])
     conn.execute("ALTER TABLE queen.messages SET (autovacuum_enabled = off)")
     lifecycle.push(conn, [{"queue": "q", "payload": i} for i in range(50)])
     flush_statistics(conn)
@@ -387,7 +387,7 @@ def test_a_table_grown_to_twice_its_statistics_is_analysed_again(conn: Conn) -> 
     lifecycle.push(conn, [{"queue": "q", "payload": i} for i in range(90)])
     flush_statistics(conn)
     assert lifecycle.analyze(conn, min_changes=10) == ([] if autovacuum == (True,)
-                                                     else ["messages"])
+                                                       else ["messages"])
     lifecycle.push(conn, [{"queue": "q", "payload": i} for i in range(20)])
     flush_statistics(conn)
     assert "messages" in lifecycle.analyze(conn, min_changes=10)  # 210 > 2 x 100
