@@ -8,7 +8,10 @@ QUEEN_WORKERS=2: one per core of the 2-core machine; DB_POOL_SIZE enough for a
 connection per concurrent client of the busiest case, at least the default 10;
 migrations first). Results
 go to bench/results/ (or --out): RESULTS-<mode>.md, results-<mode>.json and PNG plots.
-See docs/PERFORMANCE.md for what the numbers mean.
+With --pg-cpus N the bench runs on a cluster of its own whose processes share N cores (a
+cgroup, bench/pgquota.py), Queen and the load outside it: the PostgreSQL-bound phase,
+which reports what each message costs the database. See docs/PERFORMANCE.md for what the
+numbers mean.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import adapters, cluster, profiles, report
+from bench import adapters, cluster, pgquota, profiles, report
 from bench.backlog import seed_queen
 from bench.procstat import pids_named
 from bench.progress import Progress
@@ -47,7 +50,7 @@ DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/%2F"
 # where queen's consumers ack each batch and pop the next in one).
 QUEEN_VARIANTS = ("queen_sql", "queen3")
 OWN = ("queen", "raw")  # measured at every batch size even in quick mode
-PHASES = ("push", "e2e", "small", "fanout", "latency", "backlog", "memory")
+PHASES = ("push", "e2e", "small", "fanout", "latency", "backlog", "memory", "pgbound")
 QUEEN_WORKERS = 2  # one gevent worker per core of the 2-core machine, as deployed on it
 QUEEN_DEFAULT_POOL = 10  # DB_POOL_SIZE's default (queen.config)
 
@@ -65,6 +68,7 @@ class Context:
     queen: QueenServer | None = None
     versions: dict[str, str] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
+    quota: pgquota.CpuQuota | None = None
     commit: str = ""
     dirty_files: int = 0
 
@@ -147,6 +151,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="Queen's DB_POOL_SIZE, connections per worker (default: enough for the run's "
         "most concurrent case to have one per client, spread over the 2 workers; at least "
         f"Queen's default {QUEEN_DEFAULT_POOL})",
+    )
+    parser.add_argument(
+        "--pg-cpus",
+        type=float,
+        metavar="CORES",
+        help="PostgreSQL as the bottleneck: run on a cluster of the bench's own (with "
+        "pg_stat_statements) whose processes share this CPU quota (a cgroup; root), the "
+        "server and the load outside it, and report what each message costs it. Runs the "
+        "pgbound phase (Queen, the minimal cursor SQL, raw, pgmq; push, end to end and "
+        "fan-out) unless --only says otherwise",
+    )
+    parser.add_argument(
+        "--pg-period-ms",
+        type=float,
+        default=pgquota.DEFAULT_PERIOD_US / 1000,
+        help="the quota's period (default %(default)g ms)",
     )
     parser.add_argument("--name", help="results file suffix (default: the mode)")
     parser.add_argument(
@@ -371,6 +391,46 @@ def plan_small(ctx: Context) -> list[Case]:
     return cases
 
 
+PGBOUND_SYSTEMS = ("queen", "minimal", "raw", "pgmq")
+
+
+def plan_pgbound(ctx: Context, groups: int) -> list[Case]:
+    """The PostgreSQL-bound phase: the shapes of docs/PERFORMANCE.md's goals, every system
+    alike. Small batches get many clients (32 + 32; 64 pushing), large ones few (2 + 4;
+    the push producers of the mode); claims and acks of raw and minimal commit without
+    waiting for the disk, as Queen's do."""
+    p = ctx.profile
+    small = {"producers": p.small_producers, "consumers": p.small_consumers,
+             "processes": p.small_processes}
+    large = {"producers": max(1, p.e2e_producers // 2), "consumers": p.e2e_consumers // 2 or 1,
+             "processes": p.processes}
+    common: dict[str, Any] = {"warmup": p.warmup, "duration": p.duration, "phase": "pgbound"}
+    extra = {"async_acks": True, "pop_wait_ms": p.pop_wait_ms}
+    cases: list[Case] = []
+    for system in [s for s in PGBOUND_SYSTEMS if s in ctx.systems]:
+        procs = {"processes": p.small_processes}
+        cases.append(Case(system, "push", batch=1, producers=p.small_push_producers,
+                          **procs, **common, extra=extra))
+        cases.append(Case(system, "push", batch=1000, producers=p.push_producers,
+                          processes=p.processes, **common, extra=extra))
+        for batch, shape, parts in ((1, small, 16), (10, small, 16), (100, large, 8),
+                                    (1000, large, 8)):
+            cases.append(Case(
+                system, "e2e", batch=batch, partitions=parts, **shape, **common,
+                extra={**extra, "backlog_cap": max(2000, 4 * batch * shape["consumers"])},
+            ))
+    if "queen" in ctx.systems:
+        consumers = groups * p.fanout_consumers
+        cases += [
+            Case("queen", "fanout", batch=100, partitions=p.fanout_partitions,
+                 producers=p.fanout_producers, consumers=consumers, processes=p.processes,
+                 **common, extra={**extra, "variant": variant, "groups": groups,
+                                  "backlog_cap": max(2000, 400 * consumers)})
+            for variant in ("groups", "copy")
+        ]
+    return cases
+
+
 def queen_pool(cases: list[Case], workers: int = QUEEN_WORKERS) -> int:
     """DB_POOL_SIZE at which every concurrent client of the busiest case can hold a
     connection (its clients spread evenly over the workers), at least Queen's default."""
@@ -439,7 +499,14 @@ def run_cases(ctx: Context, cases: list[Case], bar: Progress, round_no: int = 1)
                 else None
             )
             prepare(ctx, case.system, case.batch, queues)
-            result = run_case(case, target(ctx, case.system), server_pids(ctx, case.system))
+            meter = pgquota.PgMeter(ctx.server_dsn, ctx.quota) if ctx.quota else None
+            try:
+                result = run_case(
+                    case, target(ctx, case.system), server_pids(ctx, case.system), meter
+                )
+            finally:
+                if meter is not None:
+                    meter.close()
             if case.system == "queen" and ctx.queen is not None:
                 result["server_rss"] = ctx.queen.rss()
         except Exception as exc:  # noqa: BLE001 - one failed case must not end the run
@@ -574,12 +641,25 @@ def main(argv: list[str] | None = None) -> int:
         print("--rounds must be at least 1", file=sys.stderr)
         return 2
     with contextlib.ExitStack() as stack:
-        server = cluster.server_dsn(args.dsn, args.cluster, stack)
-        return run(args, server)
+        if args.pg_cpus is None:
+            return run(args, cluster.server_dsn(args.dsn, args.cluster, stack))
+        reason = pgquota.unavailable()
+        if reason:
+            print(f"the PostgreSQL-bound phase is skipped: {reason}", file=sys.stderr)
+            return 0
+        own = stack.enter_context(cluster.bench_cluster(preload="pg_stat_statements"))
+        adapters._sql(own.dsn, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        quota = pgquota.CpuQuota(args.pg_cpus, int(args.pg_period_ms * 1000))
+        stack.callback(quota.remove)
+        quota.add(pgquota.cluster_pids(own.data))
+        args.cluster = True
+        return run(args, own.dsn, quota)
 
 
-def run(args: argparse.Namespace, server_dsn: str) -> int:
-    """The whole bench on the PostgreSQL server of server_dsn."""
+def run(
+    args: argparse.Namespace, server_dsn: str, quota: pgquota.CpuQuota | None = None
+) -> int:
+    """The whole bench on the PostgreSQL server of server_dsn (under quota, when given)."""
     profile = profiles.PROFILES[args.mode]
     overrides: dict[str, Any] = {}
     if args.duration:
@@ -593,8 +673,13 @@ def run(args: argparse.Namespace, server_dsn: str) -> int:
     if overrides:
         profile = profiles.Profile(**{**profile.__dict__, **overrides})
     ctx = Context(profile, server_dsn, args.amqp, args.db_prefix, own_cluster=args.cluster)
-    wanted = args.systems.split(",") if args.systems else list(profile.systems)
-    phases = set(args.only.split(",")) if args.only else set(PHASES)
+    ctx.quota = quota
+    default_systems = PGBOUND_SYSTEMS if quota else profile.systems
+    wanted = args.systems.split(",") if args.systems else list(default_systems)
+    if args.only:
+        phases = set(args.only.split(","))
+    else:
+        phases = {"pgbound"} if quota else set(PHASES) - {"pgbound"}
     unknown = phases - set(PHASES)
     if unknown:
         print(f"unknown phases: {', '.join(sorted(unknown))}", file=sys.stderr)
@@ -618,6 +703,8 @@ def run(args: argparse.Namespace, server_dsn: str) -> int:
         phases -= {"backlog", "memory"}
     cases = plan(ctx, phases) + (plan_small(ctx) if "small" in phases else [])
     fanout = plan_fanout(ctx, args.groups) if "fanout" in phases else []
+    if "pgbound" in phases:
+        cases += plan_pgbound(ctx, args.groups)
     setup_databases(ctx)
     if "queen" in ctx.systems:
         pool = args.queen_pool or queen_pool(cases + fanout)
@@ -646,6 +733,8 @@ def run(args: argparse.Namespace, server_dsn: str) -> int:
                 drop_database(ctx.server_dsn, f"{ctx.db_prefix}_{system}")
     facts = conditions(ctx, started)  # while the server still runs
     facts["rounds"] = args.rounds
+    if quota is not None:
+        facts["pg_quota"] = {"cpus": quota.cpus, "period_ms": quota.period_us / 1000}
     facts["wal_baseline"] = args.wal_baseline
     paths = report.write(args.out, args.name or profile.name, ctx.results, facts)
     failed = [r for r in ctx.results if "failed" in r]

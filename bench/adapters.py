@@ -245,6 +245,9 @@ class RawClient:
         self.conn = psycopg.connect(target["dsn"], autocommit=True)
         self.partitions = max(1, int(spec.get("partitions", 1)))
         self._next_partition = int(spec.get("client_index", 0))
+        if spec.get("async_acks") and spec.get("role") == "consumer":
+            # Claims and acks without waiting for the disk, as Queen commits its own.
+            self.conn.execute("SET synchronous_commit = off")
 
     def push(self, n: int) -> int:
         body = b"[" + b",".join([PAYLOAD_JSON] * n) + b"]"
@@ -260,6 +263,100 @@ class RawClient:
 
     def ack(self, handles: list[int]) -> None:
         self.conn.execute(RAW_ACK, (handles,))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# --------------------------------------------------------------------------- minimal cursors
+
+# Queen's model in plain SQL, and nothing else: the least a cursor lifecycle asks of
+# PostgreSQL, as the limit Queen's own SQL is measured against. Immutable messages with a
+# system-wide unique transaction id; a push draws ids under its partition's advisory lock
+# (so a cursor never passes a message that commits later); a pop leases a free partition
+# and reads its next batch in one statement; an ack moves the cursor over the lease.
+# No consumer groups, retries, counts or wake-ups.
+MINIMAL_DDL = """
+DROP SCHEMA IF EXISTS bench_min CASCADE;
+CREATE SCHEMA bench_min;
+CREATE TABLE bench_min.messages (
+    partition      integer NOT NULL,
+    id             bigint GENERATED ALWAYS AS IDENTITY,
+    transaction_id text NOT NULL DEFAULT gen_random_uuid()::text,
+    payload        jsonb NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (partition, id),
+    UNIQUE (transaction_id)
+);
+CREATE TABLE bench_min.cursors (
+    partition   integer PRIMARY KEY,
+    cursor_id   bigint NOT NULL DEFAULT 0,
+    lease_until timestamptz NOT NULL DEFAULT '-infinity',
+    lease_last  bigint
+) WITH (fillfactor = 50);
+"""
+MINIMAL_PUSH = """
+WITH locked AS (SELECT pg_advisory_xact_lock(%(partition)s::bigint)),
+made AS (INSERT INTO bench_min.cursors (partition) SELECT %(partition)s FROM locked
+         ON CONFLICT DO NOTHING)
+INSERT INTO bench_min.messages (partition, payload)
+SELECT %(partition)s, value FROM locked, jsonb_array_elements(%(items)s::jsonb)
+"""
+MINIMAL_POP = """
+WITH c AS (
+    SELECT c.partition, c.cursor_id FROM bench_min.cursors c
+    WHERE c.lease_until < now()
+      AND EXISTS (SELECT 1 FROM bench_min.messages m
+                  WHERE m.partition = c.partition AND m.id > c.cursor_id)
+    LIMIT 1 FOR UPDATE SKIP LOCKED
+), batch AS MATERIALIZED (
+    SELECT m.partition, m.id, m.transaction_id, m.payload
+    FROM c CROSS JOIN LATERAL (
+        SELECT x.partition, x.id, x.transaction_id, x.payload FROM bench_min.messages x
+        WHERE x.partition = c.partition AND x.id > c.cursor_id ORDER BY x.id LIMIT %(batch)s
+    ) m
+), leased AS (
+    UPDATE bench_min.cursors x
+    SET lease_until = now() + interval '5 minutes', lease_last = s.last
+    FROM (SELECT max(b.id) AS last FROM batch b) s, c
+    WHERE x.partition = c.partition AND s.last IS NOT NULL
+)
+SELECT partition, id, transaction_id, payload FROM batch ORDER BY id
+"""
+MINIMAL_ACK = """
+UPDATE bench_min.cursors SET cursor_id = lease_last, lease_until = '-infinity'
+WHERE partition = %(partition)s AND lease_last = %(last)s
+"""
+
+
+class MinimalClient:
+    """Queen's model in plain SQL (MINIMAL_DDL): the least work its lifecycle needs."""
+
+    def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(target["dsn"], autocommit=True)
+        self.partitions = max(1, int(spec.get("partitions", 1)))
+        self._next_partition = int(spec.get("client_index", 0))
+        if spec.get("role") == "consumer" and spec.get("async_acks", True):
+            self.conn.execute("SET synchronous_commit = off")
+
+    def push(self, n: int) -> int:
+        body = b"[" + b",".join([PAYLOAD_JSON] * n) + b"]"
+        partition = self._next_partition % self.partitions
+        self._next_partition += 1
+        self.conn.execute(MINIMAL_PUSH, {"partition": partition, "items": body.decode()})
+        return n
+
+    def pop(self, n: int) -> list[tuple[int, int]]:
+        rows = self.conn.execute(MINIMAL_POP, {"batch": n}).fetchall()
+        if not rows:
+            raise EmptyPop
+        return [(r[0], r[1]) for r in rows]
+
+    def ack(self, handles: list[tuple[int, int]]) -> None:
+        last = max(h[1] for h in handles)
+        self.conn.execute(MINIMAL_ACK, {"partition": handles[0][0], "last": last})
 
     def close(self) -> None:
         self.conn.close()
@@ -362,6 +459,7 @@ CLIENTS = {
     "queen3": QueenClient,
     "queen_sql": QueenSqlClient,
     "raw": RawClient,
+    "minimal": MinimalClient,
     "pgmq": PgmqClient,
     "rabbitmq": RabbitClient,
 }
@@ -377,6 +475,8 @@ def prepare(system: str, target: dict[str, Any], queues: list[str] | None = None
         _reset_queen(target["dsn"])
     elif system == "raw":
         _sql(target["dsn"], RAW_DDL)
+    elif system == "minimal":
+        _sql(target["dsn"], MINIMAL_DDL)
     elif system == "pgmq":
         _sql(target["dsn"], "SELECT pgmq.drop_queue(queue_name) FROM pgmq.meta")
         for queue in queues or [QUEUE]:

@@ -150,7 +150,10 @@ def build_clients(
 ) -> list[Any]:
     cls = CLIENTS[spec["system"]]
     return [
-        cls(spec["target"], {**spec, **fanout_role(spec, role, i), "client_index": offset + i})
+        cls(
+            spec["target"],
+            {**spec, **fanout_role(spec, role, i), "client_index": offset + i, "role": role},
+        )
         for i in range(count)
     ]
 

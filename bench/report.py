@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench import report_small
+from bench import report_pgbound, report_small
 from bench.tables import fmt, ran, ratio, systems_in
 
 HEADLINE_PARTITIONS = 16  # Queen's e2e point compared with the baselines
@@ -159,6 +159,10 @@ def _goals(
 ) -> list[tuple[str, float, str, bool | None]]:
     """(goal, measured, target, met) from one round's results."""
 
+    bound = report_pgbound.goal_rows(results)
+    results = report_pgbound.others(results)
+    if bound and not ran(results):
+        return bound  # a PostgreSQL-bound run: the whole-machine goals do not apply
     crowded = report_small.goal_rows(results)
     results = report_small.others(results)
     lat = find(results, system="queen", workload="latency")
@@ -192,7 +196,7 @@ def _goals(
         add(WAL_GOAL, v, f"<= {wal_baseline / 2:g}", v <= wal_baseline / 2)
     else:
         add(WAL_GOAL, v, REPORTED, None)
-    for name, v, target, met in crowded:
+    for name, v, target, met in crowded + bound:
         add(name, v, target, met)
     v = latency_of(lat, "p50")
     add("pop p50 at low load (ms)", v, "<= 2", v <= 2)
@@ -251,7 +255,7 @@ def budgets(results: list[dict[str, Any]]) -> list[tuple[str, int, str, float, f
     median windows). Goals whose windows are missing are left out.
     """
 
-    results = report_small.others(results)
+    results = report_small.others(report_pgbound.others(results))
     rows = []
     for _, workload, batch, system, factor in RATE_GOALS:
         base = find(results, system=system, workload=workload, batch=batch)
@@ -306,8 +310,11 @@ def markdown(mode: str, results: list[dict[str, Any]], facts: dict[str, Any]) ->
     ]
 
     shown = median_windows(results)
+    bound = report_pgbound.table(shown, facts)
+    shown = report_pgbound.others(shown)
     main = report_small.others(shown)
     out += [
+        *(["", *bound] if bound else []),
         "",
         *_push_table(main),
         "",
@@ -612,10 +619,11 @@ def plots(out_dir: Path, mode: str, results: list[dict[str, Any]]) -> list[Path]
         return []
 
     paths = []
-    small_path = report_small.plot(plt, out_dir, mode, results)
-    if small_path is not None:
-        paths.append(small_path)
-    results = report_small.others(results)
+    for extra in (report_pgbound.plot, report_small.plot):
+        path = extra(plt, out_dir, mode, results)
+        if path is not None:
+            paths.append(path)
+    results = report_small.others(report_pgbound.others(results))
     if _throughput_plot(plt, out_dir, mode, results):
         paths.append(out_dir / f"throughput-{mode}.png")
     paths += _latency_plot(plt, out_dir, mode, results)

@@ -127,8 +127,11 @@ class WalMeter:
             self.conn.close()
 
 
-def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict[str, Any]:
-    """Run case against target; return throughput, latency percentiles, CPU shares and WAL."""
+def run_case(
+    case: Case, target: dict[str, Any], server_pids: list[int], pg: Any = None
+) -> dict[str, Any]:
+    """Run case against target; return throughput, latency percentiles, CPU shares and WAL
+    (and with pg, a bench.pgquota.PgMeter, what each message cost the cluster)."""
     procs = []
     wal = WalMeter(target.get("dsn"))
     for i in range(case.processes):
@@ -168,6 +171,8 @@ def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict
         meter = procstat.CpuMeter()
         time.sleep(max(0.0, start + case.warmup - time.time()))
         wal.read()
+        if pg is not None:
+            pg.read()
         db_pids = backend_pids(target["dsn"]) if "dsn" in target else []
         bg_pids = background_pids(target["dsn"]) if "dsn" in target else []
         groups = {
@@ -180,6 +185,8 @@ def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict
         time.sleep(max(0.0, start + case.warmup + case.duration - time.time()))
         cpu = meter.stop()
         wal.read()
+        if pg is not None:
+            pg.read()
         outputs = []
         for proc in procs:
             out, err = proc.communicate(timeout=60)
@@ -195,7 +202,11 @@ def run_case(case: Case, target: dict[str, Any], server_pids: list[int]) -> dict
                 proc.wait()
     # The backends open on the bench database as the window opened: a pool (Queen's)
     # or the clients' own connections, so a report shows whether they ran short.
-    return {**_merge(case, outputs, cpu, wal.written()), "backends": len(db_pids)}
+    result = {**_merge(case, outputs, cpu, wal.written()), "backends": len(db_pids)}
+    if pg is not None:
+        done = result["counts"].get("pushed" if case.workload == "push" else "acked", 0)
+        result.update(pg.result(case.duration, done))
+    return result
 
 
 def _merge(

@@ -23,6 +23,8 @@ def ratio(a: float, b: float) -> float:
 
 def systems_in(results: list[dict[str, Any]], workload: str) -> list[str]:
     """The systems with results for a workload, in the report's order."""
-    order = ["queen", "queen_sql", "queen3", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq"]
+    order = [
+        "queen", "queen_sql", "queen3", "minimal", "raw", "pgmq", "pgqueuer", "pgboss", "rabbitmq"
+    ]
     present = {r["system"] for r in ran(results) if r["workload"] == workload}
     return [s for s in order if s in present]

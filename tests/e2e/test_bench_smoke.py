@@ -4,8 +4,9 @@ Marked slow: it takes 20-40 s (two rounds of eight one-second cases, each in a f
 load-generator process, plus seeding and a gunicorn start), over the 20 s budget of the
 default run. The second test runs it once on a cluster the bench starts itself (initdb,
 default settings), as the goals are measured; the third only its fan-out phase there,
-with pgmq's copy approach beside Queen's; the last only its small phase (many clients
-at batches of 1 and 10), 10-20 s.
+with pgmq's copy approach beside Queen's; then only its small phase (many clients at
+batches of 1 and 10), 10-20 s; the last its PostgreSQL-bound phase on its own cluster
+under a CPU quota (root only).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from bench import pgquota
 from bench.cluster import pg_bin
 from tests.conftest import ROOT
 
@@ -165,3 +167,25 @@ def test_bench_small_phase(server_dsn, tmp_path):
     assert "DB_POOL_SIZE 10 per worker" in report  # few clients: Queen's default
     assert (tmp_path / "small-smoke.png").exists()
     assert not (tmp_path / "throughput-smoke.png").exists()
+
+
+@pytest.mark.slow
+def test_bench_pgbound_phase_runs_its_cluster_under_the_quota(tmp_path):
+    if pg_bin() is None:
+        pytest.skip("no PostgreSQL binaries for a cluster of the bench's own")
+    reason = pgquota.unavailable()
+    if reason:
+        pytest.skip(reason)
+    report, results = run_smoke(
+        tmp_path, "--pg-cpus", "0.5", "--systems", "queen,minimal,raw",
+        systems=("queen", "minimal", "raw"),
+    )
+    assert "## PostgreSQL as the bottleneck" in report
+    assert "CPU quota of 0.5 core" in report
+    assert "PG-bound: e2e batch 100 / minimal cursor SQL" in report
+    assert all(r.get("phase") == "pgbound" for r in results)
+    for r in results:
+        assert r["msgs_per_s"] > 0 and r["counts"]["errors"] == 0, r["case"]
+        assert r["pg_cpu_us_per_msg"] > 0 and r["pg_statements_per_msg"] > 0, r["case"]
+        # the cluster's CPU stays within its quota (a little over: accounting granularity)
+        assert r["pg_cores"] <= 0.5 * 1.2, r["case"]

@@ -1,0 +1,194 @@
+"""PostgreSQL as the bottleneck: the bench's cluster under a CPU quota, and what each
+message costs it.
+
+A cgroup (v1: the cpu and cpuacct hierarchies; v2: the unified one) holds every process
+of the bench's own cluster, with `cpu.cfs_quota_us` / `cpu.max` set to a share of one core;
+backends forked later inherit it. The server and the load generators stay outside, so the
+quota, not the request tier, bounds the rates. Root is needed to make the group; where it
+cannot be made the phase is skipped with the reason (`unavailable`).
+
+`PgMeter` reads, at a window's edges: the group's CPU time, the cluster's commits and tuples
+fetched (pg_stat_database), its statements (pg_stat_statements, when preloaded) and the
+group's throttled periods. Backends report their database counters at most once a second,
+so over a window of several seconds those two are good to a few percent; CPU time,
+statements and WAL (the runner's own meter) are exact.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+DEFAULT_PERIOD_US = 20_000
+
+
+def _v2(root: Path) -> bool:
+    controllers = root / "cgroup.controllers"
+    return controllers.exists() and "cpu" in controllers.read_text().split()
+
+
+def unavailable(root: Path = CGROUP_ROOT) -> str:
+    """Why no CPU quota can be set here ('' when one can)."""
+    if os.geteuid() != 0:
+        return "a CPU quota needs root (a cgroup of the cluster's processes)"
+    if _v2(root):
+        return ""
+    if (root / "cpu" / "cpu.cfs_quota_us").exists() and (root / "cpuacct" / "cpuacct.usage").exists():
+        return ""
+    return f"no cgroup cpu controller under {root}"
+
+
+class CpuQuota:
+    """A cgroup holding processes to `cpus` cores (per period_us), and its CPU time."""
+
+    def __init__(
+        self, cpus: float, period_us: int = DEFAULT_PERIOD_US, root: Path = CGROUP_ROOT,
+        name: str | None = None,
+    ) -> None:
+        if cpus <= 0:
+            raise ValueError("cpus must be positive")
+        reason = unavailable(root)
+        if reason:
+            raise RuntimeError(reason)
+        self.cpus = cpus
+        self.period_us = period_us
+        self.quota_us = max(1000, int(cpus * period_us))
+        self.name = name or f"queen-bench-pg-{os.getpid()}"
+        self.v2 = _v2(root)
+        self.root = root
+        if self.v2:
+            self.dirs = [root / self.name]
+        else:
+            self.dirs = [root / "cpu" / self.name, root / "cpuacct" / self.name]
+        for directory in self.dirs:
+            directory.mkdir(exist_ok=True)
+        if self.v2:
+            (self.dirs[0] / "cpu.max").write_text(f"{self.quota_us} {self.period_us}")
+        else:
+            (self.dirs[0] / "cpu.cfs_period_us").write_text(str(self.period_us))
+            (self.dirs[0] / "cpu.cfs_quota_us").write_text(str(self.quota_us))
+
+    def add(self, pids: list[int]) -> None:
+        """Move processes into the group (their children forked later stay in it)."""
+        for pid in pids:
+            for directory in self.dirs:
+                try:
+                    (directory / "cgroup.procs").write_text(str(pid))
+                except ProcessLookupError:
+                    break  # gone meanwhile (a backend that exited)
+
+    def pids(self) -> list[int]:
+        text = (self.dirs[0] / "cgroup.procs").read_text()
+        return [int(p) for p in text.split()]
+
+    def usage_s(self) -> float:
+        """CPU seconds the group's processes used since it was made."""
+        if self.v2:
+            for line in (self.dirs[0] / "cpu.stat").read_text().splitlines():
+                key, value = line.split()
+                if key == "usage_usec":
+                    return int(value) / 1e6
+            return 0.0
+        return int((self.dirs[1] / "cpuacct.usage").read_text()) / 1e9
+
+    def throttled(self) -> tuple[int, int]:
+        """(periods, periods in which the group was throttled) since it was made."""
+        stat = dict(
+            line.split() for line in (self.dirs[0] / "cpu.stat").read_text().splitlines()
+        )
+        return int(stat.get("nr_periods", 0)), int(stat.get("nr_throttled", 0))
+
+    def remove(self) -> None:
+        """Move what is left to the parent group and delete the group."""
+        for directory in self.dirs:
+            parent = directory.parent / "cgroup.procs"
+            for pid in (directory / "cgroup.procs").read_text().split():
+                try:
+                    parent.write_text(pid)
+                except (ProcessLookupError, OSError):
+                    continue
+        for directory in self.dirs:
+            try:
+                directory.rmdir()
+            except OSError:
+                continue
+
+
+def cluster_pids(data_dir: Path) -> list[int]:
+    """The postmaster of a cluster (postmaster.pid) and its children."""
+    postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+    pids = [postmaster]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == postmaster:
+            pids.append(int(entry.name))
+    return pids
+
+
+COUNTERS = """
+SELECT coalesce(sum(xact_commit), 0)::bigint, coalesce(sum(tup_fetched), 0)::bigint,
+       coalesce(sum(tup_returned), 0)::bigint
+FROM pg_stat_database
+"""
+STATEMENTS = "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements"
+
+
+class PgMeter:
+    """What the cluster did over a window: read() at each edge, then per_message(n)."""
+
+    def __init__(self, dsn: str, quota: CpuQuota | None) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.quota = quota
+        self.statements = bool(
+            self.conn.execute(
+                "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"
+            ).fetchone()[0]  # type: ignore[index]
+        )
+        self.edges: list[dict[str, float]] = []
+
+    def read(self) -> None:
+        row = self.conn.execute(COUNTERS).fetchone()
+        assert row is not None
+        edge: dict[str, float] = {
+            "commits": row[0], "tuples_fetched": row[1], "tuples_returned": row[2],
+        }
+        if self.statements:
+            (edge["statements"],) = self.conn.execute(STATEMENTS).fetchone() or (0,)
+        if self.quota is not None:
+            edge["cpu_s"] = self.quota.usage_s()
+            edge["periods"], edge["throttled"] = self.quota.throttled()
+        self.edges.append(edge)
+
+    def result(self, seconds: float, messages: int) -> dict[str, Any]:
+        """The window's totals per message (and the quota's use) for a results row."""
+        if len(self.edges) != 2:
+            return {}
+        before, after = self.edges
+        delta = {key: after[key] - before[key] for key in after}
+        per = max(messages, 1)
+        out: dict[str, Any] = {
+            "pg_commits_per_msg": delta["commits"] / per,
+            "pg_tuples_fetched_per_msg": delta["tuples_fetched"] / per,
+            "pg_tuples_returned_per_msg": delta["tuples_returned"] / per,
+        }
+        if "statements" in delta:
+            out["pg_statements_per_msg"] = delta["statements"] / per
+        if "cpu_s" in delta:
+            out["pg_cpu_us_per_msg"] = delta["cpu_s"] * 1e6 / per
+            out["pg_cores"] = delta["cpu_s"] / seconds if seconds else 0.0
+            periods = delta["periods"]
+            out["pg_throttled_share"] = delta["throttled"] / periods if periods else 0.0
+        return out
+
+    def close(self) -> None:
+        self.conn.close()

@@ -1,0 +1,109 @@
+"""The PostgreSQL-bound phase: the CPU quota it runs the cluster under, its cases, and its
+place in a report."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from bench import __main__ as bench
+from bench import pgquota, profiles, report, report_pgbound
+
+SYSTEMS = ["queen", "minimal", "raw", "pgmq"]
+
+
+def test_a_quota_holds_a_busy_process_to_its_share_of_a_core(tmp_path):
+    reason = pgquota.unavailable()
+    if reason:
+        pytest.skip(reason)
+    quota = pgquota.CpuQuota(0.2, 20_000, name=f"queen-test-{tmp_path.name}")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        quota.add([spinner.pid])
+        assert spinner.pid in quota.pids()
+        started, before = time.monotonic(), quota.usage_s()
+        time.sleep(1.5)
+        used, elapsed = quota.usage_s() - before, time.monotonic() - started
+        periods, throttled = quota.throttled()
+    finally:
+        spinner.kill()
+        spinner.wait()
+        quota.remove()
+    # The kernel enforces the ceiling whatever else runs; a busy process is throttled.
+    assert 0 < used <= 0.2 * elapsed * 1.25 + 0.02
+    assert periods > 0 and throttled > 0
+    assert not any(d.exists() for d in quota.dirs)
+
+
+def test_no_quota_without_a_positive_share():
+    with pytest.raises(ValueError):
+        pgquota.CpuQuota(0)
+
+
+def test_the_phase_runs_every_goal_shape_for_each_system_and_fanout_for_queen():
+    ctx = bench.Context(profiles.FULL, "postgresql://unused", "amqp://unused", "t",
+                        systems=SYSTEMS)
+    cases = bench.plan_pgbound(ctx, 4)
+    assert all(c.phase == "pgbound" and c.extra["async_acks"] for c in cases)
+    shapes = {(c.workload, c.batch, c.producers, c.consumers) for c in cases if c.system == "raw"}
+    assert shapes == {
+        ("push", 1, 64, 0), ("push", 1000, 8, 0),
+        ("e2e", 1, 32, 32), ("e2e", 10, 32, 32), ("e2e", 100, 2, 4), ("e2e", 1000, 2, 4),
+    }
+    for system in SYSTEMS:
+        assert {
+            (c.workload, c.batch) for c in cases if c.system == system and c.workload != "fanout"
+        } == {(w, b) for w, b, _, _ in shapes}
+    fanout = [c for c in cases if c.workload == "fanout"]
+    assert {(c.system, c.extra["variant"], c.extra["groups"]) for c in fanout} == {
+        ("queen", "groups", 4), ("queen", "copy", 4)
+    }
+
+
+def window(system: str, workload: str, batch: int, rate: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "case": f"{system}/{workload}/b{batch}", "system": system, "workload": workload,
+        "batch": batch, "partitions": 16, "producers": 2, "consumers": 4, "phase": "pgbound",
+        "msgs_per_s": rate, "round": 1, **extra,
+    }
+
+
+RESULTS = [
+    window("queen", "e2e", 100, 30_000, wal_bytes_per_msg=400, pg_tuples_fetched_per_msg=2.5,
+           pg_cpu_us_per_msg=15.0, pg_cores=0.5, pg_throttled_share=0.98),
+    window("raw", "e2e", 100, 12_000, wal_bytes_per_msg=1_000, pg_cpu_us_per_msg=40.0),
+    window("minimal", "e2e", 100, 32_000, wal_bytes_per_msg=380),
+    window("queen", "push", 1, 1_000),
+    window("raw", "push", 1, 500),
+    window("queen", "fanout", 100, 30_000, variant="groups"),
+    window("queen", "fanout", 100, 10_000, variant="copy"),
+]
+
+
+def test_goals_compare_queen_with_each_baseline_of_the_same_round():
+    rows = {name: (value, met) for name, value, _, met in report_pgbound.goal_rows(RESULTS)}
+    assert rows["PG-bound: e2e batch 100 / raw"] == (2.5, True)
+    value, met = rows["PG-bound: e2e batch 100 / minimal cursor SQL"]
+    assert value == pytest.approx(30 / 32) and met is True
+    assert rows["PG-bound: push batch 1 / raw"] == (2.0, False)
+    assert rows["PG-bound: fan-out 4 groups / copy"] == (3.0, True)
+    assert rows["PG-bound: tuples fetched/msg e2e batch 100"] == (2.5, True)
+    assert rows["PG-bound: WAL/msg e2e batch 100 / raw's"] == (0.4, True)
+    value, met = rows["PG-bound: e2e batch 1 / raw"]
+    assert math.isnan(value) and met is None  # no window of that shape
+
+
+def test_a_report_shows_the_phase_first_and_keeps_it_out_of_the_whole_machine_tables():
+    facts = {"pg_quota": {"cpus": 0.5, "period_ms": 20.0}, "rounds": 1}
+    text = report.markdown("t", RESULTS, facts)
+    assert "## PostgreSQL as the bottleneck" in text
+    assert "CPU quota of 0.5 core" in text
+    assert "| e2e batch 100 | 2 + 4 | 30,000 | 32,000 | 12,000 | 2.50 | 0.94 |" in text
+    assert "| queen/e2e/b100 | 30,000 | 15.0 | 2.5 | 400 |" in text
+    assert "## Push only" not in text and "## End to end" not in text
+    assert "e2e batch 100 (p16) / raw ceiling" not in text  # whole-machine goals left out
