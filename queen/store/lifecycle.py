@@ -271,5 +271,5 @@ def retention(conn: Connection, limit: int = 10000) -> int:
 
 
 def analyze(conn: Connection, min_changes: int = 1000) -> list[str]:
-    """ANALYZE the cursor tables changed by more than a tenth; return their names."""
+    """ANALYZE the store's tables changed by more than a tenth; return their names."""
     return list(_scalar(conn, "analyze_tables", {"min_changes": min_changes}))

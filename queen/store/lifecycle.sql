@@ -37,7 +37,7 @@ SELECT queen.group_delete(%(queue)s, %(group)s)
 -- retention: delete retained messages past their queue's retention, up to a limit --
 SELECT queen.retention(%(limit)s)
 
--- analyze_tables: analyze the cursor tables that changed enough --
+-- analyze_tables: analyze the store's tables that changed enough --
 SELECT queen.analyze_tables(%(min_changes)s)
 
 -- ack_checked: apply acknowledgments and say which ones changed something --

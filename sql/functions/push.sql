@@ -218,7 +218,7 @@ $$;
 -- maxSize (the common push) is stored by queen.store_new_messages; any other by
 -- queen.store_messages. Its statements and those of the functions it calls keep one plan
 -- per session (plan_cache_mode): a custom plan, made afresh at every call, always looks
--- cheaper with the batch's arrays known; re-planning took about a quarter of the
+-- cheaper with the batch's arrays known, and re-planning is a large share of the
 -- database CPU of one-message pushes under load. The same holds for the other entry
 -- points of the hot path (pop, ack, lease extension, wake-ups);
 -- tests/integration/test_query_plans.py checks that their plans are generic.
