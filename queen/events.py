@@ -1,14 +1,14 @@
 """Per-process LISTEN connection and the registry of parked long polls.
 
 PostgreSQL notifies when a partition may have work for a consumer (the protocol:
-queen.wakeup). The
-listener (one dedicated autocommit connection per process, outside the pool) hands each
-notification to the registry, which wakes ONE parked poll whose route matches in each
-consumer group parked here (queue mode is a group of its own): within a group a
-partition is leased to one consumer at a time, so one waiter per notification is what
-there is work for, while every group reads every message. The oldest armed waiter of a
-group goes first. A partition one group's ack (or give-back) freed concerns that group
-alone: its notification names the group ('.../group') and wakes a poll of it only.
+queen.wakeup). The listener (one dedicated autocommit connection per process, outside
+the pool) hands each notification to the registry, which wakes ONE parked poll whose
+route matches in each consumer group parked here (queue mode is a group of its own):
+within a group a partition is leased to one consumer at a time, so one waiter per
+notification is what there is work for, while every group reads every message. The
+oldest armed waiter of a group goes first. A partition one group's ack (or give-back)
+freed concerns that group alone: its notification names the group ('.../group') and
+wakes a poll of it only.
 
 A waiter is armed from the moment it subscribes, before its first database check, and
 again before every re-check, so a notification that arrives while it queries is never

@@ -11,7 +11,9 @@ Parked polls are indexed by route key: (BY_PARTITION, queue, partition),
 (BY_QUEUE, queue, None) or (BY_FILTER, namespace, task), None matching anything.
 
 A push that names no partition goes to DEFAULT_PARTITION (queen.default_partition in
-SQL; the column default of nothing: the name is given on every insert).
+SQL). No column has it as a default: every insert names its partition. The name is also
+written out, as prose, in the API description (queen/api/openapi.json) and in the help
+of `queen push --partition` (queen.client, which imports nothing of the server).
 """
 
 from __future__ import annotations

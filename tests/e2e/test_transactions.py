@@ -16,8 +16,10 @@ from typing import Any
 import psycopg
 import pytest
 import requests
+from psycopg import sql
 
 from queen.store import lifecycle
+from queen.wakeup import CHANNEL
 from tests.e2e.servers import (
     API,
     ack_op,
@@ -319,7 +321,7 @@ def test_pushes_into_encrypted_queues_are_sealed(module_server, conn, q) -> None
 
 
 def wakeups(listener: psycopg.Connection[Any], timeout: float) -> list[str]:
-    """Notifications on channel queen within timeout seconds."""
+    """Wake-up notifications within timeout seconds."""
     deadline = time.monotonic() + timeout
     seen: list[str] = []
     while time.monotonic() < deadline:
@@ -334,7 +336,7 @@ def test_long_polls_are_woken_after_commit_and_not_after_a_rollback(
     module_server, module_dsn, conn, q
 ) -> None:
     with psycopg.connect(module_dsn, autocommit=True) as listener:
-        listener.execute("LISTEN queen")
+        listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
         conn.execute("SELECT queen.list_waiting_worker('parked-test', 60)")
         try:
             bad = {"type": "ack", "transactionId": f"{q}-nope", "status": "completed"}

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+from psycopg.sql import SQL, Identifier
 
 from queen.config import Settings
 from queen.errors import Unavailable
@@ -18,6 +19,7 @@ from queen.store import Store
 from queen.store.db import Database
 from queen.store.maintenance import MaintenanceSession
 from queen.store.messages import message_id_of, message_uuid
+from queen.wakeup import CHANNEL
 from workers.maintenance import Maintenance
 
 
@@ -139,7 +141,7 @@ def test_maintenance_wakes_polls_when_a_retry_delay_ends(cstore, session, db_dsn
     assert scan.woken == 0 and scan.next_due_in is not None and 50 < scan.next_due_in <= 60
 
     with psycopg.connect(db_dsn, autocommit=True) as listener:
-        listener.execute("LISTEN queen")
+        listener.execute(SQL("LISTEN {}").format(Identifier(CHANNEL)))
         sql(db_dsn, "SELECT queen.list_waiting_worker('w', 30)")
         sql(db_dsn, "UPDATE queen.consumers SET not_before = now() - interval '1 ms'")
         scan = session.wake_due(scan.scanned_at)

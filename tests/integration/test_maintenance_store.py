@@ -14,10 +14,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from queen.store import Store, lifecycle
 from queen.store.maintenance import MaintenanceSession
 from queen.store.migrate import function_files
+from queen.wakeup import CHANNEL
 from tests.integration.helpers import (
     ack_all,
     conn,
@@ -49,7 +51,7 @@ def execute(dsn: str, query: str, params: tuple = ()) -> None:
 @contextlib.contextmanager
 def listening(dsn: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("LISTEN queen")
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
         yield conn
 
 

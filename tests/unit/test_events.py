@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from queen import wakeup
 from queen.events import Events
 from queen.models import PopRoute
 from queen.wakeup import keys_for, parse, route_key
@@ -16,7 +17,7 @@ ANYTHING = PopRoute()
 
 
 def payload(queue: str = "q", partition: str = "p", namespace: str = "", task: str = "") -> str:
-    return f"{queue}/{partition}/{namespace}/{task}"
+    return wakeup.payload(queue, partition, namespace, task)
 
 
 def test_a_notification_serves_its_partition_queue_and_matching_filters():
