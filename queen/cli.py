@@ -11,7 +11,15 @@ import sys
 
 from queen.auth import tokens_cli
 from queen.client.cli import add_client_commands
-from queen.config import SettingError, Settings, add_flags, check_exposure, env_table, log_level
+from queen.config import (
+    SettingError,
+    Settings,
+    add_flags,
+    as_environ,
+    check_exposure,
+    env_table,
+    log_level,
+)
 from queen.server.supervisor import Supervisor
 
 log = logging.getLogger("queen")
@@ -59,10 +67,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from queen.store.migrate import migrate
 
-    settings = Settings.from_env(host=args.host, port=args.port, workers=args.workers)
+    settings = Settings.from_env(**{name: getattr(args, name) for name in SERVE_FLAGS})
     check_exposure(settings)
     env = _database_env(settings)
-    env.update(HOST=settings.host, PORT=str(settings.port), QUEEN_WORKERS=str(settings.workers))
+    env.update(as_environ(settings, SERVE_FLAGS))  # what the flags set reaches the children
     dsn = env.get("DATABASE_URL") or settings.dsn
     applied = migrate(dsn)
     log.info("migrations applied: %s", applied or "none pending")

@@ -220,6 +220,12 @@ def add_flags(parser: argparse.ArgumentParser, names: Iterable[str]) -> None:
         )
 
 
+def as_environ(settings: Settings, names: Iterable[str]) -> dict[str, str]:
+    """Return the environment variables that give another process these named settings."""
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    return {fields[name].metadata["env"]: str(getattr(settings, name)) for name in names}
+
+
 def log_level(environ: Mapping[str, str] | None = None) -> str:
     """LOG_LEVEL as Settings reads it, in the form logging takes (upper case). Read on
     its own, so that a process can log why another setting is refused."""

@@ -219,3 +219,16 @@ def test_log_level_is_read_as_settings_read_it() -> None:
     assert log_level({}) == Settings().log_level.upper()
     assert log_level({"LOG_LEVEL": "debug", "PORT": "not a port"}) == "DEBUG"
     assert log_level({"LOG_LEVEL": ""}) == "INFO"
+
+
+def test_serve_hands_the_flags_settings_to_its_children() -> None:
+    from queen.cli import SERVE_FLAGS
+    from queen.config import as_environ
+
+    settings = Settings.from_env({"QUEEN_WORKERS": "4"}, port=7000)
+    assert as_environ(settings, SERVE_FLAGS) == {
+        "HOST": "127.0.0.1",
+        "PORT": "7000",
+        "QUEEN_WORKERS": "4",
+    }
+    assert Settings.from_env(as_environ(settings, SERVE_FLAGS)) == settings
