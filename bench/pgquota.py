@@ -141,6 +141,13 @@ SELECT coalesce(sum(xact_commit), 0)::bigint, coalesce(sum(tup_fetched), 0)::big
 FROM pg_stat_database
 """
 STATEMENTS = "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements"
+# Top-level statements (pg_stat_statements.track = top): a function call's time includes
+# what it runs, so each of Queen's entry points is one line.
+BY_STATEMENT = """
+SELECT queryid, calls, total_exec_time, regexp_replace(left(query, 200), '\\s+', ' ', 'g')
+FROM pg_stat_statements WHERE queryid IS NOT NULL
+"""
+TOP_STATEMENTS = 6
 
 
 class PgMeter:
@@ -155,6 +162,7 @@ class PgMeter:
             ).fetchone()[0]  # type: ignore[index]
         )
         self.edges: list[dict[str, float]] = []
+        self.statement_edges: list[dict[int, tuple[int, float, str]]] = []
 
     def read(self) -> None:
         row = self.conn.execute(COUNTERS).fetchone()
@@ -164,6 +172,9 @@ class PgMeter:
         }
         if self.statements:
             (edge["statements"],) = self.conn.execute(STATEMENTS).fetchone() or (0,)
+            self.statement_edges.append(
+                {row[0]: (row[1], row[2], row[3]) for row in self.conn.execute(BY_STATEMENT)}
+            )
         if self.quota is not None:
             edge["cpu_s"] = self.quota.usage_s()
             edge["periods"], edge["throttled"] = self.quota.throttled()
@@ -188,7 +199,24 @@ class PgMeter:
             out["pg_cores"] = delta["cpu_s"] / seconds if seconds else 0.0
             periods = delta["periods"]
             out["pg_throttled_share"] = delta["throttled"] / periods if periods else 0.0
+        if len(self.statement_edges) == 2:
+            out["pg_top_statements"] = self._top(per)
         return out
+
+    def _top(self, messages: int) -> list[dict[str, Any]]:
+        """The statements that took most of the window's execution time, per message."""
+        before, after = self.statement_edges
+        rows = []
+        for queryid, (calls, ms, text) in after.items():
+            calls0, ms0, _ = before.get(queryid, (0, 0.0, text))
+            if calls > calls0:
+                rows.append({
+                    "query": text,
+                    "calls_per_msg": (calls - calls0) / messages,
+                    "exec_us_per_msg": (ms - ms0) * 1000 / messages,
+                })
+        rows.sort(key=lambda r: -r["exec_us_per_msg"])
+        return rows[:TOP_STATEMENTS]
 
     def close(self) -> None:
         self.conn.close()

@@ -337,7 +337,9 @@ def markdown(mode: str, results: list[dict[str, Any]], facts: dict[str, Any]) ->
     failed = [r for r in results if "failed" in r]
     if failed:
         out += ["", "## Failed cases", ""] + [f"- `{r['case']}`: {r['failed']}" for r in failed]
-    return "\n".join(out) + "\n"
+    # (a table with nothing to show leaves its blank separator: one blank line at most)
+    lines = [line for i, line in enumerate(out) if line or (i and out[i - 1])]
+    return "\n".join(lines) + "\n"
 
 
 def _conditions(facts: dict[str, Any]) -> list[str]:

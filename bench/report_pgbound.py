@@ -153,6 +153,21 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
             f" | {fmt(_value(r, 'pg_cores'), 2)} | {fmt(_value(r, 'pg_throttled_share'), 2)}"
             f" | {fmt(_value(r.get('cpu'), 'idle'), 2)} |"
         )
+    top = [r for r in shown if r["system"] == "queen" and r.get("pg_top_statements")]
+    if top:
+        out += [
+            "",
+            "Queen's statements that took most of PostgreSQL's execution time in each window "
+            "(pg_stat_statements, top level: a function's time includes what it runs):",
+            "",
+            "| case | statement | calls/msg | exec µs/msg |",
+            "|---|---|---:|---:|",
+        ]
+        for r in top:
+            for s in r["pg_top_statements"]:
+                text = s["query"].replace("|", "\\|")[:90]
+                out.append(f"| {r['case']} | `{text}` | {fmt(s['calls_per_msg'], 2)}"
+                           f" | {fmt(s['exec_us_per_msg'], 1)} |")
     return out
 
 

@@ -75,7 +75,9 @@ def window(system: str, workload: str, batch: int, rate: float, **extra: Any) ->
 
 RESULTS = [
     window("queen", "e2e", 100, 30_000, wal_bytes_per_msg=400, pg_tuples_fetched_per_msg=2.5,
-           pg_cpu_us_per_msg=15.0, pg_cores=0.5, pg_throttled_share=0.98),
+           pg_cpu_us_per_msg=15.0, pg_cores=0.5, pg_throttled_share=0.98,
+           pg_top_statements=[{"query": "SELECT x.pop FROM queen.pop_many($1)",
+                               "calls_per_msg": 0.01, "exec_us_per_msg": 6.5}]),
     window("raw", "e2e", 100, 12_000, wal_bytes_per_msg=1_000, pg_cpu_us_per_msg=40.0),
     window("minimal", "e2e", 100, 32_000, wal_bytes_per_msg=380),
     window("queen", "push", 1, 1_000),
@@ -105,5 +107,17 @@ def test_a_report_shows_the_phase_first_and_keeps_it_out_of_the_whole_machine_ta
     assert "CPU quota of 0.5 core" in text
     assert "| e2e batch 100 | 2 + 4 | 30,000 | 32,000 | 12,000 | 2.50 | 0.94 |" in text
     assert "| queen/e2e/b100 | 30,000 | 15.0 | 2.5 | 400 |" in text
+    assert "| queen/e2e/b100 | `SELECT x.pop FROM queen.pop_many($1)` | 0.01 | 6.5 |" in text
     assert "## Push only" not in text and "## End to end" not in text
     assert "e2e batch 100 (p16) / raw ceiling" not in text  # whole-machine goals left out
+
+
+def test_top_statements_are_the_window_s_busiest_per_message():
+    meter = pgquota.PgMeter.__new__(pgquota.PgMeter)
+    meter.statement_edges = [
+        {1: (10, 5.0, "push"), 2: (4, 1.0, "pop")},
+        {1: (110, 25.0, "push"), 2: (54, 41.0, "pop"), 3: (1, 0.1, "new")},
+    ]
+    top = meter._top(100)
+    assert [s["query"] for s in top] == ["pop", "push", "new"]
+    assert top[0] == {"query": "pop", "calls_per_msg": 0.5, "exec_us_per_msg": 400.0}
