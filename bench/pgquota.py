@@ -144,8 +144,15 @@ STATEMENTS = "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements"
 # Top-level statements (pg_stat_statements.track = top): a function call's time includes
 # what it runs, so each of Queen's entry points is one line.
 BY_STATEMENT = """
-SELECT queryid, calls, total_exec_time, regexp_replace(left(query, 200), '\\s+', ' ', 'g')
+SELECT queryid, calls, total_exec_time, shared_blks_hit + shared_blks_read,
+       left(regexp_replace(regexp_replace(query, '^(\\s*--[^\\n]*\\n)+', ''), '\\s+', ' ', 'g'), 200)
 FROM pg_stat_statements WHERE queryid IS NOT NULL
+"""
+# Tuples read per table (index fetches and sequential reads), in the bench's databases.
+BY_TABLE = """
+SELECT schemaname || '.' || relname,
+       coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)
+FROM pg_stat_user_tables
 """
 TOP_STATEMENTS = 6
 
@@ -162,7 +169,17 @@ class PgMeter:
             ).fetchone()[0]  # type: ignore[index]
         )
         self.edges: list[dict[str, float]] = []
-        self.statement_edges: list[dict[int, tuple[int, float, str]]] = []
+        self.statement_edges: list[dict[int, tuple[int, float, int, str]]] = []
+        self.table_edges: list[dict[str, int]] = []
+        # One connection per database, opened before the window: table statistics are
+        # per database.
+        names = [r[0] for r in self.conn.execute(
+            "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate")]
+        self.db_conns = {
+            name: psycopg.connect(psycopg.conninfo.make_conninfo(dsn, dbname=name),
+                                  autocommit=True)
+            for name in names
+        }
 
     def read(self) -> None:
         row = self.conn.execute(COUNTERS).fetchone()
@@ -173,8 +190,9 @@ class PgMeter:
         if self.statements:
             (edge["statements"],) = self.conn.execute(STATEMENTS).fetchone() or (0,)
             self.statement_edges.append(
-                {row[0]: (row[1], row[2], row[3]) for row in self.conn.execute(BY_STATEMENT)}
+                {r[0]: (r[1], r[2], r[3], r[4]) for r in self.conn.execute(BY_STATEMENT)}
             )
+        self.table_edges.append(self._tables())
         if self.quota is not None:
             edge["cpu_s"] = self.quota.usage_s()
             edge["periods"], edge["throttled"] = self.quota.throttled()
@@ -201,22 +219,39 @@ class PgMeter:
             out["pg_throttled_share"] = delta["throttled"] / periods if periods else 0.0
         if len(self.statement_edges) == 2:
             out["pg_top_statements"] = self._top(per)
+        if len(self.table_edges) == 2:
+            before_t, after_t = self.table_edges
+            reads = {k: (v - before_t.get(k, 0)) / per for k, v in after_t.items()}
+            out["pg_tuples_read_per_msg_by_table"] = {
+                k: round(v, 2) for k, v in sorted(reads.items(), key=lambda kv: -kv[1]) if v > 0
+            }
         return out
+
+    def _tables(self) -> dict[str, int]:
+        """Tuples read so far per table, of every database."""
+        reads: dict[str, int] = {}
+        for name, conn in self.db_conns.items():
+            for table, count in conn.execute(BY_TABLE):
+                reads[f"{name}:{table}"] = int(count)
+        return reads
 
     def _top(self, messages: int) -> list[dict[str, Any]]:
         """The statements that took most of the window's execution time, per message."""
         before, after = self.statement_edges
-        rows = []
-        for queryid, (calls, ms, text) in after.items():
-            calls0, ms0, _ = before.get(queryid, (0, 0.0, text))
+        rows: list[dict[str, Any]] = []
+        for queryid, (calls, ms, blocks, text) in after.items():
+            calls0, ms0, blocks0, _ = before.get(queryid, (0, 0.0, 0, text))
             if calls > calls0:
                 rows.append({
                     "query": text,
                     "calls_per_msg": (calls - calls0) / messages,
                     "exec_us_per_msg": (ms - ms0) * 1000 / messages,
+                    "blocks_per_msg": (blocks - blocks0) / messages,
                 })
-        rows.sort(key=lambda r: -r["exec_us_per_msg"])
+        rows.sort(key=lambda r: -float(r["exec_us_per_msg"]))
         return rows[:TOP_STATEMENTS]
 
     def close(self) -> None:
+        for conn in self.db_conns.values():
+            conn.close()
         self.conn.close()

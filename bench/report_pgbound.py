@@ -158,16 +158,25 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
         out += [
             "",
             "Queen's statements that took most of PostgreSQL's execution time in each window "
-            "(pg_stat_statements, top level: a function's time includes what it runs):",
+            "(pg_stat_statements, top level: a function's time and blocks include what it "
+            "runs; time is wall time in the statement, waits for locks and for the quota "
+            "included); then the tuples the whole cluster read a message, by table "
+            "(maintenance included):",
             "",
-            "| case | statement | calls/msg | exec µs/msg |",
-            "|---|---|---:|---:|",
+            "| case | statement | calls/msg | exec µs/msg | blocks/msg |",
+            "|---|---|---:|---:|---:|",
         ]
         for r in top:
             for s in r["pg_top_statements"]:
                 text = s["query"].replace("|", "\\|")[:90]
                 out.append(f"| {r['case']} | `{text}` | {fmt(s['calls_per_msg'], 2)}"
-                           f" | {fmt(s['exec_us_per_msg'], 1)} |")
+                           f" | {fmt(s['exec_us_per_msg'], 1)}"
+                           f" | {fmt(s.get('blocks_per_msg', math.nan), 1)} |")
+        out += ["", "| case | tuples read a message, by table |", "|---|---|"]
+        for r in top:
+            tables = list(r.get("pg_tuples_read_per_msg_by_table", {}).items())[:5]
+            listed = ", ".join(f"{name.split(':', 1)[-1]} {fmt(v, 1)}" for name, v in tables)
+            out.append(f"| {r['case']} | {listed or '–'} |")
     return out
 
 

@@ -107,7 +107,7 @@ def test_a_report_shows_the_phase_first_and_keeps_it_out_of_the_whole_machine_ta
     assert "CPU quota of 0.5 core" in text
     assert "| e2e batch 100 | 2 + 4 | 30,000 | 32,000 | 12,000 | 2.50 | 0.94 |" in text
     assert "| queen/e2e/b100 | 30,000 | 15.0 | 2.5 | 400 |" in text
-    assert "| queen/e2e/b100 | `SELECT x.pop FROM queen.pop_many($1)` | 0.01 | 6.5 |" in text
+    assert "| queen/e2e/b100 | `SELECT x.pop FROM queen.pop_many($1)` | 0.01 | 6.5 | – |" in text
     assert "## Push only" not in text and "## End to end" not in text
     assert "e2e batch 100 (p16) / raw ceiling" not in text  # whole-machine goals left out
 
@@ -115,9 +115,11 @@ def test_a_report_shows_the_phase_first_and_keeps_it_out_of_the_whole_machine_ta
 def test_top_statements_are_the_window_s_busiest_per_message():
     meter = pgquota.PgMeter.__new__(pgquota.PgMeter)
     meter.statement_edges = [
-        {1: (10, 5.0, "push"), 2: (4, 1.0, "pop")},
-        {1: (110, 25.0, "push"), 2: (54, 41.0, "pop"), 3: (1, 0.1, "new")},
+        {1: (10, 5.0, 30, "push"), 2: (4, 1.0, 8, "pop")},
+        {1: (110, 25.0, 330, "push"), 2: (54, 41.0, 508, "pop"), 3: (1, 0.1, 1, "new")},
     ]
     top = meter._top(100)
     assert [s["query"] for s in top] == ["pop", "push", "new"]
-    assert top[0] == {"query": "pop", "calls_per_msg": 0.5, "exec_us_per_msg": 400.0}
+    assert top[0] == {
+        "query": "pop", "calls_per_msg": 0.5, "exec_us_per_msg": 400.0, "blocks_per_msg": 5.0
+    }
