@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import sys
 
 from queen.auth import tokens_cli
@@ -48,6 +49,31 @@ def _database_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+class PortInUse(Exception):
+    """The address `queen serve` was to listen on is taken."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise PortInUse when host:port cannot be bound, as gunicorn would find out only
+    after retrying the bind for half a minute. Bound the way gunicorn binds it
+    (SO_REUSEADDR), then released at once."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise PortInUse(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise PortInUse(
+                f"cannot listen on {host}:{port}: {exc.strerror} (another server on port"
+                f" {port}? choose one with --port or PORT)"
+            ) from exc
+
+
 def browser_url(host: str, port: int) -> str:
     """Return the URL of a server listening on host:port, as a browser here can open it."""
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
@@ -69,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env(**{name: getattr(args, name) for name in SERVE_FLAGS})
     check_exposure(settings)
+    check_port_free(settings.host, settings.port)
     env = _database_env(settings)
     env.update(as_environ(settings, SERVE_FLAGS))  # what the flags set reaches the children
     dsn = env.get("DATABASE_URL") or settings.dsn
@@ -144,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except SettingError as exc:
         parser.exit(2, f"queen: {exc}\n")
-    except (MigrationsNotFound, EarlierDatabase, EmbeddedError) as exc:
+    except (MigrationsNotFound, EarlierDatabase, EmbeddedError, PortInUse) as exc:
         parser.exit(1, f"queen: {exc}\n")
 
 
