@@ -758,10 +758,3 @@ def write(
     raw = out_dir / f"results-{mode}.json"
     raw.write_text(json.dumps({"conditions": facts, "results": results}, indent=1, default=str))
     return [md, raw, *plots(out_dir, mode, median_windows(results))]
-
-
-def save_lines(path: str | Path, lines: list[str]) -> None:
-    """Write a side study's markdown lines to path and print them (bench/longpoll_*, notify_cost)."""
-    text = "\n".join(lines) + "\n"
-    Path(path).write_text(text)
-    print(text)

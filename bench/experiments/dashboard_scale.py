@@ -31,8 +31,7 @@ import requests
 import websocket
 
 from bench import cluster
-from bench.experiments import seed
-from bench.report import save_lines
+from bench.experiments import save_lines, seed
 from bench.systems import BENCH_DIR, QueenServer, fresh_database
 
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")

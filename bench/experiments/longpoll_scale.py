@@ -29,8 +29,8 @@ import psycopg
 import requests
 
 from bench import cluster, procstat
+from bench.experiments import save_lines
 from bench.experiments.rawpoll import Poll, Reader
-from bench.report import save_lines
 from bench.systems import BENCH_DIR, QueenServer, drop_database, fresh_database
 
 SERVER_DSN = os.environ.get("QUEEN_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
