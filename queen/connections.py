@@ -10,7 +10,7 @@
   check could not tell a busy worker from a dead one.
 
 Both deadlines are kept by one sweeper greenlet per worker, not by a timer per request
-(arming and cancelling two gevent timeouts cost about 8 us a request; a sweep, one
+(arming and cancelling two gevent timeouts a request costs more than a sweep, one
 comparison per connection due and one more). A
 connection waiting for its request line or its headers is entered in a dict with its
 deadline; the sweeper wakes every `Limits.sweep_s` and takes the ones due from the front

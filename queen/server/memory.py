@@ -3,7 +3,7 @@
 glibc's malloc serves a large allocation from its own mapping and unmaps it on free,
 but after the first such free it raises that threshold to the size freed (up to
 32 MiB), so the next huge bodies come from the heap, which keeps what it grew to: one
-50 MB request left a worker 50-100 MB above its baseline. A fixed threshold keeps
+huge request leaves a worker well above its baseline. A fixed threshold keeps
 every allocation from MMAP_THRESHOLD_BYTES up in its own mapping, returned on free.
 """
 

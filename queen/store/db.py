@@ -112,7 +112,7 @@ class HubConnection(psycopg.Connection[Any]):
     Under gevent psycopg waits through the patched select.poll: a poll object, a
     registration and a result per wait, and a wake-up every 0.1 s to notice Ctrl-C (the
     hub handles signals in a worker). One io watcher per step of the exchange does the
-    same job for a third less CPU per query. Waits with a timeout (cancelling, the
+    same job for less CPU per query. Waits with a timeout (cancelling, the
     pool's checks) keep psycopg's own.
     """
 
