@@ -168,6 +168,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=pgquota.DEFAULT_PERIOD_US / 1000,
         help="the quota's period (default %(default)g ms)",
     )
+    parser.add_argument(
+        "--cases",
+        help="comma list: run only the cases whose label contains one of these "
+        "(e.g. e2e/b1/,push/b1000); for studying a few cases",
+    )
     parser.add_argument("--name", help="results file suffix (default: the mode)")
     parser.add_argument(
         "--keep", action="store_true", help="keep the bench databases (not with --cluster)"
@@ -705,6 +710,10 @@ def run(
     fanout = plan_fanout(ctx, args.groups) if "fanout" in phases else []
     if "pgbound" in phases:
         cases += plan_pgbound(ctx, args.groups)
+    if args.cases:
+        wanted_labels = args.cases.split(",")
+        cases = [c for c in cases if any(w in c.label for w in wanted_labels)]
+        fanout = [c for c in fanout if any(w in c.label for w in wanted_labels)]
     setup_databases(ctx)
     if "queen" in ctx.systems:
         pool = args.queen_pool or queen_pool(cases + fanout)

@@ -185,16 +185,20 @@ $$;
 -- (fused) call. The rare steps (an expired lease, windowBuffer, ttl) are
 -- queen.claimable's; delayedProcessing hides messages younger than it. p_lease:
 -- the lease id the caller chose (NULL: a new one), so that a caller who lost the answer
--- can still name the lease and give it back (queen.give_back). Its statements keep
+-- can still name the lease and give it back (queen.give_back). p_candidates: by queue,
+-- the ranked partitions to try (queen.pop_many ranks once for all its pops of a queue
+-- and group; NULL: ranked here). Its statements keep
 -- one plan per session (plan_cache_mode): PL/pgSQL would otherwise plan the batch reads
 -- afresh at every call, since with the cursor and batch size known a custom plan always
 -- looks cheaper, and planning is a large share of a small pop. Those generic plans are
 -- the ones tests/integration/test_query_plans.py checks, with stale and with fresh
 -- statistics.
+DROP FUNCTION IF EXISTS queen.pop(text, text, text, text, text, text, integer, text, text,
+                                   timestamptz, uuid, text);
 CREATE OR REPLACE FUNCTION queen.pop(
     p_kind text, p_queue text, p_partition text, p_namespace text, p_task text,
     p_group text, p_batch integer, p_worker text, p_mode text, p_from timestamptz,
-    p_lease uuid, p_prefer text DEFAULT NULL)
+    p_lease uuid, p_prefer text DEFAULT NULL, p_candidates uuid[] DEFAULT NULL)
 RETURNS TABLE (id bigint, transaction_id text, queue text, partition text, payload jsonb,
                encrypted boolean, producer text, trace_id text, retry_count integer,
                created_at timestamptz, lease_id uuid, lease_expires_at timestamptz,
@@ -254,7 +258,8 @@ BEGIN
             named := NULL;
         ELSIF p_kind = 'queue' THEN
             IF candidates IS NULL THEN
-                candidates := ARRAY(SELECT x FROM queen.candidates(q, p_group, 32) x);
+                candidates := coalesce(
+                    p_candidates, ARRAY(SELECT x FROM queen.candidates(q, p_group, 32) x));
             END IF;
             tried := tried + 1;
             EXIT WHEN tried > cardinality(candidates);
@@ -352,7 +357,12 @@ $$;
 -- Several pops in one call (a worker's concurrent pops, fused): p_pops is an array of
 -- {kind, queue, partition, namespace, task, group, batch, worker, mode, since, lease,
 -- prefer}, each popped in turn by queen.pop, in one transaction. Each pop sees
--- the leases of those before it, so each gets a partition of its own. Rows: the pop's
+-- the leases of those before it, so each gets a partition of its own. The pops by queue
+-- of one queue and group share one ranking of its partitions (queen.candidates, made
+-- for the first of them): each walks it past the partitions those before it leased, and
+-- one that finds none left gets nothing rather than ranking again, since a ranking made
+-- in the same call would find the same ones leased (when more consumers poll than there
+-- are partitions, most pops end so, and ranking was most of their cost). Rows: the pop's
 -- position (1-based) and its messages as queen.popped, with the API id. The pops' commit
 -- does not wait for the disk (synchronous_commit off for the transaction): a claim a
 -- crash forgets leaves its messages to be delivered again, as at-least-once allows.
@@ -364,6 +374,9 @@ LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     r       record;
     ignored text;
+    q       queen.queues;
+    ranked  text;   -- the queue and group ranking holds (NULL: none yet)
+    ranking uuid[];
 BEGIN
     ignored := set_config('synchronous_commit', 'off', true);
     FOR r IN
@@ -375,6 +388,14 @@ BEGIN
              WITH ORDINALITY x
         ORDER BY x.ordinality
     LOOP
+        IF r.kind = 'queue' AND ranked IS DISTINCT FROM r.queue || E'\n' || r."group" THEN
+            ranked := r.queue || E'\n' || r."group";
+            ranking := NULL;
+            SELECT * INTO q FROM queen.queues x WHERE x.name = r.queue;
+            IF FOUND THEN
+                ranking := ARRAY(SELECT x FROM queen.candidates(q, r."group", 32) x);
+            END IF;
+        END IF;
         RETURN QUERY
         SELECT r.ordinality::integer,
                ROW(queen.message_uuid(d.id, d.created_at), d.transaction_id, d.queue,
@@ -382,7 +403,8 @@ BEGIN
                    d.created_at, now(), d.lease_id, d.lease_expires_at, d.lease_time,
                    d.retry_limit)::queen.popped
         FROM queen.pop(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
-                       r.batch, r.worker, r.mode, r.since, r.lease, r.prefer) d;
+                       r.batch, r.worker, r.mode, r.since, r.lease, r.prefer,
+                       CASE WHEN r.kind = 'queue' THEN ranking END) d;
     END LOOP;
 END
 $$;
