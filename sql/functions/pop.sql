@@ -210,7 +210,9 @@ DECLARE
     c          queen.consumers;
     named      uuid;
     candidates uuid[];
-    tried      integer := 0;
+    tried      integer := 0;  -- candidates tried one by one (-1: the named one was)
+    one_by_one boolean;
+    locked     boolean;
     candidate  uuid;
     lease      uuid;
     expires    timestamptz;
@@ -252,36 +254,72 @@ BEGIN
     END IF;
     LOOP
         -- The named partition first; by queue, then the candidates (ranked only when it
-        -- gave nothing).
+        -- gave nothing), in rank order: while each has a cursor row, the first free one
+        -- is locked in one statement; otherwise one by one (the cursor made when tried).
+        locked := false;
         IF named IS NOT NULL THEN
             candidate := named;
+            tried := -1;
             named := NULL;
         ELSIF p_kind = 'queue' THEN
             IF candidates IS NULL THEN
                 candidates := coalesce(
                     p_candidates, ARRAY(SELECT x FROM queen.candidates(q, p_group, 32) x));
+                IF tried < 0 THEN  -- (the named one was tried)
+                    candidates := array_remove(candidates, candidate);
+                END IF;
+                tried := 0;
+                one_by_one := false;
             END IF;
-            tried := tried + 1;
-            EXIT WHEN tried > cardinality(candidates);
-            candidate := candidates[tried];
+            IF NOT one_by_one THEN
+                -- (A probe of the key a candidate, whatever the statistics: the nested
+                -- loop a LATERAL makes walks the list in its order and stops at the first
+                -- row it could lock, or at a candidate with no cursor row yet.)
+                SELECT x.* INTO c
+                FROM unnest(candidates) u
+                LEFT JOIN LATERAL (SELECT * FROM queen.consumers x
+                                   WHERE x.partition_id = u AND x.consumer_group = p_group
+                                     AND NOT coalesce(x.lease_expires_at > now()
+                                                      OR x.not_before > now(), false)
+                                   FOR UPDATE SKIP LOCKED) x ON true
+                WHERE x.partition_id IS NOT NULL
+                   OR NOT EXISTS (SELECT 1 FROM queen.consumers y
+                                  WHERE y.partition_id = u AND y.consumer_group = p_group)
+                LIMIT 1;
+                EXIT WHEN NOT FOUND;  -- (every one leased, held back, or being claimed)
+                IF c.partition_id IS NULL THEN  -- one with no cursor yet: one by one
+                    one_by_one := true;
+                ELSE
+                    locked := true;
+                    candidate := c.partition_id;
+                    candidates := array_remove(candidates, candidate);
+                END IF;
+            END IF;
+            IF one_by_one THEN
+                tried := tried + 1;
+                EXIT WHEN tried > cardinality(candidates);
+                candidate := candidates[tried];
+            END IF;
         ELSE
             EXIT;
         END IF;
-        SELECT * INTO c FROM queen.consumers x
-        WHERE x.partition_id = candidate AND x.consumer_group = p_group
-          AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
-        FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            -- Another pop holds it or has just leased it: next. No cursor yet: make one.
-            CONTINUE WHEN EXISTS (SELECT 1 FROM queen.consumers x
-                                  WHERE x.partition_id = candidate
-                                    AND x.consumer_group = p_group);
-            PERFORM queen.ensure_cursors(q.id, p_group, candidate);
+        IF NOT locked THEN  -- the named partition, or a candidate tried alone
             SELECT * INTO c FROM queen.consumers x
             WHERE x.partition_id = candidate AND x.consumer_group = p_group
               AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
             FOR UPDATE SKIP LOCKED;
-            CONTINUE WHEN NOT FOUND;
+            IF NOT FOUND THEN
+                -- Another pop holds it or has just leased it: next. No cursor yet: make one.
+                CONTINUE WHEN EXISTS (SELECT 1 FROM queen.consumers x
+                                      WHERE x.partition_id = candidate
+                                        AND x.consumer_group = p_group);
+                PERFORM queen.ensure_cursors(q.id, p_group, candidate);
+                SELECT * INTO c FROM queen.consumers x
+                WHERE x.partition_id = candidate AND x.consumer_group = p_group
+                  AND NOT coalesce(x.lease_expires_at > now() OR x.not_before > now(), false)
+                FOR UPDATE SKIP LOCKED;
+                CONTINUE WHEN NOT FOUND;
+            END IF;
         END IF;
         IF c.lease_id IS NOT NULL OR q.window_buffer > 0 OR q.ttl > 0 THEN
             CONTINUE WHEN NOT queen.claimable(candidate, p_group, c.lease_id IS NOT NULL,
