@@ -51,6 +51,20 @@ def test_oldest_partition_first_and_fifo_inside(store: Store) -> None:
     assert [data(m) for m in second] == ["a1"]
 
 
+def test_the_oldest_partition_first_also_before_its_group_has_a_cursor_there(
+    store: Store,
+) -> None:
+    # b gets a cursor (popped by name); a, whose message is older than b's next one,
+    # has none yet: a pop by queue still takes a first.
+    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
+    (m,) = pop(store, "q", "b")
+    ack(store, m.transaction_id)
+    push(store, [{"queue": "q", "partition": "a", "payload": "a1"}])
+    push(store, [{"queue": "q", "partition": "b", "payload": "b2"}])
+    assert [data(m) for m in pop(store, "q")] == ["a1"]
+    assert [data(m) for m in pop(store, "q")] == ["b2"]
+
+
 def test_a_retried_message_keeps_its_partition_first_in_line(store: Store) -> None:
     push(store, [{"queue": "q", "partition": "old", "payload": "old"}])
     push(store, [{"queue": "q", "partition": "new", "payload": "new"}])
