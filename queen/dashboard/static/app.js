@@ -33,6 +33,7 @@
     eventTimes: [], // [ms, count] per batch or event, for the rate
     dropped: 0,
     renderQueued: false,
+    loaded: false, // a snapshot arrived since the page (or its subscription) asked
   };
 
   // ---------------------------------------------------------------- token
@@ -48,7 +49,9 @@
     signedOut = true;
     Q.forgetToken();
     if (reason) $("login-reason").textContent = reason;
+    document.body.dataset.session = "signed-out"; // only the sign-in form shows
     $("login").hidden = false;
+    $("login-token").focus();
     $("sign-out").hidden = true;
     setStatus("closed", "sign in to continue");
   }
@@ -59,13 +62,7 @@
     if (!value) return;
     Q.saveToken(value, $("login-remember").checked);
     $("login-token").value = "";
-    $("login").hidden = true;
-    signedOut = false;
-    retryMs = 500;
-    if (socket) socket.close();
-    else connect();
-    loadThroughput();
-    Q.loadMe().then(showRole).then(route);
+    start();
   });
   $("sign-out").addEventListener("click", () => {
     askForToken("Signed out.");
@@ -124,6 +121,7 @@
     const queues = $("subscribe").value.split(/[\s,]+/).filter(Boolean);
     socket.send(JSON.stringify({ type: "subscribe", queues, batch: true }));
     state.queues.clear(); // the next snapshot (a few seconds) shows only what was asked for
+    state.loaded = false;
     scheduleRender();
   }
 
@@ -170,6 +168,12 @@
   }
 
   function onStats(s) {
+    state.loaded = true;
+    for (const id of ["stat-pending", "stat-processing", "stat-created", "stat-completed", "stat-connections", "stat-queues"]) {
+      $(id).classList.remove("loading");
+      $(id).removeAttribute("aria-busy");
+    }
+    scheduleRender();
     $("stat-pending").textContent = num(s.pending);
     $("stat-processing").textContent = num(s.processing);
     $("stat-created").textContent = num(s.recentCreated);
@@ -187,6 +191,7 @@
     }
     q.data = d;
     q.seen = Date.now();
+    state.loaded = true;
     q.history.push(d.totalDepth);
     if (q.history.length > HISTORY) q.history.shift();
     scheduleRender();
@@ -279,13 +284,14 @@
     body.replaceChildren(...rows.map(([tr]) => tr));
     if (!rows.length) {
       const tr = document.createElement("tr");
-      tr.className = "empty";
-      tr.append(cell(state.queues.size ? "No queue matches the filter." : "No queues yet.", ""));
+      tr.className = state.loaded ? "empty" : "empty loading";
+      const none = state.loaded ? "No queues yet." : "Loading queues…";
+      tr.append(cell(state.queues.size ? "No queue matches the filter." : none, ""));
       tr.firstChild.colSpan = 7;
       body.append(tr);
     }
     for (const [, canvas, history] of rows) if (canvas) sparkline(canvas, history);
-    $("stat-queues").textContent = num(state.queues.size);
+    if (state.loaded) $("stat-queues").textContent = num(state.queues.size);
   }
 
   function toggle(name) {
@@ -561,11 +567,28 @@
   }
 
   Q.onUnauthorized = (reason) => askForToken(reason);
-  window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", () => signedOut || route());
+
+  // Learn first whether the server takes this browser's token (or needs none): a refused
+  // one shows the sign-in form alone; an accepted one opens the page and its socket.
+  async function start() {
+    document.body.dataset.session = "checking";
+    signedOut = false;
+    try {
+      await Q.api("/api/v1/auth/me");
+    } catch (e) {
+      if (signedOut) return; // 401: askForToken showed the form
+    }
+    $("login").hidden = true;
+    document.body.dataset.session = "open";
+    retryMs = 500;
+    if (socket) socket.close();
+    else connect();
+    loadThroughput();
+    Q.loadMe().then(showRole).then(route);
+  }
 
   setInterval(flushLog, LOG_FLUSH_MS);
-  setInterval(loadThroughput, CHART_REFRESH_MS);
-  loadThroughput();
-  connect();
-  Q.loadMe().then(showRole).then(route);
+  setInterval(() => signedOut || loadThroughput(), CHART_REFRESH_MS);
+  start();
 })();

@@ -247,9 +247,9 @@
       el("td", { class: "name" }, Q.link(`#/messages?${qs({ queue: queueName, partition: p.name })}`, p.name)),
       Q.numCell(p.stats.pending), Q.numCell(p.stats.processing, "busy"), Q.numCell(p.stats.completed),
       Q.numCell(p.stats.failed, "warn"), Q.numCell(p.stats.deadLetter, "warn"),
-      el("td", { class: "num", title: p.oldestMessage || "", text: Q.age(p.oldestMessage) })));
+      el("td", { class: "num oldest-pending", title: p.oldestPending || "", text: Q.age(p.oldestPending) })));
     const out = [table([["Partition"], ["Pending", "num"], ["Processing", "num"], ["Completed", "num"],
-      ["Failed", "num"], ["Dead letter", "num"], ["Oldest message", "num"]], rows, "partitions")];
+      ["Failed", "num"], ["Dead letter", "num"], ["Oldest pending", "num"]], rows, "partitions")];
     if (sorted.length > shown.length) {
       out.push(el("p", { class: "hint", text: `The ${shown.length} partitions with most pending messages of ${Q.num(sorted.length)}.` }));
     }
