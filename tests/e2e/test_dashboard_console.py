@@ -81,7 +81,6 @@ def test_overview_shows_each_queues_rates_and_last_hour(browser, cluster):
     assert len(cells) == 2 and all(float(c) > 0 for c in cells)
     wait_until(lambda: painted(browser, f"{row} td.trend canvas"), what="the last hour's chart")
     wait_until(lambda: painted(browser, "#chart canvas"), what="the throughput chart")
-    screenshot(browser, "overview")
 
 
 def test_consumers_page_lists_the_live_leases(browser, cluster):
@@ -148,7 +147,6 @@ def test_a_test_message_is_published_and_fetched_from_the_queue_page(browser, cl
     wait_until(lambda: text_of(browser, "a.fetched-id") == txid, what="the fetched message")
     assert '"hello": "console"' in text_of(browser, "pre.fetched")
     wait_until(lambda: status_of(cluster, txid) == "completed", what="the message completed")
-    screenshot(browser, "queue")
 
 
 def test_oldest_pending_ignores_completed_messages(browser, cluster):

@@ -518,9 +518,13 @@
     document.body.dataset.session = "checking";
     signedOut = false;
     try {
-      await Q.api("/api/v1/auth/me");
+      const resp = await fetch("/api/v1/auth/me", { headers: authHeaders() });
+      if (resp.status === 401) {
+        askForToken(token() ? "The server refused this token." : null); // null: keep the hint
+        return;
+      }
     } catch (e) {
-      if (signedOut) return; // 401: askForToken showed the form
+      // the server is restarting: the page opens and reconnects
     }
     $("login").hidden = true;
     document.body.dataset.session = "open";
