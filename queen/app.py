@@ -11,6 +11,7 @@ import falcon
 
 from queen.api import (
     admin,
+    alerts,
     analytics,
     console,
     groups,
@@ -173,7 +174,7 @@ def _add_group_routes(app: falcon.App, store: Store, max_batch: int, hub: Hub) -
 
 
 def _add_dashboard_routes(app: falcon.App, store: Store, hub: Hub) -> None:
-    """The page, its socket and the console's reads (rates, leases, nodes)."""
+    """The page, its socket and the console's routes (rates, leases, nodes, alerts)."""
     page = DashboardPageResource()
     app.add_route("/", page)
     app.add_route("/dashboard", page)
@@ -182,6 +183,8 @@ def _add_dashboard_routes(app: falcon.App, store: Store, hub: Hub) -> None:
     app.add_route(f"{API}/analytics/rates", console.RatesResource(store))
     app.add_route(f"{API}/leases", console.LeasesResource(store))
     app.add_route(f"{API}/system/nodes", console.NodesResource(store, hub))
+    app.add_route(f"{API}/alerts", alerts.AlertsResource(store))
+    app.add_route(f"{API}/alerts/{{name}}", alerts.AlertResource(store))
 
 
 def _add_read_routes(app: falcon.App, store: Store, measure: MetricsMiddleware) -> None:

@@ -75,6 +75,8 @@ POLICY: dict[str, dict[str, Rule]] = {
     f"{API}/analytics/rates": {"GET": READ_QUERY},
     f"{API}/leases": {"GET": READ_QUERY},
     f"{API}/system/nodes": {"GET": (Permission.READ, Scope.NONE)},
+    f"{API}/alerts": {"GET": READ_ALL},
+    f"{API}/alerts/{{name}}": {"PUT": ADMIN_RESOURCE, "DELETE": (Permission.ADMIN, Scope.ALL)},
     f"{API}/messages": {"GET": READ_QUERY},
     f"{API}/messages/{{txid}}": {
         "GET": (Permission.READ, Scope.RESOURCE),

@@ -75,6 +75,25 @@ class Sessions(NamedTuple):
     max_connections: int
 
 
+class Alert(NamedTuple):
+    """An operator's alert and its queue's value now (None: no such queue)."""
+
+    name: str
+    queue: str
+    kind: str  # ALERT_KINDS
+    threshold: float
+    window_minutes: int
+    created_at: dt.datetime
+    value: float | None
+
+    @property
+    def firing(self) -> bool:
+        return self.value is not None and self.value > self.threshold
+
+
+ALERT_KINDS = ("depth", "lag", "dead_letters")
+
+
 class MessagePlace(NamedTuple):
     transaction_id: str
     queue: str
@@ -128,6 +147,29 @@ class Dashboard:
         """Return the application name of the session holding the leader lock, if any."""
         rows = self._fetch("maintenance_leader", {"key": lock_key}, namedtuple_row)
         return rows[0].application_name if rows else None
+
+    def alerts(self) -> list[Alert]:
+        """Return every alert (at most 1000) with its value now, by name."""
+        rows = self._fetch("alert_values", None, namedtuple_row)
+        return [Alert(*row) for row in rows]
+
+    def put_alert(
+        self, name: str, queue: str, kind: str, threshold: float, window_minutes: int
+    ) -> None:
+        """Create or replace one alert."""
+        params = {
+            "name": name,
+            "queue": queue,
+            "kind": kind,
+            "threshold": threshold,
+            "window_minutes": window_minutes,
+        }
+        with self.db.connection() as conn:
+            conn.execute(self.db.queries["alert_put"], params)
+
+    def delete_alert(self, name: str) -> bool:
+        """Remove one alert; False when there was none of that name."""
+        return bool(self._fetch("alert_delete", {"name": name}, namedtuple_row))
 
     def pool(self) -> dict[str, int]:
         """Return this worker's pool: size, idle, waiting and max connections."""

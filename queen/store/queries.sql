@@ -159,6 +159,50 @@ WHERE datname = current_database() AND backend_type = 'client backend'
 GROUP BY 1
 ORDER BY 1
 
+-- alert_put: create or replace one alert --
+INSERT INTO queen.alerts (name, queue, kind, threshold, window_minutes)
+VALUES (%(name)s, %(queue)s, %(kind)s, %(threshold)s, %(window_minutes)s)
+ON CONFLICT (name) DO UPDATE
+SET queue = excluded.queue, kind = excluded.kind, threshold = excluded.threshold,
+    window_minutes = excluded.window_minutes
+
+-- alert_delete: remove one alert (no row: it did not exist) --
+DELETE FROM queen.alerts WHERE name = %(name)s RETURNING name
+
+-- alert_values: every alert (at most 1000) with its queue's value now (NULL: no such queue): pending messages, age in seconds of the oldest pending one, or dead letters within the window --
+SELECT a.name, a.queue, a.kind, a.threshold, a.window_minutes, a.created_at,
+       CASE WHEN q.id IS NULL THEN NULL ELSE CASE a.kind
+         WHEN 'depth' THEN
+           (SELECT sum(s.pending)::double precision
+            FROM queen.message_counts(ARRAY(SELECT p.id FROM queen.partitions p
+                                            WHERE p.queue_id = q.id)) s)
+         WHEN 'lag' THEN
+           coalesce((SELECT extract(epoch FROM now() - min(o.created_at))::double precision
+                     FROM queen.partitions p
+                     LEFT JOIN queen.consumers c
+                            ON c.partition_id = p.id AND c.consumer_group = '__queue__'
+                     CROSS JOIN LATERAL (
+                         SELECT m.created_at FROM queen.messages m
+                         WHERE m.partition_id = p.id
+                           AND m.id > CASE WHEN c.lease_id IS NOT NULL
+                                                AND c.lease_expires_at > now()
+                                           THEN greatest(c.cursor_id, c.lease_last_id)
+                                           ELSE coalesce(c.cursor_id, 0) END
+                           AND m.id <> ALL (coalesce(c.done_ids, '{}'))
+                         ORDER BY m.id LIMIT 1) o
+                     WHERE p.queue_id = q.id), 0)
+         ELSE
+           (SELECT count(*)::double precision FROM queen.failures f
+            JOIN queen.partitions p ON p.id = f.partition_id
+            WHERE p.queue_id = q.id AND f.status = 'dead_letter'
+              AND f.status <> 'retry'
+              AND f.failed_at > now() - make_interval(mins => a.window_minutes))
+       END END AS value
+FROM queen.alerts a
+LEFT JOIN queen.queues q ON q.name = a.queue
+ORDER BY a.name
+LIMIT 1000
+
 -- dashboard_notify: one dashboard batch or presence note to every worker's listener --
 SELECT pg_notify(%(channel)s, %(payload)s)
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import requests
 
 from tests.conftest import Server, cloned_database
 from tests.e2e.browser import chromium, find_all, missing, screenshot, text_of, wait_until
@@ -183,3 +184,32 @@ def test_under_auth_the_sign_in_form_comes_before_the_page(browser, secured):
         what="the overview after signing in",
     )
     assert not browser.find_element("id", "login").is_displayed()
+
+
+def test_an_alert_set_on_the_page_fires_and_is_removed(browser, cluster):
+    push(cluster, *({"queue": "alerted", "payload": i} for i in range(5)))
+    visit(browser, cluster)
+    form = wait_until(lambda: find_all(browser, "#alert-form"), what="the alert form")[0]
+    form.find_element("name", "name").send_keys("alerted-backlog")
+    form.find_element("name", "queue").send_keys("alerted")
+    form.find_element("name", "threshold").send_keys("3")
+    click(browser, "#add-alert")
+    row = "tr[data-alert='alerted-backlog']"
+    wait_until(lambda: "firing" in text_of(browser, row), what="the alert firing on the page")
+    (alert,) = [
+        a for a in api(cluster, "GET", "/alerts").json()["alerts"] if a["name"] == "alerted-backlog"
+    ]
+    assert (alert["kind"], alert["threshold"], alert["value"], alert["firing"]) == (
+        "depth",
+        3,
+        5,
+        True,
+    )
+    metrics = requests.get(f"{cluster.url}/metrics/prometheus", timeout=10).text
+    assert 'queen_alert_firing{alert="alerted-backlog",kind="depth",queue="alerted"} 1.0' in metrics
+    screenshot(browser, "overview")
+    click(browser, f"{row} button.delete-alert")
+    wait_until(lambda: not find_all(browser, row), what="the alert removed")
+    assert "alerted-backlog" not in {
+        a["name"] for a in api(cluster, "GET", "/alerts").json()["alerts"]
+    }

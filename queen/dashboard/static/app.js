@@ -533,10 +533,10 @@
     else connect();
     loadThroughput();
     loadRates();
-    Q.loadMe().then(showRole).then(route);
+    Q.loadMe().then(showRole).then(route).then(Q.loadAlerts);
   }
 
   setInterval(flushLog, LOG_FLUSH_MS);
-  setInterval(() => signedOut || (loadThroughput(), loadRates()), CHART_REFRESH_MS);
+  setInterval(() => signedOut || (loadThroughput(), loadRates(), Q.loadAlerts()), CHART_REFRESH_MS);
   start();
 })();

@@ -111,5 +111,60 @@
       });
   }
 
+  // -- alerts (on the overview) --------------------------------------------------------
+
+  const KINDS = { depth: "pending messages", lag: "oldest pending, seconds", dead_letters: "dead letters in the window" };
+
+  function alertForm(done) {
+    const input = (name, attrs) => el("input", { name, "aria-label": name, ...attrs });
+    const form = el("form", { class: "filters alert-form", id: "alert-form" },
+      el("label", {}, "Name ", input("name", { required: true, placeholder: "orders-backlog" })),
+      el("label", {}, "Queue ", input("queue", { required: true })),
+      el("label", {}, "When ", el("select", { name: "kind", "aria-label": "kind" },
+        Object.entries(KINDS).map(([v, text]) => el("option", { value: v, text })))),
+      el("label", {}, "exceeds ", input("threshold", { type: "number", min: "0", step: "any", required: true, class: "short" })),
+      el("label", {}, "window (min) ", input("windowMinutes", { type: "number", min: "1", max: "1440", value: "5", class: "short" })),
+      el("button", { type: "submit", id: "add-alert" }, "Set alert"));
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const f = Object.fromEntries(new FormData(form).entries());
+      const body = { queue: f.queue, kind: f.kind, threshold: Number(f.threshold), windowMinutes: Number(f.windowMinutes || 5) };
+      done(Q.api(`/api/v1/alerts/${enc(f.name)}`, { method: "PUT", body }));
+    });
+    return form;
+  }
+
+  // The alerts table (GET /api/v1/alerts), firing ones first; admins set and remove them.
+  Q.loadAlerts = async () => {
+    const root = document.getElementById("alerts");
+    if (!root || root.querySelector("#alert-form input:focus, #alert-form select:focus")) return;
+    let doc;
+    try {
+      doc = await Q.api("/api/v1/alerts");
+    } catch (e) {
+      root.replaceChildren(el("p", { class: "notice error", text: `Alerts could not be loaded: ${e.message}` }));
+      return;
+    }
+    const admin = Q.can("admin");
+    const box = el("div", { class: "notices" });
+    const act = (promise) => promise.then(() => Q.loadAlerts()).catch((e) => Q.notice(box, "error", e.message));
+    const alerts = [...doc.alerts].sort((a, b) => (b.firing - a.firing) || a.name.localeCompare(b.name));
+    const firing = alerts.filter((a) => a.firing).length;
+    document.getElementById("alerts-firing").textContent = firing ? `${firing} firing` : "";
+    const headers = [["Alert"], ["Queue"], ["When"], ["Threshold", "num"], ["Now", "num"], ["State"]];
+    if (admin) headers.push(["", "actions"]);
+    const rows = alerts.map((a) => el("tr", { "data-alert": a.name, class: a.firing ? "firing" : "" },
+      el("td", { class: "name", text: a.name }),
+      el("td", {}, Q.link(Q.queueHref(a.queue), a.queue)),
+      el("td", { text: a.kind === "dead_letters" ? `dead letters in ${a.windowMinutes} min` : KINDS[a.kind] }),
+      el("td", { class: "num", text: Q.num(a.threshold) }),
+      el("td", { class: "num value", text: a.value == null ? "no such queue" : Q.num(Math.round(a.value * 10) / 10) }),
+      el("td", {}, el("span", { class: `badge ${a.firing ? "failed" : "completed"}`, text: a.firing ? "firing" : "ok" })),
+      admin ? el("td", { class: "actions" }, el("button", { type: "button", class: "danger delete-alert",
+        onclick: () => act(Q.api(`/api/v1/alerts/${enc(a.name)}`, { method: "DELETE" })) }, "Remove")) : null));
+    root.replaceChildren(box, table(headers, rows, "alerts", "No alert is set."),
+      admin ? alertForm((promise) => act(promise)) : null);
+  };
+
   Object.assign(Q.pages, { consumers: consumersPage, nodes: nodesPage });
 })();
