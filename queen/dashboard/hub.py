@@ -354,7 +354,10 @@ class Hub:
     def receive(self, payload: str) -> None:
         """Take one dashboard notification (from the listener): a node or presence note, or a batch."""
         if payload.startswith(NODE_NOTE):
-            self.nodes.receive(orjson.loads(payload))
+            try:
+                self.nodes.receive(orjson.loads(payload))
+            except orjson.JSONDecodeError:
+                log.debug("dashboard: ignoring node note %.80r", payload)
             return
         note = relay.decode(payload)
         if note is None:
