@@ -25,7 +25,7 @@ DEFAULT_LEASES = 500
 
 
 def _per_second(messages: int, seconds: float) -> float:
-    return round(messages / seconds, 3) if seconds > 0 else 0.0
+    return round(messages / seconds, 4) if seconds > 0 else 0.0
 
 
 def _minute_json(minute: dt.datetime, row: QueueMinute | None) -> dict[str, Any]:

@@ -249,8 +249,8 @@
       );
       const rate = state.rates.get(name);
       tr.append(
-        rateCell(rate && rate.now.incomingPerSecond, rate && `${rate.lastHour.incomingPerSecond}/s over the last hour`),
-        rateCell(rate && rate.now.outgoingPerSecond, rate && `${rate.lastHour.outgoingPerSecond}/s over the last hour`),
+        rateCell(rate && rate.now.incomingPerSecond, rate && `${Q.rate(rate.lastHour.incomingPerSecond)}/s over the last hour`),
+        rateCell(rate && rate.now.outgoingPerSecond, rate && `${Q.rate(rate.lastHour.outgoingPerSecond)}/s over the last hour`),
       );
       const trend = document.createElement("td");
       trend.className = "trend";
@@ -329,7 +329,7 @@
   }
 
   function rateCell(perSecond, title) {
-    const td = cell(perSecond == null ? "…" : perSecond.toLocaleString(undefined, { maximumFractionDigits: 2 }), `num rate${perSecond ? "" : " zero"}`);
+    const td = cell(perSecond == null ? "…" : Q.rate(perSecond), `num rate${perSecond ? "" : " zero"}`);
     if (title) td.title = title;
     return td;
   }

@@ -225,7 +225,7 @@
 
   // In and out per second now (last minute) and over the hour, from /analytics/rates.
   function rateCards(rate) {
-    const value = (v) => (rate ? `${v.toLocaleString(undefined, { maximumFractionDigits: 2 })}/s` : "…");
+    const value = (v) => (rate ? `${Q.rate(v)}/s` : "…");
     return [["In now", (r) => r.now.incomingPerSecond], ["Out now", (r) => r.now.outgoingPerSecond],
       ["In, last hour", (r) => r.lastHour.incomingPerSecond], ["Out, last hour", (r) => r.lastHour.outgoingPerSecond]]
       .map(([label, pick]) => el("div", { class: "card" }, el("div", { class: "label", text: label }),
