@@ -9,7 +9,17 @@ from typing import Any
 
 import falcon
 
-from queen.api import admin, analytics, groups, leases, resources, send_json, transactions
+from queen.api import (
+    admin,
+    alerts,
+    analytics,
+    console,
+    groups,
+    leases,
+    resources,
+    send_json,
+    transactions,
+)
 from queen.api.auth import AuthMiddleware, JSONBodyMiddleware, WhoAmIResource
 from queen.api.dashboard import (
     DashboardPageResource,
@@ -149,7 +159,7 @@ def create_app(
     app.add_route("/health", HealthResource(store, events, clock))
     _add_group_routes(app, store, batch, hub)
     app.add_route(f"{API}/auth/me", WhoAmIResource())
-    _add_dashboard_routes(app, hub)
+    _add_dashboard_routes(app, store, hub)
     _add_read_routes(app, store, measure)
     return app
 
@@ -163,12 +173,18 @@ def _add_group_routes(app: falcon.App, store: Store, max_batch: int, hub: Hub) -
     app.add_route(f"{g}/{{group}}/seek", groups.ConsumerGroupSeekResource(store))
 
 
-def _add_dashboard_routes(app: falcon.App, hub: Hub) -> None:
+def _add_dashboard_routes(app: falcon.App, store: Store, hub: Hub) -> None:
+    """The page, its socket and the console's routes (rates, leases, nodes, alerts)."""
     page = DashboardPageResource()
     app.add_route("/", page)
     app.add_route("/dashboard", page)
     app.add_static_route("/dashboard/static", str(STATIC_DIR))
     app.add_route("/ws/dashboard", DashboardSocketResource(hub))
+    app.add_route(f"{API}/analytics/rates", console.RatesResource(store))
+    app.add_route(f"{API}/leases", console.LeasesResource(store))
+    app.add_route(f"{API}/system/nodes", console.NodesResource(store, hub))
+    app.add_route(f"{API}/alerts", alerts.AlertsResource(store))
+    app.add_route(f"{API}/alerts/{{name}}", alerts.AlertResource(store))
 
 
 def _add_read_routes(app: falcon.App, store: Store, measure: MetricsMiddleware) -> None:

@@ -72,6 +72,11 @@ POLICY: dict[str, dict[str, Rule]] = {
     f"{API}/analytics/queue-depths": {"GET": READ_QUERY},
     f"{API}/analytics/throughput": {"GET": READ_QUERY},
     f"{API}/analytics/queue-lag": {"GET": READ_QUERY},
+    f"{API}/analytics/rates": {"GET": READ_QUERY},
+    f"{API}/leases": {"GET": READ_QUERY},
+    f"{API}/system/nodes": {"GET": (Permission.READ, Scope.NONE)},
+    f"{API}/alerts": {"GET": READ_ALL},
+    f"{API}/alerts/{{name}}": {"PUT": ADMIN_RESOURCE, "DELETE": (Permission.ADMIN, Scope.ALL)},
     f"{API}/messages": {"GET": READ_QUERY},
     f"{API}/messages/{{txid}}": {
         "GET": (Permission.READ, Scope.RESOURCE),

@@ -273,6 +273,38 @@ class QueueDepthCollector:
         yield partitions
 
 
+class AlertCollector:
+    """Every alert's value and whether it fires (API.md "Alerts"), evaluated when scraped."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            alerts = self.store.dashboard.alerts()
+        except Unavailable:
+            return  # queen_database_up says why
+        labels = ["alert", "queue", "kind"]
+        value = GaugeMetricFamily(
+            "queen_alert_value", "The value an alert compares with its threshold", labels=labels
+        )
+        threshold = GaugeMetricFamily(
+            "queen_alert_threshold", "An alert's threshold", labels=labels
+        )
+        firing = GaugeMetricFamily(
+            "queen_alert_firing", "1 while an alert's value exceeds its threshold", labels=labels
+        )
+        for alert in alerts:
+            names = [alert.name, alert.queue, alert.kind]
+            if alert.value is not None:
+                value.add_metric(names, alert.value)
+            threshold.add_metric(names, alert.threshold)
+            firing.add_metric(names, 1 if alert.firing else 0)
+        yield value
+        yield threshold
+        yield firing
+
+
 class PrometheusResource:
     """GET /metrics/prometheus: the Prometheus text format."""
 
@@ -288,5 +320,6 @@ class PrometheusResource:
         else:
             registry.register(_Forward(REGISTRY))
         registry.register(QueueDepthCollector(self.store))
+        registry.register(AlertCollector(self.store))
         resp.content_type = CONTENT_TYPE_LATEST
         resp.data = generate_latest(registry)

@@ -76,6 +76,7 @@ class QueueResource:
                     "stats": counts_json(p.counts),
                     "oldestMessage": iso(span.oldest) if span else None,
                     "newestMessage": iso(span.newest) if span else None,
+                    "oldestPending": iso(span.oldest_pending) if span else None,
                 }
             )
         send_json(

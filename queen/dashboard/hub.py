@@ -30,6 +30,7 @@ from queen.config import Settings
 from queen.dashboard import formats, relay
 from queen.dashboard.client import DashboardClient, Socket, text_frame
 from queen.dashboard.formats import Event
+from queen.dashboard.nodes import Nodes
 from queen.dashboard.ticker import Ticker
 from queen.errors import QueenError
 from queen.store.dashboard import Dashboard, MessagePlace
@@ -40,6 +41,7 @@ SAMPLE_EVENTS = 128  # events kept per flush: more than one notification lists (
 PARTITION_DEPTH = "partition.depth"
 LOCATE_LIMIT = 64  # acknowledgments located per flush: about what one notification lists
 MAX_CLIENT_MESSAGE = 64 * 1024  # bytes; longer client messages are refused
+NODE_NOTE = '{"type":"node"'  # how every node note begins (queen.dashboard.nodes.encode)
 
 
 class Publisher(Protocol):
@@ -120,6 +122,7 @@ class Hub:
         self._started = False
         self._budget = RateBudget(max_events_per_s, clock)
         self._ticker = Ticker(store) if store is not None else None
+        self.nodes = Nodes(worker_id, self._describe)
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Dashboard | None) -> Hub:
@@ -134,8 +137,40 @@ class Hub:
         )
 
     def start_relay(self, relay_note: Callable[[str], None]) -> None:
-        """Send notifications through relay_note (a NOTIFY every worker receives)."""
+        """Send notifications through relay_note (a NOTIFY every worker receives).
+
+        From then on this worker also announces itself with a node note (queen.dashboard.nodes).
+        """
         self.relay_note = relay_note
+        threading.Thread(
+            target=self.nodes.run,
+            args=(self._send_node, self._stopping),
+            name="dashboard-nodes",
+            daemon=True,
+        ).start()
+
+    def _describe(self) -> dict[str, Any]:
+        pool = None
+        if self.store is not None:
+            try:
+                pool = self.store.pool()
+            except QueenError:
+                pool = None
+        return {"dashboardSockets": self.connections, "pool": pool}
+
+    def _send_node(self, payload: str) -> None:
+        send = self.relay_note
+        try:
+            if send is not None:
+                send(payload)
+        except QueenError as exc:
+            log.warning("dashboard: cannot send this worker's node note: %s", exc.message)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Return every live worker's latest node note (without a relay: this worker's own)."""
+        if self.relay_note is None:
+            self.nodes.receive(orjson.loads(self.nodes.note()))
+        return self.nodes.workers()
 
     @property
     def connections(self) -> int:
@@ -317,7 +352,13 @@ class Hub:
         return False
 
     def receive(self, payload: str) -> None:
-        """Take one dashboard notification (from the listener): a presence note or a batch."""
+        """Take one dashboard notification (from the listener): a node or presence note, or a batch."""
+        if payload.startswith(NODE_NOTE):
+            try:
+                self.nodes.receive(orjson.loads(payload))
+            except orjson.JSONDecodeError:
+                log.debug("dashboard: ignoring node note %.80r", payload)
+            return
         note = relay.decode(payload)
         if note is None:
             log.debug("dashboard: ignoring notification %.80r", payload)

@@ -59,6 +59,7 @@ class Overview(NamedTuple):
 class Span(NamedTuple):
     oldest: dt.datetime | None
     newest: dt.datetime | None
+    oldest_pending: dt.datetime | None
 
 
 def _counts(row: Mapping[str, Any]) -> Counts:
@@ -114,9 +115,12 @@ class Analytics:
         return [QueueTotals(row["name"], int(row["partitions"]), _counts(row)) for row in rows]
 
     def message_span(self, queue: str) -> dict[uuid.UUID, Span]:
-        """Return when the oldest and newest message of each partition of a queue arrived."""
+        """Return when the oldest, newest and oldest pending message of each partition arrived."""
         rows = self.reads.rows("read_message_span", {"queue": queue})
-        return {row["partition_id"]: Span(row["oldest"], row["newest"]) for row in rows}
+        return {
+            row["partition_id"]: Span(row["oldest"], row["newest"], row["oldest_pending"])
+            for row in rows
+        }
 
     def labels(self, label: str) -> list[LabelRow]:
         """Return aggregates per namespace (label 'namespace') or per task ('task')."""

@@ -107,6 +107,102 @@ JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
 WHERE m.transaction_id = ANY (%(ids)s::text[])
 
+-- dashboard_rates: activity per queue and minute over the last hour (minute NULL: a queue without any; queue NULL: every queue), what maintenance counted plus what lies past its watermarks --
+WITH picked AS (
+    SELECT p.id, q.name AS queue FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id
+    WHERE %(queue)s::text IS NULL OR q.name = %(queue)s
+), activity AS (
+    SELECT t.queue, a.minute, a.incoming, a.completed, a.failed, a.dead_letter
+    FROM queen.metrics_minute a JOIN picked t ON t.id = a.partition_id
+    WHERE a.minute >= date_trunc('minute', now()) - interval '59 minutes'
+    UNION ALL
+    SELECT t.queue, x.minute, x.incoming, x.completed, x.failed, x.dead_letter
+    FROM picked t
+    LEFT JOIN queen.partition_counts k ON k.partition_id = t.id
+    LEFT JOIN queen.consumers c ON c.partition_id = t.id AND c.consumer_group = '__queue__'
+    CROSS JOIN LATERAL queen.activity_walk(t.id, coalesce(k.counted_id, 0),
+                                           coalesce(k.cursor_counted, 0),
+                                           coalesce(c.cursor_id, 0), 5000) x
+    WHERE x.minute >= date_trunc('minute', now()) - interval '59 minutes'
+)
+SELECT q.name AS queue, q.namespace, q.task, a.minute,
+       coalesce(a.incoming, 0)::bigint AS incoming, coalesce(a.completed, 0)::bigint AS completed,
+       coalesce(a.failed, 0)::bigint AS failed, coalesce(a.dead_letter, 0)::bigint AS dead_letter,
+       now() AS at
+FROM queen.queues q
+LEFT JOIN (SELECT queue, minute, sum(incoming) AS incoming, sum(completed) AS completed,
+                  sum(failed) AS failed, sum(dead_letter) AS dead_letter
+           FROM activity GROUP BY queue, minute) a ON a.queue = q.name
+WHERE %(queue)s::text IS NULL OR q.name = %(queue)s
+ORDER BY q.name, a.minute
+
+-- dashboard_leases: live leases, oldest first (queue NULL: of every queue); no index covers a lease column, so this reads the consumers of the queue (or all), as lease expiry does --
+SELECT q.name AS queue, p.name AS partition, c.consumer_group, c.leased_by, c.lease_id,
+       c.lease_size, cardinality(c.lease_acked) AS acked,
+       least(c.updated_at, c.lease_expires_at - make_interval(secs => q.lease_time)) AS leased_at,
+       c.lease_expires_at
+FROM queen.consumers c
+JOIN queen.queues q ON q.id = c.queue_id
+JOIN queen.partitions p ON p.id = c.partition_id
+WHERE c.lease_id IS NOT NULL AND c.lease_expires_at > now()
+  AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
+ORDER BY leased_at, q.name, p.name
+LIMIT %(limit)s
+
+-- dashboard_connections: this database's sessions per application name (what pools hold, and how many are busy) --
+SELECT coalesce(nullif(application_name, ''), '(none)') AS application,
+       count(*) AS connections,
+       count(*) FILTER (WHERE state IN ('active', 'idle in transaction')) AS busy,
+       current_setting('max_connections')::integer AS max_connections
+FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+GROUP BY 1
+ORDER BY 1
+
+-- alert_put: create or replace one alert --
+INSERT INTO queen.alerts (name, queue, kind, threshold, window_minutes)
+VALUES (%(name)s, %(queue)s, %(kind)s, %(threshold)s, %(window_minutes)s)
+ON CONFLICT (name) DO UPDATE
+SET queue = excluded.queue, kind = excluded.kind, threshold = excluded.threshold,
+    window_minutes = excluded.window_minutes
+
+-- alert_delete: remove one alert (no row: it did not exist) --
+DELETE FROM queen.alerts WHERE name = %(name)s RETURNING name
+
+-- alert_values: every alert (at most 1000) with its queue's value now (NULL: no such queue): pending messages, age in seconds of the oldest pending one, or dead letters within the window --
+SELECT a.name, a.queue, a.kind, a.threshold, a.window_minutes, a.created_at,
+       CASE WHEN q.id IS NULL THEN NULL ELSE CASE a.kind
+         WHEN 'depth' THEN
+           (SELECT sum(s.pending)::double precision
+            FROM queen.message_counts(ARRAY(SELECT p.id FROM queen.partitions p
+                                            WHERE p.queue_id = q.id)) s)
+         WHEN 'lag' THEN
+           coalesce((SELECT extract(epoch FROM now() - min(o.created_at))::double precision
+                     FROM queen.partitions p
+                     LEFT JOIN queen.consumers c
+                            ON c.partition_id = p.id AND c.consumer_group = '__queue__'
+                     CROSS JOIN LATERAL (
+                         SELECT m.created_at FROM queen.messages m
+                         WHERE m.partition_id = p.id
+                           AND m.id > CASE WHEN c.lease_id IS NOT NULL
+                                                AND c.lease_expires_at > now()
+                                           THEN greatest(c.cursor_id, c.lease_last_id)
+                                           ELSE coalesce(c.cursor_id, 0) END
+                           AND m.id <> ALL (coalesce(c.done_ids, '{}'))
+                         ORDER BY m.id LIMIT 1) o
+                     WHERE p.queue_id = q.id), 0)
+         ELSE
+           (SELECT count(*)::double precision FROM queen.failures f
+            JOIN queen.partitions p ON p.id = f.partition_id
+            WHERE p.queue_id = q.id AND f.status = 'dead_letter'
+              AND f.status <> 'retry'
+              AND f.failed_at > now() - make_interval(mins => a.window_minutes))
+       END END AS value
+FROM queen.alerts a
+LEFT JOIN queen.queues q ON q.name = a.queue
+ORDER BY a.name
+LIMIT 1000
+
 -- dashboard_notify: one dashboard batch or presence note to every worker's listener --
 SELECT pg_notify(%(channel)s, %(payload)s)
 
@@ -214,13 +310,21 @@ LEFT JOIN queen.message_counts(ARRAY(SELECT id FROM queen.partitions)) s
 GROUP BY q.name
 ORDER BY q.name
 
--- read_message_span: created_at of the oldest and newest message of each partition of a queue (its first and last by id) --
+-- read_message_span: created_at of the oldest and newest message of each partition of a queue (its first and last by id), and of its oldest pending one (past queue mode's cursor and live lease, not done) --
 SELECT p.id AS partition_id,
        (SELECT m.created_at FROM queen.messages m WHERE m.partition_id = p.id
         ORDER BY m.id LIMIT 1) AS oldest,
        (SELECT m.created_at FROM queen.messages m WHERE m.partition_id = p.id
-        ORDER BY m.id DESC LIMIT 1) AS newest
+        ORDER BY m.id DESC LIMIT 1) AS newest,
+       (SELECT m.created_at FROM queen.messages m
+        WHERE m.partition_id = p.id
+          AND m.id > CASE WHEN c.lease_id IS NOT NULL AND c.lease_expires_at > now()
+                          THEN greatest(c.cursor_id, c.lease_last_id)
+                          ELSE coalesce(c.cursor_id, 0) END
+          AND m.id <> ALL (coalesce(c.done_ids, '{}'))
+        ORDER BY m.id LIMIT 1) AS oldest_pending
 FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+LEFT JOIN queen.consumers c ON c.partition_id = p.id AND c.consumer_group = '__queue__'
 WHERE q.name = %(queue)s
 
 -- read_labels: queues, partitions and message counts per namespace or per task (label: 'namespace' | 'task'); unlabelled queues are left out --

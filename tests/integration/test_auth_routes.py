@@ -95,6 +95,14 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", f"{A}/analytics/queue-depths"): Case(f"{A}/analytics/queue-depths", READERS),
     ("GET", f"{A}/analytics/throughput"): Case(f"{A}/analytics/throughput", READERS),
     ("GET", f"{A}/analytics/queue-lag"): Case(f"{A}/analytics/queue-lag", READERS),
+    ("GET", f"{A}/analytics/rates"): Case(f"{A}/analytics/rates", READERS),
+    ("GET", f"{A}/leases"): Case(f"{A}/leases", READERS),
+    ("GET", f"{A}/system/nodes"): Case(f"{A}/system/nodes", READERS),
+    ("GET", f"{A}/alerts"): Case(f"{A}/alerts", READERS),
+    ("PUT", f"{A}/alerts/{{name}}"): Case(
+        f"{A}/alerts/deep", ADMIN, {"queue": "qa", "kind": "depth", "threshold": 10}
+    ),
+    ("DELETE", f"{A}/alerts/{{name}}"): Case(f"{A}/alerts/none", ADMIN),
     ("GET", f"{A}/messages"): Case(f"{A}/messages", READERS),
     ("GET", f"{A}/messages/{{txid}}"): Case(f"{A}/messages/none", READERS),
     ("DELETE", f"{A}/messages/{{txid}}"): Case(f"{A}/messages/none", ADMIN),

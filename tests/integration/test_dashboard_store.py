@@ -32,3 +32,20 @@ def test_locate_names_queue_and_partition(store):
     assert places[r.transaction_id].queue == "q1"
     assert places[r.transaction_id].partition == "p"
     assert store.dashboard.locate([]) == {}
+
+
+def test_oldest_pending_skips_what_is_leased_or_done(store):
+    for n in range(3):
+        push(store, {"queue": "span", "partition": "p", "payload": n})
+    (first,) = store.analytics.message_span("span").values()
+    assert first.oldest_pending == first.oldest
+
+    store.messages.pop(PopRoute(queue="span", partition="p"), 1, "w")
+    (leased,) = store.analytics.message_span("span").values()
+    assert first.oldest < leased.oldest_pending < leased.newest
+
+    push(store, {"queue": "drained", "payload": 1}, {"queue": "drained", "payload": 2})
+    store.messages.pop(PopRoute(queue="drained", partition="Default"), 2, "w")
+    (drained,) = store.analytics.message_span("drained").values()
+    assert drained.oldest_pending is None
+    assert drained.oldest is not None  # the leased messages are still there

@@ -77,6 +77,9 @@
   };
 
   Q.num = (n) => (n == null ? "–" : fmt.format(n));
+  // Messages per second: small rates keep three significant digits instead of showing 0.
+  Q.rate = (perSecond) =>
+    perSecond < 1 ? perSecond.toLocaleString(undefined, { maximumSignificantDigits: 3 }) : perSecond.toLocaleString(undefined, { maximumFractionDigits: 2 });
   Q.numCell = (value, alert) =>
     Q.el("td", { class: `num${value === 0 ? " zero" : value > 0 && alert ? ` ${alert}` : ""}`, text: Q.num(value) });
 

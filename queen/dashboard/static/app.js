@@ -1,6 +1,6 @@
-// Queen dashboard overview: one WebSocket for live events, one JSON endpoint for the chart;
-// and the router that shows the other pages (pages.js). Plain browser JavaScript, no build
-// step, no dependencies.
+// Queen dashboard overview: one WebSocket for live events, JSON endpoints for the chart and
+// the queues' rates; and the router that shows the other pages (pages.js, console.js).
+// Plain browser JavaScript, no build step; charts by uPlot (charts.js).
 (() => {
   "use strict";
 
@@ -9,10 +9,10 @@
   const WS_URL = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws/dashboard`;
   const REFUSED = new Set([4401, 4403]); // the socket's close codes for 401 and 403
   const THROUGHPUT_URL = "/api/v1/analytics/throughput";
+  const RATES_URL = "/api/v1/analytics/rates";
   const PING_EVERY_MS = 30000;
   const CHART_REFRESH_MS = 15000;
   const CHART_MINUTES = 60;
-  const HISTORY = 60; // depth samples kept per queue for the sparkline
   const STALE_QUEUE_MS = 30000; // a queue missing from snapshots this long is removed
   const MAX_LOG = 200; // entries shown
   const KEPT_LOG = 1000; // entries kept, so that a filter finds older ones
@@ -23,8 +23,9 @@
   const num = (n) => (n == null ? "–" : fmt.format(n));
 
   const state = {
-    queues: new Map(), // name -> {data, history: number[], seen: ms}
-    histories: new Map(), // name -> depth samples, kept when the subscription changes
+    queues: new Map(), // name -> {data, seen: ms}
+    rates: new Map(), // name -> the queue's entry of /analytics/rates
+    sparks: new Map(), // name -> the element of its last-hour chart, kept across renders
     expanded: new Set(),
     chartQueue: null,
     paused: false,
@@ -33,6 +34,7 @@
     eventTimes: [], // [ms, count] per batch or event, for the rate
     dropped: 0,
     renderQueued: false,
+    loaded: false, // a snapshot arrived since the page (or its subscription) asked
   };
 
   // ---------------------------------------------------------------- token
@@ -48,7 +50,9 @@
     signedOut = true;
     Q.forgetToken();
     if (reason) $("login-reason").textContent = reason;
+    document.body.dataset.session = "signed-out"; // only the sign-in form shows
     $("login").hidden = false;
+    $("login-token").focus();
     $("sign-out").hidden = true;
     setStatus("closed", "sign in to continue");
   }
@@ -59,13 +63,7 @@
     if (!value) return;
     Q.saveToken(value, $("login-remember").checked);
     $("login-token").value = "";
-    $("login").hidden = true;
-    signedOut = false;
-    retryMs = 500;
-    if (socket) socket.close();
-    else connect();
-    loadThroughput();
-    Q.loadMe().then(showRole).then(route);
+    start();
   });
   $("sign-out").addEventListener("click", () => {
     askForToken("Signed out.");
@@ -124,6 +122,7 @@
     const queues = $("subscribe").value.split(/[\s,]+/).filter(Boolean);
     socket.send(JSON.stringify({ type: "subscribe", queues, batch: true }));
     state.queues.clear(); // the next snapshot (a few seconds) shows only what was asked for
+    state.loaded = false;
     scheduleRender();
   }
 
@@ -170,6 +169,12 @@
   }
 
   function onStats(s) {
+    state.loaded = true;
+    for (const id of ["stat-pending", "stat-processing", "stat-created", "stat-completed", "stat-connections", "stat-queues"]) {
+      $(id).classList.remove("loading");
+      $(id).removeAttribute("aria-busy");
+    }
+    scheduleRender();
     $("stat-pending").textContent = num(s.pending);
     $("stat-processing").textContent = num(s.processing);
     $("stat-created").textContent = num(s.recentCreated);
@@ -179,16 +184,8 @@
   }
 
   function onDepth(d) {
-    let q = state.queues.get(d.queue);
-    if (!q) {
-      if (!state.histories.has(d.queue)) state.histories.set(d.queue, []);
-      q = { data: d, history: state.histories.get(d.queue), seen: 0 };
-      state.queues.set(d.queue, q);
-    }
-    q.data = d;
-    q.seen = Date.now();
-    q.history.push(d.totalDepth);
-    if (q.history.length > HISTORY) q.history.shift();
+    state.queues.set(d.queue, { data: d, seen: Date.now() });
+    state.loaded = true;
     scheduleRender();
   }
 
@@ -222,7 +219,7 @@
     const body = $("queue-rows");
     const rows = [];
     for (const name of names) {
-      const { data: d, history } = state.queues.get(name);
+      const { data: d } = state.queues.get(name);
       const open = state.expanded.has(name);
       const tr = document.createElement("tr");
       tr.className = `queue${open ? " open" : ""}${state.chartQueue === name ? " selected" : ""}`;
@@ -250,14 +247,19 @@
         numCell(d.totalFailed, "warn"),
         numCell(d.totalDeadLetter, "warn"),
       );
+      const rate = state.rates.get(name);
+      tr.append(
+        rateCell(rate && rate.now.incomingPerSecond, rate && `${Q.rate(rate.lastHour.incomingPerSecond)}/s over the last hour`),
+        rateCell(rate && rate.now.outgoingPerSecond, rate && `${Q.rate(rate.lastHour.outgoingPerSecond)}/s over the last hour`),
+      );
       const trend = document.createElement("td");
       trend.className = "trend";
-      const canvas = document.createElement("canvas");
-      trend.append(canvas);
+      if (!state.sparks.has(name)) state.sparks.set(name, document.createElement("div"));
+      trend.append(state.sparks.get(name));
       tr.append(trend);
       tr.addEventListener("click", () => toggle(name));
       tr.title = "Click: show partitions and chart this queue";
-      rows.push([tr, canvas, history]);
+      rows.push([tr, name]);
       if (open) {
         const partitions = Object.entries(d.partitions || {}).sort(([a], [b]) => a.localeCompare(b));
         for (const [pname, p] of partitions) {
@@ -270,22 +272,25 @@
             numCell(p.completed),
             numCell(p.failed, "warn"),
             numCell(p.deadLetter, "warn"),
+            cell("", "num"),
+            cell("", "num"),
             cell("", "trend"),
           );
-          rows.push([pr, null, null]);
+          rows.push([pr, null]);
         }
       }
     }
     body.replaceChildren(...rows.map(([tr]) => tr));
     if (!rows.length) {
       const tr = document.createElement("tr");
-      tr.className = "empty";
-      tr.append(cell(state.queues.size ? "No queue matches the filter." : "No queues yet.", ""));
-      tr.firstChild.colSpan = 7;
+      tr.className = state.loaded ? "empty" : "empty loading";
+      const none = state.loaded ? "No queues yet." : "Loading queues…";
+      tr.append(cell(state.queues.size ? "No queue matches the filter." : none, ""));
+      tr.firstChild.colSpan = 9;
       body.append(tr);
     }
-    for (const [, canvas, history] of rows) if (canvas) sparkline(canvas, history);
-    $("stat-queues").textContent = num(state.queues.size);
+    for (const [, name] of rows) if (name) drawSpark(name);
+    if (state.loaded) $("stat-queues").textContent = num(state.queues.size);
   }
 
   function toggle(name) {
@@ -298,102 +303,46 @@
     renderQueues();
   }
 
-  // ---------------------------------------------------------------- canvases
+  // ---------------------------------------------------------------- charts and rates
 
-  function fitCanvas(canvas) {
-    const ratio = window.devicePixelRatio || 1;
-    const { width, height } = canvas.getBoundingClientRect();
-    canvas.width = Math.max(1, Math.round(width * ratio));
-    canvas.height = Math.max(1, Math.round(height * ratio));
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    return { ctx, width, height };
-  }
-
-  const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
-
-  function sparkline(canvas, values) {
-    const { ctx, width, height } = fitCanvas(canvas);
-    if (!values.length) return;
-    if (values.length === 1) values = [values[0], values[0]]; // a flat start, not a blank cell
-    const max = Math.max(1, ...values);
-    const step = width / (Math.max(values.length, HISTORY / 4) - 1); // widens until full
-    const x0 = width - (values.length - 1) * step;
-    const y = (v) => height - 2 - (v / max) * (height - 4);
-    ctx.beginPath();
-    values.forEach((v, i) => (i ? ctx.lineTo(x0 + i * step, y(v)) : ctx.moveTo(x0, y(v))));
-    ctx.strokeStyle = css("--accent");
-    ctx.lineWidth = 1.5;
-    ctx.stroke();
-    ctx.lineTo(width, height);
-    ctx.lineTo(x0, height);
-    ctx.closePath();
-    ctx.globalAlpha = 0.12;
-    ctx.fillStyle = css("--accent");
-    ctx.fill();
-  }
-
+  const CHART_SERIES = [
+    { key: "incoming", label: "incoming / min", color: "--incoming" },
+    { key: "completed", label: "completed / min", color: "--completed" },
+    { key: "failed", label: "failed / min", color: "--failed" },
+  ];
+  const SPARK_SERIES = [
+    { key: "incoming", color: "--incoming" },
+    { key: "outgoing", color: "--completed" },
+  ];
   let chartData = [];
 
   function drawChart() {
-    const canvas = $("chart");
-    const { ctx, width, height } = fitCanvas(canvas);
-    const pad = { left: 44, right: 8, top: 10, bottom: 22 };
-    const w = width - pad.left - pad.right;
-    const h = height - pad.top - pad.bottom;
-    const series = [
-      ["incoming", css("--incoming")],
-      ["completed", css("--completed")],
-      ["failed", css("--failed")],
-    ];
-    const max = niceMax(Math.max(1, ...chartData.flatMap((p) => series.map(([k]) => p[k]))));
-    ctx.font = "11px system-ui, sans-serif";
-    ctx.fillStyle = css("--muted");
-    ctx.strokeStyle = css("--line");
-    ctx.lineWidth = 1;
-    for (let i = 0; i <= 4; i++) {
-      const y = pad.top + h - (h * i) / 4;
-      ctx.beginPath();
-      ctx.moveTo(pad.left, Math.round(y) + 0.5);
-      ctx.lineTo(pad.left + w, Math.round(y) + 0.5);
-      ctx.stroke();
-      ctx.textAlign = "right";
-      ctx.fillText(compact((max * i) / 4), pad.left - 6, y + 4);
-    }
-    if (chartData.length < 2) return;
-    const x = (i) => pad.left + (w * i) / (chartData.length - 1);
-    const y = (v) => pad.top + h - (v / max) * h;
-    ctx.textAlign = "center";
-    for (let i = 0; i < chartData.length; i += 10) {
-      const t = new Date(chartData[i].timestamp);
-      ctx.fillText(t.toTimeString().slice(0, 5), x(i), height - 6);
-    }
-    const last = chartData.length - 1; // the current minute is still filling up: dashed
-    for (const [key, color] of series) {
-      ctx.strokeStyle = color;
-      ctx.lineWidth = key === "incoming" ? 2 : 1.6;
-      ctx.lineJoin = "round";
-      ctx.beginPath();
-      chartData.slice(0, last).forEach((p, i) => (i ? ctx.lineTo(x(i), y(p[key])) : ctx.moveTo(x(i), y(p[key]))));
-      ctx.stroke();
-      ctx.setLineDash([3, 3]);
-      ctx.beginPath();
-      ctx.moveTo(x(last - 1), y(chartData[last - 1][key]));
-      ctx.lineTo(x(last), y(chartData[last][key]));
-      ctx.stroke();
-      ctx.setLineDash([]);
-    }
+    if ($("view-overview").hidden || document.body.dataset.session !== "open") return;
+    Q.timeChart($("chart"), CHART_SERIES, chartData);
   }
 
-  function niceMax(v) {
-    const p = 10 ** Math.floor(Math.log10(v));
-    return [1, 2, 2.5, 5, 10].map((m) => m * p).find((c) => c >= v);
+  function drawSpark(name) {
+    const rate = state.rates.get(name);
+    if (!rate) return;
+    const points = rate.minutes.map((m) => ({ t: Date.parse(m.timestamp), incoming: m.incoming, outgoing: m.outgoing }));
+    Q.sparkChart(state.sparks.get(name), SPARK_SERIES, points);
   }
 
-  function compact(v) {
-    if (v >= 1e6) return `${+(v / 1e6).toFixed(1)}M`;
-    if (v >= 1e3) return `${+(v / 1e3).toFixed(1)}k`;
-    return `${Math.round(v)}`;
+  function rateCell(perSecond, title) {
+    const td = cell(perSecond == null ? "…" : Q.rate(perSecond), `num rate${perSecond ? "" : " zero"}`);
+    if (title) td.title = title;
+    return td;
+  }
+
+  async function loadRates() {
+    try {
+      const doc = await Q.api(RATES_URL);
+      state.rates = new Map(doc.queues.map((q) => [q.queue, q]));
+      for (const name of state.sparks.keys()) if (!state.rates.has(name)) state.sparks.delete(name);
+      renderQueues();
+    } catch (e) {
+      // the server is restarting: the next refresh will catch up
+    }
   }
 
   async function loadThroughput() {
@@ -406,7 +355,7 @@
       // Newest first, rates nested: chart oldest first, messages per minute.
       chartData = ((await resp.json()).throughput || []).slice(0, CHART_MINUTES).reverse()
         .map((p) => ({
-          timestamp: p.timestamp,
+          t: Date.parse(p.timestamp),
           incoming: p.incoming.messagesPerMinute,
           completed: p.completed.messagesPerMinute,
           failed: p.failed.messagesPerMinute,
@@ -561,11 +510,33 @@
   }
 
   Q.onUnauthorized = (reason) => askForToken(reason);
-  window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", () => signedOut || route());
+
+  // Learn first whether the server takes this browser's token (or needs none): a refused
+  // one shows the sign-in form alone; an accepted one opens the page and its socket.
+  async function start() {
+    document.body.dataset.session = "checking";
+    signedOut = false;
+    try {
+      const resp = await fetch("/api/v1/auth/me", { headers: authHeaders() });
+      if (resp.status === 401) {
+        askForToken(token() ? "The server refused this token." : null); // null: keep the hint
+        return;
+      }
+    } catch (e) {
+      // the server is restarting: the page opens and reconnects
+    }
+    $("login").hidden = true;
+    document.body.dataset.session = "open";
+    retryMs = 500;
+    if (socket) socket.close();
+    else connect();
+    loadThroughput();
+    loadRates();
+    Q.loadMe().then(showRole).then(route).then(Q.loadAlerts);
+  }
 
   setInterval(flushLog, LOG_FLUSH_MS);
-  setInterval(loadThroughput, CHART_REFRESH_MS);
-  loadThroughput();
-  connect();
-  Q.loadMe().then(showRole).then(route);
+  setInterval(() => signedOut || (loadThroughput(), loadRates(), Q.loadAlerts()), CHART_REFRESH_MS);
+  start();
 })();

@@ -7,6 +7,7 @@
   const Q = window.Queen;
   const { el } = Q;
   const PAGE_SIZE = 50;
+  const FETCH_WAIT_MS = 2000; // a test fetch waits this long for a message
   const PARTITIONS_SHOWN = 200; // a queue's busiest partitions listed; the rest are summed
   const STATUSES = ["", "pending", "processing", "completed", "failed", "dead_letter"];
 
@@ -51,40 +52,16 @@
     }
   }
 
-  // A small line chart of a queue's per-minute throughput (oldest first).
-  function throughputChart(canvas, points) {
-    const ratio = window.devicePixelRatio || 1;
-    const { width, height } = canvas.getBoundingClientRect();
-    canvas.width = Math.max(1, Math.round(width * ratio));
-    canvas.height = Math.max(1, Math.round(height * ratio));
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    const css = (n) => getComputedStyle(document.documentElement).getPropertyValue(n).trim();
-    const series = [["incoming", "--incoming"], ["completed", "--completed"], ["failed", "--failed"]];
-    const max = Math.max(1, ...points.flatMap((p) => series.map(([k]) => p[k])));
-    ctx.strokeStyle = css("--line");
-    ctx.beginPath();
-    ctx.moveTo(0, height - 0.5);
-    ctx.lineTo(width, height - 0.5);
-    ctx.stroke();
-    ctx.fillStyle = css("--muted");
-    ctx.font = "11px system-ui, sans-serif";
-    ctx.fillText(`${Q.num(max)} / min`, 4, 12);
-    if (points.length < 2) return;
-    const x = (i) => (width * i) / (points.length - 1);
-    const y = (v) => height - 2 - (v / max) * (height - 18);
-    for (const [key, color] of series) {
-      ctx.strokeStyle = css(color);
-      ctx.lineWidth = 1.6;
-      ctx.beginPath();
-      points.forEach((p, i) => (i ? ctx.lineTo(x(i), y(p[key])) : ctx.moveTo(x(i), y(p[key]))));
-      ctx.stroke();
-    }
-  }
+  const THROUGHPUT_SERIES = [
+    { key: "incoming", label: "incoming / min", color: "--incoming" },
+    { key: "completed", label: "completed / min", color: "--completed" },
+    { key: "failed", label: "failed / min", color: "--failed" },
+  ];
 
   async function throughputOf(queue) {
     const doc = await api(`/api/v1/analytics/throughput?${qs({ queue })}`);
     return (doc.throughput || []).slice(0, 60).reverse().map((p) => ({
+      t: Date.parse(p.timestamp),
       incoming: p.incoming.messagesPerMinute,
       completed: p.completed.messagesPerMinute,
       failed: p.failed.messagesPerMinute,
@@ -203,8 +180,12 @@
         return;
       }
       body.replaceChildren(...queueSections(queue, box, refresh));
-      const canvas = body.querySelector("canvas.throughput");
-      throughputOf(name).then((points) => throughputChart(canvas, points)).catch(() => {});
+      const chart = body.querySelector(".chart.throughput");
+      throughputOf(name).then((points) => Q.timeChart(chart, THROUGHPUT_SERIES, points, { height: 140 })).catch(() => {});
+      const rates = body.querySelector(".queue-rates");
+      api(`/api/v1/analytics/rates?${qs({ queue: name })}`)
+        .then((doc) => rates.replaceChildren(...rateCards(doc.queues[0])))
+        .catch(() => {});
       const groupsBox = body.querySelector(".groups-box");
       consumerGroups(name)
         .then((groups) => groupsBox.replaceChildren(groupsTable(groups, box, refresh)))
@@ -232,12 +213,67 @@
     return [
       el("div", { class: "page-head" }, heading(`Queue ${queue.name}`, ...labels.map((l) => el("span", { class: "tag", text: l }))), actions),
       cards,
+      el("section", { class: "cards queue-rates" }, ...rateCards(null)),
       panel(heading("Throughput", el("span", { class: "muted", text: " messages per minute, last hour" })),
-        el("div", { class: "chart-wrap small" }, el("canvas", { class: "throughput", height: 120 }))),
+        el("div", { class: "chart throughput" })),
+      Q.can("push") || Q.can("consume") ? panel(heading("Test message"), testMessage(queue.name, box, refresh)) : null,
       panel(heading("Partitions"), partitionsTable(queue.name, queue.partitions || [])),
       panel(heading("Consumer groups"), el("div", { class: "groups-box" }, el("p", { class: "hint", text: "Loading…" }))),
       panel(heading("Options"), optionsForm(queue, box, refresh)),
     ];
+  }
+
+  // In and out per second now (last minute) and over the hour, from /analytics/rates.
+  function rateCards(rate) {
+    const value = (v) => (rate ? `${Q.rate(v)}/s` : "…");
+    return [["In now", (r) => r.now.incomingPerSecond], ["Out now", (r) => r.now.outgoingPerSecond],
+      ["In, last hour", (r) => r.lastHour.incomingPerSecond], ["Out, last hour", (r) => r.lastHour.outgoingPerSecond]]
+      .map(([label, pick]) => el("div", { class: "card" }, el("div", { class: "label", text: label }),
+        el("div", { class: `value${rate ? "" : " loading"}`, "data-rate": label, text: value(rate ? pick(rate) : 0) })));
+  }
+
+  // Publish a message to the queue, or fetch (pop, then complete) the next one: the same
+  // POST /push, GET /pop and POST /ack a client makes.
+  function testMessage(queueName, box, refresh) {
+    const payload = el("textarea", { id: "test-payload", "aria-label": "Payload (JSON)", text: '{"test": true}' });
+    const partition = el("input", { id: "test-partition", placeholder: "Default", "aria-label": "Partition" });
+    const shown = el("div", { class: "fetched-box" });
+    const publish = button("Publish", () => act(box, async () => {
+      let value;
+      try {
+        value = JSON.parse(payload.value);
+      } catch (e) {
+        throw new Error(`The payload is not JSON: ${e.message}`);
+      }
+      const item = { queue: queueName, payload: value };
+      if (partition.value.trim()) item.partition = partition.value.trim();
+      const doc = await api("/api/v1/push", { method: "POST", body: { items: [item] } });
+      const txid = doc.messages && doc.messages[0] && doc.messages[0].transactionId;
+      shown.replaceChildren(el("p", { class: "hint" }, "Published ", txid ? Q.link(`#/message/${enc(txid)}`, txid, { class: "mono published" }) : ""));
+    }, "Message published.", null), { id: "publish-test" });
+    const fetchOne = button("Fetch one", () => act(box, async () => {
+      const where = partition.value.trim() ? `/partition/${enc(partition.value.trim())}` : "";
+      const doc = await api(`/api/v1/pop/queue/${enc(queueName)}${where}?${qs({ batch: 1, wait: "true", timeout: FETCH_WAIT_MS })}`);
+      const m = doc && doc.messages && doc.messages[0];
+      if (!m) {
+        shown.replaceChildren(el("p", { class: "hint fetched-none", text: "No message is waiting." }));
+        return;
+      }
+      const ack = { transactionId: m.transactionId, status: "completed" };
+      if (m.leaseId) ack.leaseId = m.leaseId;
+      await api("/api/v1/ack", { method: "POST", body: ack });
+      shown.replaceChildren(
+        el("p", { class: "hint" }, "Fetched and completed ", Q.link(`#/message/${enc(m.transactionId)}`, m.transactionId, { class: "mono fetched-id" })),
+        el("pre", { class: "payload fetched", text: Q.pretty(m.data) }));
+    }, "Fetched one message.", null), { id: "fetch-test" });
+    return el("div", { class: "test-message" },
+      el("label", {}, "Payload (JSON)", payload),
+      el("div", { class: "controls" },
+        el("label", {}, "Partition ", partition),
+        Q.can("push") ? publish : null,
+        Q.can("consume") ? fetchOne : null),
+      el("p", { class: "hint", text: "Fetch pops the next message in queue mode (waiting up to 2 s) and completes it at once." }),
+      shown);
   }
 
   function partitionsTable(queueName, partitions) {
@@ -247,9 +283,9 @@
       el("td", { class: "name" }, Q.link(`#/messages?${qs({ queue: queueName, partition: p.name })}`, p.name)),
       Q.numCell(p.stats.pending), Q.numCell(p.stats.processing, "busy"), Q.numCell(p.stats.completed),
       Q.numCell(p.stats.failed, "warn"), Q.numCell(p.stats.deadLetter, "warn"),
-      el("td", { class: "num", title: p.oldestMessage || "", text: Q.age(p.oldestMessage) })));
+      el("td", { class: "num oldest-pending", title: p.oldestPending || "", text: Q.age(p.oldestPending) })));
     const out = [table([["Partition"], ["Pending", "num"], ["Processing", "num"], ["Completed", "num"],
-      ["Failed", "num"], ["Dead letter", "num"], ["Oldest message", "num"]], rows, "partitions")];
+      ["Failed", "num"], ["Dead letter", "num"], ["Oldest pending", "num"]], rows, "partitions")];
     if (sorted.length > shown.length) {
       out.push(el("p", { class: "hint", text: `The ${shown.length} partitions with most pending messages of ${Q.num(sorted.length)}.` }));
     }
