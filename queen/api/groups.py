@@ -124,7 +124,10 @@ class ConsumerGroupsResource:
         self.store = store
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        summaries = self.store.groups.summaries(queue_param(req))
+        queue = queue_param(req)
+        summaries = self.store.groups.summaries(queue)
+        if queue is not None and not summaries and not self.store.queues.exists(queue):
+            raise NotFound(f"queue {queue!r} not found")
         send_json(resp, {"consumerGroups": [summary_json(s) for s in summaries]})
 
 
@@ -173,9 +176,7 @@ class ConsumerGroupSeekResource:
         queue = validation.name(doc.get("queue"), "queue")
         to, at = seek_target(doc.get("to"))
         auth.check_queue(req, queue)
-        moved = self.store.groups.seek(queue, name, to, at)
-        if moved is None:
-            raise NotFound(f"queue {queue!r} not found")
+        moved = self.store.groups.seek(queue, name, to, at)  # NotFound: unknown queue or group
         send_json(
             resp,
             {

@@ -93,6 +93,7 @@ class AsyncConsumer:
         self.budget = consuming.Budget(limit)
         self._stop = asyncio.Event()
         self._fatal: QueenError | None = None
+        self._queue_checked = False  # after the first empty pop: warned once if unknown
 
     @property
     def handled(self) -> int:
@@ -148,6 +149,18 @@ class AsyncConsumer:
             failures = 0
             self.budget.give_back(wanted - len(messages))
             in_hand = messages
+            if not messages and not self._queue_checked:
+                await self._check_queue()
+
+    async def _check_queue(self) -> None:
+        """Warn once when the queue does not exist: a misspelt name would wait forever."""
+        self._queue_checked = True
+        try:
+            await self.client.queue(self.queue)
+        except NotFound:
+            log.warning(consuming.UNKNOWN_QUEUE, self.queue)
+        except QueenError:
+            pass  # a token that may not read it, a server away: nothing to say
 
     async def _process(self, messages: list[Message]) -> list[Message]:
         """Handle messages and ack them; the ack also pops the next ones (returned) unless

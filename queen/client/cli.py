@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from queen.client.errors import APIError, QueenError, ServerError, TransportError
+from queen.client.errors import APIError, NotFound, QueenError, ServerError, TransportError
 from queen.client.models import Message
 from queen.client.sync import Queen
 from queen.client.transport import DEFAULT_URL
@@ -102,6 +102,17 @@ def message_columns() -> list[Column]:
     ]
 
 
+def warn_if_unknown(queen: Queen, queue: str) -> None:
+    """Say on stderr when queue does not exist (a pop of it answers nothing, as an empty
+    one does)."""
+    try:
+        queen.queue(queue)
+    except NotFound:
+        print(f"queen: queue {queue!r} does not exist (is its name right?)", file=sys.stderr)
+    except QueenError:
+        pass  # a token that may not read it: nothing to say
+
+
 def cmd_pop(queen: Queen, args: argparse.Namespace) -> int:
     messages = queen.pop(
         args.queue,
@@ -113,6 +124,7 @@ def cmd_pop(queen: Queen, args: argparse.Namespace) -> int:
     )
     if not messages:
         print("nothing to pop", file=sys.stderr)
+        warn_if_unknown(queen, args.queue)
         return NOTHING
     if args.ack:
         queen.ack_many(messages)

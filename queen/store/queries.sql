@@ -75,6 +75,9 @@ UPDATE queen.queues SET
 WHERE name = %(name)s
 RETURNING *
 
+-- queue_exists: whether a queue of this name exists --
+SELECT EXISTS (SELECT 1 FROM queen.queues WHERE name = %(name)s)
+
 -- queue_flags: encryption flag and long-poll cap of every queue (cached per process) --
 SELECT name, encryption_enabled, max_wait_time_seconds FROM queen.queues
 

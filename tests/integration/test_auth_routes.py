@@ -523,6 +523,7 @@ def test_a_queue_limited_token_stays_on_its_queues(
     with store.db.connection() as conn:
         lifecycle.pop(conn, "billing")
         lifecycle.pop(conn, "orders-1")
+        lifecycle.pop(conn, "orders-1", group="g")  # the group the seeks below move
     assert_refused(commit(client, scoped, push("orders-1", "o-2"), push("billing", "b-2")), 403)
     assert_refused(commit(client, scoped, ack("b-1")), 403)
     assert stored(store) == ["b-1", "o-1"]
