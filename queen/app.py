@@ -18,7 +18,14 @@ from queen.api.dashboard import (
 from queen.api.messages import AckBatchResource, AckResource, PopResource, PushResource
 from queen.api.metrics import MetricsMiddleware, PrometheusResource, observe_fused
 from queen.api.queues import ConfigureResource
-from queen.api.system import HealthResource, MetricsResource, OpenAPIResource
+from queen.api.system import (
+    HealthResource,
+    LiveResource,
+    MetricsResource,
+    OpenAPIResource,
+    ReadyResource,
+    readiness_checks,
+)
 from queen.auth.cache import TokenVerifier
 from queen.config import Settings
 from queen.dashboard import STATIC_DIR
@@ -147,6 +154,8 @@ def create_app(
     app.add_route(f"{API}/configure", ConfigureResource(store))
     app.add_route(f"{API}/lease/{{lease}}/extend", leases.LeaseExtendResource(store))
     app.add_route("/health", HealthResource(store, events, clock))
+    app.add_route("/health/live", LiveResource())
+    app.add_route("/health/ready", ReadyResource(readiness_checks(store, events)))
     _add_group_routes(app, store, batch, hub)
     app.add_route(f"{API}/auth/me", WhoAmIResource())
     _add_dashboard_routes(app, hub)

@@ -62,6 +62,8 @@ POLICY: dict[str, dict[str, Rule]] = {
     },
     f"{API}/consumer-groups/{{group}}/seek": {"POST": (Permission.CONSUME, Scope.RESOURCE)},
     "/health": {"GET": PUBLIC},
+    "/health/live": {"GET": PUBLIC},
+    "/health/ready": {"GET": PUBLIC},
     "/": {"GET": PUBLIC, "HEAD": PUBLIC},
     "/dashboard": {"GET": PUBLIC, "HEAD": PUBLIC},
     "/ws/dashboard": {"GET": READ_ALL},

@@ -70,3 +70,10 @@ class Store:
     def ping(self) -> None:
         """Raise Unavailable unless the database answers."""
         self.db.fetch("ping")
+
+    def schema_problem(self) -> str | None:
+        """Return why the database's schema is not this build's, None when it is."""
+        from queen.store.migrate import schema_problem
+
+        with self.db.connection() as conn:
+            return schema_problem(conn)

@@ -83,6 +83,8 @@ ROUTES: dict[tuple[str, str], Case] = {
         f"{A}/consumer-groups/g/seek", roles("consumer", "admin"), {"queue": "qa", "to": "end"}
     ),
     ("GET", "/health"): Case("/health", PUBLIC),
+    ("GET", "/health/live"): Case("/health/live", PUBLIC),
+    ("GET", "/health/ready"): Case("/health/ready", PUBLIC),
     ("GET", "/"): Case("/", PUBLIC),
     ("HEAD", "/"): Case("/", PUBLIC),
     ("GET", "/dashboard"): Case("/dashboard", PUBLIC),
