@@ -58,6 +58,7 @@ POLICY: dict[str, dict[str, Rule]] = {
     f"{API}/consumer-groups": {"GET": READ_QUERY},
     f"{API}/consumer-groups/{{group}}": {
         "GET": READ_QUERY,
+        "PUT": (Permission.CONSUME, Scope.RESOURCE),  # as the first pop would
         "DELETE": (Permission.ADMIN, Scope.QUERY),
     },
     f"{API}/consumer-groups/{{group}}/seek": {"POST": (Permission.CONSUME, Scope.RESOURCE)},

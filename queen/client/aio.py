@@ -184,8 +184,16 @@ class AsyncQueen:
         """Analytics of one queue (a dict), or of every queue (a list)."""
         return await self.send(calls.stats(queue))
 
-    async def consumer_groups(self) -> list[dict[str, Any]]:
-        return await self.send(calls.get("/consumer-groups", "consumerGroups"))
+    async def consumer_groups(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """The consumer groups of queue (None: of every queue)."""
+        return await self.send(calls.get("/consumer-groups", "consumerGroups", queue=queue))
+
+    async def subscribe(
+        self, group: str, queue: str, subscription: str | dt.datetime | None = None
+    ) -> dict[str, Any]:
+        """Subscribe group to queue as its first pop would ('all', 'new' or a start time);
+        a group already there is left as it is."""
+        return await self.send(calls.subscribe(group, queue, subscription))
 
     async def consumer_group(self, name: str) -> dict[str, Any]:
         return await self.send(calls.get(f"/consumer-groups/{segment(name)}"))

@@ -246,6 +246,14 @@ def configure(
     return Call("POST", f"{API}/configure", lambda doc: doc["options"], json=body)
 
 
+def subscribe(
+    group: str, queue: str, subscription: str | dt.datetime | None = None
+) -> Call[dict[str, Any]]:
+    """PUT /consumer-groups/:group: subscribe group to queue as its first pop would."""
+    body: dict[str, Any] = {"queue": queue, **subscription_params(subscription)}
+    return Call("PUT", f"{API}/consumer-groups/{segment(group)}", lambda doc: doc, json=body)
+
+
 def transaction(operations: list[dict[str, Any]]) -> Call[list[Any]]:
     """POST /transaction: all operations or none. Not sent again after a lost answer."""
     return Call(

@@ -1,19 +1,24 @@
-"""`queen push | pop | tail | stats | queues | dlq | groups`: the client for people.
+"""`queen push | pop | tail | stats | queues | dlq | groups | configure | apply`: the client
+for people.
 
-Exit codes: 0 ok, 1 bad input (or any other 4xx), 2 server unreachable or 5xx,
-4 nothing to pop.
+Exit codes: 0 ok (also when stopped by Ctrl-C or SIGTERM), 1 bad input (usage, JSON, any
+other 4xx), 2 server unreachable or 5xx, 4 nothing to pop. Quiet but for warnings and
+errors; -v logs each request, -vv the transport's details.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from queen.client import queues_file
 from queen.client.errors import APIError, NotFound, QueenError, ServerError, TransportError
 from queen.client.models import Message
 from queen.client.sync import Queen
@@ -132,18 +137,36 @@ def cmd_pop(queen: Queen, args: argparse.Namespace) -> int:
     return OK
 
 
+def tail_doc(m: dict[str, Any]) -> dict[str, Any]:
+    """One message as tail prints it, read or popped: the same fields either way."""
+    return {
+        "transactionId": m["transactionId"],
+        "queue": m["queue"],
+        "partition": m["partition"],
+        "data": m["data"] if "data" in m else m.get("payload"),
+        "createdAt": m["createdAt"],
+        "retryCount": m["retryCount"],
+    }
+
+
 def cmd_tail(queen: Queen, args: argparse.Namespace) -> int:
     if args.group:
         return _tail_group(queen, args)
     seen: set[str] = set()
+    warned = False
     while True:
-        fresh = [
-            m
-            for m in reversed(queen.messages(args.queue, limit=args.n))
-            if m["transactionId"] not in seen
-        ]
+        try:
+            latest = queen.messages(args.queue, limit=args.n)
+        except NotFound:
+            if not args.follow:
+                raise
+            if not warned:  # following: the queue may yet be made
+                warn_if_unknown(queen, args.queue)
+                warned = True
+            latest = []
+        fresh = [m for m in reversed(latest) if m["transactionId"] not in seen]
         seen.update(m["transactionId"] for m in fresh)
-        emit_json(fresh)
+        emit_json(tail_doc(m) for m in fresh)
         if not args.follow:
             return OK
         time.sleep(args.interval)
@@ -151,14 +174,19 @@ def cmd_tail(queen: Queen, args: argparse.Namespace) -> int:
 
 def _tail_group(queen: Queen, args: argparse.Namespace) -> int:
     """Read the queue as a consumer group: pop, print, ack (other groups are untouched)."""
+    warned = False
     while True:
         messages: list[Message] = queen.pop(
             args.queue, batch=args.n, wait=args.follow, timeout=args.interval * 10, group=args.group
         )
         if messages:
-            emit_json(m.as_json() for m in messages)
+            emit_json(tail_doc(m.as_json()) for m in messages)
             queen.ack_many(messages)
-        elif not args.follow:
+            continue
+        if not warned:
+            warn_if_unknown(queen, args.queue)
+            warned = True
+        if not args.follow:
             return OK
 
 
@@ -245,13 +273,87 @@ def cmd_groups_seek(queen: Queen, args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_groups_delete(queen: Queen, args: argparse.Namespace) -> int:
+    doc = queen.delete_consumer_group(args.group, args.queue)
+    rows = [{"group": doc["consumerGroup"], **d} for d in doc["deleted"]]
+    show(
+        args,
+        rows,
+        [
+            ("GROUP", lambda r: r["group"]),
+            ("QUEUE", lambda r: r["queue"]),
+            ("PARTITIONS", lambda r: r["partitions"]),
+        ],
+    )
+    return OK
+
+
+def cmd_configure(queen: Queen, args: argparse.Namespace) -> int:
+    spec = queues_file.QueueSpec(args.queue)
+    if args.file:
+        spec = queues_file.read_queue_options(args.file, args.queue)
+    flags = {name: value for name, value in vars(args).items() if value is not None}
+    spec = spec.merged(
+        namespace=flags.get("namespace"),
+        task=flags.get("task"),
+        options={o: flags[dest] for o, dest in queues_file.OPTION_FLAGS.items() if dest in flags},
+    )
+    if not spec.options and spec.namespace is None and spec.task is None:
+        raise BadInput("nothing to configure (give option flags or --file)")
+    options = queen.configure(spec.name, spec.namespace, spec.task, **spec.snake_options())
+    show(
+        args,
+        [{"option": k, "value": v} for k, v in options.items()],
+        [("OPTION", lambda r: r["option"]), ("VALUE", lambda r: json.dumps(r["value"]))],
+    )
+    return OK
+
+
+def cmd_apply(queen: Queen, args: argparse.Namespace) -> int:
+    wanted = queues_file.read_queues_file(args.file)
+    changes = queues_file.plan(queen, wanted)
+    for line in queues_file.describe(changes):
+        print(line)
+    if not changes:
+        print("nothing to change")
+        return OK
+    if args.dry_run:
+        return OK
+    queues_file.carry_out(queen, changes, wanted)
+    print(f"applied {len(changes)} change(s)")
+    return OK
+
+
 # --- wiring ---------------------------------------------------------------------------
+class Stopped(Exception):
+    """SIGTERM or SIGINT arrived: end as Ctrl-C ends a command."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped
+
+
+def stop_on_signals() -> None:
+    """End on SIGTERM and SIGINT, also when the parent ignored SIGINT (a script's
+    background job), where Python would leave Ctrl-C ignored."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
+
+
+def quiet_logging(verbosity: int) -> None:
+    """Warnings and errors only; -v: each request too (httpx's INFO lines); -vv: all."""
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbosity, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
+
+
 def run(command: Command, args: argparse.Namespace) -> int:
     """Run a command with a client; turn errors into exit codes."""
+    quiet_logging(args.verbose)
+    stop_on_signals()
     try:
         with Queen(args.url, token=args.token) as queen:
             return command(queen, args)
-    except BadInput as exc:
+    except (BadInput, queues_file.FileError) as exc:
         print(f"queen: {exc}", file=sys.stderr)
         return BAD_INPUT
     except (TransportError, ServerError) as exc:
@@ -263,14 +365,22 @@ def run(command: Command, args: argparse.Namespace) -> int:
     except QueenError as exc:
         print(f"queen: {exc.message}", file=sys.stderr)
         return UNREACHABLE
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped):
         return OK
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (| head): nothing left to say
         return OK
 
 
-class IntermixedParser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """Usage errors exit 1, as other bad input does (argparse's own default: 2)."""
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+class IntermixedParser(Parser):
     """Options may come between positionals: `queen push orders --partition eu '{}' '{}'`."""
 
     _mixing = False
@@ -283,10 +393,6 @@ class IntermixedParser(argparse.ArgumentParser):
             return self.parse_known_intermixed_args(args, namespace)
         finally:
             self._mixing = False
-
-    def error(self, message: str) -> Any:  # bad input exits 1 (argparse's own default: 2)
-        self.print_usage(sys.stderr)
-        self.exit(BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
 def _common(output: str) -> argparse.ArgumentParser:
@@ -305,6 +411,13 @@ def _common(output: str) -> argparse.ArgumentParser:
         choices=("table", "json"),
         default=output,
         help=f"output format (default {output}; json: one document per line)",
+    )
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log each request (-vv: the transport's details too)",
     )
     return common
 
@@ -365,7 +478,7 @@ def add_client_commands(sub: Any) -> None:
     )
     p.add_argument("-n", type=int, default=1000)
 
-    groups = sub.add_parser("groups", help="consumer groups: list | seek").add_subparsers(
+    groups = sub.add_parser("groups", help="consumer groups: list | seek | delete").add_subparsers(
         dest="groups_command", required=True
     )
     _add(groups, "list", cmd_groups_list, "table", "list consumer groups")
@@ -373,3 +486,23 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("group")
     p.add_argument("queue")
     p.add_argument("--to", required=True, help="beginning | end | an ISO-8601 time")
+    p = _add(groups, "delete", cmd_groups_delete, "table", "forget a group (it starts over)")
+    p.add_argument("group")
+    p.add_argument("--queue", help="on this queue only (default: every queue it reads)")
+
+    p = _add(sub, "configure", cmd_configure, "table", "set a queue's options (flags or --file)")
+    p.add_argument("queue")
+    p.add_argument("-f", "--file", help="YAML or JSON: the options (and namespace, task)")
+    p.add_argument("--namespace")
+    p.add_argument("--task")
+    queues_file.add_option_flags(p)
+
+    p = _add(
+        sub,
+        "apply",
+        cmd_apply,
+        "table",
+        "make queues, their options and consumer groups as a YAML file says (diff first)",
+    )
+    p.add_argument("file", help="YAML (or JSON) file: see docs/CLIENT.md")
+    p.add_argument("--dry-run", action="store_true", help="show the changes, make none")

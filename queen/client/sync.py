@@ -180,8 +180,16 @@ class Queen:
         """Analytics of one queue (a dict), or of every queue (a list)."""
         return self.send(calls.stats(queue))
 
-    def consumer_groups(self) -> list[dict[str, Any]]:
-        return self.send(calls.get("/consumer-groups", "consumerGroups"))
+    def consumer_groups(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """The consumer groups of queue (None: of every queue)."""
+        return self.send(calls.get("/consumer-groups", "consumerGroups", queue=queue))
+
+    def subscribe(
+        self, group: str, queue: str, subscription: str | dt.datetime | None = None
+    ) -> dict[str, Any]:
+        """Subscribe group to queue as its first pop would ('all', 'new' or a start time);
+        a group already there is left as it is."""
+        return self.send(calls.subscribe(group, queue, subscription))
 
     def consumer_group(self, name: str) -> dict[str, Any]:
         return self.send(calls.get(f"/consumer-groups/{segment(name)}"))

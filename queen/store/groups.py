@@ -58,6 +58,17 @@ class ConsumerGroups:
             raise NotFound(f"queue {queue!r} not found")
         return int(moved)
 
+    def subscribe(
+        self, queue: str, group: str, mode: str | None, since: dt.datetime | None
+    ) -> bool:
+        """Subscribe group to queue as its first pop would; True when it was not there yet
+        (a subscription already there is kept). Raise NotFound for an unknown queue."""
+        params = {"queue": queue, "group": group, "mode": mode, "since": since}
+        rows = self.db.fetch("group_subscribe", params)
+        if not rows:
+            raise NotFound(f"queue {queue!r} not found")
+        return bool(rows[0][0])
+
     def delete(self, group: str, queue: str | None = None) -> dict[str, int]:
         """Forget group on queue (None: on every queue); {queue: cursors dropped}, {} when
         the group was not there."""

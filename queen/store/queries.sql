@@ -78,6 +78,12 @@ RETURNING *
 -- queue_exists: whether a queue of this name exists --
 SELECT EXISTS (SELECT 1 FROM queen.queues WHERE name = %(name)s)
 
+-- group_subscribe: subscribe a group to a queue as its first pop would (a subscription already there is kept); whether it is new; no row when the queue does not exist --
+SELECT NOT EXISTS (SELECT 1 FROM queen.consumer_groups g
+                   WHERE g.queue_id = q.id AND g.consumer_group = %(group)s) AS created,
+       queen.join_group(q.id, %(group)s, %(mode)s, %(since)s)
+FROM queen.queues q WHERE q.name = %(queue)s
+
 -- queue_flags: encryption flag and long-poll cap of every queue (cached per process) --
 SELECT name, encryption_enabled, max_wait_time_seconds FROM queen.queues
 

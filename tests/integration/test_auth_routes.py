@@ -79,6 +79,9 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", f"{A}/consumer-groups"): Case(f"{A}/consumer-groups", READERS),
     ("GET", f"{A}/consumer-groups/{{group}}"): Case(f"{A}/consumer-groups/g", READERS),
     ("DELETE", f"{A}/consumer-groups/{{group}}"): Case(f"{A}/consumer-groups/g?queue=qa", ADMIN),
+    ("PUT", f"{A}/consumer-groups/{{group}}"): Case(
+        f"{A}/consumer-groups/g", roles("consumer", "admin"), {"queue": "qa"}
+    ),
     ("POST", f"{A}/consumer-groups/{{group}}/seek"): Case(
         f"{A}/consumer-groups/g/seek", roles("consumer", "admin"), {"queue": "qa", "to": "end"}
     ),
