@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from queen.client import calls
+from queen.client import calls, tracing
 from queen.client.aio_consumer import AsyncConsumer, AsyncHandler, AsyncWorker
 from queen.client.calls import AckItem, Call, MessageOrId, segment
 from queen.client.models import AckResult, Message, PushResult
@@ -57,9 +57,9 @@ class AsyncQueen:
         transaction_ids: Sequence[str] | None = None,
     ) -> list[PushResult]:
         """Push payloads (a list or tuple: many; anything else: one) to a queue."""
-        return await self.send(
-            calls.push(calls.push_items(queue, payloads, partition, transaction_ids))
-        )
+        with tracing.producing(queue):
+            items = calls.push_items(queue, payloads, partition, transaction_ids)
+            return await self.send(calls.push(items))
 
     async def pop(
         self,

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from queen.client import consuming
+from queen.client import consuming, tracing
 from queen.client.errors import NotFound, QueenError
 from queen.client.models import Message
 
@@ -195,12 +195,13 @@ class AsyncConsumer:
     async def _handle(self, message: Message) -> str | None:
         """Run the handler; return None (completed) or the failure text."""
         try:
-            if inspect.iscoroutinefunction(self.handler):
-                await self.handler(message)
-            else:
-                result = await asyncio.to_thread(self.handler, message)
-                if inspect.isawaitable(result):
-                    await result
+            with tracing.consuming(self.queue, message.transaction_id, message.trace_parent):
+                if inspect.iscoroutinefunction(self.handler):
+                    await self.handler(message)
+                else:
+                    result = await asyncio.to_thread(self.handler, message)
+                    if inspect.isawaitable(result):
+                        await result
         except Exception as exc:
             log.info("handler failed on %s: %s", message.transaction_id, exc)
             return consuming.error_text(exc)

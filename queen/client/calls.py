@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+from queen.client import tracing
 from queen.client.models import AckResult, Message, PushResult, uuid7
 
 T = TypeVar("T")
@@ -65,10 +66,13 @@ def push_items(
         raise ValueError("transaction_ids must have one id per payload")
     ids = transaction_ids if transaction_ids is not None else [uuid7() for _ in data]
     items: list[dict[str, Any]] = []
+    parent = tracing.traceparent()  # (None without OpenTelemetry)
     for payload, txid in zip(data, ids, strict=True):
         item = {"queue": queue, "payload": payload, "transactionId": txid}
         if partition is not None:
             item["partition"] = partition
+        if parent is not None:
+            item["traceId"] = parent
         items.append(item)
     return items
 

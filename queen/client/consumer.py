@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from queen.client import consuming
+from queen.client import consuming, tracing
 from queen.client.errors import NotFound, QueenError
 from queen.client.models import Message
 
@@ -224,7 +224,8 @@ class Consumer:
     def _handle(self, message: Message) -> str | None:
         """Run the handler; return None (completed) or the failure text."""
         try:
-            self.handler(message)
+            with tracing.consuming(self.queue, message.transaction_id, message.trace_parent):
+                self.handler(message)
         except Exception as exc:
             log.info("handler failed on %s: %s", message.transaction_id, exc)
             return consuming.error_text(exc)

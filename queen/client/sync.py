@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from queen.client import calls
+from queen.client import calls, tracing
 from queen.client.calls import AckItem, Call, MessageOrId, segment
 from queen.client.consumer import Consumer, Handler, Worker
 from queen.client.models import AckResult, Message, PushResult
@@ -57,7 +57,9 @@ class Queen:
         transaction_ids: Sequence[str] | None = None,
     ) -> list[PushResult]:
         """Push payloads (a list or tuple: many; anything else: one) to a queue."""
-        return self.send(calls.push(calls.push_items(queue, payloads, partition, transaction_ids)))
+        with tracing.producing(queue):
+            items = calls.push_items(queue, payloads, partition, transaction_ids)
+            return self.send(calls.push(items))
 
     def pop(
         self,

@@ -21,7 +21,8 @@ SELECT x.pop, (x.message).id, (x.message).transaction_id,
        CASE WHEN x.first THEN (x.message).lease_id END AS lease_id,
        CASE WHEN x.first THEN (x.message).lease_expires_at END AS lease_expires_at,
        CASE WHEN x.first THEN (x.message).lease_time END AS lease_time,
-       CASE WHEN x.first THEN (x.message).retry_limit END AS retry_limit
+       CASE WHEN x.first THEN (x.message).retry_limit END AS retry_limit,
+       (x.message).trace_id
 FROM (SELECT m.pop, m.message, m.pop IS DISTINCT FROM lag(m.pop) OVER () AS first
       FROM queen.pop_many(%(pops)s::jsonb) m) x
 

@@ -439,7 +439,7 @@ BEGIN
                ROW(queen.message_uuid(d.id, d.created_at), d.transaction_id, d.queue,
                    d.partition, d.payload, d.encrypted, d.retry_count, d.priority,
                    d.created_at, now(), d.lease_id, d.lease_expires_at, d.lease_time,
-                   d.retry_limit)::queen.popped
+                   d.retry_limit, d.trace_id)::queen.popped
         FROM queen.pop(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
                        r.batch, r.worker, r.mode, r.since, r.lease, r.prefer,
                        CASE WHEN r.kind = 'queue' THEN ranking END) d;
