@@ -125,8 +125,13 @@ def create_app(
     events: Events | None = None,
     clock: Callable[[], float] = time.monotonic,
     hub: Hub | None = None,
+    tracer: Any | None = None,
 ) -> falcon.App:
-    """Build the WSGI app around a store (opened by the caller) and an events registry."""
+    """Build the WSGI app around a store (opened by the caller) and an events registry.
+
+    tracer: an OpenTelemetry tracer for spans of push, pop, ack and their database calls
+    (None: no tracing, and nothing of it installed).
+    """
     store = store or Store.from_settings(settings)
     hub = hub or Hub.from_settings(settings, store.dashboard)
     poller = LongPoller(store, events, settings.effective_worker_id, clock)
@@ -137,6 +142,12 @@ def create_app(
         verifier = TokenVerifier(store.tokens.find, clock)
         middleware.append(AuthMiddleware(store, verifier, settings.metrics_auth == "on"))
     middleware.append(JSONBodyMiddleware())
+    if tracer is not None:
+        from queen import tracing
+        from queen.api.tracing import TracingMiddleware
+
+        middleware.insert(0, TracingMiddleware(tracer))
+        store.trace_calls(tracing.fused_call_spans(tracer))
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(Exception, _unexpected)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from queen.config import Settings
-from queen.fusion import Observe
+from queen.fusion import Observe, Trace
 from queen.store.admin import Admin
 from queen.store.analytics import Analytics
 from queen.store.dashboard import Dashboard, MessagePlace
@@ -55,6 +55,11 @@ class Store:
         """Tell observe(kind, requests) of every push, pop, ack and lease-renewal call."""
         self.messages.observe = observe
         self.leases.observe = observe
+
+    def trace_calls(self, trace: Trace) -> None:
+        """Enter trace(kind, requests) around every push, pop, ack and lease-renewal call."""
+        self.messages.trace = trace
+        self.leases.trace = trace
 
     def locate_messages(self, transaction_ids: list[str]) -> dict[str, MessagePlace]:
         """Map transactionIds to their queue and partition."""
