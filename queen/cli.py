@@ -11,7 +11,7 @@ import socket
 import sys
 
 from queen.auth import tokens_cli
-from queen.client.cli import Parser, add_client_commands
+from queen.client.cli import add_client_commands
 from queen.config import (
     SettingError,
     Settings,
@@ -133,7 +133,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="queen", description="Queen message queue server")
+    parser = argparse.ArgumentParser(prog="queen", description="Queen message queue server")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the HTTP API (gunicorn) and the maintenance process")
     add_flags(serve, SERVE_FLAGS)
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(  # the client verbs set their own (quiet) level
+    logging.basicConfig(  # (the client verbs set their own, quiet, level)
         level=log_level(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )

@@ -429,6 +429,13 @@ def _add(sub: Any, name: str, command: Command, output: str, help: str) -> Any:
     return parser
 
 
+def _group(sub: Any, name: str, help: str) -> Any:
+    """A verb of verbs (`queen dlq list`); its own usage errors exit 1 too."""
+    parser = sub.add_parser(name, help=help, description=help)
+    parser.__class__ = Parser
+    return parser.add_subparsers(dest=f"{name}_command", required=True)
+
+
 def add_client_commands(sub: Any) -> None:
     """Add the client verbs to the `queen` command's subparsers."""
     p = _add(sub, "push", cmd_push, "json", "push JSON payloads (arguments, or NDJSON on stdin)")
@@ -462,9 +469,7 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("queue", nargs="?")
     _add(sub, "queues", cmd_queues, "table", "list queues")
 
-    dlq = sub.add_parser("dlq", help="dead letters: list | retry").add_subparsers(
-        dest="dlq_command", required=True
-    )
+    dlq = _group(sub, "dlq", "dead letters: list | retry")
     p = _add(dlq, "list", cmd_dlq_list, "table", "list a queue's dead letters")
     p.add_argument("queue")
     p.add_argument("-n", type=int, default=100, help="at most this many (default 100)")
@@ -478,9 +483,7 @@ def add_client_commands(sub: Any) -> None:
     )
     p.add_argument("-n", type=int, default=1000)
 
-    groups = sub.add_parser("groups", help="consumer groups: list | seek | delete").add_subparsers(
-        dest="groups_command", required=True
-    )
+    groups = _group(sub, "groups", "consumer groups: list | seek | delete")
     _add(groups, "list", cmd_groups_list, "table", "list consumer groups")
     p = _add(groups, "seek", cmd_groups_seek, "table", "move a group's position in a queue")
     p.add_argument("group")

@@ -68,7 +68,7 @@ def test_tail_prints_one_shape_with_and_without_a_group(module_server, q) -> Non
 
 
 def test_usage_errors_exit_1(module_server) -> None:
-    for args in (["no-such-verb"], ["dlq"], ["groups"], ["pop"]):
+    for args in (["dlq"], ["groups"], ["groups", "nope"], ["pop"], ["pop", "q", "-n", "x"]):
         done = queen_cli(module_server, *args)
         assert done.returncode == 1, (args, done.stderr)
         assert "usage:" in done.stderr
