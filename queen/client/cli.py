@@ -312,8 +312,8 @@ def cmd_configure(queen: Queen, args: argparse.Namespace) -> int:
 def cmd_apply(queen: Queen, args: argparse.Namespace) -> int:
     wanted = queues_file.read_queues_file(args.file)
     changes = queues_file.plan(queen, wanted)
-    for line in queues_file.describe(changes):
-        print(line)
+    for change in changes:
+        print(change.text)
     if not changes:
         print("nothing to change")
         return OK
@@ -325,12 +325,8 @@ def cmd_apply(queen: Queen, args: argparse.Namespace) -> int:
 
 
 # --- wiring ---------------------------------------------------------------------------
-class Stopped(Exception):
-    """SIGTERM or SIGINT arrived: end as Ctrl-C ends a command."""
-
-
 def _stop(signum: int, frame: object) -> None:
-    raise Stopped
+    raise KeyboardInterrupt  # (a BaseException: no retry loop or handler swallows it)
 
 
 def stop_on_signals() -> None:
@@ -365,7 +361,7 @@ def run(command: Command, args: argparse.Namespace) -> int:
     except QueenError as exc:
         print(f"queen: {exc.message}", file=sys.stderr)
         return UNREACHABLE
-    except (KeyboardInterrupt, Stopped):
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM
         return OK
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (| head): nothing left to say

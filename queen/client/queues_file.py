@@ -244,10 +244,6 @@ def _queue_changes(spec: QueueSpec, current: dict[str, Any]) -> list[Change]:
     return changes
 
 
-def describe(changes: list[Change]) -> list[str]:
-    return [c.text for c in changes]
-
-
 def carry_out(queen: Queen, changes: list[Change], wanted: list[QueueSpec]) -> None:
     """Make the changes: each queue configured once, then its new groups subscribed."""
     by_name = {spec.name: spec for spec in wanted}
