@@ -52,8 +52,11 @@ def on_starting(server: Any) -> None:
     or not this build's (`queen serve` has migrated it; gunicorn started alone may not).
 
     Checked in a child process: psycopg must not be imported before gevent patches a
-    worker. A database that does not answer is left to /health/ready.
+    worker. A database that does not answer is left to /health/ready. Another app run
+    with these settings (gunicorn reads ./gunicorn.conf.py in a checkout) is not checked.
     """
+    if getattr(server.app, "app_uri", wsgi_app) != wsgi_app:
+        return
     check = [sys.executable, "-m", "queen.store.migrate", "--check"]
     if subprocess.run(check, env=os.environ).returncode != 0:
         sys.exit(1)
