@@ -59,6 +59,13 @@ def test_an_async_consumer_of_an_unknown_queue_warns_once(module_server, q, capl
     assert unknown_queue_warnings(caplog, f"{q}-typo") == 1
 
 
+def test_the_pop_route_still_answers_204_for_an_unknown_queue(module_server, q) -> None:
+    import requests
+
+    resp = requests.get(f"{module_server.url}/api/v1/pop/queue/{q}-typo", timeout=30)
+    assert resp.status_code == 204 and resp.content == b""
+
+
 def test_the_cli_says_a_queue_does_not_exist(module_server, q) -> None:
     with Queen(module_server.url) as queen:
         queen.push(q, [{"n": 1}])
