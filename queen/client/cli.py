@@ -15,47 +15,26 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from queen.client import queues_file
+from queen.client.cli_output import (
+    BAD_INPUT,
+    NOTHING,
+    OK,
+    UNREACHABLE,
+    BadInput,
+    Column,
+    emit_json,
+    show,
+)
 from queen.client.errors import APIError, NotFound, QueenError, ServerError, TransportError
 from queen.client.models import Message
 from queen.client.sync import Queen
 from queen.client.transport import DEFAULT_URL
 
-OK, BAD_INPUT, UNREACHABLE, NOTHING = 0, 1, 2, 4
 Command = Callable[[Queen, argparse.Namespace], int]
-Column = tuple[str, Callable[[dict[str, Any]], Any]]
-
-
-class BadInput(Exception):
-    """Input the command cannot use."""
-
-
-# --- output ---------------------------------------------------------------------------
-def emit_json(docs: Iterable[Any]) -> None:
-    """One JSON document per line (NDJSON), flushed as it goes (for pipes and -f)."""
-    for doc in docs:
-        sys.stdout.write(json.dumps(doc, separators=(",", ":"), default=str) + "\n")
-        sys.stdout.flush()
-
-
-def table(rows: list[dict[str, Any]], columns: list[Column]) -> str:
-    """Rows as aligned text columns under a header."""
-    cells = [[header for header, _ in columns]]
-    cells += [["" if (v := get(row)) is None else str(v) for _, get in columns] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
-    )
-
-
-def show(args: argparse.Namespace, rows: list[dict[str, Any]], columns: list[Column]) -> None:
-    if args.output == "json":
-        emit_json(rows)
-    else:
-        print(table(rows, columns))
 
 
 COUNTS: list[Column] = [
@@ -288,42 +267,6 @@ def cmd_groups_delete(queen: Queen, args: argparse.Namespace) -> int:
     return OK
 
 
-def cmd_configure(queen: Queen, args: argparse.Namespace) -> int:
-    spec = queues_file.QueueSpec(args.queue)
-    if args.file:
-        spec = queues_file.read_queue_options(args.file, args.queue)
-    flags = {name: value for name, value in vars(args).items() if value is not None}
-    spec = spec.merged(
-        namespace=flags.get("namespace"),
-        task=flags.get("task"),
-        options={o: flags[dest] for o, dest in queues_file.OPTION_FLAGS.items() if dest in flags},
-    )
-    if not spec.options and spec.namespace is None and spec.task is None:
-        raise BadInput("nothing to configure (give option flags or --file)")
-    options = queen.configure(spec.name, spec.namespace, spec.task, **spec.snake_options())
-    show(
-        args,
-        [{"option": k, "value": v} for k, v in options.items()],
-        [("OPTION", lambda r: r["option"]), ("VALUE", lambda r: json.dumps(r["value"]))],
-    )
-    return OK
-
-
-def cmd_apply(queen: Queen, args: argparse.Namespace) -> int:
-    wanted = queues_file.read_queues_file(args.file)
-    changes = queues_file.plan(queen, wanted)
-    for change in changes:
-        print(change.text)
-    if not changes:
-        print("nothing to change")
-        return OK
-    if args.dry_run:
-        return OK
-    queues_file.carry_out(queen, changes, wanted)
-    print(f"applied {len(changes)} change(s)")
-    return OK
-
-
 # --- wiring ---------------------------------------------------------------------------
 def _stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # (a BaseException: no retry loop or handler swallows it)
@@ -489,7 +432,13 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("group")
     p.add_argument("--queue", help="on this queue only (default: every queue it reads)")
 
-    p = _add(sub, "configure", cmd_configure, "table", "set a queue's options (flags or --file)")
+    p = _add(
+        sub,
+        "configure",
+        queues_file.cmd_configure,
+        "table",
+        "set a queue's options (flags or --file)",
+    )
     p.add_argument("queue")
     p.add_argument("-f", "--file", help="YAML or JSON: the options (and namespace, task)")
     p.add_argument("--namespace")
@@ -499,7 +448,7 @@ def add_client_commands(sub: Any) -> None:
     p = _add(
         sub,
         "apply",
-        cmd_apply,
+        queues_file.cmd_apply,
         "table",
         "make queues, their options and consumer groups as a YAML file says (diff first)",
     )

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from queen.client.cli_output import OK, BadInput, show
 from queen.client.errors import NotFound
 from queen.client.sync import Queen
 
@@ -255,3 +256,39 @@ def carry_out(queen: Queen, changes: list[Change], wanted: list[QueueSpec]) -> N
             start = by_name[change.queue].groups[change.group]
             subscription = start.get("subscriptionMode") or start.get("subscriptionFrom")
             queen.subscribe(change.group, change.queue, subscription)
+
+
+def cmd_configure(queen: Queen, args: argparse.Namespace) -> int:
+    spec = QueueSpec(args.queue)
+    if args.file:
+        spec = read_queue_options(args.file, args.queue)
+    flags = {name: value for name, value in vars(args).items() if value is not None}
+    spec = spec.merged(
+        namespace=flags.get("namespace"),
+        task=flags.get("task"),
+        options={o: flags[dest] for o, dest in OPTION_FLAGS.items() if dest in flags},
+    )
+    if not spec.options and spec.namespace is None and spec.task is None:
+        raise BadInput("nothing to configure (give option flags or --file)")
+    options = queen.configure(spec.name, spec.namespace, spec.task, **spec.snake_options())
+    show(
+        args,
+        [{"option": k, "value": v} for k, v in options.items()],
+        [("OPTION", lambda r: r["option"]), ("VALUE", lambda r: json.dumps(r["value"]))],
+    )
+    return OK
+
+
+def cmd_apply(queen: Queen, args: argparse.Namespace) -> int:
+    wanted = read_queues_file(args.file)
+    changes = plan(queen, wanted)
+    for change in changes:
+        print(change.text)
+    if not changes:
+        print("nothing to change")
+        return OK
+    if args.dry_run:
+        return OK
+    carry_out(queen, changes, wanted)
+    print(f"applied {len(changes)} change(s)")
+    return OK
