@@ -394,29 +394,68 @@ $$;
 
 -- Several pops in one call (a worker's concurrent pops, fused): p_pops is an array of
 -- {kind, queue, partition, namespace, task, group, batch, worker, mode, since, lease,
--- prefer}, each popped in turn by queen.pop, in one transaction. Each pop sees
--- the leases of those before it, so each gets a partition of its own. The pops by queue
--- of one queue and group share one ranking of its partitions (queen.candidates, made
--- for the first of them): each walks it past the partitions those before it leased, and
--- one that finds none left gets nothing rather than ranking again, since a ranking made
--- in the same call would find the same ones leased (when more consumers poll than there
--- are partitions, most pops end so, and ranking was most of their cost). Rows: the pop's
--- position (1-based) and its messages as queen.popped, with the API id. The pops' commit
--- does not wait for the disk (synchronous_commit off for the transaction): a claim a
--- crash forgets leaves its messages to be delivered again, as at-least-once allows.
--- One plan per session (plan_cache_mode), as queen.pop.
+-- prefer}, popped in one transaction, each leasing a partition of its own. Rows: the
+-- pop's position (1-based) and its messages as queen.popped, with the API id.
+-- Two or more pops by queue of one queue, group and batch, none naming a partition to
+-- prefer, are claimed as a set (queen.pop_set): one ranking of the queue's partitions
+-- (queen.candidates), one statement locking the first free ones in rank order and
+-- leasing each its batch. The pops it could not serve, and all others, go one by one
+-- through queen.pop, in order, each seeing the leases of those before it; those of a
+-- queue and group share one ranking (a pop walks it past the partitions those before it
+-- leased, and one that finds none left gets nothing rather than ranking again, since a
+-- ranking made in the same call would find the same ones leased: when more consumers
+-- poll than there are partitions, most pops end so, and ranking was most of their cost).
+-- The pops' commit does not wait for the disk (synchronous_commit off for the
+-- transaction): a claim a crash forgets leaves its messages to be delivered again, as
+-- at-least-once allows. One plan per session (plan_cache_mode), as queen.pop.
 CREATE OR REPLACE FUNCTION queen.pop_many(p_pops jsonb)
 RETURNS TABLE (pop integer, message queen.popped)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     r       record;
+    g       record;
     ignored text;
     q       queen.queues;
     ranked  text;   -- the queue and group ranking holds (NULL: none yet)
     ranking uuid[];
+    served  integer[] := '{}';  -- positions the set claims served
+    got     integer[];
+    rows    queen.popped[];
 BEGIN
     ignored := set_config('synchronous_commit', 'off', true);
+    IF jsonb_array_length(p_pops) > 1 THEN
+        FOR g IN
+            SELECT x.queue, x."group", x.batch, min(x.mode) AS mode, min(x.since) AS since,
+                   array_agg(x.ordinality::integer ORDER BY x.ordinality) AS positions,
+                   array_agg(x.worker ORDER BY x.ordinality) AS workers,
+                   array_agg(x.lease ORDER BY x.ordinality) AS leases
+            FROM ROWS FROM (jsonb_to_recordset(p_pops)
+                            AS (kind text, queue text, "group" text, batch integer,
+                                worker text, mode text, since timestamptz, lease uuid,
+                                prefer text))
+                 WITH ORDINALITY x
+            WHERE x.kind = 'queue' AND x.prefer IS NULL
+            GROUP BY x.queue, x."group", x.batch
+            HAVING count(*) > 1
+        LOOP
+            SELECT * INTO q FROM queen.queues x WHERE x.name = g.queue;
+            CONTINUE WHEN NOT FOUND OR q.window_buffer > 0 OR q.ttl > 0;
+            IF NOT EXISTS (SELECT 1 FROM queen.consumer_groups c
+                           WHERE c.queue_id = q.id AND c.consumer_group = g."group") THEN
+                PERFORM queen.join_group(q.id, g."group", g.mode, g.since);
+            END IF;
+            ranked := g.queue || E'\n' || g."group";
+            ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
+            SELECT s.pops, s.messages INTO got, rows
+            FROM queen.pop_set(q, g."group", g.batch, ranking, g.positions, g.workers,
+                               g.leases) s;
+            IF got IS NOT NULL THEN
+                served := served || got;
+                RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
+            END IF;
+        END LOOP;
+    END IF;
     FOR r IN
         SELECT x.*
         FROM ROWS FROM (jsonb_to_recordset(p_pops)
@@ -424,6 +463,7 @@ BEGIN
                             "group" text, batch integer, worker text, mode text,
                             since timestamptz, lease uuid, prefer text))
              WITH ORDINALITY x
+        WHERE NOT x.ordinality::integer = ANY (served)
         ORDER BY x.ordinality
     LOOP
         IF r.kind = 'queue' AND ranked IS DISTINCT FROM r.queue || E'\n' || r."group" THEN
@@ -444,5 +484,77 @@ BEGIN
                        r.batch, r.worker, r.mode, r.since, r.lease, r.prefer,
                        CASE WHEN r.kind = 'queue' THEN ranking END) d;
     END LOOP;
+END
+$$;
+
+-- Pops by queue of one queue, group and batch claimed as a set (queen.pop_many): the
+-- first free partitions of p_candidates (ranked, queen.candidates) in rank order, one
+-- per pop (p_positions, with its worker and lease id), each leased over its next batch.
+-- Only partitions whose cursor row exists with no lease at all and is not held back are
+-- taken, and none while a candidate has no cursor row yet (an expired lease, a partition
+-- with no cursor yet and a queue with a window or ttl are queen.pop's, where the pops
+-- this leaves go); a partition found empty is left as it was. pops: the positions
+-- served, one per message, with messages (in order).
+CREATE OR REPLACE FUNCTION queen.pop_set(q queen.queues, p_group text, p_batch integer,
+                                         p_candidates uuid[], p_positions integer[],
+                                         p_workers text[], p_leases uuid[],
+                                         OUT pops integer[], OUT messages queen.popped[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    expires timestamptz := now() + make_interval(secs => q.lease_time);
+BEGIN
+    -- A candidate with no cursor row yet: none served here (queen.pop makes it, in turn).
+    IF EXISTS (SELECT 1 FROM unnest(p_candidates) u
+               LEFT JOIN LATERAL (SELECT true AS found FROM queen.consumers x
+                                  WHERE x.partition_id = u
+                                    AND x.consumer_group = p_group) x ON true
+               WHERE x.found IS NULL) THEN
+        RETURN;
+    END IF;
+    -- (The LATERAL probes the key of each candidate in the list's order, whatever the
+    -- statistics, and stops once it has locked a row for every pop.)
+    WITH picked AS MATERIALIZED (
+        SELECT k.*, row_number() OVER ()::integer AS j
+        FROM (SELECT x.* FROM unnest(p_candidates) u
+              CROSS JOIN LATERAL (SELECT * FROM queen.consumers x
+                                  WHERE x.partition_id = u AND x.consumer_group = p_group
+                                    AND x.lease_id IS NULL
+                                    AND NOT coalesce(x.not_before > now(), false)
+                                  FOR UPDATE SKIP LOCKED) x
+              LIMIT cardinality(p_positions)) k
+    ), batch AS MATERIALIZED (
+        SELECT k.j, k.partition_id, m.id, m.transaction_id, m.payload, m.encrypted,
+               m.created_at, m.trace_id,
+               CASE WHEN m.id <= k.retried_max  -- (a message of it may have been retried)
+                    THEN queen.retries_of(k.partition_id, p_group, m.id, k.retried_max)
+                    ELSE 0 END AS retries
+        FROM picked k
+        CROSS JOIN LATERAL (SELECT m.id, m.transaction_id, m.payload, m.encrypted,
+                                   m.created_at, m.trace_id
+                            FROM queen.messages m
+                            WHERE m.partition_id = k.partition_id AND m.id > k.cursor_id
+                              AND m.id <> ALL (k.done_ids)
+                              AND (q.delayed_processing = 0
+                                   OR m.created_at <= now()
+                                      - make_interval(secs => q.delayed_processing))
+                            ORDER BY m.id LIMIT p_batch) m
+    ), leased AS (
+        UPDATE queen.consumers x SET
+            lease_id = p_leases[s.j], leased_by = p_workers[s.j], lease_expires_at = expires,
+            lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
+            not_before = NULL, updated_at = now()
+        FROM (SELECT b.j, b.partition_id, max(b.id) AS last_id, count(*)::integer AS size
+              FROM batch b GROUP BY b.j, b.partition_id) s
+        WHERE x.partition_id = s.partition_id AND x.consumer_group = p_group
+    )
+    SELECT array_agg(p_positions[b.j] ORDER BY b.j, b.id),
+           array_agg(ROW(queen.message_uuid(b.id, b.created_at), b.transaction_id, q.name,
+                         (SELECT p.name FROM queen.partitions p WHERE p.id = b.partition_id),
+                         b.payload, b.encrypted, b.retries, q.priority, b.created_at, now(),
+                         p_leases[b.j], expires, q.lease_time, q.retry_limit,
+                         b.trace_id)::queen.popped
+                     ORDER BY b.j, b.id)
+    INTO pops, messages
+    FROM batch b;
 END
 $$;

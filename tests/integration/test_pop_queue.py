@@ -3,6 +3,11 @@ random start), whatever was drained before it; every partition reachable."""
 
 from __future__ import annotations
 
+import uuid
+
+import orjson
+import psycopg
+
 from queen.models import PopRoute
 from queen.store import Store
 from tests import storage
@@ -188,3 +193,43 @@ def test_pops_of_a_wide_queue_spread_over_its_partitions(store: Store) -> None:
         ack(store, m.transaction_id)
         push(store, [{"queue": "spread", "partition": data(m), "payload": data(m)}])
     assert len(served) >= 40
+
+
+def _pop_many(store: Store, pops: int, batch: int = 1) -> dict[int, list[str]]:
+    """pops pops by queue of q in one call (a fused call): each pop's payloads."""
+    one = {"kind": "queue", "queue": "q", "partition": None, "namespace": None, "task": None,
+           "group": "__queue__", "batch": batch, "worker": "test", "mode": None,
+           "since": None, "prefer": None}
+    body = [{**one, "lease": str(uuid.uuid4())} for _ in range(pops)]
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        got = conn.execute(
+            "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
+            (orjson.dumps(body).decode(),),
+        ).fetchall()
+    served: dict[int, list[str]] = {}
+    for pop_no, payload in got:
+        served.setdefault(pop_no, []).append(payload)
+    return served
+
+
+def test_fused_pops_take_the_oldest_free_partitions_one_each(store: Store) -> None:
+    for name in ("a", "b", "c"):
+        push(store, [{"queue": "q", "partition": name, "payload": f"{name}{n}"}
+                     for n in range(2)])
+    for name in ("a", "b", "c"):  # cursors in every partition, nothing consumed
+        (m,) = pop(store, "q", name)
+        store.polling.unclaim(m.lease_id)
+    assert _pop_many(store, 2, batch=5) == {1: ["a0", "a1"], 2: ["b0", "b1"]}
+    assert _pop_many(store, 3, batch=5) == {1: ["c0", "c1"]}  # two left with nothing
+
+
+def test_fused_pops_take_the_oldest_partition_before_its_cursor_exists(store: Store) -> None:
+    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
+    push(store, [{"queue": "q", "partition": "c", "payload": "c1"}])
+    for name in ("b", "c"):
+        (m,) = pop(store, "q", name)
+        ack(store, m.transaction_id)
+    push(store, [{"queue": "q", "partition": "a", "payload": "a1"}])  # no cursor in a
+    push(store, [{"queue": "q", "partition": "b", "payload": "b2"}])
+    push(store, [{"queue": "q", "partition": "c", "payload": "c2"}])
+    assert _pop_many(store, 2) == {1: ["a1"], 2: ["b2"]}

@@ -189,6 +189,20 @@ def test_pop_by_queue_probes_each_partition_from_its_cursor(explained: Explained
     check("ack", ack_plans)
 
 
+def test_fused_pops_by_queue_claim_as_a_set_from_each_cursor(explained: Explained) -> None:
+    for _ in range(RUNS):
+        one = orjson.loads(pop_params(batch=2)["pops"])[0]
+        pops = [{**one, "lease": str(uuid.uuid4()), "worker": f"plans{n}"} for n in range(3)]
+        rows, pop_plans = explained.run("pop_many", {"pops": orjson.dumps(pops).decode()})
+        assert sorted({r[0] for r in rows}) == [1, 2, 3]  # each pop served
+        assert len({r[4] for r in rows if r[4] is not None}) == 3  # on a partition each
+        for position in (1, 2, 3):
+            mine = [r for r in rows if r[0] == position]
+            _, ack_plans = explained.run("ack", ack_params(mine))
+    check("fused pops by queue", pop_plans)
+    check("ack", ack_plans)
+
+
 def test_push_into_existing_partitions(explained: Explained) -> None:
     items = [{"queue": "big", "partition": f"p{n % PARTITIONS}", "payload": n}
              for n in range(100)]

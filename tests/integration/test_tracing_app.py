@@ -71,3 +71,34 @@ def test_an_app_without_a_tracer_installs_nothing(db_dsn: str) -> None:
         assert store.messages.trace.__name__ == "untraced"
     finally:
         store.close()
+
+
+def test_fused_pops_claimed_as_a_set_carry_the_trace(db_dsn: str) -> None:
+    import uuid
+
+    import orjson
+    import psycopg
+
+    from tests.integration.helpers import pop, push
+
+    store = Store(Database(db_dsn, pool_size=2, timeout_s=5))
+    store.db.pool.open(wait=True)
+    try:
+        parents = {p: f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01" for p in "ab"}
+        for name, parent in parents.items():
+            push(store, [{"queue": "q", "partition": name, "payload": name, "traceId": parent}])
+            (m,) = pop(store, "q", name)  # a cursor in each partition, nothing consumed
+            assert m.trace_id == parent
+            store.polling.unclaim(m.lease_id)
+        one = {"kind": "queue", "queue": "q", "partition": None, "namespace": None,
+               "task": None, "group": "__queue__", "batch": 5, "worker": "test", "mode": None,
+               "since": None, "prefer": None}
+        body = [{**one, "lease": str(uuid.uuid4())} for _ in range(2)]
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            got = conn.execute(
+                "SELECT (message).payload, (message).trace_id FROM queen.pop_many(%s::jsonb)",
+                (orjson.dumps(body).decode(),),
+            ).fetchall()
+        assert {payload: trace for payload, trace in got} == parents
+    finally:
+        store.close()
