@@ -28,7 +28,14 @@ from queen.api.dashboard import (
 from queen.api.messages import AckBatchResource, AckResource, PopResource, PushResource
 from queen.api.metrics import MetricsMiddleware, PrometheusResource, observe_fused
 from queen.api.queues import ConfigureResource
-from queen.api.system import HealthResource, MetricsResource, OpenAPIResource
+from queen.api.system import (
+    HealthResource,
+    LiveResource,
+    MetricsResource,
+    OpenAPIResource,
+    ReadyResource,
+    readiness_checks,
+)
 from queen.auth.cache import TokenVerifier
 from queen.config import Settings
 from queen.dashboard import STATIC_DIR
@@ -128,8 +135,13 @@ def create_app(
     events: Events | None = None,
     clock: Callable[[], float] = time.monotonic,
     hub: Hub | None = None,
+    tracer: Any | None = None,
 ) -> falcon.App:
-    """Build the WSGI app around a store (opened by the caller) and an events registry."""
+    """Build the WSGI app around a store (opened by the caller) and an events registry.
+
+    tracer: an OpenTelemetry tracer for spans of push, pop, ack and their database calls
+    (None: no tracing, and nothing of it installed).
+    """
     store = store or Store.from_settings(settings)
     hub = hub or Hub.from_settings(settings, store.dashboard)
     poller = LongPoller(store, events, settings.effective_worker_id, clock)
@@ -140,6 +152,12 @@ def create_app(
         verifier = TokenVerifier(store.tokens.find, clock)
         middleware.append(AuthMiddleware(store, verifier, settings.metrics_auth == "on"))
     middleware.append(JSONBodyMiddleware())
+    if tracer is not None:
+        from queen import tracing
+        from queen.api.tracing import TracingMiddleware
+
+        middleware.insert(0, TracingMiddleware(tracer))
+        store.trace_calls(tracing.fused_call_spans(tracer))
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
     app.add_error_handler(Exception, _unexpected)
@@ -157,6 +175,8 @@ def create_app(
     app.add_route(f"{API}/configure", ConfigureResource(store))
     app.add_route(f"{API}/lease/{{lease}}/extend", leases.LeaseExtendResource(store))
     app.add_route("/health", HealthResource(store, events, clock))
+    app.add_route("/health/live", LiveResource())
+    app.add_route("/health/ready", ReadyResource(readiness_checks(store, events)))
     _add_group_routes(app, store, batch, hub)
     app.add_route(f"{API}/auth/me", WhoAmIResource())
     _add_dashboard_routes(app, store, hub)

@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
+    logging.basicConfig(  # (the client verbs set their own, quiet, level)
         level=log_level(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )

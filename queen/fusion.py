@@ -17,9 +17,11 @@ Works the same under gevent (monkey-patched threading) and with real threads.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Generic, TypeVar
 
 from queen.errors import Unavailable
@@ -28,6 +30,13 @@ R = TypeVar("R")  # a request
 T = TypeVar("T")  # its result
 
 Observe = Callable[[str, int], None]
+# trace(kind, requests): a context manager around each call (a tracing span), or none.
+Trace = Callable[[str, int], AbstractContextManager[object]]
+_NO_SPAN = contextlib.nullcontext()
+
+
+def untraced(kind: str, requests: int) -> AbstractContextManager[object]:
+    return _NO_SPAN
 
 
 def _ignore(kind: str, size: int) -> None:
@@ -53,6 +62,7 @@ class Fuser(Generic[R, T]):
     queued requests in order while their sizes add up to at most limit; the first
     request of a call always goes, whatever its size.
     observe(kind, requests): told the number of requests of every call made.
+    trace(kind, requests): a context manager entered around every call made.
     """
 
     def __init__(
@@ -64,6 +74,7 @@ class Fuser(Generic[R, T]):
         limit: int,
         size: Callable[[R], int] = lambda request: 1,
         observe: Observe = _ignore,
+        trace: Trace = untraced,
     ) -> None:
         if max_calls < 0:
             raise ValueError("max_calls must be 0 (no fusion) or more")
@@ -73,6 +84,7 @@ class Fuser(Generic[R, T]):
         self.run = run
         self._size = size
         self.observe = observe
+        self.trace = trace
         self._lock = threading.Lock()
         self._running = 0
         self._queued: deque[_Entry[R, T]] = deque()
@@ -125,7 +137,8 @@ class Fuser(Generic[R, T]):
         hand_on: then let the next queued request lead (not without fusion: no slot taken)."""
         try:
             self.observe(self.kind, len(batch))
-            results = self.run([e.request for e in batch])
+            with self.trace(self.kind, len(batch)):
+                results = self.run([e.request for e in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"{self.kind} call answered {len(results)} of {len(batch)}")
             for entry, result in zip(batch, results, strict=True):

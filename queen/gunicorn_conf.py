@@ -8,6 +8,8 @@ fork, and each worker then builds its own pool and LISTEN connection (no preload
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from typing import Any
 
@@ -17,7 +19,7 @@ from queen.server import multiproc
 __all__ = [  # what gunicorn reads: settings and server hooks
     "wsgi_app", "bind", "workers", "worker_class", "worker_connections", "preload_app",
     "control_socket_disable", "timeout", "graceful_timeout", "backlog",
-    "accesslog", "errorlog", "loglevel", "worker_int", "worker_exit", "child_exit", "on_exit",
+    "accesslog", "errorlog", "loglevel", "on_starting", "worker_int", "worker_exit", "child_exit", "on_exit",
 ]
 
 _settings = Settings.from_env()
@@ -43,6 +45,21 @@ backlog = 2048
 accesslog = None
 errorlog = "-"
 loglevel = _settings.log_level
+
+
+def on_starting(server: Any) -> None:
+    """Refuse, in one line and before any worker starts, a database whose schema is missing
+    or not this build's (`queen serve` has migrated it; gunicorn started alone may not).
+
+    Checked in a child process: psycopg must not be imported before gevent patches a
+    worker. A database that does not answer is left to /health/ready. Another app run
+    with these settings (gunicorn reads ./gunicorn.conf.py in a checkout) is not checked.
+    """
+    if getattr(server.app, "app_uri", wsgi_app) != wsgi_app:
+        return
+    check = [sys.executable, "-m", "queen.store.migrate", "--check"]
+    if subprocess.run(check, env=os.environ).returncode != 0:
+        sys.exit(1)
 
 
 def worker_int(worker: Any) -> None:

@@ -62,6 +62,7 @@ class Popped(NamedTuple):
     lease_expires_at: dt.datetime
     lease_time: int
     retry_limit: int
+    trace_id: str | None = None  # the producer's W3C traceparent, when it sent one
 
 
 class PushResult(NamedTuple):

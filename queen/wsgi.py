@@ -35,6 +35,7 @@ def get_app() -> Any:
     from queen.dashboard.hub import Hub
     from queen.events import Events
     from queen.store import Store
+    from queen.tracing import provider_from_env
 
     settings = Settings.from_env()
     logging.basicConfig(level=settings.log_level.upper())
@@ -46,8 +47,10 @@ def get_app() -> Any:
     events.on_dashboard = hub.receive
     events.start()
     store.polling.wakeups.start()
-    runtime.update(store=store, events=events, settings=settings, hub=hub)
-    return create_app(settings, store=store, events=events, hub=hub)
+    provider = provider_from_env()  # None unless an OTLP endpoint is set
+    runtime.update(store=store, events=events, settings=settings, hub=hub, tracing=provider)
+    tracer = provider.get_tracer("queen") if provider is not None else None
+    return create_app(settings, store=store, events=events, hub=hub, tracer=tracer)
 
 
 def shutdown() -> None:
@@ -64,3 +67,6 @@ def close() -> None:
     store = runtime.pop("store", None)
     if store is not None:
         store.close()
+    provider = runtime.pop("tracing", None)
+    if provider is not None:
+        provider.shutdown()  # exports the spans still waiting

@@ -10,7 +10,7 @@ import orjson
 
 from queen.analytics import STATUSES
 from queen.api import auth, send_json, validation
-from queen.errors import InvalidInput
+from queen.errors import InvalidInput, NotFound
 from queen.models import iso
 from queen.store import Store
 from queen.store.admin import MessageFilter, RelatedMessage, StoredMessage
@@ -89,6 +89,8 @@ class MessagesResource:
         limit = validation.int_param(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
         offset = validation.int_param(params, "offset", 0, 0, validation.MAX_INT)
         page = self.store.admin.page(where, limit + 1, offset)
+        if not page and where.queue is not None and not self.store.queues.exists(where.queue):
+            raise NotFound(f"queue {where.queue!r} not found")  # a typo, not an empty queue
         send_json(
             resp,
             {

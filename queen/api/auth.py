@@ -58,10 +58,13 @@ POLICY: dict[str, dict[str, Rule]] = {
     f"{API}/consumer-groups": {"GET": READ_QUERY},
     f"{API}/consumer-groups/{{group}}": {
         "GET": READ_QUERY,
+        "PUT": (Permission.CONSUME, Scope.RESOURCE),  # as the first pop would
         "DELETE": (Permission.ADMIN, Scope.QUERY),
     },
     f"{API}/consumer-groups/{{group}}/seek": {"POST": (Permission.CONSUME, Scope.RESOURCE)},
     "/health": {"GET": PUBLIC},
+    "/health/live": {"GET": PUBLIC},
+    "/health/ready": {"GET": PUBLIC},
     "/": {"GET": PUBLIC, "HEAD": PUBLIC},
     "/dashboard": {"GET": PUBLIC, "HEAD": PUBLIC},
     "/ws/dashboard": {"GET": READ_ALL},

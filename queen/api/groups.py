@@ -124,12 +124,16 @@ class ConsumerGroupsResource:
         self.store = store
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        summaries = self.store.groups.summaries(queue_param(req))
+        queue = queue_param(req)
+        summaries = self.store.groups.summaries(queue)
+        if queue is not None and not summaries and not self.store.queues.exists(queue):
+            raise NotFound(f"queue {queue!r} not found")
         send_json(resp, {"consumerGroups": [summary_json(s) for s in summaries]})
 
 
 class ConsumerGroupResource:
-    """GET /consumer-groups/{group}?queue=, DELETE /consumer-groups/{group}?queue="""
+    """GET /consumer-groups/{group}?queue=, PUT /consumer-groups/{group} {"queue",
+    "subscriptionMode" | "subscriptionFrom"}, DELETE /consumer-groups/{group}?queue="""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -142,6 +146,25 @@ class ConsumerGroupResource:
             where = f" on queue {queue!r}" if queue else ""
             raise NotFound(f"consumer group {name!r} not found{where}")
         send_json(resp, group_json(name, rows))
+
+    def on_put(self, req: falcon.Request, resp: falcon.Response, group: str) -> None:
+        name = group_name(group)
+        if name == QUEUE_MODE:
+            raise InvalidInput("queue mode needs no subscription")
+        doc = validation.parse_json_object(read_body(req))
+        queue = validation.name(doc.get("queue"), "queue")
+        assert queue is not None
+        for key in ("subscriptionMode", "subscriptionFrom"):
+            if key in doc and not isinstance(doc[key], str):
+                raise InvalidInput(f"{key} must be a string")
+        _, mode, since = validation.subscription(doc)
+        auth.check_queue(req, queue)
+        created = self.store.groups.subscribe(queue, name, mode, since)
+        send_json(
+            resp,
+            {"consumerGroup": name, "queue": queue, "created": created},
+            201 if created else 200,
+        )
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, group: str) -> None:
         name = group_name(group)
@@ -173,9 +196,7 @@ class ConsumerGroupSeekResource:
         queue = validation.name(doc.get("queue"), "queue")
         to, at = seek_target(doc.get("to"))
         auth.check_queue(req, queue)
-        moved = self.store.groups.seek(queue, name, to, at)
-        if moved is None:
-            raise NotFound(f"queue {queue!r} not found")
+        moved = self.store.groups.seek(queue, name, to, at)  # NotFound: unknown queue or group
         send_json(
             resp,
             {

@@ -82,8 +82,10 @@ def messages_json(messages: list[Popped], group: str | None = None) -> list[dict
     """
     stamp = functools.cache(iso)  # this response's own cache
     shaped = [message_json(m, stamp) for m in messages]
-    for entry in shaped:  # (set on each, not copied into another dict)
+    for entry, m in zip(shaped, messages, strict=True):  # (set on each, not copied)
         entry["consumerGroup"] = group
+        if m.trace_id is not None:  # the producer's trace, for its consumer to continue
+            entry["traceId"] = m.trace_id
     return shaped
 
 

@@ -18,6 +18,9 @@ from queen.errors import Unavailable
 from queen.events import Events
 from queen.store import Store
 
+# A readiness check returns None when ready, else the reason in one line.
+ReadinessCheck = Callable[[], str | None]
+
 
 def _pool_json(store: Store) -> dict[str, int]:
     pool = store.db.stats()
@@ -50,6 +53,60 @@ class HealthResource:
             send_json(resp, {"status": "unhealthy", "reason": exc.message, **doc}, 503)
             return
         send_json(resp, {"status": "healthy", **doc})
+
+
+class LiveResource:
+    """GET /health/live: the process serves requests (it asks nothing of the database)."""
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        send_json(resp, {"status": "live"})
+
+
+def readiness_checks(store: Store, events: Events | None) -> dict[str, ReadinessCheck]:
+    """The checks of GET /health/ready, by name, in the order they run.
+
+    A further check (the maintenance process's state, say) is one more entry: a name and a
+    function returning None or its reason; /health/ready reports it with the others.
+    """
+
+    def database() -> str | None:
+        try:
+            store.ping()
+        except Unavailable as exc:
+            return exc.message
+        return None
+
+    def schema() -> str | None:
+        try:
+            return store.schema_problem()
+        except Unavailable as exc:
+            return exc.message
+
+    checks: dict[str, ReadinessCheck] = {"database": database, "schema": schema}
+    if events is not None:  # (an app built without a listener, as tests build it)
+        checks["listener"] = lambda: (
+            None if events.connected.is_set() else "the LISTEN connection is not connected"
+        )
+    return checks
+
+
+class ReadyResource:
+    """GET /health/ready: 200 when every check passes, else 503 naming what failed."""
+
+    def __init__(self, checks: dict[str, ReadinessCheck]) -> None:
+        self.checks = checks
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        results: dict[str, Any] = {}
+        for name, check in self.checks.items():
+            reason = check()
+            results[name] = {"ok": True} if reason is None else {"ok": False, "reason": reason}
+        ready = all(result["ok"] for result in results.values())
+        send_json(
+            resp,
+            {"status": "ready" if ready else "not ready", "checks": results},
+            200 if ready else 503,
+        )
 
 
 class MetricsResource:

@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from queen.client import calls
+from queen.client import calls, tracing
 from queen.client.aio_consumer import AsyncConsumer, AsyncHandler, AsyncWorker
 from queen.client.calls import AckItem, Call, MessageOrId, segment
 from queen.client.models import AckResult, Message, PushResult
@@ -57,9 +57,9 @@ class AsyncQueen:
         transaction_ids: Sequence[str] | None = None,
     ) -> list[PushResult]:
         """Push payloads (a list or tuple: many; anything else: one) to a queue."""
-        return await self.send(
-            calls.push(calls.push_items(queue, payloads, partition, transaction_ids))
-        )
+        with tracing.producing(queue):
+            items = calls.push_items(queue, payloads, partition, transaction_ids)
+            return await self.send(calls.push(items))
 
     async def pop(
         self,
@@ -184,8 +184,16 @@ class AsyncQueen:
         """Analytics of one queue (a dict), or of every queue (a list)."""
         return await self.send(calls.stats(queue))
 
-    async def consumer_groups(self) -> list[dict[str, Any]]:
-        return await self.send(calls.get("/consumer-groups", "consumerGroups"))
+    async def consumer_groups(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """The consumer groups of queue (None: of every queue)."""
+        return await self.send(calls.get("/consumer-groups", "consumerGroups", queue=queue))
+
+    async def subscribe(
+        self, group: str, queue: str, subscription: str | dt.datetime | None = None
+    ) -> dict[str, Any]:
+        """Subscribe group to queue as its first pop would ('all', 'new' or a start time);
+        a group already there is left as it is."""
+        return await self.send(calls.subscribe(group, queue, subscription))
 
     async def consumer_group(self, name: str) -> dict[str, Any]:
         return await self.send(calls.get(f"/consumer-groups/{segment(name)}"))

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from queen.client import consuming
+from queen.client import consuming, tracing
 from queen.client.errors import NotFound, QueenError
 from queen.client.models import Message
 
@@ -93,6 +93,7 @@ class AsyncConsumer:
         self.budget = consuming.Budget(limit)
         self._stop = asyncio.Event()
         self._fatal: QueenError | None = None
+        self._queue_checked = False  # after the first empty pop: warned once if unknown
 
     @property
     def handled(self) -> int:
@@ -148,6 +149,18 @@ class AsyncConsumer:
             failures = 0
             self.budget.give_back(wanted - len(messages))
             in_hand = messages
+            if not messages and not self._queue_checked:
+                await self._check_queue()
+
+    async def _check_queue(self) -> None:
+        """Warn once when the queue does not exist: a misspelt name would wait forever."""
+        self._queue_checked = True
+        try:
+            await self.client.queue(self.queue)
+        except NotFound:
+            log.warning(consuming.UNKNOWN_QUEUE, self.queue)
+        except QueenError:
+            pass  # a token that may not read it, a server away: nothing to say
 
     async def _process(self, messages: list[Message]) -> list[Message]:
         """Handle messages and ack them; the ack also pops the next ones (returned) unless
@@ -182,12 +195,13 @@ class AsyncConsumer:
     async def _handle(self, message: Message) -> str | None:
         """Run the handler; return None (completed) or the failure text."""
         try:
-            if inspect.iscoroutinefunction(self.handler):
-                await self.handler(message)
-            else:
-                result = await asyncio.to_thread(self.handler, message)
-                if inspect.isawaitable(result):
-                    await result
+            with tracing.consuming(self.queue, message.transaction_id, message.trace_parent):
+                if inspect.iscoroutinefunction(self.handler):
+                    await self.handler(message)
+                else:
+                    result = await asyncio.to_thread(self.handler, message)
+                    if inspect.isawaitable(result):
+                        await result
         except Exception as exc:
             log.info("handler failed on %s: %s", message.transaction_id, exc)
             return consuming.error_text(exc)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+from queen.client import tracing
 from queen.client.models import AckResult, Message, PushResult, uuid7
 
 T = TypeVar("T")
@@ -65,10 +66,13 @@ def push_items(
         raise ValueError("transaction_ids must have one id per payload")
     ids = transaction_ids if transaction_ids is not None else [uuid7() for _ in data]
     items: list[dict[str, Any]] = []
+    parent = tracing.traceparent()  # (None without OpenTelemetry)
     for payload, txid in zip(data, ids, strict=True):
         item = {"queue": queue, "payload": payload, "transactionId": txid}
         if partition is not None:
             item["partition"] = partition
+        if parent is not None:
+            item["traceId"] = parent
         items.append(item)
     return items
 
@@ -244,6 +248,14 @@ def configure(
     if task is not None:
         body["task"] = task
     return Call("POST", f"{API}/configure", lambda doc: doc["options"], json=body)
+
+
+def subscribe(
+    group: str, queue: str, subscription: str | dt.datetime | None = None
+) -> Call[dict[str, Any]]:
+    """PUT /consumer-groups/:group: subscribe group to queue as its first pop would."""
+    body: dict[str, Any] = {"queue": queue, **subscription_params(subscription)}
+    return Call("PUT", f"{API}/consumer-groups/{segment(group)}", lambda doc: doc, json=body)
 
 
 def transaction(operations: list[dict[str, Any]]) -> Call[list[Any]]:

@@ -1,56 +1,40 @@
-"""`queen push | pop | tail | stats | queues | dlq | groups`: the client for people.
+"""`queen push | pop | tail | stats | queues | dlq | groups | configure | apply`: the client
+for people.
 
-Exit codes: 0 ok, 1 bad input (or any other 4xx), 2 server unreachable or 5xx,
-4 nothing to pop.
+Exit codes: 0 ok (also when stopped by Ctrl-C or SIGTERM), 1 bad input (usage, JSON, any
+other 4xx), 2 server unreachable or 5xx, 4 nothing to pop. Quiet but for warnings and
+errors; -v logs each request, -vv the transport's details.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from queen.client.errors import APIError, QueenError, ServerError, TransportError
+from queen.client import queues_file
+from queen.client.cli_output import (
+    BAD_INPUT,
+    NOTHING,
+    OK,
+    UNREACHABLE,
+    BadInput,
+    Column,
+    emit_json,
+    show,
+)
+from queen.client.errors import APIError, NotFound, QueenError, ServerError, TransportError
 from queen.client.models import Message
 from queen.client.sync import Queen
 from queen.client.transport import DEFAULT_URL
 
-OK, BAD_INPUT, UNREACHABLE, NOTHING = 0, 1, 2, 4
 Command = Callable[[Queen, argparse.Namespace], int]
-Column = tuple[str, Callable[[dict[str, Any]], Any]]
-
-
-class BadInput(Exception):
-    """Input the command cannot use."""
-
-
-# --- output ---------------------------------------------------------------------------
-def emit_json(docs: Iterable[Any]) -> None:
-    """One JSON document per line (NDJSON), flushed as it goes (for pipes and -f)."""
-    for doc in docs:
-        sys.stdout.write(json.dumps(doc, separators=(",", ":"), default=str) + "\n")
-        sys.stdout.flush()
-
-
-def table(rows: list[dict[str, Any]], columns: list[Column]) -> str:
-    """Rows as aligned text columns under a header."""
-    cells = [[header for header, _ in columns]]
-    cells += [["" if (v := get(row)) is None else str(v) for _, get in columns] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in cells
-    )
-
-
-def show(args: argparse.Namespace, rows: list[dict[str, Any]], columns: list[Column]) -> None:
-    if args.output == "json":
-        emit_json(rows)
-    else:
-        print(table(rows, columns))
 
 
 COUNTS: list[Column] = [
@@ -102,6 +86,17 @@ def message_columns() -> list[Column]:
     ]
 
 
+def warn_if_unknown(queen: Queen, queue: str) -> None:
+    """Say on stderr when queue does not exist (a pop of it answers nothing, as an empty
+    one does)."""
+    try:
+        queen.queue(queue)
+    except NotFound:
+        print(f"queen: queue {queue!r} does not exist (is its name right?)", file=sys.stderr)
+    except QueenError:
+        pass  # a token that may not read it: nothing to say
+
+
 def cmd_pop(queen: Queen, args: argparse.Namespace) -> int:
     messages = queen.pop(
         args.queue,
@@ -113,6 +108,7 @@ def cmd_pop(queen: Queen, args: argparse.Namespace) -> int:
     )
     if not messages:
         print("nothing to pop", file=sys.stderr)
+        warn_if_unknown(queen, args.queue)
         return NOTHING
     if args.ack:
         queen.ack_many(messages)
@@ -120,18 +116,36 @@ def cmd_pop(queen: Queen, args: argparse.Namespace) -> int:
     return OK
 
 
+def tail_doc(m: dict[str, Any]) -> dict[str, Any]:
+    """One message as tail prints it, read or popped: the same fields either way."""
+    return {
+        "transactionId": m["transactionId"],
+        "queue": m["queue"],
+        "partition": m["partition"],
+        "data": m["data"] if "data" in m else m.get("payload"),
+        "createdAt": m["createdAt"],
+        "retryCount": m["retryCount"],
+    }
+
+
 def cmd_tail(queen: Queen, args: argparse.Namespace) -> int:
     if args.group:
         return _tail_group(queen, args)
     seen: set[str] = set()
+    warned = False
     while True:
-        fresh = [
-            m
-            for m in reversed(queen.messages(args.queue, limit=args.n))
-            if m["transactionId"] not in seen
-        ]
+        try:
+            latest = queen.messages(args.queue, limit=args.n)
+        except NotFound:
+            if not args.follow:
+                raise
+            if not warned:  # following: the queue may yet be made
+                warn_if_unknown(queen, args.queue)
+                warned = True
+            latest = []
+        fresh = [m for m in reversed(latest) if m["transactionId"] not in seen]
         seen.update(m["transactionId"] for m in fresh)
-        emit_json(fresh)
+        emit_json(tail_doc(m) for m in fresh)
         if not args.follow:
             return OK
         time.sleep(args.interval)
@@ -139,14 +153,19 @@ def cmd_tail(queen: Queen, args: argparse.Namespace) -> int:
 
 def _tail_group(queen: Queen, args: argparse.Namespace) -> int:
     """Read the queue as a consumer group: pop, print, ack (other groups are untouched)."""
+    warned = False
     while True:
         messages: list[Message] = queen.pop(
             args.queue, batch=args.n, wait=args.follow, timeout=args.interval * 10, group=args.group
         )
         if messages:
-            emit_json(m.as_json() for m in messages)
+            emit_json(tail_doc(m.as_json()) for m in messages)
             queen.ack_many(messages)
-        elif not args.follow:
+            continue
+        if not warned:
+            warn_if_unknown(queen, args.queue)
+            warned = True
+        if not args.follow:
             return OK
 
 
@@ -233,13 +252,47 @@ def cmd_groups_seek(queen: Queen, args: argparse.Namespace) -> int:
     return OK
 
 
+def cmd_groups_delete(queen: Queen, args: argparse.Namespace) -> int:
+    doc = queen.delete_consumer_group(args.group, args.queue)
+    rows = [{"group": doc["consumerGroup"], **d} for d in doc["deleted"]]
+    show(
+        args,
+        rows,
+        [
+            ("GROUP", lambda r: r["group"]),
+            ("QUEUE", lambda r: r["queue"]),
+            ("PARTITIONS", lambda r: r["partitions"]),
+        ],
+    )
+    return OK
+
+
 # --- wiring ---------------------------------------------------------------------------
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # (a BaseException: no retry loop or handler swallows it)
+
+
+def stop_on_signals() -> None:
+    """End on SIGTERM and SIGINT, also when the parent ignored SIGINT (a script's
+    background job), where Python would leave Ctrl-C ignored."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
+
+
+def quiet_logging(verbosity: int) -> None:
+    """Warnings and errors only; -v: each request too (httpx's INFO lines); -vv: all."""
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbosity, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
+
+
 def run(command: Command, args: argparse.Namespace) -> int:
     """Run a command with a client; turn errors into exit codes."""
+    quiet_logging(args.verbose)
+    stop_on_signals()
     try:
         with Queen(args.url, token=args.token) as queen:
             return command(queen, args)
-    except BadInput as exc:
+    except (BadInput, queues_file.FileError) as exc:
         print(f"queen: {exc}", file=sys.stderr)
         return BAD_INPUT
     except (TransportError, ServerError) as exc:
@@ -251,14 +304,22 @@ def run(command: Command, args: argparse.Namespace) -> int:
     except QueenError as exc:
         print(f"queen: {exc.message}", file=sys.stderr)
         return UNREACHABLE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM
         return OK
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (| head): nothing left to say
         return OK
 
 
-class IntermixedParser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """Usage errors exit 1, as other bad input does (argparse's own default: 2)."""
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+class IntermixedParser(Parser):
     """Options may come between positionals: `queen push orders --partition eu '{}' '{}'`."""
 
     _mixing = False
@@ -271,10 +332,6 @@ class IntermixedParser(argparse.ArgumentParser):
             return self.parse_known_intermixed_args(args, namespace)
         finally:
             self._mixing = False
-
-    def error(self, message: str) -> Any:  # bad input exits 1 (argparse's own default: 2)
-        self.print_usage(sys.stderr)
-        self.exit(BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
 def _common(output: str) -> argparse.ArgumentParser:
@@ -294,6 +351,13 @@ def _common(output: str) -> argparse.ArgumentParser:
         default=output,
         help=f"output format (default {output}; json: one document per line)",
     )
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log each request (-vv: the transport's details too)",
+    )
     return common
 
 
@@ -302,6 +366,13 @@ def _add(sub: Any, name: str, command: Command, output: str, help: str) -> Any:
     parser.set_defaults(func=lambda args: run(command, args))
     parser.__class__ = IntermixedParser  # made by the `queen` parser's own class
     return parser
+
+
+def _group(sub: Any, name: str, help: str) -> Any:
+    """A verb of verbs (`queen dlq list`); its own usage errors exit 1 too."""
+    parser = sub.add_parser(name, help=help, description=help)
+    parser.__class__ = Parser
+    return parser.add_subparsers(dest=f"{name}_command", required=True)
 
 
 def add_client_commands(sub: Any) -> None:
@@ -337,9 +408,7 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("queue", nargs="?")
     _add(sub, "queues", cmd_queues, "table", "list queues")
 
-    dlq = sub.add_parser("dlq", help="dead letters: list | retry").add_subparsers(
-        dest="dlq_command", required=True
-    )
+    dlq = _group(sub, "dlq", "dead letters: list | retry")
     p = _add(dlq, "list", cmd_dlq_list, "table", "list a queue's dead letters")
     p.add_argument("queue")
     p.add_argument("-n", type=int, default=100, help="at most this many (default 100)")
@@ -353,11 +422,35 @@ def add_client_commands(sub: Any) -> None:
     )
     p.add_argument("-n", type=int, default=1000)
 
-    groups = sub.add_parser("groups", help="consumer groups: list | seek").add_subparsers(
-        dest="groups_command", required=True
-    )
+    groups = _group(sub, "groups", "consumer groups: list | seek | delete")
     _add(groups, "list", cmd_groups_list, "table", "list consumer groups")
     p = _add(groups, "seek", cmd_groups_seek, "table", "move a group's position in a queue")
     p.add_argument("group")
     p.add_argument("queue")
     p.add_argument("--to", required=True, help="beginning | end | an ISO-8601 time")
+    p = _add(groups, "delete", cmd_groups_delete, "table", "forget a group (it starts over)")
+    p.add_argument("group")
+    p.add_argument("--queue", help="on this queue only (default: every queue it reads)")
+
+    p = _add(
+        sub,
+        "configure",
+        queues_file.cmd_configure,
+        "table",
+        "set a queue's options (flags or --file)",
+    )
+    p.add_argument("queue")
+    p.add_argument("-f", "--file", help="YAML or JSON: the options (and namespace, task)")
+    p.add_argument("--namespace")
+    p.add_argument("--task")
+    queues_file.add_option_flags(p)
+
+    p = _add(
+        sub,
+        "apply",
+        queues_file.cmd_apply,
+        "table",
+        "make queues, their options and consumer groups as a YAML file says (diff first)",
+    )
+    p.add_argument("file", help="YAML (or JSON) file: see docs/CLIENT.md")
+    p.add_argument("--dry-run", action="store_true", help="show the changes, make none")

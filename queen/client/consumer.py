@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from queen.client import consuming
+from queen.client import consuming, tracing
 from queen.client.errors import NotFound, QueenError
 from queen.client.models import Message
 
@@ -123,6 +123,7 @@ class Consumer:
         self.renewer = Renewer(client)
         self._stop = threading.Event()
         self._fatal: QueenError | None = None
+        self._queue_checked = False  # after the first empty pop: warned once if unknown
 
     @property
     def handled(self) -> int:
@@ -184,6 +185,18 @@ class Consumer:
             failures = 0
             self.budget.give_back(wanted - len(messages))
             in_hand = messages
+            if not messages and not self._queue_checked:
+                self._check_queue()
+
+    def _check_queue(self) -> None:
+        """Warn once when the queue does not exist: a misspelt name would wait forever."""
+        self._queue_checked = True
+        try:
+            self.client.queue(self.queue)
+        except NotFound:
+            log.warning(consuming.UNKNOWN_QUEUE, self.queue)
+        except QueenError:
+            pass  # a token that may not read it, a server away: nothing to say
 
     def _process(self, messages: list[Message]) -> list[Message]:
         """Handle messages and ack them; the ack also pops the next ones (returned) unless
@@ -211,7 +224,8 @@ class Consumer:
     def _handle(self, message: Message) -> str | None:
         """Run the handler; return None (completed) or the failure text."""
         try:
-            self.handler(message)
+            with tracing.consuming(self.queue, message.transaction_id, message.trace_parent):
+                self.handler(message)
         except Exception as exc:
             log.info("handler failed on %s: %s", message.transaction_id, exc)
             return consuming.error_text(exc)

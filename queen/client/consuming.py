@@ -15,6 +15,7 @@ POLL_TIMEOUT = 2.0  # seconds a consumer's long poll waits: how soon a stop is n
 DEFAULT_LEASE_TIME = 300  # seconds, the server's default, when a message does not say
 RENEWALS_PER_LEASE = 3  # a lease is renewed this often per leaseTime
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+UNKNOWN_QUEUE = "queue %r does not exist (no push or configure made it yet): is its name right?"
 
 
 def error_text(exc: BaseException) -> str:

@@ -27,6 +27,7 @@ class Message:
     priority: int = 0
     lease_time: int | None = None  # seconds, the queue's leaseTime
     retry_limit: int | None = None
+    trace_parent: str | None = None  # the producer's W3C traceparent, when it sent one
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Message:
@@ -45,6 +46,7 @@ class Message:
             priority=doc.get("priority", 0),
             lease_time=options.get("leaseTime"),
             retry_limit=options.get("retryLimit"),
+            trace_parent=doc.get("traceId"),
         )
 
     def as_json(self) -> dict[str, Any]:

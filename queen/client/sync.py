@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from queen.client import calls
+from queen.client import calls, tracing
 from queen.client.calls import AckItem, Call, MessageOrId, segment
 from queen.client.consumer import Consumer, Handler, Worker
 from queen.client.models import AckResult, Message, PushResult
@@ -57,7 +57,9 @@ class Queen:
         transaction_ids: Sequence[str] | None = None,
     ) -> list[PushResult]:
         """Push payloads (a list or tuple: many; anything else: one) to a queue."""
-        return self.send(calls.push(calls.push_items(queue, payloads, partition, transaction_ids)))
+        with tracing.producing(queue):
+            items = calls.push_items(queue, payloads, partition, transaction_ids)
+            return self.send(calls.push(items))
 
     def pop(
         self,
@@ -180,8 +182,16 @@ class Queen:
         """Analytics of one queue (a dict), or of every queue (a list)."""
         return self.send(calls.stats(queue))
 
-    def consumer_groups(self) -> list[dict[str, Any]]:
-        return self.send(calls.get("/consumer-groups", "consumerGroups"))
+    def consumer_groups(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """The consumer groups of queue (None: of every queue)."""
+        return self.send(calls.get("/consumer-groups", "consumerGroups", queue=queue))
+
+    def subscribe(
+        self, group: str, queue: str, subscription: str | dt.datetime | None = None
+    ) -> dict[str, Any]:
+        """Subscribe group to queue as its first pop would ('all', 'new' or a start time);
+        a group already there is left as it is."""
+        return self.send(calls.subscribe(group, queue, subscription))
 
     def consumer_group(self, name: str) -> dict[str, Any]:
         return self.send(calls.get(f"/consumer-groups/{segment(name)}"))

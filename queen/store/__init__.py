@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from queen.config import Settings
-from queen.fusion import Observe
+from queen.fusion import Observe, Trace
 from queen.store.admin import Admin
 from queen.store.analytics import Analytics
 from queen.store.dashboard import Dashboard, MessagePlace
@@ -56,6 +56,11 @@ class Store:
         self.messages.observe = observe
         self.leases.observe = observe
 
+    def trace_calls(self, trace: Trace) -> None:
+        """Enter trace(kind, requests) around every push, pop, ack and lease-renewal call."""
+        self.messages.trace = trace
+        self.leases.trace = trace
+
     def locate_messages(self, transaction_ids: list[str]) -> dict[str, MessagePlace]:
         """Map transactionIds to their queue and partition."""
         return self.dashboard.locate(transaction_ids)
@@ -70,3 +75,10 @@ class Store:
     def ping(self) -> None:
         """Raise Unavailable unless the database answers."""
         self.db.fetch("ping")
+
+    def schema_problem(self) -> str | None:
+        """Return why the database's schema is not this build's, None when it is."""
+        from queen.store.migrate import schema_problem
+
+        with self.db.connection() as conn:
+            return schema_problem(conn)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from queen.errors import NotFound
 from queen.store import lifecycle
 from queen.store.db import Database
 
@@ -39,13 +40,34 @@ class ConsumerGroups:
 
     def seek(
         self, queue: str, group: str, to: lifecycle.SeekTarget, at: dt.datetime | None = None
-    ) -> int | None:
-        """Move group's cursors on queue; the partitions moved, None for an unknown queue.
+    ) -> int:
+        """Move group's cursors on queue; return the partitions moved.
 
-        A group that has not read the queue yet joins it there (mode 'all', then moved).
+        Raise NotFound for an unknown queue, and for a named group that has not read the
+        queue yet (a seek never creates a group; its first pop does). Queue mode is
+        always there.
         """
         with self.db.connection() as conn, conn.transaction():
-            return lifecycle.seek(conn, queue, group, to, at)
+            if group != lifecycle.QUEUE_MODE and queue not in lifecycle.group_queues(conn, group):
+                (known,) = conn.execute(self.db.queries["queue_exists"], {"name": queue})
+                if known[0]:
+                    raise NotFound(f"consumer group {group!r} not found on queue {queue!r}")
+                raise NotFound(f"queue {queue!r} not found")
+            moved = lifecycle.seek(conn, queue, group, to, at)
+        if moved is None:
+            raise NotFound(f"queue {queue!r} not found")
+        return int(moved)
+
+    def subscribe(
+        self, queue: str, group: str, mode: str | None, since: dt.datetime | None
+    ) -> bool:
+        """Subscribe group to queue as its first pop would; True when it was not there yet
+        (a subscription already there is kept). Raise NotFound for an unknown queue."""
+        params = {"queue": queue, "group": group, "mode": mode, "since": since}
+        rows = self.db.fetch("group_subscribe", params)
+        if not rows:
+            raise NotFound(f"queue {queue!r} not found")
+        return bool(rows[0][0])
 
     def delete(self, group: str, queue: str | None = None) -> dict[str, int]:
         """Forget group on queue (None: on every queue); {queue: cursors dropped}, {} when

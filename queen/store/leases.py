@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from typing import NamedTuple
 
-from queen.fusion import Fuser, Observe
+from queen.fusion import Fuser, Observe, Trace, untraced
 from queen.store.db import Database
 
 FUSED_EXTENDS = 100  # renewals per fused call
@@ -23,9 +23,11 @@ class Leases:
     def __init__(self, db: Database, fused_calls: int = 2) -> None:
         self.db = db
         self.observe: Observe = lambda kind, requests: None
+        self.trace: Trace = untraced
         self._extends: Fuser[_Extend, dt.datetime | None] = Fuser(
             "extend", self._extend_call, max_calls=fused_calls, limit=FUSED_EXTENDS,
             observe=lambda kind, requests: self.observe(kind, requests),
+            trace=lambda kind, requests: self.trace(kind, requests),
         )
 
     def extend(self, lease_id: uuid.UUID, seconds: int | None) -> dt.datetime | None:

@@ -31,7 +31,7 @@ from psycopg.rows import RowMaker
 
 from queen import crypto
 from queen.errors import InvalidInput, QueenError
-from queen.fusion import Fuser, Observe, split
+from queen.fusion import Fuser, Observe, Trace, split, untraced
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.store.db import LARGE_CALL_BYTES, Database, text_array
 from queen.store.giveback import GiveBacks
@@ -108,7 +108,7 @@ def _popped_of_pops(cursor: Cursor[Any]) -> RowMaker[tuple[int, Popped]]:
         s = first
         return values[0], make((
             values[1], values[2], s[3], s[4], values[5], values[6], values[7], s[8],
-            values[9], s[10], s[11], s[12], s[13], s[14],
+            values[9], s[10], s[11], s[12], s[13], s[14], values[15],
         ))
 
     return row
@@ -175,6 +175,7 @@ class Messages:
         self.fused_calls = fused_calls
         # Told the kind and number of requests of every call (the metrics set it).
         self.observe: Observe = _unobserved
+        self.trace: Trace = untraced  # (a tracing span per call, when tracing is on)
         self._push_fusers: dict[str | None, Fuser[_Push, list[PushResult]]] = {}
         self._pops: Fuser[_Pop, list[Popped]] = self._fuser(
             "pop", self._pop_call, limit=FUSED_POPS
@@ -184,7 +185,14 @@ class Messages:
         )
 
     def _fuser(self, kind: str, run: Any, **options: Any) -> Fuser[Any, Any]:
-        return Fuser(kind, run, max_calls=self.fused_calls, observe=self._observe, **options)
+        return Fuser(
+            kind,
+            run,
+            max_calls=self.fused_calls,
+            observe=self._observe,
+            trace=lambda kind, requests: self.trace(kind, requests),
+            **options,
+        )
 
     def _observe(self, kind: str, requests: int) -> None:
         self.observe(kind, requests)

@@ -23,7 +23,9 @@ MIGRATIONS_LOCK = 0x5155_4545_4E00  # pg_advisory_lock key ("QUEEN")
 # Tables only earlier builds made. Their migrations have names this build does not
 # know either; these catch a database whose bookkeeping is gone.
 EARLIER_TABLES = (
-    "queen.partition_heads", "queen.status_deltas", "queen.lag_hour",
+    "queen.partition_heads",
+    "queen.status_deltas",
+    "queen.lag_hour",
     "queen.lag_window",
 )
 
@@ -34,6 +36,10 @@ class MigrationsNotFound(QueenError):
 
 class EarlierDatabase(QueenError):
     """The database was made by an earlier build of Queen; nothing was changed."""
+
+
+class SchemaNotCurrent(QueenError):
+    """The database's schema is missing or older than this build's: run `queen migrate`."""
 
 
 def sql_dir() -> Path:
@@ -90,7 +96,8 @@ def refuse_earlier(conn: psycopg.Connection[Any], names: list[str]) -> None:
         recorded = [r[0] for r in conn.execute("SELECT name FROM queen.schema_migrations")]
     unknown = sorted(set(recorded) - set(names))
     tables = [
-        r[0] for r in conn.execute(
+        r[0]
+        for r in conn.execute(
             "SELECT t FROM unnest(%s::text[]) t WHERE to_regclass(t) IS NOT NULL",
             (list(EARLIER_TABLES),),
         )
@@ -103,6 +110,44 @@ def refuse_earlier(conn: psycopg.Connection[Any], names: list[str]) -> None:
             " cannot be upgraded: drain it with that build, or point DATABASE_URL at a new"
             " database (nothing was changed)"
         )
+
+
+def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
+    """Return in one line why the database's schema is not this build's, None when it is.
+
+    Reads only; a database made by an earlier build is named as refuse_earlier names it.
+    """
+    names = [path.name for path in migration_files()]
+    try:
+        refuse_earlier(conn, names)
+    except EarlierDatabase as exc:
+        return exc.message
+    if conn.execute("SELECT to_regclass('queen.schema_migrations')").fetchone() == (None,):
+        return "the database has no Queen schema: run `queen migrate` (queen serve does)"
+    recorded = {r[0] for r in conn.execute("SELECT name FROM queen.schema_migrations")}
+    pending = [name for name in names if name not in recorded]
+    if pending:
+        return (
+            f"the database's schema is older than this build ({', '.join(pending)} not"
+            " applied): run `queen migrate` (queen serve does)"
+        )
+    return None
+
+
+def check_schema(dsn: str, connect_timeout_s: float = 5.0) -> None:
+    """Raise SchemaNotCurrent unless the database's schema is this build's (reads only).
+
+    An unreachable database raises Unavailable: whether its schema is current is not known.
+    """
+    with (
+        translate_errors(),
+        psycopg.connect(
+            dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout_s))
+        ) as conn,
+    ):
+        problem = schema_problem(conn)
+    if problem is not None:
+        raise SchemaNotCurrent(problem)
 
 
 def check_database(dsn: str) -> None:
@@ -145,3 +190,33 @@ def migrate(dsn: str, directory: Path | None = None) -> list[str]:
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATIONS_LOCK,))
     return applied
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m queen.store.migrate --check`: exit 1 with one line on stderr when the
+    configured database's schema is missing or not this build's; 0 when it is current, or
+    when the database does not answer (the server's readiness probe reports that)."""
+    import argparse
+    import sys
+
+    from queen.config import Settings
+    from queen.errors import Unavailable
+
+    parser = argparse.ArgumentParser(prog="python -m queen.store.migrate")
+    parser.add_argument(
+        "--check", action="store_true", required=True, help="check the schema, change nothing"
+    )
+    parser.parse_args(argv)
+    settings = Settings.from_env()
+    try:
+        check_schema(settings.dsn, settings.db_timeout_ms / 1000)
+    except (SchemaNotCurrent, EarlierDatabase) as exc:
+        print(f"queen: {exc.message}", file=sys.stderr)
+        return 1
+    except Unavailable:
+        log.warning("the database does not answer: /health/ready says so until it does")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -21,7 +21,8 @@ SELECT x.pop, (x.message).id, (x.message).transaction_id,
        CASE WHEN x.first THEN (x.message).lease_id END AS lease_id,
        CASE WHEN x.first THEN (x.message).lease_expires_at END AS lease_expires_at,
        CASE WHEN x.first THEN (x.message).lease_time END AS lease_time,
-       CASE WHEN x.first THEN (x.message).retry_limit END AS retry_limit
+       CASE WHEN x.first THEN (x.message).retry_limit END AS retry_limit,
+       (x.message).trace_id
 FROM (SELECT m.pop, m.message, m.pop IS DISTINCT FROM lag(m.pop) OVER () AS first
       FROM queen.pop_many(%(pops)s::jsonb) m) x
 
@@ -74,6 +75,15 @@ UPDATE queen.queues SET
     updated_at = now()
 WHERE name = %(name)s
 RETURNING *
+
+-- queue_exists: whether a queue of this name exists --
+SELECT EXISTS (SELECT 1 FROM queen.queues WHERE name = %(name)s)
+
+-- group_subscribe: subscribe a group to a queue as its first pop would (a subscription already there is kept); whether it is new; no row when the queue does not exist --
+SELECT NOT EXISTS (SELECT 1 FROM queen.consumer_groups g
+                   WHERE g.queue_id = q.id AND g.consumer_group = %(group)s) AS created,
+       queen.join_group(q.id, %(group)s, %(mode)s, %(since)s)
+FROM queen.queues q WHERE q.name = %(queue)s
 
 -- queue_flags: encryption flag and long-poll cap of every queue (cached per process) --
 SELECT name, encryption_enabled, max_wait_time_seconds FROM queen.queues

@@ -43,6 +43,10 @@ class Queues:
         self._flags_at = float("-inf")  # this process sees its own change at once
         return row
 
+    def exists(self, name: str) -> bool:
+        """Tell whether the queue exists (read now, not from the flags' cache)."""
+        return bool(self.db.fetch("queue_exists", {"name": name})[0][0])
+
     def flags(self, name: str) -> QueueFlags | None:
         """Return the cached flags of a queue (refreshed every FLAGS_TTL seconds)."""
         if time.monotonic() - self._flags_at > FLAGS_TTL:

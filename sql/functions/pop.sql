@@ -479,7 +479,7 @@ BEGIN
                ROW(queen.message_uuid(d.id, d.created_at), d.transaction_id, d.queue,
                    d.partition, d.payload, d.encrypted, d.retry_count, d.priority,
                    d.created_at, now(), d.lease_id, d.lease_expires_at, d.lease_time,
-                   d.retry_limit)::queen.popped
+                   d.retry_limit, d.trace_id)::queen.popped
         FROM queen.pop(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
                        r.batch, r.worker, r.mode, r.since, r.lease, r.prefer,
                        CASE WHEN r.kind = 'queue' THEN ranking END) d;
@@ -524,13 +524,13 @@ BEGIN
               LIMIT cardinality(p_positions)) k
     ), batch AS MATERIALIZED (
         SELECT k.j, k.partition_id, m.id, m.transaction_id, m.payload, m.encrypted,
-               m.created_at,
+               m.created_at, m.trace_id,
                CASE WHEN m.id <= k.retried_max  -- (a message of it may have been retried)
                     THEN queen.retries_of(k.partition_id, p_group, m.id, k.retried_max)
                     ELSE 0 END AS retries
         FROM picked k
         CROSS JOIN LATERAL (SELECT m.id, m.transaction_id, m.payload, m.encrypted,
-                                   m.created_at
+                                   m.created_at, m.trace_id
                             FROM queen.messages m
                             WHERE m.partition_id = k.partition_id AND m.id > k.cursor_id
                               AND m.id <> ALL (k.done_ids)
@@ -551,7 +551,8 @@ BEGIN
            array_agg(ROW(queen.message_uuid(b.id, b.created_at), b.transaction_id, q.name,
                          (SELECT p.name FROM queen.partitions p WHERE p.id = b.partition_id),
                          b.payload, b.encrypted, b.retries, q.priority, b.created_at, now(),
-                         p_leases[b.j], expires, q.lease_time, q.retry_limit)::queen.popped
+                         p_leases[b.j], expires, q.lease_time, q.retry_limit,
+                         b.trace_id)::queen.popped
                      ORDER BY b.j, b.id)
     INTO pops, messages
     FROM batch b;

@@ -116,17 +116,17 @@ def test_tail_prints_the_latest_messages_oldest_first_and_follows(server):
     queen_cli(server, "push", "tailed", '{"n": 1}', '{"n": 2}', '{"n": 3}')
     tail = queen_cli(server, "tail", "tailed", "-n", "2")
     assert tail.returncode == 0
-    assert [m["payload"]["n"] for m in ndjson(tail.stdout)] == [2, 3]
+    assert [m["data"]["n"] for m in ndjson(tail.stdout)] == [2, 3]
 
     env = {**os.environ, "QUEEN_URL": server.url, "PYTHONPATH": str(ROOT)}
     follower = subprocess.Popen(
         [sys.executable, "-m", "queen.cli", "tail", "tailed", "-f", "--interval", "0.2"],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
-        seen = [json.loads(follower.stdout.readline())["payload"]["n"] for _ in range(3)]
+        seen = [json.loads(follower.stdout.readline())["data"]["n"] for _ in range(3)]
         assert seen == [1, 2, 3]
         queen_cli(server, "push", "tailed", '{"n": 4}')
-        assert json.loads(follower.stdout.readline())["payload"]["n"] == 4
+        assert json.loads(follower.stdout.readline())["data"]["n"] == 4
     finally:
         follower.send_signal(signal.SIGINT)
         assert follower.wait(20) == 0

@@ -86,12 +86,10 @@ def test_list_shows_each_group_with_its_backlog(module_server, conn, q) -> None:
         assert g["pendingCapped"] is False
         assert 0 <= g["lagSeconds"] < 600
         assert g["createdAt"].endswith("Z")
-    # Every queue when no filter is given; none for a queue nobody reads.
+    # Every queue when no filter is given; a queue that does not exist is 404.
     everything = get(module_server, "/consumer-groups").json()["consumerGroups"]
     assert {(g["name"], g["queue"]) for g in everything} >= {(n, q) for n in listed}
-    assert get(module_server, "/consumer-groups", queue=f"{q}-none").json() == {
-        "consumerGroups": []
-    }
+    assert_error(get(module_server, "/consumer-groups", queue=f"{q}-none"), 404)
 
 
 def test_pending_is_counted_up_to_a_cap(module_server, conn, q) -> None:
@@ -155,9 +153,33 @@ def test_seek_to_the_beginning_the_end_and_a_time(module_server, conn, q) -> Non
     hour_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
     assert seek(module_server, "g", {"queue": q, "to": hour_ago}).status_code == 200
     assert numbers(lifecycle.pop(conn, q, group="g", batch=10)) == [0]  # the newest only
-    # A group that never read the queue joins it where the seek puts it.
-    assert seek(module_server, "fresh", {"queue": q, "to": "end"}).json()["partitions"] == 1
-    assert lifecycle.pop(conn, q, group="fresh", batch=10) == []
+    # Queue mode is always there to seek, without a pop first.
+    assert seek(module_server, "__queue__", {"queue": q, "to": "end"}).status_code == 200
+
+
+def test_a_seek_never_creates_a_group(module_server, conn, q) -> None:
+    push(module_server, q, 2)
+    doc = assert_error(seek(module_server, "typo", {"queue": q, "to": "end"}), 404)
+    assert "typo" in doc["error"] and q in doc["error"]
+    listed = get(module_server, "/consumer-groups", queue=q).json()["consumerGroups"]
+    assert "typo" not in [g["name"] for g in listed]
+    assert_error(get(module_server, "/consumer-groups/typo"), 404)
+    # Its first pop subscribes it, from the oldest message (the seek left no trace).
+    assert numbers(lifecycle.pop(conn, q, group="typo", batch=10)) == [0, 1]
+
+
+def test_an_unknown_queue_is_404_on_every_group_route(module_server, q) -> None:
+    push(module_server, q, 1)
+    none = f"{q}-none"
+    for resp in (
+        get(module_server, "/consumer-groups", queue=none),
+        get(module_server, "/consumer-groups/__queue__", queue=none),
+        seek(module_server, "__queue__", {"queue": none, "to": "end"}),
+        delete(module_server, "g", queue=none),
+    ):
+        assert none in assert_error(resp, 404)["error"]
+    # A queue nobody has read yet is known: an empty listing, not a 404.
+    assert get(module_server, "/consumer-groups", queue=q).json() == {"consumerGroups": []}
 
 
 def test_seek_refuses_bad_input(module_server, q) -> None:

@@ -274,7 +274,8 @@ def test_message_pages_are_disjoint_complete_and_newest_first(api):
     assert len(api.get("/api/v1/messages", queue=queue, partition="y")["messages"]) == 10
     assert len(api.get("/api/v1/messages", namespace=ns)["messages"]) == 25
     assert len(api.get("/api/v1/messages", namespace=ns, partition="x")["messages"]) == 15
-    assert api.get("/api/v1/messages", queue=unique("nothing"))["messages"] == []
+    status, doc = api.call("GET", "/api/v1/messages", queue=unique("nothing"))
+    assert status == 404 and "not found" in doc["error"]  # a typo, not an empty queue
     assert api.get("/api/v1/messages", queue=queue, offset=25)["messages"] == []
 
     popped = api.pop(queue, "y", 3)

@@ -79,10 +79,15 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", f"{A}/consumer-groups"): Case(f"{A}/consumer-groups", READERS),
     ("GET", f"{A}/consumer-groups/{{group}}"): Case(f"{A}/consumer-groups/g", READERS),
     ("DELETE", f"{A}/consumer-groups/{{group}}"): Case(f"{A}/consumer-groups/g?queue=qa", ADMIN),
+    ("PUT", f"{A}/consumer-groups/{{group}}"): Case(
+        f"{A}/consumer-groups/g", roles("consumer", "admin"), {"queue": "qa"}
+    ),
     ("POST", f"{A}/consumer-groups/{{group}}/seek"): Case(
         f"{A}/consumer-groups/g/seek", roles("consumer", "admin"), {"queue": "qa", "to": "end"}
     ),
     ("GET", "/health"): Case("/health", PUBLIC),
+    ("GET", "/health/live"): Case("/health/live", PUBLIC),
+    ("GET", "/health/ready"): Case("/health/ready", PUBLIC),
     ("GET", "/"): Case("/", PUBLIC),
     ("HEAD", "/"): Case("/", PUBLIC),
     ("GET", "/dashboard"): Case("/dashboard", PUBLIC),
@@ -531,6 +536,7 @@ def test_a_queue_limited_token_stays_on_its_queues(
     with store.db.connection() as conn:
         lifecycle.pop(conn, "billing")
         lifecycle.pop(conn, "orders-1")
+        lifecycle.pop(conn, "orders-1", group="g")  # the group the seeks below move
     assert_refused(commit(client, scoped, push("orders-1", "o-2"), push("billing", "b-2")), 403)
     assert_refused(commit(client, scoped, ack("b-1")), 403)
     assert stored(store) == ["b-1", "o-1"]
