@@ -117,8 +117,9 @@ class Events:
         self.dsn = dsn
         self.fallback_s = fallback_s
         self._ready = ready
-        # Called every PRESENCE_REFRESH_S while polls are parked (LongPoller keeps this
-        # worker listed in queen.waiting_workers with it).
+        # Called every PRESENCE_REFRESH_S while polls are parked, and on every connection
+        # of the listener (LongPoller keeps this worker listed in queen.waiting_workers
+        # with it).
         self.while_waiting: Callable[[], None] | None = None
         # Receives every notification on the dashboard channel (the dashboard hub's batches).
         self.on_dashboard: Callable[[str], None] | None = None
@@ -300,6 +301,11 @@ class Events:
         if self._registered and hook is not None:
             hook()
 
+    def _list_again(self) -> None:
+        hook = self.while_waiting
+        if hook is not None:
+            hook()
+
     def _fallback(self) -> None:
         while self._running:
             time.sleep(self.fallback_s * random.uniform(0.8, 1.2))  # workers drift apart
@@ -319,8 +325,9 @@ class Events:
                     connections += 1
                     # A new session may face a server that crashed and restarted, with
                     # queen.waiting_workers (unlogged) emptied: list this worker again at
-                    # once, or pushes send no wake-ups until the next refresh.
-                    self._relist()
+                    # once, polls parked or not (the next poll would trust the listing it
+                    # remembers), or pushes send no wake-ups until the listing lapses.
+                    self._list_again()
                     # Polls parked before this moment may have missed notifications.
                     woken = self.wake_all()
                     if woken:

@@ -407,3 +407,44 @@ def test_started_wakeups_send_what_acks_freed(store: Store, listener):
         assert sorted(received(listener, 1.0)) == ["q/a///__queue__", "q/b///__queue__"]
     finally:
         wakeups.stop()
+
+
+def test_a_worker_lists_itself_again_when_its_listener_reconnects_with_no_poll_parked(
+    store: Store, db_dsn: str
+) -> None:
+    """A server that crashed comes back with queen.waiting_workers empty. A worker whose
+    listener reconnects with no poll parked must list itself again: its next poll trusts
+    the listing it remembers, and without one no push would wake it before the fallback."""
+    events = Events(db_dsn, fallback_s=120.0)  # the fallback cannot rescue the poll below
+    poller = LongPoller(store, events, "worker-r")
+    events.start()
+    try:
+        assert events.connected.wait(10)
+        assert poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=0.05) == []  # listed
+        with psycopg.connect(db_dsn, autocommit=True) as conn:  # what a crash leaves
+            conn.execute("DELETE FROM queen.waiting_workers")
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = 'queen-listener'"
+            )
+        deadline = time.monotonic() + 20
+        while scalar(db_dsn, "SELECT count(*) FROM queen.waiting_workers WHERE until > now()") == 0:
+            assert time.monotonic() < deadline, "the reconnected worker did not list itself"
+            time.sleep(0.05)
+        assert events.reconnects >= 1
+        got: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: got.extend(poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=60))
+        )
+        thread.start()
+        deadline = time.monotonic() + 10
+        while events.waiting == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        started = time.monotonic()
+        push(store, items("q", "a", 1))
+        thread.join(20)
+        assert len(got) == 1
+        assert time.monotonic() - started < 15  # a wake-up, not the fallback's 120 s
+    finally:
+        events.shutdown()
