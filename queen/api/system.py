@@ -16,6 +16,7 @@ import falcon
 from queen.api import metrics, send_json
 from queen.errors import Unavailable
 from queen.events import Events
+from queen.server import status
 from queen.store import Store
 
 
@@ -44,6 +45,9 @@ class HealthResource:
                 "pool": pool,
             },
         }
+        maintenance = status.maintenance_state()
+        if maintenance is not None:  # run by `queen serve`: how its maintenance child fares
+            doc["maintenance"] = maintenance
         try:
             self.store.ping()
         except Unavailable as exc:
