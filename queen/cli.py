@@ -6,9 +6,11 @@ import argparse
 import importlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 
 from queen.auth import tokens_cli
 from queen.client.cli import add_client_commands
@@ -21,6 +23,7 @@ from queen.config import (
     env_table,
     log_level,
 )
+from queen.server.status import STATE_ENV
 from queen.server.supervisor import Supervisor
 
 log = logging.getLogger("queen")
@@ -106,7 +109,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.maintenance:
         children.append(("maintenance", [sys.executable, "-m", MAINTENANCE_MODULE]))
     children.append(("gunicorn", [sys.executable, "-m", "gunicorn", "-c", GUNICORN_CONFIG]))
-    supervisor = Supervisor(children, env)
+    state_dir = tempfile.mkdtemp(prefix="queen-serve-")  # the children's states, for /health
+    env[STATE_ENV] = os.path.join(state_dir, "children.json")
+    # The API serves without maintenance: only gunicorn's crash loop stops the server.
+    supervisor = Supervisor(children, env, essential={"gunicorn"}, state_path=env[STATE_ENV])
     signal.signal(signal.SIGTERM, supervisor.stop)
     signal.signal(signal.SIGINT, supervisor.stop)
     url = browser_url(settings.host, settings.port)
@@ -118,7 +124,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.workers,
         f"; listening on every interface ({settings.host or '*'})" if everywhere else "",
     )
-    return supervisor.run()
+    try:
+        return supervisor.run()
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def cmd_maintenance(args: argparse.Namespace) -> int:

@@ -29,11 +29,12 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from queen.analytics import STATUSES
 from queen.errors import Unavailable
 from queen.server import multiproc
+from queen.server.status import maintenance_state
 from queen.store import Store
 
 MULTIPROC_ENV = multiproc.MULTIPROC_ENV
@@ -305,6 +306,31 @@ class AlertCollector:
         yield firing
 
 
+class SupervisionCollector:
+    """How `queen serve`'s maintenance child fares, from its supervisor's state file."""
+
+    def collect(self) -> Iterator[Metric]:
+        maintenance = maintenance_state()
+        if maintenance is None:  # not run by `queen serve`
+            return
+        looping = GaugeMetricFamily(
+            "queen_maintenance_crash_looping",
+            "1 while the maintenance process keeps exiting (restarted with backoff)",
+        )
+        looping.add_metric([], 1 if maintenance["status"] == "crash-looping" else 0)
+        yield looping
+        running = GaugeMetricFamily(
+            "queen_maintenance_running", "1 while the maintenance process runs"
+        )
+        running.add_metric([], 0 if maintenance["pid"] is None else 1)
+        yield running
+        restarts = CounterMetricFamily(
+            "queen_maintenance_restarts", "Restarts of the maintenance process by the supervisor"
+        )
+        restarts.add_metric([], maintenance["restarts"])
+        yield restarts
+
+
 class PrometheusResource:
     """GET /metrics/prometheus: the Prometheus text format."""
 
@@ -321,5 +347,6 @@ class PrometheusResource:
             registry.register(_Forward(REGISTRY))
         registry.register(QueueDepthCollector(self.store))
         registry.register(AlertCollector(self.store))
+        registry.register(SupervisionCollector())
         resp.content_type = CONTENT_TYPE_LATEST
         resp.data = generate_latest(registry)

@@ -16,6 +16,7 @@ import falcon
 from queen.api import metrics, send_json
 from queen.errors import Unavailable
 from queen.events import Events
+from queen.server import status
 from queen.store import Store
 
 # A readiness check returns None when ready, else the reason in one line.
@@ -47,6 +48,9 @@ class HealthResource:
                 "pool": pool,
             },
         }
+        maintenance = status.maintenance_state()
+        if maintenance is not None:  # run by `queen serve`: how its maintenance child fares
+            doc["maintenance"] = maintenance
         try:
             self.store.ping()
         except Unavailable as exc:
@@ -102,11 +106,11 @@ class ReadyResource:
             reason = check()
             results[name] = {"ok": True} if reason is None else {"ok": False, "reason": reason}
         ready = all(result["ok"] for result in results.values())
-        send_json(
-            resp,
-            {"status": "ready" if ready else "not ready", "checks": results},
-            200 if ready else 503,
-        )
+        doc: dict[str, Any] = {"status": "ready" if ready else "not ready", "checks": results}
+        maintenance = status.maintenance_state()
+        if maintenance is not None:  # reported, not checked: the API serves without it
+            doc["maintenance"] = maintenance
+        send_json(resp, doc, 200 if ready else 503)
 
 
 class MetricsResource:

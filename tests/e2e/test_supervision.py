@@ -16,6 +16,7 @@ import pytest
 import requests
 from psycopg import sql
 
+from queen.server.supervisor import MAX_FAILURES
 from tests.conftest import ROOT, dsn_for, free_port, wait_until_healthy
 
 
@@ -84,6 +85,58 @@ def test_a_killed_maintenance_child_is_restarted_and_the_api_keeps_answering(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log_path.read_text()
         assert not children(proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_crash_looping_maintenance_child_is_reported_and_restarted_while_the_api_serves(
+    empty_dsn: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ, "DATABASE_URL": empty_dsn, "HOST": "127.0.0.1", "PORT": str(port),
+        "QUEEN_WORKERS": "1", "LOG_LEVEL": "info",
+    }
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "queen.cli", "serve"], env=env, cwd=ROOT,
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until_healthy(url, 30, log_path.read_text)
+        killed: list[int] = []
+        for _ in range(MAX_FAILURES + 1):  # one more than the old give-up rule allowed
+            deadline = time.monotonic() + 60
+            while (pid := maintenance_pid(proc.pid)) is None or pid in killed:
+                assert proc.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.05)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        health = requests.get(f"{url}/health", timeout=5)
+        assert health.status_code == 200 and proc.poll() is None, log_path.read_text()
+        deadline = time.monotonic() + 10
+        while (health.json().get("maintenance") or {}).get("status") != "crash-looping":
+            assert time.monotonic() < deadline, health.text
+            time.sleep(0.1)
+            health = requests.get(f"{url}/health", timeout=5)
+        assert health.json()["maintenance"]["lastExit"] == "killed by SIGKILL"
+        scraped = requests.get(f"{url}/metrics/prometheus", timeout=10).text
+        assert "queen_maintenance_crash_looping 1.0" in scraped, scraped
+        assert "maintenance is crash-looping" in log_path.read_text()
+        deadline = time.monotonic() + 60  # restarted again, after at most MAX_BACKOFF
+        while (pid := maintenance_pid(proc.pid)) is None or pid in killed:
+            assert requests.get(f"{url}/health", timeout=5).status_code == 200
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        assert requests.get(f"{url}/health", timeout=5).json()["maintenance"]["pid"] == pid
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log_path.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

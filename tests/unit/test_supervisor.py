@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from queen.server import supervisor
+from queen.server import status, supervisor
 from queen.server.supervisor import Supervisor, describe_exit
 
 
@@ -121,3 +121,56 @@ def test_stop_terminates_every_child_and_returns_0(spawned: list[FakeProc]) -> N
 def test_describe_exit() -> None:
     assert describe_exit(3) == "exit code 3"
     assert describe_exit(-15) == "killed by SIGTERM"
+
+
+def test_a_crash_looping_child_that_is_not_essential_is_restarted_with_capped_backoff(
+    spawned: list[FakeProc], tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    state = tmp_path / "children.json"
+    sup = Supervisor(
+        [("maintenance", ["m"]), ("gunicorn", ["g"])], {},
+        spawn=lambda argv, env: spawned.append(FakeProc(100 + len(spawned))) or spawned[-1],  # type: ignore[arg-type, func-returns-value]
+        clock=clock, essential={"gunicorn"}, state_path=str(state),
+    )
+    sup.start()
+    assert status.read_state(state)["maintenance"]["status"] == "running"
+    delays = []
+    with caplog.at_level(logging.INFO, "queen"):
+        for _ in range(supervisor.MAX_FAILURES + 3):
+            spawned[0 if len(spawned) == 2 else -1].returncode = 1
+            sup.step()
+            restart_at = sup.children[0].restart_at
+            assert restart_at is not None and not sup.failed
+            delays.append(restart_at - clock.now)
+            clock.now = restart_at
+            sup.step()
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 15.0, 15.0]
+    assert "maintenance is crash-looping" in caplog.text
+    looping = status.read_state(state)["maintenance"]
+    assert looping["status"] == "crash-looping" and looping["restarts"] == 8
+    assert looping["lastExit"] == "exit code 1" and looping["pid"] == spawned[-1].pid
+    clock.now += supervisor.RECOVERED_AFTER_S
+    sup.step()
+    assert status.read_state(state)["maintenance"]["status"] == "running"
+    assert spawned[1].returncode is None  # gunicorn ran throughout
+
+
+def test_the_essential_child_still_stops_the_server_when_it_crash_loops(
+    spawned: list[FakeProc],
+) -> None:
+    clock = Clock()
+    sup = Supervisor(
+        [("maintenance", ["m"]), ("gunicorn", ["g"])], {},
+        spawn=lambda argv, env: spawned.append(FakeProc(100 + len(spawned))) or spawned[-1],  # type: ignore[arg-type, func-returns-value]
+        clock=clock, essential={"gunicorn"},
+    )
+    sup.start()
+    for _ in range(supervisor.MAX_FAILURES):
+        spawned[1 if len(spawned) == 2 else -1].returncode = 1
+        sup.step()
+        if sup.failed:
+            break
+        clock.now = sup.children[1].restart_at or clock.now
+        sup.step()
+    assert sup.failed and "gunicorn exited 5 times within 60s" in sup.failed
