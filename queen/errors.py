@@ -41,7 +41,10 @@ class Unavailable(QueenError):
 class OperationFailed(QueenError):
     """An operation of a transaction could not be applied, so none was."""
 
-    def __init__(self, index: int, reason: type[QueenError], message: str) -> None:
+    def __init__(
+        self, index: int, reason: type[QueenError], message: str, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.index = index  # the operation's position in the request, from 0
         self.reason = reason  # the error it is (InvalidInput, NotFound, Conflict, QueueFull)
+        self.code = code  # an acknowledgment's reason (not_leased, lease_expired, ...)

@@ -75,9 +75,15 @@ class PushResult(NamedTuple):
 class AckResult(NamedTuple):
     position: int  # 1-based position in the request
     transaction_id: str
-    status: str  # completed | retry_scheduled | dead_letter | failed | not_found | pending
+    # completed | retry_scheduled | dead_letter | failed, or a refusal: not_found |
+    # not_leased | lease_expired | leased_by_other
+    status: str
     retry_count: int | None
-    acknowledged_at: dt.datetime
+    # now when it applied; else when the message's acknowledgment was recorded, if known
+    acknowledged_at: dt.datetime | None
+    # None: it applied; else why nothing changed (already_completed, already_failed, or
+    # the refusal)
+    reason: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

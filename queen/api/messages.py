@@ -13,7 +13,7 @@ import orjson
 from queen.api import auth, read_body, send_json, validation
 from queen.dashboard import formats
 from queen.dashboard.hub import SILENT, Publisher
-from queen.errors import Conflict, NotFound, QueenError, QueueFull
+from queen.errors import NotFound, QueenError, QueueFull
 from queen.models import AckResult, Popped, PopRoute, PushResult, iso
 from queen.polling import ClaimedBody, LongPoller, client_gone_check
 from queen.store import Store
@@ -190,10 +190,30 @@ class PopResource:
 
 
 def ack_json(r: AckResult) -> dict[str, Any]:
+    """Shape an ack result as API.md 3.2: a reason when nothing changed, and then, for a
+    message acknowledged before, when that was (when known)."""
     doc: dict[str, Any] = {"transactionId": r.transaction_id, "status": r.status}
     if r.status == "retry_scheduled":
         doc["retryCount"] = r.retry_count
+    if r.reason is not None:
+        doc["reason"] = r.reason
+        if r.acknowledged_at is not None:
+            doc["acknowledgedAt"] = iso(r.acknowledged_at)
     return doc
+
+
+# Why a single ack was refused (409), by its reason; nothing changed.
+REFUSED = {
+    "not_leased": "message {txid!r} is not leased (to this group): nothing changed",
+    "lease_expired": (
+        "message {txid!r} is no longer under this lease (it expired or ended before the"
+        " message was done): nothing changed"
+    ),
+    "leased_by_other": (
+        "message {txid!r} is leased to another consumer (this lease ended and the message"
+        " was delivered again): nothing changed"
+    ),
+}
 
 
 class AckResource:
@@ -206,16 +226,28 @@ class AckResource:
         ack = validation.acknowledgment(doc)
         auth.check_messages(req, self.store, [ack["transactionId"]])
         (result,) = self.store.messages.ack([ack])
-        if result.status == "not_found":
-            raise NotFound(f"message {result.transaction_id!r} not found")
-        if result.status == "lease_expired":
-            raise Conflict(
-                f"message {result.transaction_id!r} is not under this lease any more"
-                " (it expired, or the message went to another consumer): nothing changed"
-            )
+        if result.reason is not None:
+            self._unchanged(resp, result)
+            return
         self.hub.publish(formats.ACKED, [ack], [result])
         req.context.messages = ("acked", 1)
         send_json(resp, {**ack_json(result), "acknowledgedAt": iso(result.acknowledged_at)})
+
+    def _unchanged(self, resp: falcon.Response, result: AckResult) -> None:
+        """Answer an ack that changed nothing: 200 for a message acknowledged before (an
+        ack sent again after its answer was lost), 404 or 409 with its reason otherwise."""
+        if result.status == "not_found":
+            raise NotFound(f"message {result.transaction_id!r} not found")
+        text = REFUSED.get(result.reason or "")
+        if text is None:
+            send_json(resp, {**ack_json(result), "acknowledgedAt": iso(result.acknowledged_at)})
+            return
+        doc = {
+            "error": text.format(txid=result.transaction_id),
+            "transactionId": result.transaction_id,
+            "reason": result.reason,
+        }
+        send_json(resp, doc, 409)
 
 
 class AckBatchResource:
@@ -241,9 +273,11 @@ class AckBatchResource:
         if not found:
             raise NotFound("none of these messages exist")
         req.context.messages = ("acked", len(found))
+        # (The call's time: that of an ack that applied, the first one as a rule.)
+        now = next((r.acknowledged_at for r in results if r.reason is None), None)
         answer = {
             "processed": len(found),
-            "acknowledgedAt": iso(results[0].acknowledged_at),
+            "acknowledgedAt": iso(now),
             "results": [ack_json(r) for r in results],
         }
         if then is None or self.pop is None:

@@ -3,11 +3,12 @@
 Body: {"operations": [{"type": "ack", "transactionId", "status", "error"?,
 "consumerGroup"?, "leaseId"?} | {"type": "push", "items": [...]}, ...]}. At most
 max_batch operations, and at most max_batch acks and push items together (the limits of
-one push or one ack batch). 200 {"committed": true, "results": [one per operation]}.
+one push or one ack batch). 200 {"committed": true, "results": [one per operation]}; with "alreadyApplied": true
+when an earlier sending of the same transaction committed it (nothing changed now).
 An operation that cannot be applied fails the whole request, naming it:
 {"error": "operations[i]...", "operation": i} with 400 (invalid), 404 (unknown
-message), 409 (stale lease, not leased, already acknowledged), 413 (too many) or 429
-(queue full).
+message), 409 (an ack's "reason": not_leased, lease_expired, leased_by_other,
+already_completed, already_failed), 413 (too many) or 429 (queue full).
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ def result_json(result: Result) -> dict[str, Any]:
         }
         if result.status == "retry_scheduled":
             doc["retryCount"] = result.retry_count
+        if result.reason is not None:
+            doc["reason"] = result.reason
         return doc
     return {"type": "push", "messages": [push_json(r) for r in result]}
 
@@ -184,15 +187,22 @@ class TransactionResource:
             authorize(req, self.store, ops)
             principal = auth.principal_of(req)
             producer = principal.name if principal is not None else None
-            results = self.store.transactions.commit(ops, producer)
+            results, already_applied = self.store.transactions.commit(ops, producer)
         except OperationFailed as exc:
-            doc = {"error": exc.message, "operation": exc.index}
+            doc: dict[str, Any] = {"error": exc.message, "operation": exc.index}
+            if exc.code is not None:
+                doc["reason"] = exc.code
             send_json(resp, doc, STATUS_OF.get(exc.reason, 400))
             return
-        self._publish(ops, results)
-        pushed = [r for res in results if isinstance(res, list) for r in res]
-        req.context.messages = ("pushed", sum(r.status == "queued" for r in pushed))
-        send_json(resp, {"committed": True, "results": [result_json(r) for r in results]})
+        answer: dict[str, Any] = {"committed": True}
+        if already_applied:
+            answer["alreadyApplied"] = True
+        else:
+            self._publish(ops, results)
+            pushed = [r for res in results if isinstance(res, list) for r in res]
+            req.context.messages = ("pushed", sum(r.status == "queued" for r in pushed))
+        answer["results"] = [result_json(r) for r in results]
+        send_json(resp, answer)
 
     def _publish(self, ops: list[Operation], results: list[Result]) -> None:
         """Tell dashboards what the transaction did, as a push and an ack batch would."""

@@ -16,11 +16,15 @@ from queen.client.aio import AsyncQueen
 from queen.client.aio_consumer import AsyncConsumer, AsyncWorker
 from queen.client.consumer import Consumer, Worker
 from queen.client.errors import (
+    AlreadyAcknowledged,
     APIError,
     BadRequest,
     Conflict,
     Forbidden,
+    LeasedByOther,
+    LeaseExpired,
     NotFound,
+    NotLeased,
     PayloadTooLarge,
     QueenError,
     RateLimited,
@@ -40,6 +44,7 @@ from queen.client.transport import RetryPolicy
 __all__ = [
     "APIError",
     "AckResult",
+    "AlreadyAcknowledged",
     "AsyncConsumer",
     "AsyncProducer",
     "AsyncQueen",
@@ -49,8 +54,11 @@ __all__ = [
     "Conflict",
     "Consumer",
     "Forbidden",
+    "LeaseExpired",
+    "LeasedByOther",
     "Message",
     "NotFound",
+    "NotLeased",
     "PayloadTooLarge",
     "Producer",
     "PushResult",

@@ -259,13 +259,14 @@ def subscribe(
 
 
 def transaction(operations: list[dict[str, Any]]) -> Call[list[Any]]:
-    """POST /transaction: all operations or none. Not sent again after a lost answer."""
+    """POST /transaction: all operations or none. Sent again after a lost answer: one
+    that committed before is answered as already applied (its pushes name their
+    transactionIds, as push_items gives them)."""
     return Call(
         "POST",
         f"{API}/transaction",
         lambda doc: list(doc["results"]),
         json={"operations": operations},
-        resend=False,
     )
 
 

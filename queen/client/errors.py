@@ -10,7 +10,12 @@ QueenError
     ├── Unauthorized        401: no token, or an unknown one
     ├── Forbidden           403: the token may not do this
     ├── NotFound            404: no such queue, message, lease or group
-    ├── Conflict            409: not in a state that allows this (e.g. a stale lease)
+    ├── Conflict            409: not in a state that allows this (.reason says why)
+    │   ├── NotLeased       an ack of a message not under any lease (of its group)
+    │   ├── LeaseExpired    an ack under a lease that ended before the message was done
+    │   ├── LeasedByOther   an ack under a lease that ended: another consumer holds it
+    │   └── AlreadyAcknowledged  a transaction's ack of a message acknowledged before,
+    │                       not by this transaction (nothing of it was applied)
     ├── PayloadTooLarge     413
     ├── RateLimited         429: slow down (.retry_after, seconds or None); a push
     │                       whose every item a full queue (maxSize) rejected, too
@@ -54,6 +59,12 @@ class APIError(QueenError):
         self.status = status
         self.body = body
 
+    @property
+    def reason(self) -> str | None:
+        """The answer's reason (an ack's: not_leased, lease_expired, ...), if it gave one."""
+        reason = self.body.get("reason") if isinstance(self.body, dict) else None
+        return str(reason) if reason is not None else None
+
 
 class BadRequest(APIError):
     """Invalid request."""
@@ -73,6 +84,22 @@ class NotFound(APIError):
 
 class Conflict(APIError):
     """The resource is not in a state that allows this."""
+
+
+class NotLeased(Conflict):
+    """The message is not leased (to this consumer group): nothing changed."""
+
+
+class LeaseExpired(Conflict):
+    """The lease ended before the message was done: nothing changed."""
+
+
+class LeasedByOther(Conflict):
+    """The lease ended and another consumer holds the message now: nothing changed."""
+
+
+class AlreadyAcknowledged(Conflict):
+    """The message was acknowledged before, not by this transaction: nothing was applied."""
 
 
 class PayloadTooLarge(APIError):
@@ -113,6 +140,16 @@ ERROR_OF_STATUS: dict[int, type[APIError]] = {
 }
 
 
+# A 409's error by the reason it gives.
+CONFLICT_OF_REASON: dict[str, type[Conflict]] = {
+    "not_leased": NotLeased,
+    "lease_expired": LeaseExpired,
+    "leased_by_other": LeasedByOther,
+    "already_completed": AlreadyAcknowledged,
+    "already_failed": AlreadyAcknowledged,
+}
+
+
 def error_for(status: int, body: Any, retry_after: float | None = None) -> APIError:
     """Return the typed error of an error response (its JSON body, if any, as body)."""
     message = body.get("error") if isinstance(body, dict) else None
@@ -120,4 +157,6 @@ def error_for(status: int, body: Any, retry_after: float | None = None) -> APIEr
     if status == 429:
         return RateLimited(text, status, body, retry_after)
     cls = ERROR_OF_STATUS.get(status) or (ServerError if status >= 500 else APIError)
+    if status == 409 and isinstance(body, dict):
+        cls = CONFLICT_OF_REASON.get(str(body.get("reason")), cls)
     return cls(text, status, body)

@@ -80,15 +80,26 @@ class PushResult:
 
 @dataclasses.dataclass(frozen=True)
 class AckResult:
-    """The outcome of one acknowledgment (completed, retry_scheduled, dead_letter, ...)."""
+    """The outcome of one acknowledgment (completed, retry_scheduled, dead_letter, ...).
+
+    reason: None when it applied; else why nothing changed: already_completed or
+    already_failed (acknowledged before: status says how), or, in a batch, a refusal
+    (not_found, not_leased, lease_expired, leased_by_other).
+    """
 
     transaction_id: str
     status: str
     retry_count: int | None = None
+    reason: str | None = None
+
+    @property
+    def applied(self) -> bool:
+        """Whether this acknowledgment changed something."""
+        return self.reason is None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> AckResult:
-        return cls(doc["transactionId"], doc["status"], doc.get("retryCount"))
+        return cls(doc["transactionId"], doc["status"], doc.get("retryCount"), doc.get("reason"))
 
 
 _last_ms = 0

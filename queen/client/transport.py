@@ -3,8 +3,9 @@
 A request is sent again, to the next base URL, after
 - a connection that failed before anything was sent (refused, DNS, connect timeout),
 - a 503 (the server did nothing: PostgreSQL was unreachable or busy);
-and, only for requests marked resend (pushes with their transactionIds, acks, reads,
-lease renewals), after an answer lost on the way back (read timeout, reset). A pop is
+and, only for requests marked resend (pushes with their transactionIds, acks,
+transactions, reads, lease renewals), after an answer lost on the way back (read
+timeout, reset): an ack or transaction that applied before is answered so, not refused. A pop is
 never sent again after a lost answer: the server may have leased messages that never
 arrived. 429 with Retry-After is waited out for resend requests; 4xx otherwise never
 retried. After every base URL failed once, the client sleeps (exponential backoff with

@@ -68,7 +68,9 @@ class AckOutcome:
     position: int  # 1-based position in the request
     transaction_id: str
     consumer_group: str
-    status: str  # completed | retry_scheduled | dead_letter | failed | lease_expired | not_found
+    # completed | retry_scheduled | dead_letter | failed, or a refusal: not_found |
+    # not_leased | lease_expired | leased_by_other
+    status: str
     retry_count: int | None
 
 
@@ -94,6 +96,7 @@ class CheckedAck:
     status: str  # as AckOutcome.status
     retry_count: int | None
     applied: bool  # False: it only reported what was already so
+    reason: str | None  # why nothing changed (queen.ack_reason); None when it applied
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -197,6 +200,19 @@ def ack_checked(conn: Connection, acks: Sequence[Mapping[str, Any]]) -> list[Che
     """Apply acknowledgments as ack does; each outcome also says whether it applied."""
     params = {"acks": orjson.dumps(list(acks), default=str).decode()}
     return [CheckedAck(*row) for row in _rows(conn, "ack_checked", params)]
+
+
+def applied_before(
+    conn: Connection, acks: Sequence[Mapping[str, Any]], pushed: Sequence[str]
+) -> bool:
+    """Tell whether these acknowledgments, and pushes of these transactionIds, were all
+    applied before by one transaction (queen.ack_applied_before)."""
+    params = {
+        "txids": [a["transactionId"] for a in acks],
+        "groups": [a.get("consumerGroup") for a in acks],
+        "pushed": list(pushed),
+    }
+    return bool(_scalar(conn, "ack_applied_before", params))
 
 
 def queues_of(conn: Connection, transaction_ids: Sequence[str]) -> dict[str, str]:

@@ -40,9 +40,13 @@ SELECT queen.retention(%(limit)s)
 -- analyze_tables: analyze the store's tables that changed enough --
 SELECT queen.analyze_tables(%(min_changes)s)
 
--- ack_checked: apply acknowledgments and say which ones changed something --
-SELECT idx, transaction_id, consumer_group, status, retry_count, applied
+-- ack_checked: apply acknowledgments and say which ones changed something, and why not --
+SELECT idx, transaction_id, consumer_group, status, retry_count, applied,
+       queen.ack_reason(status, applied)
 FROM queen.ack_checked(%(acks)s::jsonb)
+
+-- ack_applied_before: whether a transaction's acks and pushes were applied by one before --
+SELECT queen.ack_applied_before(%(txids)s::text[], %(groups)s::text[], %(pushed)s::text[])
 
 -- group_summaries: groups of a queue (or every queue, or one group) with bounded backlogs --
 SELECT consumer_group, queue, subscription_mode, subscription_from, joined_at, partitions,

@@ -137,43 +137,144 @@ END
 $$;
 
 -- What an acknowledgment of message p_id does, given the group's row c and queue q:
--- a leaseId that is not the lease -> lease_expired; already done -> its status; outside
--- the lease -> lease_expired; acked failed before in this lease -> retry_scheduled;
--- else completed, or a failure: retry_scheduled, dead_letter or failed (retryLimit counts
--- retries after the first delivery).
+-- already done -> its status (completed, or its failure for good: dead_letter / failed);
+-- under the lease named (or the current one, when the item names none) -> completed, or
+-- a failure: retry_scheduled, dead_letter or failed (retryLimit counts retries after the
+-- first delivery); acked failed before in this lease -> retry_scheduled; else a refusal
+-- (queen.ack_refusal). applied: it changed something, rather than reporting what was
+-- already so; queen.ack_reason names why not.
 CREATE OR REPLACE FUNCTION queen.ack_decide(c queen.consumers, q queen.queues,
                                             p_id bigint, p_wanted text, p_lease uuid,
                                             p_tries integer)
 RETURNS TABLE (status text, applied boolean)
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN p_lease IS NOT NULL AND p_lease IS DISTINCT FROM c.lease_id THEN 'lease_expired'
         WHEN p_id <= c.cursor_id OR p_id = ANY (c.done_ids) THEN coalesce(
             (SELECT f.status FROM queen.failures f
              WHERE f.partition_id = c.partition_id AND f.consumer_group = c.consumer_group
                AND f.message_id = p_id AND f.status <> 'retry'), 'completed')
-        WHEN c.lease_id IS NULL OR p_id > c.lease_last_id THEN 'lease_expired'
+        WHEN c.lease_id IS NULL OR p_id > c.lease_last_id OR p_lease <> c.lease_id
+            THEN queen.ack_refusal(c, p_id, p_wanted, p_lease)
         WHEN p_id = ANY (c.lease_acked) THEN 'retry_scheduled'
         WHEN p_wanted = 'completed' THEN 'completed'
         WHEN p_tries + 1 <= q.retry_limit THEN 'retry_scheduled'
         WHEN q.dlq_after_max_retries THEN 'dead_letter'
         ELSE 'failed' END,
-    NOT (p_lease IS NOT NULL AND p_lease IS DISTINCT FROM c.lease_id)
-        AND NOT coalesce(p_id <= c.cursor_id OR p_id = ANY (c.done_ids), false)
+    NOT coalesce(p_id <= c.cursor_id OR p_id = ANY (c.done_ids), false)
         AND c.lease_id IS NOT NULL AND p_id <= c.lease_last_id
+        AND (p_lease IS NULL OR p_lease = c.lease_id)
         AND NOT p_id = ANY (c.lease_acked)
+$$;
+
+-- Why an acknowledgment of message p_id, not done for the group, cannot apply (only an
+-- acknowledgment that does not apply gets here): a failed ack of a message waiting for
+-- its redelivery after a failure, under no live lease -> retry_scheduled (the failure
+-- is recorded already: an ack sent again after its answer was lost); a leaseId other
+-- than the live lease that holds the message -> leased_by_other; no leaseId, or the
+-- lease named does not hold the message -> not_leased; a leaseId that is no longer the
+-- partition's lease -> lease_expired.
+CREATE OR REPLACE FUNCTION queen.ack_refusal(c queen.consumers, p_id bigint, p_wanted text,
+                                             p_lease uuid)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN c.partition_id IS NULL THEN 'not_leased'  -- (the group never read the partition)
+        WHEN p_wanted = 'failed'
+             AND NOT coalesce(p_id <= c.lease_last_id AND c.lease_expires_at > now(), false)
+             AND EXISTS (SELECT 1 FROM queen.failures f
+                         WHERE f.partition_id = c.partition_id
+                           AND f.consumer_group = c.consumer_group
+                           AND f.message_id = p_id AND f.status = 'retry')
+            THEN 'retry_scheduled'
+        WHEN p_id <= c.lease_last_id AND c.lease_expires_at > now() AND p_lease <> c.lease_id
+            THEN 'leased_by_other'
+        WHEN p_lease IS NULL OR p_lease = c.lease_id THEN 'not_leased'
+        ELSE 'lease_expired' END
+$$;
+
+-- Why an acknowledgment changed nothing (NULL: it applied). A message done before gets
+-- already_completed, or already_failed when its failure was recorded before (status
+-- dead_letter, failed, or retry_scheduled); a refusal is its status (not_found,
+-- not_leased, lease_expired, leased_by_other).
+CREATE OR REPLACE FUNCTION queen.ack_reason(p_status text, p_applied boolean)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_applied THEN NULL
+                ELSE CASE p_status WHEN 'completed' THEN 'already_completed'
+                                   WHEN 'retry_scheduled' THEN 'already_failed'
+                                   WHEN 'dead_letter' THEN 'already_failed'
+                                   WHEN 'failed' THEN 'already_failed'
+                                   ELSE p_status END END
+$$;
+
+-- When a message's acknowledgment by a group was recorded, for an acknowledgment that
+-- found it done before (status: what it found): the completion that covers it, or its
+-- failure; NULL when none tells (a seek moved the cursor over it), and for a refusal.
+CREATE OR REPLACE FUNCTION queen.acknowledged_at(p_txid text, p_group text, p_status text)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT CASE queen.ack_reason(p_status, false)
+        WHEN 'already_completed' THEN
+            (SELECT k.acked_at FROM queen.completions k
+             WHERE k.partition_id = m.partition_id AND k.consumer_group = p_group
+               AND k.last_id >= m.id AND k.first_id <= m.id
+             ORDER BY k.last_id LIMIT 1)
+        WHEN 'already_failed' THEN
+            (SELECT f.failed_at FROM queen.failures f
+             WHERE f.partition_id = m.partition_id AND f.consumer_group = p_group
+               AND f.message_id = m.id)
+        END
+    FROM queen.messages m WHERE m.transaction_id = p_txid
+$$;
+
+-- Whether a transaction's acknowledgments (messages p_txids, for groups p_groups: NULL
+-- for queue mode) and pushes (p_pushed: the transactionIds it pushes) were all applied
+-- before by one transaction: every message acked has a record (a completion that covers
+-- it, or its failure) of one transaction time, the time each pushed message was stored
+-- with (now() is its transaction's start, the same for all it writes). A transaction sent
+-- again after its answer was lost is then answered so, instead of refused for its own
+-- acknowledgments. Asked only of a transaction with an acknowledgment that did not apply.
+CREATE OR REPLACE FUNCTION queen.ack_applied_before(p_txids text[], p_groups text[],
+                                                    p_pushed text[])
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    WITH acked AS (
+        SELECT u.k, m.partition_id, m.id, coalesce(u.grp, '__queue__') AS grp
+        FROM unnest(p_txids, p_groups) WITH ORDINALITY u(txid, grp, k)
+        JOIN queen.messages m ON m.transaction_id = u.txid
+    ), recorded AS (
+        SELECT a.k, r.at FROM acked a CROSS JOIN LATERAL (
+            SELECT k.acked_at AS at
+            FROM (SELECT k.acked_at, k.first_id FROM queen.completions k
+                  WHERE k.partition_id = a.partition_id AND k.consumer_group = a.grp
+                    AND k.last_id >= a.id
+                  ORDER BY k.last_id LIMIT 64) k  -- (the calls of a retry's few seconds)
+            WHERE k.first_id <= a.id
+            UNION
+            SELECT f.failed_at FROM queen.failures f
+            WHERE f.partition_id = a.partition_id AND f.consumer_group = a.grp
+              AND f.message_id = a.id) r
+    ), pushed AS (
+        SELECT m.created_at FROM unnest(p_pushed) p(txid)
+        JOIN queen.messages m ON m.transaction_id = p.txid
+    )
+    SELECT (SELECT count(*) FROM acked) = cardinality(p_txids)
+       AND (SELECT count(*) FROM pushed) = coalesce(cardinality(p_pushed), 0)
+       AND EXISTS (SELECT 1 FROM recorded r GROUP BY r.at
+                   HAVING count(DISTINCT r.k) = cardinality(p_txids)
+                      AND NOT EXISTS (SELECT 1 FROM pushed p WHERE p.created_at <> r.at))
 $$;
 
 -- Acknowledge a batch: items {"transactionId", "status": "completed"|"failed", "error",
 -- "consumerGroup" (default queue mode), "leaseId" (optional: without it, the current
 -- lease of the message's partition and group)}. One outcome per item, in no particular
 -- order (idx: its position, from 1): completed / retry_scheduled (with retryCount) /
--- dead_letter / failed / lease_expired / not_found, and whether it changed something
--- (applied) or only reported what was already so (a message done before, or acked
--- before in its lease). The items are read once; the common call (one group's whole
--- lease completed) is decided as a set (queen.ack_lease); otherwise each message
--- is looked up once, and when all are in one partition for one group its outcomes are
--- the group's own. Items of several partitions (a fused call of several consumers' acks)
+-- dead_letter / failed, or a refusal (not_found, not_leased, lease_expired,
+-- leased_by_other), and whether it changed something (applied) or only reported what
+-- was already so (a message done before, or acked before in its lease). The items are
+-- read once; the common call (one group's whole lease completed) is decided as a set
+-- (queen.ack_lease); otherwise each message is looked up once, and when all are in one
+-- partition for one group its outcomes are the group's own. Items of several partitions (a fused call of several consumers' acks)
 -- are taken per partition and group, each decided as a set where it can be.
 -- Composable: no commit, the caller's transaction holds it all. One plan per session for
 -- each statement it runs (plan_cache_mode: see queen.push).
@@ -307,12 +408,27 @@ $$;
 
 -- queen.ack_rows for the ack routes, whose caller wakes long polls itself once the
 -- acks committed: the wake-up payloads (see queen.wake) come on the first row,
--- NULL when there are none. One plan per session (plan_cache_mode).
-CREATE OR REPLACE FUNCTION queen.ack_items(p_txids text[], p_groups text[],
-                                           p_wanted text[], p_errors text[],
-                                           p_leases text[])
+-- NULL when there are none. acknowledged_at: now for an acknowledgment that applied;
+-- for one that found its message done before, when that was recorded (when known);
+-- reason: why nothing changed (queen.ack_reason), looked up only for those.
+-- One plan per session (plan_cache_mode).
+-- (An earlier build's returned no reason: a changed result type cannot be replaced, so
+-- that one is dropped, once; the current one is replaced in place as any other.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure(
+                         'queen.ack_items(text[], text[], text[], text[], text[])')
+                 AND NOT 'reason' = ANY (p.proargnames)) THEN
+        DROP FUNCTION IF EXISTS queen.ack(jsonb);
+        DROP FUNCTION queen.ack_items(text[], text[], text[], text[], text[]);
+    END IF;
+END
+$$;
+CREATE OR REPLACE FUNCTION queen.ack_items(p_txids text[], p_groups text[], p_wanted text[],
+                                p_errors text[], p_leases text[])
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
-               acknowledged_at timestamptz, wakes text[])
+               acknowledged_at timestamptz, reason text, wakes text[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     decided queen.ack_outcome[];
@@ -329,7 +445,10 @@ BEGIN
     END IF;
     ignored := set_config('queen.wakes', '', true);
     RETURN QUERY
-    SELECT d.idx, d.transaction_id, d.status, d.retry_count, now(),
+    SELECT d.idx, d.transaction_id, d.status, d.retry_count,
+           CASE WHEN d.applied THEN now()
+                ELSE queen.acknowledged_at(d.transaction_id, d.consumer_group, d.status) END,
+           CASE WHEN NOT d.applied THEN queen.ack_reason(d.status, d.applied) END,
            CASE WHEN d.idx = 1 AND cardinality(woken) > 0 THEN woken END
     FROM unnest(decided) d ORDER BY d.idx;
 END
@@ -338,7 +457,7 @@ $$;
 -- queen.ack_items of a JSON array of the items.
 CREATE OR REPLACE FUNCTION queen.ack(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
-               acknowledged_at timestamptz, wakes text[])
+               acknowledged_at timestamptz, reason text, wakes text[])
 LANGUAGE sql AS $$
     SELECT a.* FROM queen.ack_columns(p_acks) i
     CROSS JOIN LATERAL queen.ack_items(i.txids, i.groups, i.wanted, i.errors,

@@ -388,7 +388,7 @@ def test_ack_batch(url: str) -> None:
     assert doc["results"] == [
         {"transactionId": f"{name}-0", "status": "completed"},
         {"transactionId": f"{name}-1", "status": "dead_letter"},
-        {"transactionId": "unknown-" + name, "status": "not_found"},
+        {"transactionId": "unknown-" + name, "status": "not_found", "reason": "not_found"},
         {"transactionId": f"{name}-2", "status": "completed"},
     ]
 
@@ -869,12 +869,12 @@ def test_an_ack_under_a_stale_lease_is_refused_and_changes_nothing(srv):
 
     refused = ack(srv, old[0])
     assert refused.status_code == 409
-    assert "error" in refused.json()
+    assert "error" in refused.json() and refused.json()["reason"] == "leased_by_other"
     batch = requests.post(f"{srv.url}{API}/ack/batch", timeout=10, json={"acknowledgments": [
         {"transactionId": m["transactionId"], "status": "completed", "leaseId": m["leaseId"],
          "consumerGroup": "g"} for m in old]})
     assert batch.status_code == 200
-    assert [r["status"] for r in batch.json()["results"]] == ["lease_expired"] * 2
+    assert [r["status"] for r in batch.json()["results"]] == ["leased_by_other"] * 2
 
     # Nothing changed: the current lease still holds both messages, and its acks apply.
     assert [ack(srv, m).json()["status"] for m in new] == ["completed", "completed"]

@@ -88,8 +88,14 @@ def test_a_pipeline_stage_consumes_a_and_produces_b_exactly_once(module_server, 
     assert push["messages"][0]["status"] == "queued"
     assert stored(conn, f"{q}-out") == [{"from": 0}]
     assert lifecycle.pop(conn, f"{q}-in") == []  # consumed
-    # The same stage sent again (its answer lost, say) applies nothing a second time.
-    assert_error(transaction(module_server, *stage), 409, operation=0)
+    # The same stage sent again (its answer lost, say) applies nothing a second time, and
+    # says it was applied before.
+    again = transaction(module_server, *stage)
+    assert again.status_code == 200, again.text
+    assert again.json()["alreadyApplied"] is True
+    ack, push = again.json()["results"]
+    assert (ack["status"], ack["reason"]) == ("completed", "already_completed")
+    assert push["messages"][0]["status"] == "duplicate"
     assert stored(conn, f"{q}-out") == [{"from": 0}]
 
 

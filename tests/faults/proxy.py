@@ -74,3 +74,35 @@ class Proxy:
         self.frozen.clear()
         self.listener.close()
         self.reset()
+
+
+class AnswerDropper(Proxy):
+    """A Proxy in front of an HTTP server whose drop_next_answer() loses the next answer:
+    the request reaches the server and is handled, then its client's connection is reset
+    instead of getting the answer (the "applied, answer lost" case)."""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.dropping = threading.Event()
+        self.dropped = 0
+        super().__init__(target_port, target_host)
+
+    def drop_next_answer(self) -> None:
+        self.dropping.set()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        with self._lock:
+            answers = any(src is server for _, server in self._pairs)
+        if not answers:
+            super()._pipe(src, dst)
+            return
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if self.dropping.is_set():
+                    self.dropping.clear()
+                    self.dropped += 1
+                    break
+                dst.sendall(data)
+        for sock in (dst, src):  # the client gets a RST, not an answer
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()

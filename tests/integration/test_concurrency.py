@@ -503,8 +503,8 @@ QUEUE_MODE_STATUSES = (
         # the lease expired past retryLimit 0: the message is dead-lettered, and stays so
         ("expire", "completed", "dead_letter", [("r0", "dead_letter"), ("r1", "dead_letter")]),
         # the lease given back: outside any lease, an ack changes nothing, counts no retry
-        ("give back", "completed", "lease_expired", [("r0", "pending"), ("r1", "pending")]),
-        ("give back", "failed", "lease_expired", [("r0", "pending"), ("r1", "pending")]),
+        ("give back", "completed", "not_leased", [("r0", "pending"), ("r1", "pending")]),
+        ("give back", "failed", "not_leased", [("r0", "pending"), ("r1", "pending")]),
     ],
 )
 def test_an_ack_racing_an_operator_change_decides_on_what_was_committed(

@@ -198,7 +198,7 @@ def test_fused_acks_decide_each_request_on_its_own(fstore: Store) -> None:
     assert fstore.sizes[-2:] == [("ack", 1), ("ack", 3)]  # type: ignore[attr-defined]
     assert [[(r.position, r.status) for r in results] for results in outcomes] == [
         [(1, "completed")],
-        [(1, "lease_expired")],
+        [(1, "leased_by_other")],
         [(1, "completed"), (2, "not_found")],
         [(1, "retry_scheduled"), (2, "completed")],
     ]

@@ -72,11 +72,12 @@ def test_checked_acks_say_what_applied(conn: Conn) -> None:
     acks = [{"transactionId": d.transaction_id, "status": "completed",
              "leaseId": str(d.lease_id)} for d in got]
     first = lifecycle.ack_checked(conn, acks[:1])
-    assert [(o.status, o.applied) for o in first] == [("completed", True)]
+    assert [(o.status, o.applied, o.reason) for o in first] == [("completed", True, None)]
     again = lifecycle.ack_checked(conn, acks[:1] + [{"transactionId": "nope", "status": "completed"}])
-    assert [(o.status, o.applied) for o in again] == [("completed", False), ("not_found", False)]
+    assert [(o.status, o.applied, o.reason) for o in again] == [
+        ("completed", False, "already_completed"), ("not_found", False, "not_found")]
     stale = dict(acks[1], leaseId="00000000-0000-0000-0000-000000000000")
-    assert [(o.status, o.applied) for o in lifecycle.ack_checked(conn, [stale])] == [
-        ("lease_expired", False)]
+    assert [(o.status, o.applied, o.reason) for o in lifecycle.ack_checked(conn, [stale])] == [
+        ("leased_by_other", False, "leased_by_other")]
     assert lifecycle.queues_of(conn, [d.transaction_id for d in got] + ["nope"]) == {
         d.transaction_id: "q" for d in got}

@@ -203,13 +203,15 @@ def test_stale_ack_changes_nothing(conn: Conn) -> None:
     expire_leases_now(conn)
     new = lifecycle.pop(conn, "q", batch=2, worker="fast")
     before = conn.execute("SELECT * FROM queen.consumers").fetchall()
-    outcomes = ack_all(conn, old)
-    assert [o.status for o in outcomes] == ["lease_expired", "lease_expired"]
-    assert ack_all(conn, old, status="failed")[0].status == "lease_expired"
+    outcomes = ack_all(conn, old)  # the messages went to another consumer
+    assert [o.status for o in outcomes] == ["leased_by_other", "leased_by_other"]
+    assert ack_all(conn, old, status="failed")[0].status == "leased_by_other"
     assert conn.execute("SELECT * FROM queen.consumers").fetchall() == before
     assert [o.status for o in ack_all(conn, new)] == ["completed", "completed"]
-    # Once done, a late ack of the old lease still changes nothing.
-    assert ack_all(conn, old)[0].status == "lease_expired"
+    # Once done, a late ack of the old lease still changes nothing: it reports them done.
+    done = conn.execute("SELECT * FROM queen.consumers").fetchall()
+    assert ack_all(conn, old)[0].status == "completed"
+    assert conn.execute("SELECT * FROM queen.consumers").fetchall() == done
 
 
 def test_ack_without_lease_id_uses_the_current_lease(conn: Conn) -> None:
@@ -220,7 +222,7 @@ def test_ack_without_lease_id_uses_the_current_lease(conn: Conn) -> None:
         {"transactionId": "q-Default-1", "status": "completed"},  # not leased
         {"transactionId": "missing", "status": "completed"},
     ])
-    assert [o.status for o in outcomes] == ["completed", "lease_expired", "not_found"]
+    assert [o.status for o in outcomes] == ["completed", "not_leased", "not_found"]
     # Acking a done message again reports it done.
     assert lifecycle.ack(conn, [{"transactionId": "q-Default-0", "status": "failed"}])[0].status == (
         "completed")
@@ -509,5 +511,5 @@ def test_an_ack_that_is_not_its_whole_lease_is_decided_one_by_one(conn: Conn) ->
     rest = [{"transactionId": got[1].transaction_id, "status": "completed", "leaseId": lease},
             {"transactionId": "q-Default-2", "status": "completed", "leaseId": lease}]
     outcomes, called = ack_calls(conn, rest)  # one of them outside the lease
-    assert [o.status for o in outcomes] == ["completed", "lease_expired"]
+    assert [o.status for o in outcomes] == ["completed", "not_leased"]
     assert numbers(lifecycle.pop(conn, "q")) == [2]

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from queen.client import calls, errors
-from queen.client.models import Message, uuid7
+from queen.client.models import AckResult, Message, uuid7
 from queen.client.transport import RetryPolicy, base_urls, headers
 
 MESSAGE = Message.from_json({
@@ -102,3 +102,28 @@ def test_urls_and_token_come_from_arguments_or_the_environment(monkeypatch):
     assert headers("other")["Authorization"] == "Bearer other"
     monkeypatch.delenv("QUEEN_TOKEN")
     assert "Authorization" not in headers(None)
+
+
+def test_a_409_is_typed_by_its_reason():
+    for reason, cls in [("not_leased", errors.NotLeased), ("lease_expired", errors.LeaseExpired),
+                        ("leased_by_other", errors.LeasedByOther),
+                        ("already_completed", errors.AlreadyAcknowledged),
+                        ("already_failed", errors.AlreadyAcknowledged)]:
+        error = errors.error_for(409, {"error": "no", "reason": reason})
+        assert type(error) is cls and isinstance(error, errors.Conflict)
+        assert error.reason == reason
+    assert type(errors.error_for(409, {"error": "no"})) is errors.Conflict
+    assert errors.error_for(409, {"error": "no"}).reason is None
+    assert type(errors.error_for(409, {"reason": "unheard_of"})) is errors.Conflict
+
+
+def test_an_ack_result_says_whether_it_applied():
+    done = AckResult.from_json({"transactionId": "t", "status": "completed"})
+    again = AckResult.from_json(
+        {"transactionId": "t", "status": "completed", "reason": "already_completed"})
+    assert (done.applied, done.reason) == (True, None)
+    assert (again.applied, again.reason) == (False, "already_completed")
+
+
+def test_a_transaction_is_sent_again_after_a_lost_answer():
+    assert calls.transaction([{"type": "ack", "transactionId": "t"}]).resend is True
