@@ -224,6 +224,15 @@ def _add_read_routes(app: falcon.App, store: Store, measure: MetricsMiddleware) 
     app.add_route(f"{m}/{{txid}}/retry", admin.MessageRetryResource(store))
     app.add_route(f"{m}/{{txid}}/dlq", admin.MessageDeadLetterResource(store))
     app.add_route(f"{m}/{{txid}}/related", admin.RelatedMessagesResource(store))
+    by_id = {
+        "": admin.MessageResource(store),
+        "/retry": admin.MessageRetryResource(store),
+        "/dlq": admin.MessageDeadLetterResource(store),
+        "/related": admin.RelatedMessagesResource(store),
+    }
+    for suffix, resource in by_id.items():  # (by partition id and transactionId)
+        app.add_route(f"{m}/{{txid}}/{{scoped}}{suffix}", admin.InPartition(store, resource))
+    app.add_route(f"{API}/dlq", admin.DeadLettersResource(store))
     app.add_route(f"{API}/queues/{{queue}}/clear", admin.ClearQueueResource(store))
 
     r = f"{API}/resources"

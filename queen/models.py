@@ -63,6 +63,7 @@ class Popped(NamedTuple):
     lease_time: int
     retry_limit: int
     trace_id: str | None = None  # the producer's W3C traceparent, when it sent one
+    partition_id: uuid.UUID | None = None  # the partition's id (partitionId)
 
 
 class PushResult(NamedTuple):

@@ -1,4 +1,5 @@
-"""Message management (API.md section 6): list, get, delete, retry, DLQ, related, clear."""
+"""Message management (API.md section 6): list, get, delete, retry, DLQ, related, clear;
+the dead letters (GET /dlq)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import orjson
 
 from queen.analytics import STATUSES
 from queen.api import auth, send_json, validation
+from queen.api.groups import group_name
 from queen.errors import InvalidInput, NotFound
 from queen.models import iso
 from queen.store import Store
-from queen.store.admin import MessageFilter, RelatedMessage, StoredMessage
+from queen.store.admin import DeadLetter, MessageFilter, RelatedMessage, StoredMessage
+from queen.store.lifecycle import QUEUE_MODE
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -43,6 +46,7 @@ def message_json(m: StoredMessage) -> dict[str, Any]:
         "queuePath": f"{m.queue}/{m.partition}",
         "queue": m.queue,
         "partition": m.partition,
+        "partitionId": m.partition_id,
         "namespace": m.namespace,
         "task": m.task,
         "payload": orjson.Fragment(m.payload),
@@ -158,6 +162,79 @@ class RelatedMessagesResource:
         auth.check_messages(req, self.store, [txid])
         related = self.store.admin.related(txid, limit)
         send_json(resp, {"messages": [related_json(m) for m in related]})
+
+
+class InPartition:
+    """/messages/{partitionId}/{transactionId}[/...]: a message route of the original
+    Queen's clients, which name a message by its partition's id too. The message's own
+    route (resource) answers, once the message is known to be in that partition."""
+
+    def __init__(self, store: Store, resource: object) -> None:
+        self.store = store
+        for method in ("get", "post", "delete"):
+            responder = getattr(resource, f"on_{method}", None)
+            if responder is not None:
+                setattr(self, f"on_{method}", self._scoped(responder))
+
+    def _scoped(self, responder: Any) -> Any:
+        def on_request(
+            req: falcon.Request, resp: falcon.Response, txid: str, scoped: str
+        ) -> None:
+            partition = validation.partition_id(txid, "partitionId")
+            message = self.store.admin.get(transaction_id(scoped))
+            if message.partition_id != partition:
+                raise NotFound(f"message {scoped!r} not found in partition {txid!r}")
+            responder(req, resp, scoped)
+
+        return on_request
+
+
+class DeadLettersResource:
+    """GET /dlq?queue=&consumerGroup=&limit=&offset=: dead-lettered messages, most
+    recently dead-lettered first, with how many there are in all."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        params = req.params
+        queue = validation.name(params.get("queue"), "queue", required=False)
+        raw_group = params.get("consumerGroup") or None
+        group = None if raw_group is None else group_name(raw_group, "consumerGroup")
+        limit = validation.int_param(params, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        offset = validation.int_param(params, "offset", 0, 0, validation.MAX_INT)
+        if queue is not None:
+            auth.check_queue(req, queue)
+        else:
+            auth.check_all_queues(req)
+        total, page = self.store.admin.dead_letters(queue, group, limit, offset)
+        if not total and queue is not None and not self.store.queues.exists(queue):
+            raise NotFound(f"queue {queue!r} not found")
+        send_json(
+            resp,
+            {
+                "messages": [dead_letter_json(m) for m in page],
+                "total": total,
+                "limit": limit,
+                "offset": offset,
+            },
+        )
+
+
+def dead_letter_json(m: DeadLetter) -> dict[str, Any]:
+    return {
+        "id": m.id,
+        "transactionId": m.transaction_id,
+        "queue": m.queue,
+        "partition": m.partition,
+        "partitionId": m.partition_id,
+        "consumerGroup": None if m.consumer_group == QUEUE_MODE else m.consumer_group,
+        "data": orjson.Fragment(m.payload),
+        "errorMessage": m.error,
+        "retryCount": m.retry_count,
+        "dlqTimestamp": iso(m.failed_at),
+        "createdAt": iso(m.created_at),
+    }
 
 
 class ClearQueueResource:

@@ -88,9 +88,22 @@ POLICY: dict[str, dict[str, Rule]] = {
     f"{API}/messages/{{txid}}/retry": {"POST": ADMIN_RESOURCE},
     f"{API}/messages/{{txid}}/dlq": {"POST": ADMIN_RESOURCE},
     f"{API}/messages/{{txid}}/related": {"GET": (Permission.READ, Scope.RESOURCE)},
+    # (The same routes by partition id and transactionId, as the original Queen's clients
+    # name a message: the first field is the partition's id there.)
+    f"{API}/messages/{{txid}}/{{scoped}}": {
+        "GET": (Permission.READ, Scope.RESOURCE),
+        "DELETE": ADMIN_RESOURCE,
+    },
+    f"{API}/messages/{{txid}}/{{scoped}}/retry": {"POST": ADMIN_RESOURCE},
+    f"{API}/messages/{{txid}}/{{scoped}}/dlq": {"POST": ADMIN_RESOURCE},
+    f"{API}/messages/{{txid}}/{{scoped}}/related": {"GET": (Permission.READ, Scope.RESOURCE)},
+    f"{API}/dlq": {"GET": (Permission.READ, Scope.RESOURCE)},
     f"{API}/queues/{{queue}}/clear": {"DELETE": (Permission.ADMIN, Scope.PATH)},
     f"{API}/resources/queues": {"GET": READ_ALL},
-    f"{API}/resources/queues/{{queue}}": {"GET": (Permission.READ, Scope.PATH)},
+    f"{API}/resources/queues/{{queue}}": {
+        "GET": (Permission.READ, Scope.PATH),
+        "DELETE": (Permission.ADMIN, Scope.PATH),
+    },
     f"{API}/resources/partitions": {"GET": READ_QUERY},
     f"{API}/resources/namespaces": {"GET": READ_ALL},
     f"{API}/resources/tasks": {"GET": READ_ALL},

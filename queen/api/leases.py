@@ -50,4 +50,6 @@ class LeaseExtendResource:
         expires = self.store.leases.extend(wanted, seconds(read_body(req)))
         if expires is None:
             raise NotFound(f"lease {lease!r} not found, ended or expired")
-        send_json(resp, {"leaseId": str(wanted), "leaseExpiresAt": iso(expires)})
+        stamp = iso(expires)
+        # (newExpiresAt: the same, for clients of the original Queen, which read that.)
+        send_json(resp, {"leaseId": str(wanted), "leaseExpiresAt": stamp, "newExpiresAt": stamp})

@@ -62,6 +62,7 @@ def message_json(m: Popped, stamp: Callable[[dt.datetime], str | None] = iso) ->
         "transactionId": m.transaction_id,
         "queue": m.queue,
         "partition": m.partition,
+        "partitionId": m.partition_id,
         "data": orjson.Fragment(m.payload),
         "retryCount": m.retry_count,
         "priority": m.priority,
@@ -189,10 +190,23 @@ class PopResource:
         resp.set_stream(ClaimedBody(body, lambda: self.poller.release(messages)), len(body))
 
 
-def ack_json(r: AckResult) -> dict[str, Any]:
+# The reason of an ack that found its message already as it asked (an ack sent again).
+ALREADY = {"completed": "already_completed", "failed": "already_failed"}
+
+
+def ack_json(r: AckResult, wanted: str) -> dict[str, Any]:
     """Shape an ack result as API.md 3.2: a reason when nothing changed, and then, for a
-    message acknowledged before, when that was (when known)."""
-    doc: dict[str, Any] = {"transactionId": r.transaction_id, "status": r.status}
+    message acknowledged before, when that was (when known).
+
+    success: the message is now as the ack (wanted: its status) asked, by this ack or by
+    an earlier sending of it; false for every ack refused or that found the message
+    acknowledged otherwise. (Clients of the original Queen read it.)
+    """
+    doc: dict[str, Any] = {
+        "transactionId": r.transaction_id,
+        "status": r.status,
+        "success": r.reason is None or r.reason == ALREADY[wanted],
+    }
     if r.status == "retry_scheduled":
         doc["retryCount"] = r.retry_count
     if r.reason is not None:
@@ -227,20 +241,22 @@ class AckResource:
         auth.check_messages(req, self.store, [ack["transactionId"]])
         (result,) = self.store.messages.ack([ack])
         if result.reason is not None:
-            self._unchanged(resp, result)
+            self._unchanged(resp, result, ack["status"])
             return
         self.hub.publish(formats.ACKED, [ack], [result])
         req.context.messages = ("acked", 1)
-        send_json(resp, {**ack_json(result), "acknowledgedAt": iso(result.acknowledged_at)})
+        doc = {**ack_json(result, ack["status"]), "acknowledgedAt": iso(result.acknowledged_at)}
+        send_json(resp, doc)
 
-    def _unchanged(self, resp: falcon.Response, result: AckResult) -> None:
+    def _unchanged(self, resp: falcon.Response, result: AckResult, wanted: str) -> None:
         """Answer an ack that changed nothing: 200 for a message acknowledged before (an
         ack sent again after its answer was lost), 404 or 409 with its reason otherwise."""
         if result.status == "not_found":
             raise NotFound(f"message {result.transaction_id!r} not found")
         text = REFUSED.get(result.reason or "")
         if text is None:
-            send_json(resp, {**ack_json(result), "acknowledgedAt": iso(result.acknowledged_at)})
+            doc = {**ack_json(result, wanted), "acknowledgedAt": iso(result.acknowledged_at)}
+            send_json(resp, doc)
             return
         doc = {
             "error": text.format(txid=result.transaction_id),
@@ -278,7 +294,7 @@ class AckBatchResource:
         answer = {
             "processed": len(found),
             "acknowledgedAt": iso(now),
-            "results": [ack_json(r) for r in results],
+            "results": [ack_json(r, a["status"]) for r, a in zip(results, acks, strict=True)],
         }
         if then is None or self.pop is None:
             send_json(resp, answer)

@@ -50,7 +50,8 @@ class QueuesResource:
 
 
 class QueueResource:
-    """GET /resources/queues/{queue}: the queue, its options and every partition."""
+    """GET /resources/queues/{queue}: the queue, its options and every partition;
+    DELETE: the queue, with its messages, partitions and consumer groups (admin)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -92,6 +93,12 @@ class QueueResource:
                 "totals": counts_json(q.totals),
             },
         )
+
+    def on_delete(self, req: falcon.Request, resp: falcon.Response, queue: str) -> None:
+        name = validation.name(queue, "queue")
+        assert name is not None
+        deleted = self.store.admin.delete_queue(name)
+        send_json(resp, {"deleted": True, "queue": name, "messages": deleted})
 
 
 def counts_json(counts: Counts) -> dict[str, int]:

@@ -1,10 +1,11 @@
 """POST /transaction: acks and pushes, applied together or not at all.
 
 Body: {"operations": [{"type": "ack", "transactionId", "status", "error"?,
-"consumerGroup"?, "leaseId"?} | {"type": "push", "items": [...]}, ...]}. At most
-max_batch operations, and at most max_batch acks and push items together (the limits of
-one push or one ack batch). 200 {"committed": true, "results": [one per operation]}; with "alreadyApplied": true
-when an earlier sending of the same transaction committed it (nothing changed now).
+"consumerGroup"?, "leaseId"?, "partitionId"?} | {"type": "push", "items": [...]}, ...]}.
+At most max_batch operations, and at most max_batch acks and push items together (the
+limits of one push or one ack batch). 200 {"committed": true, "success": true, "results":
+[one per operation]}; with "alreadyApplied": true when an earlier sending of the same
+transaction committed it (nothing changed now).
 An operation that cannot be applied fails the whole request, naming it:
 {"error": "operations[i]...", "operation": i} with 400 (invalid), 404 (unknown
 message), 409 (an ack's "reason": not_leased, lease_expired, leased_by_other,
@@ -70,6 +71,10 @@ def _ack(op: dict[str, Any], index: int) -> AckOperation:
     lease = op.get("leaseId")
     if lease is not None:
         ack["leaseId"] = _lease_id(lease, index)
+    try:
+        validation.partition_id(op.get("partitionId"), "partitionId")
+    except InvalidInput as exc:
+        raise OperationFailed(index, InvalidInput, _where(index, exc.message)) from None
     return AckOperation(index, ack)
 
 
@@ -194,7 +199,8 @@ class TransactionResource:
                 doc["reason"] = exc.code
             send_json(resp, doc, STATUS_OF.get(exc.reason, 400))
             return
-        answer: dict[str, Any] = {"committed": True}
+        # (success: the same, for clients of the original Queen, which read that.)
+        answer: dict[str, Any] = {"committed": True, "success": True}
         if already_applied:
             answer["alreadyApplied"] = True
         else:

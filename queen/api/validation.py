@@ -114,9 +114,18 @@ def push_items(doc: Mapping[str, Any], raw: bytes, max_items: int) -> list[dict[
 
 def acknowledgments(doc: Mapping[str, Any], max_items: int) -> list[dict[str, Any]]:
     """Check an ack batch: {"acknowledgments": [{"transactionId", "status", "error"?,
-    "consumerGroup"?, "leaseId"?}]}."""
+    "consumerGroup"?, "leaseId"?, "partitionId"?}], "consumerGroup"?}.
+
+    The body's consumerGroup is that of the items that name none (an item's own wins).
+    """
     items = _items(doc, "acknowledgments", max_items)
-    return [_acknowledgment(item, i) for i, item in enumerate(items)]
+    acks = [_acknowledgment(item, i) for i, item in enumerate(items)]
+    group = doc.get("consumerGroup")
+    if group is not None:
+        group = name(group, "consumerGroup")
+        for ack in acks:
+            ack.setdefault("consumerGroup", group)
+    return acks
 
 
 NEXT_FIELDS = (
@@ -165,7 +174,7 @@ def next_pop(doc: Mapping[str, Any]) -> dict[str, str] | None:
 
 def acknowledgment(item: Any) -> dict[str, Any]:
     """Check one ack: {"transactionId", "status": "completed"|"failed", "error"?,
-    "consumerGroup"?, "leaseId"?}."""
+    "consumerGroup"?, "leaseId"?, "partitionId"?}."""
     return _acknowledgment(item, None)
 
 
@@ -194,7 +203,17 @@ def _acknowledgment(item: Any, index: int | None) -> dict[str, Any]:
     lease = item.get("leaseId")
     if lease is not None:
         ack["leaseId"] = str(_uuid(lease, f"{_ack_where(index)}.leaseId"))
+    partition_id(item.get("partitionId"), f"{_ack_where(index)}.partitionId")
     return ack
+
+
+def partition_id(value: Any, field: str) -> uuid.UUID | None:
+    """Check a message's partitionId, which clients of the original Queen send with it.
+
+    A transactionId is unique in the whole server, so it alone names the message: the
+    partition's id is checked for form only (docs/DECISIONS.md).
+    """
+    return None if value is None else _uuid(value, field)
 
 
 def _uuid(value: Any, field: str) -> uuid.UUID:

@@ -59,6 +59,24 @@ class StoredMessage:
     lease_expires_at: dt.datetime | None
     options: dict[str, Any] | None = None
     producer: str | None = None  # the pushing token's name; only for a single get
+    partition_id: uuid.UUID | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A dead-lettered message, for one group (queue mode: QUEUE_MODE), payload decrypted."""
+
+    id: uuid.UUID
+    transaction_id: str
+    queue: str
+    partition: str
+    partition_id: uuid.UUID
+    consumer_group: str
+    payload: str
+    error: str | None
+    retry_count: int
+    failed_at: dt.datetime
+    created_at: dt.datetime
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,6 +126,7 @@ class Admin:
             lease_expires_at=row["lease_expires_at"],
             options=options_from_row(row) if with_options else None,
             producer=row.get("producer"),
+            partition_id=row.get("partition_id"),
         )
 
     def page(self, where: MessageFilter, limit: int, offset: int) -> list[StoredMessage]:
@@ -183,6 +202,41 @@ class Admin:
     def dead_letter(self, transaction_id: str) -> None:
         """Move a pending or failed message to queue mode's dead letter queue."""
         self._act("dead_letter_message", transaction_id, DEAD_LETTERABLE, "moved to the DLQ")
+
+    def dead_letters(
+        self, queue: str | None, group: str | None, limit: int, offset: int
+    ) -> tuple[int, list[DeadLetter]]:
+        """Return how many messages are dead-lettered (of queue and group; None: any) and
+        one page of them, most recently dead-lettered first."""
+        params = {"queue": queue, "group": group, "limit": limit, "offset": offset}
+        with self.reads.session() as session:
+            (count,) = session.rows("read_dead_letter_count", params)
+            rows = session.rows("read_dead_letters", params, raw_json=True) if count["total"] else []
+        page = [
+            DeadLetter(
+                id=row["id"],
+                transaction_id=row["transaction_id"],
+                queue=row["queue"],
+                partition=row["partition"],
+                partition_id=row["partition_id"],
+                consumer_group=row["consumer_group"],
+                payload=self._payload(row),
+                error=row["error"],
+                retry_count=row["retry_count"],
+                failed_at=row["failed_at"],
+                created_at=row["created_at"],
+            )
+            for row in rows
+        ]
+        return int(count["total"]), page
+
+    def delete_queue(self, queue: str) -> int:
+        """Delete a queue with its messages, partitions and consumer groups; return how
+        many messages went with it."""
+        deleted = self._value("delete_queue", {"queue": queue})
+        if deleted is None:
+            raise NotFound(f"queue {queue!r} not found")
+        return int(deleted)
 
     def clear(self, queue: str, partition: str | None) -> int:
         """Delete every message of a queue (or of one partition); return how many."""

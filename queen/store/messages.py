@@ -108,7 +108,7 @@ def _popped_of_pops(cursor: Cursor[Any]) -> RowMaker[tuple[int, Popped]]:
         s = first
         return values[0], make((
             values[1], values[2], s[3], s[4], values[5], values[6], values[7], s[8],
-            values[9], s[10], s[11], s[12], s[13], s[14], values[15],
+            values[9], s[10], s[11], s[12], s[13], s[14], values[15], s[16],
         ))
 
     return row

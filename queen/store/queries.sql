@@ -10,7 +10,7 @@ CROSS JOIN LATERAL queen.push(
     %(producer)s) p
 
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped --
--- What the messages of one pop share (queue, partition, priority, lockedAt, the lease, the options) comes on its first row only, NULL on the others: formatting and loading those eight values again on every row is a large share of what psycopg spends loading a row.
+-- What the messages of one pop share (queue, partition, its id, priority, lockedAt, the lease, the options) comes on its first row only, NULL on the others: formatting and loading those nine values again on every row is a large share of what psycopg spends loading a row.
 SELECT x.pop, (x.message).id, (x.message).transaction_id,
        CASE WHEN x.first THEN (x.message).queue END AS queue,
        CASE WHEN x.first THEN (x.message).partition END AS partition,
@@ -22,7 +22,8 @@ SELECT x.pop, (x.message).id, (x.message).transaction_id,
        CASE WHEN x.first THEN (x.message).lease_expires_at END AS lease_expires_at,
        CASE WHEN x.first THEN (x.message).lease_time END AS lease_time,
        CASE WHEN x.first THEN (x.message).retry_limit END AS retry_limit,
-       (x.message).trace_id
+       (x.message).trace_id,
+       CASE WHEN x.first THEN (x.message).partition_id END AS partition_id
 FROM (SELECT m.pop, m.message, m.pop IS DISTINCT FROM lag(m.pop) OVER () AS first
       FROM queen.pop_many(%(pops)s::jsonb) m) x
 
@@ -513,3 +514,29 @@ ORDER BY x.ord
 
 -- lease_queue: the queue a live lease is on --
 SELECT queen.lease_queue(%(lease)s)
+
+-- delete_queue: delete a queue with its messages, partitions and groups; the number of messages deleted, NULL when it does not exist --
+SELECT queen.delete_queue(%(queue)s) AS deleted
+
+-- read_dead_letter_count: how many messages are dead-lettered, of a queue (NULL: any) and group (NULL: any, queue mode included) --
+SELECT count(*) AS total
+FROM queen.failures f
+JOIN queen.partitions p ON p.id = f.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+WHERE f.status = 'dead_letter'
+  AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
+  AND (%(group)s::text IS NULL OR f.consumer_group = %(group)s)
+
+-- read_dead_letters: one page of dead-lettered messages, most recently dead-lettered first, with their group, error and retries --
+SELECT queen.message_uuid(m.id, m.created_at) AS id, m.transaction_id, q.name AS queue,
+       p.name AS partition, p.id AS partition_id, f.consumer_group, m.payload, m.encrypted,
+       f.error, f.retry_count, f.failed_at, m.created_at
+FROM queen.failures f
+JOIN queen.partitions p ON p.id = f.partition_id
+JOIN queen.queues q ON q.id = p.queue_id
+JOIN queen.messages m ON m.partition_id = f.partition_id AND m.id = f.message_id
+WHERE f.status = 'dead_letter'
+  AND (%(queue)s::text IS NULL OR q.name = %(queue)s)
+  AND (%(group)s::text IS NULL OR f.consumer_group = %(group)s)
+ORDER BY f.failed_at DESC, f.partition_id, f.message_id DESC
+LIMIT %(limit)s OFFSET %(offset)s

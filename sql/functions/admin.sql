@@ -270,3 +270,30 @@ BEGIN
     RETURN cleared;
 END
 $$;
+
+-- Delete a queue: its messages, every group's records of them, its partitions, cursors,
+-- leases, counts and consumer groups. Each partition's push lock is taken first (in id
+-- order, waiting for pushes in flight), so no push commits into a partition being
+-- removed; a push that comes after finds no queue and makes it again, as for any new
+-- queue. Returns the number of messages deleted; NULL when the queue does not exist.
+CREATE OR REPLACE FUNCTION queen.delete_queue(p_queue text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    q       queen.queues;
+    targets uuid[];
+    deleted bigint;
+BEGIN
+    SELECT * INTO q FROM queen.queues x WHERE x.name = p_queue FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    targets := ARRAY(SELECT p.id FROM queen.partitions p WHERE p.queue_id = q.id ORDER BY p.id);
+    PERFORM pg_advisory_xact_lock(queen.push_lock_key(x)) FROM unnest(targets) x;
+    DELETE FROM queen.failures f WHERE f.partition_id = ANY (targets);
+    DELETE FROM queen.completions k WHERE k.partition_id = ANY (targets);
+    DELETE FROM queen.messages m WHERE m.partition_id = ANY (targets);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    DELETE FROM queen.queues x WHERE x.id = q.id;  -- (partitions and the rest by their keys)
+    RETURN deleted;
+END
+$$;

@@ -195,6 +195,20 @@ $$;
 -- statistics.
 DROP FUNCTION IF EXISTS queen.pop(text, text, text, text, text, text, integer, text, text,
                                    timestamptz, uuid, text);
+-- (An earlier build's returned no partition_id: a changed result type cannot be replaced,
+-- so that one is dropped, once; the current one is replaced in place as any other.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure(
+                         'queen.pop(text, text, text, text, text, text, integer, text, text,'
+                         ' timestamptz, uuid, text, uuid[])')
+                 AND NOT 'partition_id' = ANY (p.proargnames)) THEN
+        DROP FUNCTION queen.pop(text, text, text, text, text, text, integer, text, text,
+                                timestamptz, uuid, text, uuid[]);
+    END IF;
+END
+$$;
 CREATE OR REPLACE FUNCTION queen.pop(
     p_kind text, p_queue text, p_partition text, p_namespace text, p_task text,
     p_group text, p_batch integer, p_worker text, p_mode text, p_from timestamptz,
@@ -202,7 +216,8 @@ CREATE OR REPLACE FUNCTION queen.pop(
 RETURNS TABLE (id bigint, transaction_id text, queue text, partition text, payload jsonb,
                encrypted boolean, producer text, trace_id text, retry_count integer,
                created_at timestamptz, lease_id uuid, lease_expires_at timestamptz,
-               priority integer, lease_time integer, retry_limit integer)
+               priority integer, lease_time integer, retry_limit integer,
+               partition_id uuid)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
@@ -357,7 +372,8 @@ BEGIN
                CASE WHEN b.id <= c.retried_max  -- (a message of it may have been retried)
                     THEN queen.retries_of(candidate, p_group, b.id, c.retried_max)
                     ELSE 0 END,
-               b.created_at, lease, expires, q.priority, q.lease_time, q.retry_limit
+               b.created_at, lease, expires, q.priority, q.lease_time, q.retry_limit,
+               candidate
         FROM batch b
         ORDER BY b.id;
         IF FOUND THEN
@@ -479,7 +495,7 @@ BEGIN
                ROW(queen.message_uuid(d.id, d.created_at), d.transaction_id, d.queue,
                    d.partition, d.payload, d.encrypted, d.retry_count, d.priority,
                    d.created_at, now(), d.lease_id, d.lease_expires_at, d.lease_time,
-                   d.retry_limit, d.trace_id)::queen.popped
+                   d.retry_limit, d.trace_id, d.partition_id)::queen.popped
         FROM queen.pop(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
                        r.batch, r.worker, r.mode, r.since, r.lease, r.prefer,
                        CASE WHEN r.kind = 'queue' THEN ranking END) d;
@@ -552,7 +568,7 @@ BEGIN
                          (SELECT p.name FROM queen.partitions p WHERE p.id = b.partition_id),
                          b.payload, b.encrypted, b.retries, q.priority, b.created_at, now(),
                          p_leases[b.j], expires, q.lease_time, q.retry_limit,
-                         b.trace_id)::queen.popped
+                         b.trace_id, b.partition_id)::queen.popped
                      ORDER BY b.j, b.id)
     INTO pops, messages
     FROM batch b;

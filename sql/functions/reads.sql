@@ -166,12 +166,24 @@ $$;
 -- record holding it (the first ending at or after it: one probe; NULL when that one does
 -- not start by it, as for messages a seek passed), failure fields and retryCount from
 -- its failure record.
+-- (An earlier build's returned no partition_id: a changed result type cannot be replaced,
+-- so that one is dropped, once.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure('queen.message_rows(uuid[], bigint[])')
+                 AND NOT 'partition_id' = ANY (p.proargnames)) THEN
+        DROP FUNCTION queen.message_rows(uuid[], bigint[]);
+    END IF;
+END
+$$;
 CREATE OR REPLACE FUNCTION queen.message_rows(p_partitions uuid[], p_ids bigint[])
 RETURNS TABLE (id uuid, message_id bigint, transaction_id text, queue text, partition text,
                namespace text, task text, payload jsonb, encrypted boolean, status text,
                worker_id text, created_at timestamptz, locked_at timestamptz,
                completed_at timestamptz, failed_at timestamptz, error_message text,
-               retry_count integer, lease_expires_at timestamptz, producer text)
+               retry_count integer, lease_expires_at timestamptz, producer text,
+               partition_id uuid)
 LANGUAGE sql STABLE AS $$
     SELECT queen.message_uuid(m.id, m.created_at), m.id, m.transaction_id, q.name,
            p.name, q.namespace, q.task, m.payload, m.encrypted, s.status,
@@ -188,7 +200,7 @@ LANGUAGE sql STABLE AS $$
            CASE WHEN s.status <> 'completed' OR f.status <> 'retry' THEN f.error END,
            coalesce(f.retry_count, 0),
            CASE WHEN s.status = 'processing' THEN c.lease_expires_at END,
-           m.producer
+           m.producer, m.partition_id
     FROM unnest(p_partitions, p_ids) WITH ORDINALITY t(partition_id, id, ord)
     JOIN queen.messages m ON m.partition_id = t.partition_id AND m.id = t.id
     JOIN queen.partitions p ON p.id = m.partition_id

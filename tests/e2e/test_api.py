@@ -386,10 +386,11 @@ def test_ack_batch(url: str) -> None:
     doc = r.json()
     assert doc["processed"] == 3
     assert doc["results"] == [
-        {"transactionId": f"{name}-0", "status": "completed"},
-        {"transactionId": f"{name}-1", "status": "dead_letter"},
-        {"transactionId": "unknown-" + name, "status": "not_found", "reason": "not_found"},
-        {"transactionId": f"{name}-2", "status": "completed"},
+        {"transactionId": f"{name}-0", "status": "completed", "success": True},
+        {"transactionId": f"{name}-1", "status": "dead_letter", "success": True},
+        {"transactionId": "unknown-" + name, "status": "not_found", "success": False,
+         "reason": "not_found"},
+        {"transactionId": f"{name}-2", "status": "completed", "success": True},
     ]
 
 
@@ -403,7 +404,8 @@ def test_ack_batch_reports_retry_scheduled(url: str) -> None:
         timeout=10,
     )
     assert r.json()["results"] == [
-        {"transactionId": f"{name}-r", "status": "retry_scheduled", "retryCount": 1}
+        {"transactionId": f"{name}-r", "status": "retry_scheduled", "success": True,
+         "retryCount": 1}
     ]
 
 

@@ -160,6 +160,22 @@ def test_queue_page_shows_partitions_and_saves_options_and_clears(browser, site)
     assert api(site, "GET", "/resources/queues/billing").json()["totals"]["pending"] == 0
 
 
+def test_queue_delete_asks_first_then_deletes_the_queue(browser, site):
+    push(site, {"queue": "doomed", "payload": {"n": 1}})
+    visit(browser, site, "#/queue/doomed")
+    click(browser, "#delete-queue")
+    wait_until(lambda: browser.execute_script("return document.getElementById('confirm').open"),
+               what="the confirmation dialog")
+    assert "doomed" in text_of(browser, "#confirm")
+    click(browser, "#confirm-no")  # asked, refused: nothing happens
+    assert api(site, "GET", "/resources/queues/doomed").status_code == 200
+    click(browser, "#delete-queue")
+    confirm(browser)
+    wait_until(lambda: browser.execute_script("return location.hash") == "#/",
+               what="the overview, once deleted")
+    assert api(site, "GET", "/resources/queues/doomed").status_code == 404
+
+
 def test_message_browser_filters_pages_and_shows_a_message(browser, site):
     ids = push(site, *({"queue": "letters", "partition": "a", "payload": {"n": i, "to": "x@y"}}
                        for i in range(60)))
@@ -405,7 +421,7 @@ def test_a_reader_sees_no_action_buttons(browser, secured):
     assert not find_all(browser, "#view-page button.retry, #view-page button.delete, #retry-all")
     visit(browser, srv, "#/queue/guarded")
     wait_until(lambda: find_all(browser, "#options-form"), what="the options")
-    assert not find_all(browser, "#clear-queue, #save-options")
+    assert not find_all(browser, "#clear-queue, #delete-queue, #save-options")
     assert all(not f.is_enabled() for f in find_all(browser, "#options-form input"))
     visit(browser, srv, f"#/message/{dead}")
     wait_until(lambda: text_of(browser, "#payload"), what="the payload")

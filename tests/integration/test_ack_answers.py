@@ -75,10 +75,11 @@ def test_an_ack_sent_again_answers_already_completed_with_its_first_time(
     assert "reason" not in first.json
     row = consumers(conn)
     # With the lease (now ended), without it, and as a failure: 200, nothing changes.
-    for again in (ack(client, "a", m["leaseId"]), ack(client, "a"),
-                  ack(client, "a", status="failed")):
+    # (success: the message is as the ack asked; not for the failed one.)
+    for again, success in ((ack(client, "a", m["leaseId"]), True), (ack(client, "a"), True),
+                           (ack(client, "a", status="failed"), False)):
         assert again.status_code == 200, again.text
-        assert again.json == {"transactionId": "a", "status": "completed",
+        assert again.json == {"transactionId": "a", "status": "completed", "success": success,
                               "reason": "already_completed",
                               "acknowledgedAt": first.json["acknowledgedAt"]}
     assert consumers(conn) == row

@@ -42,6 +42,7 @@ def roles(*names: str) -> frozenset[str]:
 
 ADMIN = roles("admin")
 A = "/api/v1"
+NO_PARTITION = "00000000-0000-0000-0000-000000000000"
 ROUTES: dict[tuple[str, str], Case] = {
     ("POST", f"{A}/push"): Case(
         f"{A}/push", roles("producer", "admin"), {"items": [{"queue": "qa", "payload": 1}]}
@@ -114,9 +115,25 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", f"{A}/messages/{{txid}}/retry"): Case(f"{A}/messages/none/retry", ADMIN),
     ("POST", f"{A}/messages/{{txid}}/dlq"): Case(f"{A}/messages/none/dlq", ADMIN),
     ("GET", f"{A}/messages/{{txid}}/related"): Case(f"{A}/messages/none/related", READERS),
+    # (By partition id and transactionId, as the original Queen's clients name a message.)
+    ("GET", f"{A}/messages/{{txid}}/{{scoped}}"): Case(f"{A}/messages/{NO_PARTITION}/none", READERS),
+    ("DELETE", f"{A}/messages/{{txid}}/{{scoped}}"): Case(
+        f"{A}/messages/{NO_PARTITION}/none", ADMIN
+    ),
+    ("POST", f"{A}/messages/{{txid}}/{{scoped}}/retry"): Case(
+        f"{A}/messages/{NO_PARTITION}/none/retry", ADMIN
+    ),
+    ("POST", f"{A}/messages/{{txid}}/{{scoped}}/dlq"): Case(
+        f"{A}/messages/{NO_PARTITION}/none/dlq", ADMIN
+    ),
+    ("GET", f"{A}/messages/{{txid}}/{{scoped}}/related"): Case(
+        f"{A}/messages/{NO_PARTITION}/none/related", READERS
+    ),
+    ("GET", f"{A}/dlq"): Case(f"{A}/dlq?queue=qa", READERS),
     ("DELETE", f"{A}/queues/{{queue}}/clear"): Case(f"{A}/queues/qa/clear", ADMIN),
     ("GET", f"{A}/resources/queues"): Case(f"{A}/resources/queues", READERS),
     ("GET", f"{A}/resources/queues/{{queue}}"): Case(f"{A}/resources/queues/qa", READERS),
+    ("DELETE", f"{A}/resources/queues/{{queue}}"): Case(f"{A}/resources/queues/qa", ADMIN),
     ("GET", f"{A}/resources/partitions"): Case(f"{A}/resources/partitions", READERS),
     ("GET", f"{A}/resources/namespaces"): Case(f"{A}/resources/namespaces", READERS),
     ("GET", f"{A}/resources/tasks"): Case(f"{A}/resources/tasks", READERS),

@@ -206,7 +206,8 @@
       ? el("div", { class: "controls" },
         Q.link(`#/messages?${qs({ queue: queue.name })}`, "Browse messages", { class: "button" }),
         Q.link(`#/dead-letters?${qs({ queue: queue.name })}`, "Dead letters", { class: "button" }),
-        button("Clear queue…", () => clearQueue(queue.name, box, refresh), { class: "danger", id: "clear-queue" }))
+        button("Clear queue…", () => clearQueue(queue.name, box, refresh), { class: "danger", id: "clear-queue" }),
+        button("Delete queue…", () => deleteQueue(queue.name, box), { class: "danger", id: "delete-queue" }))
       : el("div", { class: "controls" },
         Q.link(`#/messages?${qs({ queue: queue.name })}`, "Browse messages", { class: "button" }),
         Q.link(`#/dead-letters?${qs({ queue: queue.name })}`, "Dead letters", { class: "button" }));
@@ -327,6 +328,17 @@
       count = (await api(`/api/v1/queues/${enc(name)}/clear`, { method: "DELETE" })).count;
     }, "", refresh);
     if (!box.querySelector(".error")) Q.notice(box, "ok", `Cleared ${Q.num(count)} messages from ${name}.`);
+  }
+
+  async function deleteQueue(name, box) {
+    const question = `Delete queue ${name} with all its messages, partitions and consumer groups? This cannot be undone.`;
+    if (!(await Q.confirm(question, "Delete queue"))) return;
+    let deleted = false;
+    await act(box, async () => {
+      await api(`/api/v1/resources/queues/${enc(name)}`, { method: "DELETE" });
+      deleted = true;
+    }, "", null);
+    if (deleted) location.hash = "#/"; // (the queue's page has nothing left to show)
   }
 
   // -- message browser ----------------------------------------------------------------
