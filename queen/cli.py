@@ -23,6 +23,7 @@ from queen.config import (
     env_table,
     log_level,
 )
+from queen.server.claims import CLAIMS_ENV
 from queen.server.status import STATE_ENV
 from queen.server.supervisor import Supervisor
 
@@ -111,6 +112,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     children.append(("gunicorn", [sys.executable, "-m", "gunicorn", "-c", GUNICORN_CONFIG]))
     state_dir = tempfile.mkdtemp(prefix="queen-serve-")  # the children's states, for /health
     env[STATE_ENV] = os.path.join(state_dir, "children.json")
+    # Kept across gunicorn restarts: claims of workers of a master that died are given
+    # back by the next one (queen.server.claims).
+    env.setdefault(CLAIMS_ENV, os.path.join(state_dir, "claims"))
     # The API serves without maintenance: only gunicorn's crash loop stops the server.
     supervisor = Supervisor(children, env, essential={"gunicorn"}, state_path=env[STATE_ENV])
     signal.signal(signal.SIGTERM, supervisor.stop)

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from queen.config import SettingError, Settings, check_exposure
-from queen.server import multiproc
+from queen.server import claims, multiproc
 
 __all__ = [  # what gunicorn reads: settings and server hooks
     "wsgi_app", "bind", "workers", "worker_class", "worker_connections", "preload_app",
@@ -28,6 +28,7 @@ try:
 except SettingError as exc:
     sys.exit(f"queen: {exc}")
 _metrics_dir = multiproc.prepare()  # before any worker imports prometheus_client
+_claims_dir = claims.prepare()  # where workers keep their unanswered claims
 
 wsgi_app = "queen.wsgi:get_app()"
 bind = [f"{_settings.host}:{_settings.port}"]
@@ -77,7 +78,9 @@ def worker_exit(server: Any, worker: Any) -> None:
 
 def child_exit(server: Any, worker: Any) -> None:
     multiproc.forget_worker(worker.pid)
+    claims.worker_died(worker.pid)  # its pops claimed and never answered go back
 
 
 def on_exit(server: Any) -> None:
     multiproc.remove(_metrics_dir)
+    claims.remove(_claims_dir)

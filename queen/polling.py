@@ -133,12 +133,22 @@ class LongPoller:
             return min(timeout_s, float(flags.max_wait_s))
         return timeout_s
 
+    def delivered(self, messages: Sequence[Popped]) -> None:
+        """Note that messages' answer reached the client's socket (their claim is theirs)."""
+        self.store.messages.claims.end({m.lease_id for m in messages})
+
     def release(self, messages: Sequence[Popped]) -> None:
         """Give back the leases of messages popped for a response that never reached the
         client (a pop is one lease; the whole lease goes back)."""
         leases: dict[uuid.UUID, int] = {}
         for message in messages:
             leases[message.lease_id] = leases.get(message.lease_id, 0) + 1
+        try:
+            self._give_back(leases)
+        finally:
+            self.store.messages.claims.end(leases)
+
+    def _give_back(self, leases: dict[uuid.UUID, int]) -> None:
         for lease_id, count in leases.items():
             try:
                 released = self.store.polling.unclaim(lease_id)
@@ -204,16 +214,22 @@ class ClaimedBody:
     """A WSGI body that gives its claimed messages back unless the server took all of it.
 
     The server writes each chunk it gets and asks for the next: being asked again after
-    the only chunk proves its write returned (the bytes are with the kernel). If the
-    write failed, or the server never iterated, close() (always called, PEP 3333) runs
-    on_undelivered.
+    the only chunk proves its write returned (the bytes are with the kernel), and runs
+    on_delivered. If the write failed, or the server never iterated, close() (always
+    called, PEP 3333) runs on_undelivered.
     """
 
-    __slots__ = ("_body", "_delivered", "_on_undelivered")
+    __slots__ = ("_body", "_delivered", "_on_delivered", "_on_undelivered")
 
-    def __init__(self, body: bytes, on_undelivered: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        body: bytes,
+        on_undelivered: Callable[[], None],
+        on_delivered: Callable[[], None] = lambda: None,
+    ) -> None:
         self._body: bytes | None = body
         self._delivered = False
+        self._on_delivered = on_delivered
         self._on_undelivered = on_undelivered
 
     def __iter__(self) -> Iterator[bytes]:
@@ -222,7 +238,9 @@ class ClaimedBody:
     def __next__(self) -> bytes:
         body = self._body
         if body is None:
-            self._delivered = True
+            if not self._delivered:
+                self._delivered = True
+                self._on_delivered()
             raise StopIteration
         self._body = None
         return body

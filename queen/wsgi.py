@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from queen.config import Settings
+from queen.server import claims
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def get_app() -> Any:
     settings = Settings.from_env()
     logging.basicConfig(level=settings.log_level.upper())
     store = Store.from_settings(settings)
+    store.messages.claims = claims.for_this_worker()  # for the master, should we die
     store.open()
     events = Events(settings.dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)
     hub = Hub.from_settings(settings, store.dashboard)

@@ -187,7 +187,14 @@ class PopResource:
             resp.set_header("Connection", "close")  # lets the worker exit promptly
         resp.status = falcon.HTTP_200
         resp.content_type = falcon.MEDIA_JSON
-        resp.set_stream(ClaimedBody(body, lambda: self.poller.release(messages)), len(body))
+        resp.set_stream(
+            ClaimedBody(
+                body,
+                on_undelivered=lambda: self.poller.release(messages),
+                on_delivered=lambda: self.poller.delivered(messages),
+            ),
+            len(body),
+        )
 
 
 # The reason of an ack that found its message already as it asked (an ack sent again).

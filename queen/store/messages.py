@@ -33,6 +33,7 @@ from queen import crypto
 from queen.errors import InvalidInput, QueenError
 from queen.fusion import Fuser, Observe, Trace, split, untraced
 from queen.models import AckResult, Popped, PopRoute, PushResult
+from queen.server.claims import NOWHERE, InFlight
 from queen.store.db import LARGE_CALL_BYTES, Database, text_array
 from queen.store.giveback import GiveBacks
 from queen.store.lifecycle import QUEUE_MODE
@@ -169,6 +170,9 @@ class Messages:
         self.after_push = wakeups.pushed
         self.after_ack = wakeups.freed
         self.give_backs = GiveBacks(db)
+        # Pops claimed and not answered yet, for the master to give back if we die
+        # (queen.server.claims); the API ends each once its answer is delivered.
+        self.claims: InFlight = NOWHERE
         # Called with the pop's connection once its statement ran (tests break it there).
         self.after_pop_statement: AfterExecute | None = None
         # fused_calls 0: no fusion, every request its own call.
@@ -287,7 +291,14 @@ class Messages:
             "lease": str(lease),
             "prefer": prefer if route.kind == "queue" else None,
         }
-        rows: list[Popped] = self._pops.submit(_Pop(params, lease))
+        self.claims.begin(lease)
+        try:
+            rows: list[Popped] = self._pops.submit(_Pop(params, lease))
+        except BaseException:
+            self.claims.end((lease,))  # (a claim lost with its connection: give_backs')
+            raise
+        if not rows:
+            self.claims.end((lease,))
         return [self._decrypt(row) if row.encrypted else row for row in rows]
 
     def _pop_call(self, pops: list[_Pop]) -> list[list[Popped]]:
