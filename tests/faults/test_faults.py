@@ -210,3 +210,35 @@ def test_slowloris_and_idle_floods(db_dsn: str, tmp_path: Path) -> None:
         run.fault_over()
         assert_survived(run.finish("2,000 idle and 200 slowloris connections for 15 s"))
 
+
+
+def _acks_per_s(run: Run, start: float, end: float) -> float:
+    """Acks the consumers confirmed per second between two times (wall clock, as they
+    record them)."""
+    times = [e["t"] for c in run.consumers for e in c.events() if "a" in e]
+    return sum(start <= t < end for t in times) / (end - start)
+
+
+@pytest.mark.faults
+def test_a_snapshot_held_for_15_s(db_dsn: str, tmp_path: Path) -> None:
+    """An idle-in-transaction session holding a snapshot (a report left open, a stuck
+    client): vacuum cannot remove what it might still see, so dead rows pile up under
+    the consumer rows every pop and ack update. Queen keeps serving, and its ack rate
+    while the snapshot is held is recorded beside the rate before it."""
+    import psycopg
+
+    with running(db_dsn, tmp_path) as run:
+        time.sleep(3)
+        before = _acks_per_s(run, time.time() - 3, time.time())
+        with psycopg.connect(db_dsn) as holder:
+            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            holder.execute("SELECT count(*) FROM queen.consumers").fetchone()
+            held_at = time.time()
+            time.sleep(15)
+            during = _acks_per_s(run, held_at, time.time())
+            holder.rollback()
+        run.notes["acks_per_s_before"] = round(before, 1)
+        run.notes["acks_per_s_while_held"] = round(during, 1)
+        run.fault_over()
+        assert_survived(run.finish("a snapshot held for 15 s (idle in transaction)"))
+        assert during > 0, "no ack confirmed while the snapshot was held"
