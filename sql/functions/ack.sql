@@ -136,6 +136,111 @@ BEGIN
 END
 $$;
 
+-- The fused call, decided as a set: items of several (partition, group) pairs (p_parts,
+-- p_groups, with the message ids p_ids the caller looked up; NULL part: not found, left
+-- out), every one completing a message, each pair's items all of its live lease's
+-- messages, none acked before in it (many consumers, each acking what it popped). The
+-- rows are locked in key order, checked, and written by one statement each (the
+-- completions, the cursors and ended leases, the wake-ups), where deciding pair by pair
+-- costs those statements per pair. NULL when any pair is anything else (a partial or
+-- mixed lease, a lease named that is not the live one, messages done past the lease):
+-- the caller then decides pair by pair.
+CREATE OR REPLACE FUNCTION queen.ack_leases(p_parts uuid[], p_groups text[],
+                                            p_idx integer[], p_txids text[], p_ids bigint[],
+                                            p_errors text[], p_leases text[])
+RETURNS queen.ack_outcome[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    decided queen.ack_outcome[];
+    locked  tid[];
+    pairs   integer;
+    fitting integer;
+    parts   uuid[];
+    groups  text[];
+    cursors bigint[];
+BEGIN
+    -- Lock the pairs' rows in key order, probing the key of each (a join could scan the
+    -- whole table); their ctids name them below (locked, they stay where they are).
+    locked := ARRAY(
+        SELECT x.ctid
+        FROM (SELECT DISTINCT u.part, u.grp FROM unnest(p_parts, p_groups) u(part, grp)
+              WHERE u.part IS NOT NULL ORDER BY 1, 2) k
+        CROSS JOIN LATERAL (SELECT x.ctid FROM queen.consumers x
+                            WHERE x.partition_id = k.part AND x.consumer_group = k.grp
+                            FOR UPDATE) x);
+    WITH i AS (
+        SELECT u.* FROM unnest(p_parts, p_groups, p_idx, p_txids, p_ids, p_errors, p_leases)
+                        u(part, grp, idx, txid, id, error, lease)
+        WHERE u.part IS NOT NULL
+    ), k AS (
+        SELECT i.part, i.grp, count(*) AS n, count(DISTINCT i.id) AS distinct_ids,
+               min(i.id) AS lo, max(i.id) AS hi, array_agg(i.id) AS ids,
+               count(i.lease) AS named, count(DISTINCT i.lease) AS leases,
+               min(i.lease)::uuid AS lease
+        FROM i GROUP BY i.part, i.grp
+    ), c AS MATERIALIZED (
+        SELECT x.* FROM queen.consumers x WHERE x.ctid = ANY (locked)
+    ), fit AS MATERIALIZED (
+        SELECT k.part, k.grp,
+               coalesce(c.lease_id IS NOT NULL AND cardinality(c.lease_acked) = 0
+                        AND c.lease_size = k.n AND k.distinct_ids = k.n
+                        AND k.lo > c.cursor_id AND k.hi <= c.lease_last_id
+                        AND NOT k.ids && c.done_ids
+                        AND NOT EXISTS (SELECT 1 FROM unnest(c.done_ids) d
+                                        WHERE d > c.lease_last_id)
+                        AND (k.named = 0 OR (k.named = k.n AND k.leases = 1
+                                             AND k.lease = c.lease_id)), false) AS fits,
+               c.retried_max
+        FROM k LEFT JOIN c ON c.partition_id = k.part AND c.consumer_group = k.grp
+    )
+    SELECT (SELECT count(*) FROM fit), (SELECT count(*) FROM fit WHERE fit.fits),
+           (SELECT array_agg(ROW(i.idx, i.txid, i.grp, i.id, 'completed',
+                                 CASE WHEN i.id > f.retried_max THEN 0  -- (no retry record)
+                                      ELSE queen.retries_of(i.part, i.grp, i.id,
+                                                            f.retried_max) END,
+                                 i.error, true)::queen.ack_outcome)
+            FROM i JOIN fit f ON f.part = i.part AND f.grp = i.grp)
+    INTO pairs, fitting, decided;
+    IF fitting < pairs OR pairs = 0 THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
+    SELECT u.part, u.grp, min(u.id), max(u.id), count(*)
+    FROM unnest(p_parts, p_groups, p_ids) u(part, grp, id)
+    WHERE u.part IS NOT NULL
+    GROUP BY u.part, u.grp
+    ORDER BY u.part, u.grp;
+    -- Every lease ended with all its messages done: the cursor moves past it (nothing
+    -- done lies beyond it, as checked), as queen.settle_row does for such a lease.
+    WITH ended AS (
+        UPDATE queen.consumers x SET
+            cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
+            lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
+            lease_last_id = NULL, lease_size = NULL, updated_at = now()
+        WHERE x.ctid = ANY (locked)
+        RETURNING x.partition_id, x.consumer_group, x.cursor_id
+    )
+    SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
+    INTO parts, groups, cursors
+    FROM ended e;
+    -- Wake polls for the pairs with messages past their lease (as queen.settle_row;
+    -- nobody to wake while no worker has a poll parked).
+    IF EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        PERFORM queen.send_wakes(ARRAY(
+            SELECT queen.wake_payload(w.queue, w.partition, w.namespace, w.task, k.grp)
+            FROM unnest(parts, groups, cursors) k(part, grp, moved_to)
+            CROSS JOIN LATERAL (SELECT q.name AS queue, p.name AS partition, q.namespace,
+                                       q.task
+                                FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                                WHERE p.id = k.part) w
+            WHERE (SELECT m.id FROM queen.messages m
+                   WHERE m.partition_id = k.part AND m.id > k.moved_to
+                   ORDER BY m.id LIMIT 1) IS NOT NULL));
+    END IF;
+    RETURN decided;
+END
+$$;
+
 -- What an acknowledgment of message p_id does, given the group's row c and queue q:
 -- already done -> its status (completed, or its failure for good: dead_letter / failed);
 -- under the lease named (or the current one, when the item names none) -> completed, or
@@ -335,14 +440,19 @@ BEGIN
             RETURN outcomes;
         END IF;
     ELSE
-        -- Each (partition, group) once, in key order (concurrent calls lock rows alike).
+        IF 'completed' = ALL (p_wanted) THEN  -- (a fused call of whole leases: as a set)
+            outcomes := coalesce(
+                queen.ack_leases(parts, groups, idxs, p_txids, ids, errors, leases), '{}');
+        END IF;
+        -- Otherwise each (partition, group) once, in key order (concurrent calls lock
+        -- rows alike).
         FOR pair IN
             SELECT u.part, u.grp, array_agg(u.idx) AS idxs, array_agg(u.txid) AS txids,
                    array_agg(u.id) AS ids, array_agg(u.wanted) AS wanted,
                    array_agg(u.error) AS errors, array_agg(u.lease) AS leases
             FROM unnest(parts, groups, idxs, p_txids, ids, p_wanted, errors, leases)
                  u(part, grp, idx, txid, id, wanted, error, lease)
-            WHERE u.part IS NOT NULL
+            WHERE u.part IS NOT NULL AND cardinality(outcomes) = 0
             GROUP BY 1, 2 ORDER BY 1, 2
         LOOP
             decided := NULL;
