@@ -235,12 +235,17 @@ BEGIN
 END
 $$;
 
--- One maintenance step: refresh the count rows of up to p_partitions partitions, those
--- refreshed longest ago first, by at most p_step messages each. Returns how many are
--- not caught up yet (run again soon when some are). Its statements and those of the
--- functions it calls keep one plan per session (plan_cache_mode), as the hot path's:
--- PL/pgSQL would plan the walk (queen.activity_walk, inlined) afresh for every
--- partition, which costs more than the walk itself.
+-- One maintenance step: refresh the count rows of up to p_partitions partitions with
+-- something new to count (messages past counted_id, or queue mode's cursor elsewhere
+-- than cursor_counted), those refreshed longest ago first, by at most p_step messages
+-- each. Returns how many are not caught up yet (run again soon when some are). A
+-- partition with nothing new costs two key probes and no write: refreshing every
+-- partition every cycle rewrote each count row (and walked nothing) once a second,
+-- which at a low message rate was a large share of PostgreSQL's work per message.
+-- Its statements and those of the functions it calls keep one plan per session
+-- (plan_cache_mode), as the hot path's: PL/pgSQL would plan the walk
+-- (queen.activity_walk, inlined) afresh for every partition, which costs more than the
+-- walk itself.
 CREATE OR REPLACE FUNCTION queen.count_refresh(p_partitions integer, p_step integer)
 RETURNS integer
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -251,6 +256,12 @@ BEGIN
     FOR picked IN
         SELECT p.id FROM queen.partitions p
         LEFT JOIN queen.partition_counts k ON k.partition_id = p.id
+        WHERE k.partition_id IS NULL
+           OR coalesce((SELECT c.cursor_id FROM queen.consumers c
+                        WHERE c.partition_id = p.id AND c.consumer_group = '__queue__'), 0)
+              <> k.cursor_counted
+           OR coalesce((SELECT m.id FROM queen.messages m WHERE m.partition_id = p.id
+                        ORDER BY m.id DESC LIMIT 1), 0) > k.counted_id
         ORDER BY k.refreshed_at NULLS FIRST, p.id
         LIMIT p_partitions
     LOOP

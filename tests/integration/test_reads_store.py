@@ -493,3 +493,30 @@ def test_a_seek_of_queue_mode_back_and_forward_between_refreshes_keeps_exact_cou
     counts = counts_of(reads, "q")["Default"]
     assert counts == as_counts(listed_partition(reads, "q", "Default"))
     assert counts.dead_letter == 4
+
+
+def test_a_refresh_passes_over_partitions_with_nothing_new(conn: Conn, reads: Store) -> None:
+    """Idle partitions cost no write: their count rows stay as they are until a message
+    arrives or queue mode's cursor moves."""
+    make_queue(conn, "q")
+    push_n(conn, "q", 3, partition="busy")
+    push_n(conn, "q", 3, partition="idle")
+    refresh(conn)
+
+    def versions() -> dict[str, str]:
+        rows = conn.execute(
+            "SELECT p.name, k.xmin::text FROM queen.partition_counts k"
+            " JOIN queen.partitions p ON p.id = k.partition_id").fetchall()
+        return dict(rows)
+
+    before = versions()
+    refresh(conn)
+    assert versions() == before  # nothing new anywhere: nothing rewritten
+    push_n(conn, "q", 2, partition="busy", start=3)
+    refresh(conn)
+    after = versions()
+    assert after["idle"] == before["idle"] and after["busy"] != before["busy"]
+    ack_all(conn, lifecycle.pop(conn, "q", partition="idle", batch=2))
+    refresh(conn)
+    assert versions()["idle"] != after["idle"]  # the cursor moved: counted again
+    assert counts_of(reads, "q")["idle"] == Counts(pending=1, completed=2)
