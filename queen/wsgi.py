@@ -6,6 +6,7 @@ import logging
 import sys
 from typing import Any
 
+from queen import logs
 from queen.config import Settings
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ def get_app() -> Any:
     from queen.tracing import provider_from_env
 
     settings = Settings.from_env()
-    logging.basicConfig(level=settings.log_level.upper())
+    if not logging.getLogger().handlers:  # served by another server than Queen's gunicorn
+        logs.setup("worker", settings.log_level.upper())
     store = Store.from_settings(settings)
     store.open()
     events = Events(settings.dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)
