@@ -323,8 +323,10 @@ def smoke_wheel(tmp: Path) -> None:
 
 @contextlib.contextmanager
 def temp_dir(mode: str) -> Iterator[Path]:
-    # Outside the checkout: as root the embedded PostgreSQL opens every ancestor (o+rx).
+    # mkdtemp makes it 0700; as root the embedded PostgreSQL runs as another user, which
+    # must traverse it to the data directory and the venv's binaries (it opens nothing).
     tmp = Path(tempfile.mkdtemp(prefix=f"queen-smoke-{mode}-"))
+    tmp.chmod(0o711)
     ok = False
     try:
         yield tmp

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import falcon
+from psycopg_pool import PoolClosed
 
 from queen.api import (
     admin,
@@ -107,7 +109,44 @@ class CORSMiddleware:
             resp.set_headers(CORS_HEADERS)
 
 
-def _queen_error(req: falcon.Request, resp: falcon.Response, ex: QueenError, params: Any) -> None:
+class ClosedPool:
+    """Answers requests that meet this worker's database pool closed: the worker is exiting
+    (gunicorn's worker_exit closes the pool, and a request may still run then, in a worker
+    whose master died too). 503 as in an outage, but logged as what it is, once per worker
+    at INFO (the next ones at DEBUG), without a traceback."""
+
+    def __init__(self) -> None:
+        self.logged = False
+
+    @staticmethod
+    def caused(ex: BaseException | None) -> bool:
+        """Tell whether ex, or an exception it was raised from, is the pool's PoolClosed."""
+        while ex is not None:
+            if isinstance(ex, PoolClosed):
+                return True
+            ex = ex.__cause__
+        return False
+
+    def answer(self, req: falcon.Request, resp: falcon.Response) -> None:
+        log.log(
+            logging.DEBUG if self.logged else logging.INFO,
+            "%s %s answered 503: this worker is shutting down (its database pool is closed)",
+            req.method, req.path,
+        )
+        self.logged = True
+        resp.set_header("Retry-After", "1")
+        send_json(resp, {"error": SHUTTING_DOWN}, 503)
+
+
+SHUTTING_DOWN = "this server worker is shutting down; retry (another worker or server answers)"
+
+
+def _queen_error(
+    closed: ClosedPool, req: falcon.Request, resp: falcon.Response, ex: QueenError, params: Any
+) -> None:
+    if closed.caused(ex):
+        closed.answer(req, resp)
+        return
     status = next((s for cls, s in STATUS_OF.items() if isinstance(ex, cls)), falcon.HTTP_400)
     if isinstance(ex, Unavailable):
         log.warning("%s %s: %s (%r)", req.method, req.path, ex.message, ex.__cause__)
@@ -124,7 +163,12 @@ def _http_error(
         resp.set_headers(ex.headers)
 
 
-def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+def _unexpected(
+    closed: ClosedPool, req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any
+) -> None:
+    if closed.caused(ex):
+        closed.answer(req, resp)
+        return
     log.exception("%s %s failed", req.method, req.path)
     send_json(resp, {"error": "internal server error"}, 500)
 
@@ -160,9 +204,10 @@ def create_app(
         store.trace_calls(tracing.fused_call_spans(tracer))
     app = falcon.App(middleware=middleware)
     app.req_options.strip_url_path_trailing_slash = True
-    app.add_error_handler(Exception, _unexpected)
+    closed = ClosedPool()
+    app.add_error_handler(Exception, functools.partial(_unexpected, closed))
     app.add_error_handler(falcon.HTTPError, _http_error)
-    app.add_error_handler(QueenError, _queen_error)
+    app.add_error_handler(QueenError, functools.partial(_queen_error, closed))
 
     batch = settings.max_batch
     pop = PopResource(poller, batch, settings.default_timeout_ms, settings.max_timeout_ms, hub)

