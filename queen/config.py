@@ -47,7 +47,17 @@ class Settings:
         "DB_TIMEOUT", 5000, "ms to wait for a pooled connection before answering 503", least=1
     )
     statement_timeout_ms: int = _s(
-        "QUEEN_STATEMENT_TIMEOUT", 30000, "statement_timeout of API connections (ms)", least=0
+        "QUEEN_STATEMENT_TIMEOUT",
+        30000,
+        "statement_timeout of admin actions off the hot path (ms)",
+        least=0,
+    )
+    hot_path_timeout_ms: int = _s(
+        "QUEEN_HOT_PATH_TIMEOUT",
+        5000,
+        "statement_timeout of push, pop, ack, lease and transaction calls (ms); past it"
+        " plus 2 s the call's connection is cut and the request answers 503",
+        least=0,
     )
     host: str = _s("HOST", "127.0.0.1", "address to listen on")
     port: int = _s("PORT", 6632, "port to listen on", least=1, most=65535)

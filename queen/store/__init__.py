@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from queen.config import Settings
+from queen.errors import Unavailable
 from queen.fusion import Observe, Trace
 from queen.store.admin import Admin
 from queen.store.analytics import Analytics
 from queen.store.dashboard import Dashboard, MessagePlace
-from queen.store.db import Database
+from queen.store.db import READ_ONLY, Database
 from queen.store.groups import ConsumerGroups
 from queen.store.leases import Leases
 from queen.store.messages import FUSED_CALLS, Messages
@@ -47,6 +48,7 @@ class Store:
             pool_size=settings.db_pool_size,
             timeout_s=settings.db_timeout_ms / 1000,
             statement_timeout_ms=settings.statement_timeout_ms,
+            hot_path_timeout_ms=settings.hot_path_timeout_ms,
             application_name=application_name,
         )
         return cls(db, settings.encryption_key, settings.fused_calls)
@@ -74,7 +76,9 @@ class Store:
 
     def ping(self) -> None:
         """Raise Unavailable unless the database answers."""
-        self.db.fetch("ping")
+        ((writable,),) = self.db.fetch("ping")
+        if not writable:
+            raise Unavailable(READ_ONLY)
 
     def schema_problem(self) -> str | None:
         """Return why the database's schema is not this build's, None when it is."""

@@ -169,8 +169,10 @@ class Admin:
         ]
 
     def _value(self, name: str, params: dict[str, Any]) -> Any:
-        """Run one action (one statement, its own transaction); its one value, None: no row."""
-        rows = self.db.fetch(name, params)
+        """Run one action (one statement, its own transaction); its one value, None: no row.
+
+        Actions may touch a whole queue: they keep the longer statement timeout."""
+        rows = self.db.fetch(name, params, patient=True)
         return rows[0][0] if rows else None
 
     def delete(self, transaction_id: str) -> str:

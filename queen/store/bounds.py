@@ -12,6 +12,7 @@ discarded).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -66,27 +67,38 @@ def sever(conn: psycopg.Connection[Any]) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
+@dataclasses.dataclass(slots=True)
+class Deadline:
+    """One guarded call's bound; passed turns True when the watchdog severed its connection."""
+
+    seconds: float
+    passed: bool = False
+
+
 class Watchdog:
     """Sever the connections whose call outlived its deadline; one per process."""
 
     def __init__(self, period_s: float = WATCH_PERIOD_S) -> None:
         self.period_s = period_s
         self.severed = 0
-        self._due: dict[int, tuple[float, psycopg.Connection[Any]]] = {}
+        self._due: dict[int, tuple[float, psycopg.Connection[Any], Deadline]] = {}
         self._lock = threading.Lock()
         self._pid = 0  # the process the watching thread runs in
 
     @contextlib.contextmanager
-    def guard(self, conn: psycopg.Connection[Any], seconds: float | None) -> Iterator[None]:
-        """Bound what runs inside to seconds (None: no bound)."""
+    def guard(
+        self, conn: psycopg.Connection[Any], seconds: float | None
+    ) -> Iterator[Deadline | None]:
+        """Bound what runs inside to seconds (None: no bound); yield the Deadline watched."""
         if seconds is None:
-            yield
+            yield None
             return
         self._ensure_watching()
         key = id(conn)
-        self._due[key] = (time.monotonic() + seconds, conn)
+        deadline = Deadline(seconds)
+        self._due[key] = (time.monotonic() + seconds, conn, deadline)
         try:
-            yield
+            yield deadline
         finally:
             self._due.pop(key, None)
 
@@ -105,12 +117,17 @@ class Watchdog:
 
     def sever_overdue(self, now: float) -> int:
         """Sever every connection past its deadline; return how many."""
-        overdue = [key for key, (at, _) in list(self._due.items()) if at <= now]
+        overdue = [key for key, (at, _, _) in list(self._due.items()) if at <= now]
         for key in overdue:
             entry = self._due.pop(key, None)
             if entry is not None:
-                log.warning("a database call ran past its deadline; closing its connection")
-                sever(entry[1])
+                _, conn, deadline = entry
+                log.warning(
+                    "a database call ran past its %.1fs deadline; closing its connection",
+                    deadline.seconds,
+                )
+                deadline.passed = True
+                sever(conn)
                 self.severed += 1
         return len(overdue)
 

@@ -110,9 +110,9 @@ class Dashboard:
     def _fetch(
         self, name: str, params: Mapping[str, Any] | None, row_factory: RowFactory[Any]
     ) -> list[Any]:
-        with self.db.connection() as conn, conn.transaction():
+        with self.db.connection(timeout_ms=self.timeout_ms) as conn, conn.transaction():
             conn.execute(
-                self.db.queries["dashboard_statement_timeout"], {"ms": str(self.timeout_ms)}
+                self.db.queries["transaction_statement_timeout"], {"ms": str(self.timeout_ms)}
             )
             cur = conn.cursor(row_factory=row_factory)
             cur.execute(self.db.queries[name], params)

@@ -52,6 +52,7 @@ RETRYABLE = (
     pg_errors.DeadlockDetected,
     pg_errors.SerializationFailure,
 )
+READ_ONLY = "database is read-only (a standby, or a primary being demoted); nothing was applied"
 
 
 @contextlib.contextmanager
@@ -64,7 +65,9 @@ def translate_errors() -> Iterator[None]:
     except RETRYABLE:
         raise  # deadlock or serialization failure: Database.fetch retries
     except pg_errors.QueryCanceled as exc:
-        raise Unavailable("database statement timed out") from exc
+        raise Unavailable("database statement timed out; nothing was applied") from exc
+    except pg_errors.ReadOnlySqlTransaction as exc:
+        raise Unavailable(READ_ONLY) from exc
     except pg_errors.DataError as exc:
         # Class 22: a value the client sent cannot be stored (NUL in text, bad unicode…).
         detail = exc.diag.message_primary or "invalid value"
@@ -278,12 +281,15 @@ class Database:
         pool_size: int = 10,
         timeout_s: float = 5.0,
         statement_timeout_ms: int = 30000,
+        hot_path_timeout_ms: int = 5000,
         application_name: str = "queen",
     ) -> None:
         self.dsn = dsn
         self.queries = QUERIES
+        # Connections run under the hot path's short statement_timeout; patient calls
+        # (admin, reads, dashboard) raise their own for their transaction.
+        self._hot_path_timeout_ms = hot_path_timeout_ms
         self._statement_timeout_ms = statement_timeout_ms
-        self._deadline_s = call_deadline_s(statement_timeout_ms)
         self.outage = Outage()
         self.pool = LifoPool(
             bounded_conninfo(dsn),
@@ -307,7 +313,7 @@ class Database:
             " set_config('TimeZone', 'UTC', false),"
             # Pushes wake long polls after they commit (queen.store.polling.Wakeups).
             " set_config('queen.push_notify', 'after_commit', false)",
-            (str(self._statement_timeout_ms),),
+            (str(self._hot_path_timeout_ms),),
         )
 
     def open(self) -> None:
@@ -319,26 +325,42 @@ class Database:
 
     @contextlib.contextmanager
     def connection(
-        self, on_lost: Callable[[int], None] | None = None
+        self,
+        on_lost: Callable[[int], None] | None = None,
+        *,
+        timeout_ms: int | None = None,
     ) -> Iterator[psycopg.Connection[Any]]:
         """Borrow an autocommit connection, with errors translated and the borrow bounded.
 
-        During a known outage this raises Unavailable at once (see Outage). When the
-        connection breaks while borrowed, on_lost gets the id of its server process
-        before the error goes on: what was sent may have committed.
+        The borrow ends within the hot path's statement timeout plus a margin, or within
+        timeout_ms plus the margin for a caller that sets that statement_timeout itself;
+        past it the connection is severed and the call answers 503, saying it may or may
+        not have been applied. During a known outage this raises Unavailable at once (see
+        Outage). When the connection breaks while borrowed, on_lost gets the id of its
+        server process before the error goes on: what was sent may have committed.
         """
         wait_s = self.outage.admit(self.pool.timeout)
         if wait_s is None:
             raise Unavailable("database unavailable (failing fast until it answers)")
+        bound = call_deadline_s(self._hot_path_timeout_ms if timeout_ms is None else timeout_ms)
         with translate_errors():
             conn = self._getconn(wait_s)
             backend = conn.info.backend_pid
+            deadline = None
             try:
-                with conn, WATCHDOG.guard(conn, self._deadline_s):
+                with conn, WATCHDOG.guard(conn, bound) as deadline:
                     yield conn
-            except Exception:
+            except pg_errors.ReadOnlySqlTransaction:
+                self.pool.retire(conn)  # its replacement may reach the new primary
+                raise
+            except Exception as exc:
                 if on_lost is not None and conn.broken:
                     on_lost(backend)
+                if deadline is not None and deadline.passed:
+                    raise Unavailable(
+                        f"the database did not answer within {deadline.seconds:g}s; the call"
+                        " may or may not have been applied (retry with the same transactionId)"
+                    ) from exc
                 raise
             finally:
                 self.pool.putconn(conn)
@@ -363,8 +385,12 @@ class Database:
         after_execute: Callable[[psycopg.Connection[Any]], None] | None = None,
         on_lost: Callable[[int], None] | None = None,
         large: Callable[[list[Any]], bool] | None = None,
+        patient: bool = False,
     ) -> list[Any]:
         """Run the named query and return all rows; retry deadlocks (each call is atomic).
+
+        patient: run under the longer statement timeout of calls off the hot path (admin
+        actions), in a transaction of its own.
 
         after_execute: called with the connection once the statement has run (a test
         hook: it may break the connection there).
@@ -375,14 +401,18 @@ class Database:
         statement = QUERIES[name]
         for attempt in range(RETRIES_ON_DEADLOCK):
             try:
-                with self.connection(on_lost) as conn:
-                    cur = conn.cursor(row_factory=row_factory)
-                    if raw_json:
-                        cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
-                    cur.execute(statement, params)
-                    if after_execute is not None:
-                        after_execute(conn)
-                    rows = cur.fetchall() if returns_rows(cur) else []
+                timeout_ms = self._statement_timeout_ms if patient else None
+                with self.connection(on_lost, timeout_ms=timeout_ms) as conn:
+                    with conn.transaction() if patient else contextlib.nullcontext():
+                        if patient:
+                            conn.execute(QUERIES["transaction_statement_timeout"], {"ms": str(timeout_ms)})
+                        cur = conn.cursor(row_factory=row_factory)
+                        if raw_json:
+                            cur.adapters.register_loader("jsonb", psycopg.types.string.TextLoader)
+                        cur.execute(statement, params)
+                        if after_execute is not None:
+                            after_execute(conn)
+                        rows = cur.fetchall() if returns_rows(cur) else []
                     if _sent_bytes(params) > LARGE_CALL_BYTES or (large and large(rows)):
                         self.pool.retire(conn)
                     return rows
@@ -390,6 +420,12 @@ class Database:
                 if attempt == RETRIES_ON_DEADLOCK - 1:
                     raise Unavailable("database busy (deadlock), retry") from exc
                 log.warning("retrying %s after %s", name, type(exc).__name__)
+            except Unavailable as exc:
+                # A read-only server applied nothing: once more, on a new connection
+                # (a failover's new primary, when the old one's connection was pooled).
+                if attempt or not isinstance(exc.__cause__, pg_errors.ReadOnlySqlTransaction):
+                    raise
+                log.warning("retrying %s on a new connection: %s", name, exc.message)
         raise AssertionError("unreachable")
 
     def stats(self) -> dict[str, int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,12 @@ from queen.wakeup import CHANNEL
 log = logging.getLogger(__name__)
 
 LEADER_LOCK = 0x5155_4545_4E01  # pg_advisory_lock key of the maintenance leader
+# The server ends a maintenance session idle this long (idle_session_timeout, PostgreSQL
+# 14+), which frees the leader lock of a leader it cannot hear from (a frozen network
+# path that still acknowledges TCP). The session runs a statement at least every
+# HEARTBEAT_S, so a reachable one never idles that long.
+IDLE_SESSION_S = 10
+HEARTBEAT_S = 3.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +107,7 @@ class MaintenanceSession:
         self._statement_timeout_ms = statement_timeout_ms
         self._lock_timeout_ms = lock_timeout_ms
         self._conn: psycopg.Connection[Any] | None = None
+        self._last_call = 0.0  # time.monotonic() when the session's last statement ended
         # Every call ends within this bound, or the session is severed (the leader steps
         # down): see "Maintenance fencing" in docs/DECISIONS.md.
         self._deadline_s = call_deadline_s(statement_timeout_ms)
@@ -126,10 +134,16 @@ class MaintenanceSession:
                         "lock_ms": str(self._lock_timeout_ms),
                     },
                 )
+                if conn.info.server_version >= 140000:
+                    conn.execute(
+                        "SELECT set_config('idle_session_timeout', %s, false)",
+                        (f"{IDLE_SESSION_S}s",),
+                    )
             except BaseException:
                 conn.close()
                 raise
         self._conn = conn
+        self._last_call = time.monotonic()
 
     def check_schema(self) -> None:
         """Raise EarlierDatabase for a database made by an earlier build (changing nothing)."""
@@ -147,22 +161,32 @@ class MaintenanceSession:
             except psycopg.Error as exc:
                 log.debug("closing the maintenance session: %s", exc)
 
-    def _rows(self, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    def _rows(
+        self,
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        deadline_s: float | None = None,
+    ) -> list[tuple[Any, ...]]:
         if self._conn is None:
             raise Unavailable("maintenance session is not connected")
-        with translate_errors(), WATCHDOG.guard(self._conn, self._deadline_s):
+        with translate_errors(), WATCHDOG.guard(self._conn, deadline_s or self._deadline_s):
             try:
                 cur = self._conn.execute(QUERIES[name], params)
                 return cur.fetchall() if returns_rows(cur) else []
             except RETRYABLE as exc:
                 raise Unavailable(f"{name}: {type(exc).__name__}, retry") from exc
+            finally:
+                self._last_call = time.monotonic()
 
     def _utility(self, statement: sql.Composed) -> None:
         """Run a statement that is not a named query (ANALYZE, VACUUM) on the session."""
         if self._conn is None:
             raise Unavailable("maintenance session is not connected")
         with translate_errors(), WATCHDOG.guard(self._conn, self._deadline_s):
-            self._conn.execute(statement)
+            try:
+                self._conn.execute(statement)
+            finally:
+                self._last_call = time.monotonic()
 
     def _value(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         (row,) = self._rows(name, params)
@@ -188,10 +212,17 @@ class MaintenanceSession:
             self._conn.execute(statement.format(sql.Identifier(CHANNEL)))
 
     def wait(self, timeout_s: float) -> list[str]:
-        """Sleep up to timeout_s, returning as soon as notifications arrive (their payloads)."""
+        """Sleep up to timeout_s, returning as soon as notifications arrive (their payloads).
+
+        First a heartbeat when the session ran nothing for HEARTBEAT_S: it keeps the
+        session (and a leader's lock) alive, and a leader that cannot reach the database
+        learns it within the statement's deadline.
+        """
         if self._conn is None:
             raise Unavailable("maintenance session is not connected")
-        timeout_s = max(0.0, timeout_s)
+        if time.monotonic() - self._last_call >= HEARTBEAT_S:
+            self._rows("ping", deadline_s=IDLE_SESSION_S)
+        timeout_s = max(0.0, min(timeout_s, HEARTBEAT_S))
         with translate_errors(), WATCHDOG.guard(self._conn, timeout_s + DEADLINE_MARGIN_S):
             return [n.payload for n in self._conn.notifies(timeout=timeout_s, stop_after=1)]
 

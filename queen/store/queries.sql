@@ -89,10 +89,10 @@ FROM queen.queues q WHERE q.name = %(queue)s
 -- queue_flags: encryption flag and long-poll cap of every queue (cached per process) --
 SELECT name, encryption_enabled, max_wait_time_seconds FROM queen.queues
 
--- ping: cheapest round trip, for health checks --
-SELECT 1
+-- ping: cheapest round trip, for health checks: whether this server takes writes --
+SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'
 
--- dashboard_statement_timeout: keep a dashboard query short (applies to its transaction only) --
+-- transaction_statement_timeout: a call's own statement timeout (its transaction only): short for the dashboard, long for admin actions --
 SELECT set_config('statement_timeout', %(ms)s, true)
 
 -- dashboard_depths: current counts of every partition with its queue; queues without partitions too --

@@ -63,7 +63,7 @@ class Reads:
     ) -> None:
         self.db = db
         self._slots = threading.BoundedSemaphore(concurrency)
-        self._timeout = str(statement_timeout_ms)
+        self._timeout_ms = statement_timeout_ms
         self._wait_s = wait_s
 
     @contextlib.contextmanager
@@ -71,8 +71,11 @@ class Reads:
         if not self._slots.acquire(timeout=self._wait_s):
             raise Unavailable("too many analytics queries in flight, retry")
         try:
-            with self.db.connection() as conn, conn.transaction():
-                conn.execute(self.db.queries["read_session"], {"ms": self._timeout})
+            with (
+                self.db.connection(timeout_ms=self._timeout_ms) as conn,
+                conn.transaction(),
+            ):
+                conn.execute(self.db.queries["read_session"], {"ms": str(self._timeout_ms)})
                 yield ReadSession(conn, self.db.queries)
         finally:
             self._slots.release()

@@ -34,8 +34,6 @@ from tests.faults.checker import Acked, Delivery, Pushed, Verdict, check
 LEASE_S = 3  # the queue's leaseTime: a killed consumer's messages return this soon
 STACK_ENV = {
     **FAST,
-    # A stalled call is cut at statement_timeout + 2 s; 5 s keeps a frozen-network run short.
-    "QUEEN_STATEMENT_TIMEOUT": "5000",
     "QUEEN_POLL_FALLBACK": "1",
     "LOG_LEVEL": os.environ.get("QUEEN_FAULTS_LOG_LEVEL", "warning"),
 }
