@@ -32,7 +32,7 @@ from queen.client.cli_output import (
 from queen.client.errors import APIError, NotFound, QueenError, ServerError, TransportError
 from queen.client.models import Message
 from queen.client.sync import Queen
-from queen.client.transport import DEFAULT_URL
+from queen.client.transport import DEFAULT_URL, RetryPolicy
 
 Command = Callable[[Queen, argparse.Namespace], int]
 
@@ -290,7 +290,8 @@ def run(command: Command, args: argparse.Namespace) -> int:
     quiet_logging(args.verbose)
     stop_on_signals()
     try:
-        with Queen(args.url, token=args.token) as queen:
+        # A person at a terminal would rather hear at once that nothing answers.
+        with Queen(args.url, token=args.token, retry=RetryPolicy(patience=0)) as queen:
             return command(queen, args)
     except (BadInput, queues_file.FileError) as exc:
         print(f"queen: {exc}", file=sys.stderr)

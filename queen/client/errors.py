@@ -127,6 +127,8 @@ class ServerError(APIError):
 class Unavailable(ServerError):
     """The server is unavailable; retry."""
 
+    retry_after: float | None = None  # the answer's Retry-After, seconds
+
 
 ERROR_OF_STATUS: dict[int, type[APIError]] = {
     400: BadRequest,
@@ -159,4 +161,7 @@ def error_for(status: int, body: Any, retry_after: float | None = None) -> APIEr
     cls = ERROR_OF_STATUS.get(status) or (ServerError if status >= 500 else APIError)
     if status == 409 and isinstance(body, dict):
         cls = CONFLICT_OF_REASON.get(str(body.get("reason")), cls)
-    return cls(text, status, body)
+    error = cls(text, status, body)
+    if isinstance(error, Unavailable):
+        error.retry_after = retry_after
+    return error

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 import random
@@ -48,10 +49,15 @@ NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.U
 class RetryPolicy:
     """How often and how patiently a request is sent again."""
 
-    rounds: int = 4  # passes over every base URL
+    rounds: int = 4  # passes over every base URL, at least
     base_delay: float = 0.1  # seconds before the second round; doubles each round
     max_delay: float = 5.0  # seconds, the most a pause grows to
     max_retry_after: float = 30.0  # seconds of Retry-After honoured at most
+    # Seconds from the first attempt during which a request that found no server, no
+    # database (503) or lost its answer is sent again after its rounds are spent: long
+    # enough to ride out a database failover. Past the rounds a 503's Retry-After is the
+    # shortest pause.
+    patience: float = 30.0
 
     def pause(self, round_no: int) -> float:
         """Seconds to sleep after round round_no (0-based): half fixed, half random."""
@@ -109,6 +115,13 @@ class _Attempts:
         self.policy = policy
         self.total = policy.rounds * len(urls)
         self.last: QueenError | None = None
+        self.started = time.monotonic()
+
+    def more(self, attempt: int, pause: float) -> bool:
+        """Tell whether to send again after attempt (0-based), pausing pause seconds first."""
+        if attempt + 1 < self.total:
+            return True
+        return time.monotonic() + pause - self.started < self.policy.patience
 
     def url(self, attempt: int) -> str:
         return self.urls[(self.start + attempt) % len(self.urls)] + self.call.path
@@ -139,7 +152,10 @@ class _Attempts:
         done = attempt + 1
         if done % len(self.urls):
             return 0.0  # the next base URL right away
-        return self.policy.pause(done // len(self.urls) - 1)
+        pause = self.policy.pause(done // len(self.urls) - 1)
+        if done >= self.total and isinstance(self.last, Unavailable) and self.last.retry_after:
+            pause = max(pause, min(self.last.retry_after, self.policy.max_retry_after))
+        return pause
 
     def give_up(self) -> QueenError:
         assert self.last is not None
@@ -163,7 +179,7 @@ class Transport:
 
     def send(self, call: Call[T]) -> T:
         attempts = _Attempts(call, self.urls, self._current, self.policy)
-        for attempt in range(attempts.total):
+        for attempt in itertools.count():
             try:
                 response = self.client.request(
                     call.method,
@@ -184,9 +200,10 @@ class Transport:
                 else:
                     self._current = (attempts.start + attempt) % len(self.urls)
                     return result
+            if not attempts.more(attempt, pause):
+                break
             log.debug("retrying %s %s in %.2fs: %s", call.method, call.path, pause, attempts.last)
-            if attempt + 1 < attempts.total:
-                time.sleep(pause)
+            time.sleep(pause)
         raise attempts.give_up()
 
     def close(self) -> None:
@@ -210,7 +227,7 @@ class AsyncTransport:
 
     async def send(self, call: Call[T]) -> T:
         attempts = _Attempts(call, self.urls, self._current, self.policy)
-        for attempt in range(attempts.total):
+        for attempt in itertools.count():
             try:
                 response = await self.client.request(
                     call.method,
@@ -231,9 +248,10 @@ class AsyncTransport:
                 else:
                     self._current = (attempts.start + attempt) % len(self.urls)
                     return result
+            if not attempts.more(attempt, pause):
+                break
             log.debug("retrying %s %s in %.2fs: %s", call.method, call.path, pause, attempts.last)
-            if attempt + 1 < attempts.total:
-                await asyncio.sleep(pause)
+            await asyncio.sleep(pause)
         raise attempts.give_up()
 
     async def close(self) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
+import httpx
 import pytest
 
 from queen.client import calls, errors
 from queen.client.models import AckResult, Message, uuid7
-from queen.client.transport import RetryPolicy, base_urls, headers
+from queen.client.transport import RetryPolicy, Transport, base_urls, headers
 
 MESSAGE = Message.from_json({
     "id": "m1", "transactionId": "t1", "queue": "q", "partition": "Default", "data": {"a": 1},
@@ -127,3 +129,38 @@ def test_an_ack_result_says_whether_it_applied():
 
 def test_a_transaction_is_sent_again_after_a_lost_answer():
     assert calls.transaction([{"type": "ack", "transactionId": "t"}]).resend is True
+
+
+def _flaky_server(unavailable_for_s: float) -> tuple[httpx.Client, list[float]]:
+    """An HTTP client whose server answers 503 (Retry-After 0.2) for a while, then 201."""
+    started = time.monotonic()
+    seen: list[float] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(time.monotonic() - started)
+        if seen[-1] < unavailable_for_s:
+            return httpx.Response(503, headers={"Retry-After": "0.2"},
+                                  json={"error": "database unavailable"})
+        return httpx.Response(201, json={"messages": [
+            {"transactionId": "t", "status": "queued", "id": "i"}]})
+
+    return httpx.Client(transport=httpx.MockTransport(handle)), seen
+
+
+def test_a_503_is_retried_for_the_policy_s_patience_at_the_server_s_pace():
+    client, seen = _flaky_server(1.0)
+    quick = RetryPolicy(rounds=2, base_delay=0.01, max_delay=0.02, patience=10)
+    transport = Transport("http://queen", policy=quick, client=client)
+    (result,) = transport.send(calls.push([{"queue": "q", "payload": 1}]))
+    assert result.status == "queued" and seen[-1] >= 1.0
+    past_rounds = [b - a for a, b in zip(seen[1:], seen[2:], strict=False)]
+    assert past_rounds and min(past_rounds) >= 0.2  # Retry-After, once the rounds are spent
+
+
+def test_without_patience_a_503_gives_up_after_the_rounds():
+    client, seen = _flaky_server(60.0)
+    transport = Transport("http://queen", client=client,
+                          policy=RetryPolicy(rounds=2, base_delay=0.01, patience=0))
+    with pytest.raises(errors.Unavailable) as raised:
+        transport.send(calls.push([{"queue": "q", "payload": 1}]))
+    assert len(seen) == 2 and raised.value.retry_after == 0.2
