@@ -3,7 +3,9 @@
 Then install the functions of sql/functions/ (CREATE OR REPLACE, on every start).
 A database made by an earlier build (migrations this build does not have, or tables only
 earlier builds made) is refused before anything is changed: this build has one
-baseline and cannot upgrade such a database.
+baseline and cannot upgrade such a database. A database a later build migrated (its
+migrations sort after this build's last) is served as it is, and this build applies and
+installs nothing there: that is what lets hosts be replaced one at a time.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def refuse_earlier(conn: psycopg.Connection[Any], names: list[str]) -> None:
     recorded: list[str] = []
     if conn.execute("SELECT to_regclass('queen.schema_migrations')").fetchone() != (None,):
         recorded = [r[0] for r in conn.execute("SELECT name FROM queen.schema_migrations")]
-    unknown = sorted(set(recorded) - set(names))
+    unknown = sorted(set(recorded) - set(names) - set(later_migrations(recorded, names)))
     tables = [
         r[0]
         for r in conn.execute(
@@ -110,6 +112,12 @@ def refuse_earlier(conn: psycopg.Connection[Any], names: list[str]) -> None:
             " cannot be upgraded: drain it with that build, or point DATABASE_URL at a new"
             " database (nothing was changed)"
         )
+
+
+def later_migrations(recorded: list[str] | set[str], names: list[str]) -> list[str]:
+    """Return the recorded migrations a later build applied: unknown here, after names'."""
+    last = max(names)
+    return sorted(name for name in recorded if name not in names and name > last)
 
 
 def schema_problem(conn: psycopg.Connection[Any]) -> str | None:
@@ -175,6 +183,14 @@ def migrate(dsn: str, directory: Path | None = None) -> list[str]:
                 " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
             )
             done = {r[0] for r in conn.execute("SELECT name FROM queen.schema_migrations")}
+            later = later_migrations(done, [path.name for path in files])
+            if later:
+                log.warning(
+                    "the database was migrated by a later build of Queen (%s): this build"
+                    " changes nothing there and serves on that build's SQL until replaced",
+                    ", ".join(later),
+                )
+                return []
             for path in files:
                 if path.name in done:
                     continue

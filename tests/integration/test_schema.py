@@ -393,3 +393,21 @@ def test_a_database_of_this_build_is_accepted_by_maintenance(db_dsn: str) -> Non
         session.check_schema()  # no error: what migrate made
     finally:
         session.close()
+
+
+def test_a_database_a_later_build_migrated_is_served_and_left_as_it_is(db_dsn: str) -> None:
+    """A rolling upgrade: hosts of the earlier build keep serving after the later build's
+    migration, and their `queen migrate` does not install their functions over its."""
+    from queen.store.migrate import schema_problem
+
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queen.schema_migrations (name) VALUES ('9999_later.sql')")
+        conn.execute("CREATE OR REPLACE FUNCTION queen.push_lock_key(p_partition uuid)"
+                     " RETURNS bigint LANGUAGE sql AS 'SELECT 7::bigint'")  # the later SQL
+        assert schema_problem(conn) is None
+    assert migrate(db_dsn) == []
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        key = conn.execute("SELECT queen.push_lock_key(gen_random_uuid())").fetchone()
+    assert key == (7,)  # not reinstalled
+    done = run_queen(["-m", "queen.store.migrate", "--check"], db_dsn)
+    assert done.returncode == 0, done.stderr
