@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from select import POLLIN
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -131,6 +132,13 @@ def connection_class() -> type[psycopg.Connection[Any]]:
 
     cooperative = psycopg.waiting.wait is not getattr(psycopg.waiting, "wait_c", None)
     return HubConnection if cooperative and is_module_patched("select") else psycopg.Connection
+
+
+class Backend(NamedTuple):
+    """The server process a pooled connection talks to, and when its server started."""
+
+    pid: int
+    server_started: datetime.datetime | None
 
 
 class Outage:
@@ -306,15 +314,17 @@ class Database:
         self.pool.outage = self.outage
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        conn.execute(
+        row = conn.execute(
             "SELECT set_config('statement_timeout', %s, false),"
             " set_config('idle_in_transaction_session_timeout', '60s', false),"
             # Timestamps arrive in UTC, ready to format (queen.models.iso).
             " set_config('TimeZone', 'UTC', false),"
             # Pushes wake long polls after they commit (queen.store.polling.Wakeups).
-            " set_config('queen.push_notify', 'after_commit', false)",
+            " set_config('queen.push_notify', 'after_commit', false),"
+            " pg_postmaster_start_time()",
             (str(self._hot_path_timeout_ms),),
-        )
+        ).fetchone()
+        conn._queen_server_started = row[-1] if row else None  # type: ignore[attr-defined]
 
     def open(self) -> None:
         """Start the pool without waiting for the database (requests answer 503 until it is up)."""
@@ -326,7 +336,7 @@ class Database:
     @contextlib.contextmanager
     def connection(
         self,
-        on_lost: Callable[[int], None] | None = None,
+        on_lost: Callable[[Backend], None] | None = None,
         *,
         timeout_ms: int | None = None,
     ) -> Iterator[psycopg.Connection[Any]]:
@@ -336,8 +346,8 @@ class Database:
         timeout_ms plus the margin for a caller that sets that statement_timeout itself;
         past it the connection is severed and the call answers 503, saying it may or may
         not have been applied. During a known outage this raises Unavailable at once (see
-        Outage). When the connection breaks while borrowed, on_lost gets the id of its
-        server process before the error goes on: what was sent may have committed.
+        Outage). When the connection breaks while borrowed, on_lost gets its Backend
+        before the error goes on: what was sent may have committed.
         """
         wait_s = self.outage.admit(self.pool.timeout)
         if wait_s is None:
@@ -345,7 +355,7 @@ class Database:
         bound = call_deadline_s(self._hot_path_timeout_ms if timeout_ms is None else timeout_ms)
         with translate_errors():
             conn = self._getconn(wait_s)
-            backend = conn.info.backend_pid
+            backend = Backend(conn.info.backend_pid, getattr(conn, "_queen_server_started", None))
             deadline = None
             try:
                 with conn, WATCHDOG.guard(conn, bound) as deadline:
@@ -383,7 +393,7 @@ class Database:
         *,
         raw_json: bool = False,
         after_execute: Callable[[psycopg.Connection[Any]], None] | None = None,
-        on_lost: Callable[[int], None] | None = None,
+        on_lost: Callable[[Backend], None] | None = None,
         large: Callable[[list[Any]], bool] | None = None,
         patient: bool = False,
     ) -> list[Any]:

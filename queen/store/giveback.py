@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 
 from queen.errors import QueenError
-from queen.store.db import Database
+from queen.store.db import Backend, Database
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,13 @@ class GiveBacks:
         self.db = db
         self.clock = clock
         self.given_back = 0  # messages returned to pending so far
-        self._pending: dict[uuid.UUID, tuple[int, float]] = {}  # lease: (backend, until)
+        self._pending: dict[uuid.UUID, tuple[Backend, float]] = {}  # lease: (backend, until)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def add(self, lease: uuid.UUID, backend: int) -> None:
+    def add(self, lease: uuid.UUID, backend: Backend) -> None:
         """Give back lease's claim, made by database backend `backend`, as soon as possible."""
         with self._lock:
             self._pending[lease] = (backend, self.clock() + GIVE_BACK_FOR_S)
@@ -75,10 +75,11 @@ class GiveBacks:
                     with self._lock:
                         self._pending.pop(lease, None)
 
-    def _give_back(self, lease: uuid.UUID, backend: int) -> bool:
+    def _give_back(self, lease: uuid.UUID, backend: Backend) -> bool:
         """Try once; tell whether the claim is settled (given back, or there was none)."""
+        params = {"lease": lease, "backend": backend.pid, "server_started": backend.server_started}
         try:
-            ((released,),) = self.db.fetch("give_back_claim", {"lease": lease, "backend": backend})
+            ((released,),) = self.db.fetch("give_back_claim", params)
         except QueenError as exc:
             log.info("cannot give back lease %s yet: %s", lease, exc.message)
             return False

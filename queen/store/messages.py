@@ -34,7 +34,7 @@ from queen.errors import InvalidInput, QueenError
 from queen.fusion import Fuser, Observe, Trace, split, untraced
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.server.claims import NOWHERE, InFlight
-from queen.store.db import LARGE_CALL_BYTES, Database, text_array
+from queen.store.db import LARGE_CALL_BYTES, Backend, Database, text_array
 from queen.store.giveback import GiveBacks
 from queen.store.lifecycle import QUEUE_MODE
 from queen.store.polling import Wakeups
@@ -305,7 +305,7 @@ class Messages:
         """One statement for pops, each leasing a partition of its own."""
         leases = [p.lease for p in pops]
 
-        def lost(backend: int) -> None:
+        def lost(backend: Backend) -> None:
             for lease in leases:
                 self.give_backs.add(lease, backend)
 

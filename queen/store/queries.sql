@@ -40,7 +40,7 @@ SELECT queen.list_waiting_worker(%(worker)s, %(seconds)s)
 SELECT queen.give_back(%(lease)s)
 
 -- give_back_claim: give back a pop whose answer was lost with its connection; NULL: not yet --
-SELECT queen.give_back_claim(%(lease)s, %(backend)s)
+SELECT queen.give_back_claim(%(lease)s, %(backend)s, %(server_started)s)
 
 -- ready_partitions: wake payloads of partitions with work for the parked polls' routes --
 SELECT payload FROM queen.ready_partitions(

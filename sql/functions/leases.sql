@@ -238,12 +238,17 @@ $$;
 -- queen.give_back (no attempt counted). While that backend is there it is asked to
 -- end, waiting up to a second; NULL then means "not yet, call again" (a give-back before
 -- the pop committed would find nothing, and the pop's lease would then expire into a
--- retry).
-CREATE OR REPLACE FUNCTION queen.give_back_claim(p_lease uuid, p_backend integer)
+-- retry). p_server_started is pg_postmaster_start_time() of the server that ran the pop:
+-- on another server (a promoted standby) or after a restart the process id names some
+-- other session, and that backend is gone anyway.
+CREATE OR REPLACE FUNCTION queen.give_back_claim(
+    p_lease uuid, p_backend integer, p_server_started timestamptz
+)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 BEGIN
     IF p_backend <> pg_backend_pid()
+       AND p_server_started IS NOT DISTINCT FROM pg_postmaster_start_time()
        AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = p_backend)
        AND NOT pg_terminate_backend(p_backend, 1000) THEN
         RETURN NULL;

@@ -236,3 +236,25 @@ def test_a_pop_whose_answer_was_lost_with_the_connection_counts_no_retry(
         ]
     finally:
         proxied.close()
+
+
+def test_a_give_back_ends_the_pop_s_backend_only_on_the_server_that_ran_it(db_dsn: str) -> None:
+    """After a failover (or a restart) the process id of a lost pop's backend names some
+    other session of the new server: that session is left alone."""
+    lease = "00000000-0000-0000-0000-000000000001"  # no such lease: nothing to give back
+    with psycopg.connect(db_dsn, autocommit=True) as bystander, psycopg.connect(
+        db_dsn, autocommit=True
+    ) as caller:
+        pid = bystander.info.backend_pid
+        other_server = "2000-01-01T00:00:00Z"
+        (given,) = caller.execute(
+            "SELECT queen.give_back_claim(%s, %s, %s)", (lease, pid, other_server)
+        ).fetchone()
+        assert given == 0
+        assert bystander.execute("SELECT 1").fetchone() == (1,)  # still connected
+        (given,) = caller.execute(
+            "SELECT queen.give_back_claim(%s, %s, pg_postmaster_start_time())", (lease, pid)
+        ).fetchone()
+        assert given == 0
+        with pytest.raises(psycopg.OperationalError):
+            bystander.execute("SELECT 1")  # this server's backend of that id was ended
