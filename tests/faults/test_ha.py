@@ -22,8 +22,10 @@ the fault, as for the crash test, and counted.
 
 test_async_failover_loss measures what asynchronous replication costs: with the standby
 asynchronous, the primary's postmaster is killed under pushes, and the pushes answered 201
-that the new primary lacks are counted (reported, not asserted: on loopback the standby is
-rarely behind).
+that the new primary lacks are counted, with the bytes of WAL the old primary had past the
+fork (what pg_rewind throws away when it rejoins). Reported, not asserted: a push is
+answered once its commit is on the primary's disk, so an asynchronous standby may miss the
+last ones.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -207,6 +210,30 @@ def test_primary_frozen_past_the_ttl(ha: PatroniCluster, ha_db: str, tmp_path: P
     assert ha.leader() == new.name
 
 
+def _lsn(text: str) -> int:
+    high, low = text.split("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+def _wal_ahead(cluster: PatroniCluster, old: Node, timeout: float = 30) -> int | None:
+    """Bytes of WAL the killed primary had written past the point where the new primary's
+    timeline forked: what pg_rewind discards when the old primary rejoins (Patroni logs
+    both positions). 0 when it rejoined without a rewind; None when it did not rejoin."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = old.log_path.read_text(errors="replace")
+        local = re.findall(r"Local timeline=\d+ lsn=([0-9A-F]+/[0-9A-F]+)", log)
+        forked = re.findall(r"servers diverged at WAL location ([0-9A-F]+/[0-9A-F]+)", log)
+        if local and forked:
+            return _lsn(local[-1]) - _lsn(forked[-1])
+        members = cluster.members()
+        if (cluster.healthy() and len({m.get("timeline") for m in members}) == 1
+                and not forked):
+            return 0  # both on the new timeline, no rewind logged
+        time.sleep(0.5)
+    return None
+
+
 def test_async_failover_loss(tmp_path: Path) -> None:
     """Asynchronous standby: kill -9 of the primary's postmaster under pushes; count the
     pushes answered 201 that the new primary does not have."""
@@ -254,6 +281,7 @@ def test_async_failover_loss(tmp_path: Path) -> None:
             "promotion_after_s": round(promoted_at - fault_at, 2),
             "promotion_to_first_201_s": None if first is None else round(first - promoted_at, 2),
             "statuses": dict(tally.statuses),
+            "old_primary_wal_ahead_bytes": _wal_ahead(cluster, old),
         }
         print(f"\nFAULT {json.dumps(line)}")
         out = os.environ.get("QUEEN_FAULTS_REPORT")
