@@ -2,7 +2,13 @@
 
 Everything runs from a temporary directory on free high ports:
 
-- one etcd 3.4 member (Patroni's DCS, reached through its v3 API: the `etcd3` section);
+- one etcd 3.4 member, Patroni's DCS, reached through its v2 API (`--enable-v2`, the
+  `etcd` section). Not the v3 API: Patroni 3.0.2 (Debian 12's) renews the leader key on
+  etcd3 with an unconditional put once its lease has expired, so a leader paused past
+  the TTL takes the key back from the node promoted meanwhile when it resumes; the new
+  leader demotes itself and pg_rewind discards what it committed (seen here: about 1,200
+  messages acknowledged, delivered and acked, gone). Patroni 3.0.3 fixed it (patroni PR
+  #2689). On the v2 API the renewal is a compare-and-swap on the key's value;
 - two Patroni 3.0 nodes, each with its PostgreSQL (the system's binaries, bench.cluster's
   pg_bin), bootstrapped as a primary and a streaming standby. Synchronous mode (default)
   makes the standby the synchronous one, so a commit answered to a client is on both;
@@ -124,7 +130,7 @@ class Node:
             "log": {"level": "INFO"},
             "restapi": {"listen": f"127.0.0.1:{self.rest_port}",
                         "connect_address": f"127.0.0.1:{self.rest_port}"},
-            "etcd3": {"hosts": f"127.0.0.1:{etcd_port}"},
+            "etcd": {"hosts": f"127.0.0.1:{etcd_port}"},  # the v2 API: see the docstring
             "bootstrap": {
                 "dcs": {
                     "ttl": TTL_S,
@@ -276,7 +282,8 @@ class PatroniCluster:
                 ["etcd", "--name", "etcd0", "--data-dir", str(self.root / "etcd"),
                  "--listen-client-urls", client, "--advertise-client-urls", client,
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"etcd0={peer}", "--initial-cluster-state", "new"],
+                 "--initial-cluster", f"etcd0={peer}", "--initial-cluster-state", "new",
+                 "--enable-v2=true"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         deadline = time.monotonic() + 30

@@ -14,8 +14,10 @@ through three faults of the primary:
 Each asserts what every fault must keep (tests/faults/workload.py assert_survived: nothing
 acknowledged lost, nothing unexpected, FIFO per partition, no 5xx but 503), that a push is
 answered 201 within PROMOTION_TO_SERVING_S of the promotion (the moment the new leader's
-Patroni first answers GET /primary with 200, the answer HAProxy routes by), and that one
-maintenance leader holds the lock afterwards. Acks and pops commit with synchronous_commit
+Patroni first answers GET /primary with 200, the answer HAProxy routes by), that one
+maintenance leader holds the lock afterwards, and that every id answered 201 is still in
+the final primary's table (a promoted node rewound away would lose messages the clients
+already saw delivered and acked, which their record cannot show). Acks and pops commit with synchronous_commit
 off (docs/DECISIONS.md), so a failover without a clean shutdown may forget acks of its last
 moments, as a crash does: those redeliveries are allowed for acks confirmed within 1 s of
 the fault, as for the crash test, and counted.
@@ -161,13 +163,26 @@ def _failover_figures(run: Run, fault_at: float, promoted_at: float, old: str,
     return None if first is None else first - promoted_at
 
 
-def _check(report: Report, dsn: str, serving_s: float | None,
+def _missing_from_database(dsn: str, queue: str, ids: set[str]) -> list[str]:
+    """Return which of ids the queue's table lacks (a promoted node rewound would lose
+    messages already delivered and acked, which the clients' record cannot show)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            f"SELECT transaction_id FROM ({storage.MESSAGE_VIEW}) v WHERE queue = %s", (queue,)
+        ).fetchall()
+    return sorted(ids - {row[0] for row in rows})
+
+
+def _check(run: Run, report: Report, dsn: str, serving_s: float | None,
            crashed_at: float | None = None) -> None:
     report.notes["maintenance_leaders_after"] = _one_maintenance_leader(dsn)
+    missing = _missing_from_database(dsn, run.queue, {p.id for p in run.tally.acknowledged})
+    report.notes["acknowledged_missing_from_database"] = len(missing)
     assert_survived(report, crashed_at=crashed_at)  # prints the FAULT line
     assert serving_s is not None, "no push answered 201 after the promotion"
     assert serving_s <= PROMOTION_TO_SERVING_S, report.notes
     assert report.notes["maintenance_leaders_after"] == 1, report.notes
+    assert not missing, ("answered 201, no longer in the database", missing[:5])
 
 
 def test_kill_9_of_the_primary_postmaster(ha: PatroniCluster, ha_db: str, tmp_path: Path) -> None:
@@ -178,7 +193,7 @@ def test_kill_9_of_the_primary_postmaster(ha: PatroniCluster, ha_db: str, tmp_pa
         promoted_at = watch.promoted(new.name, timeout=60)
         serving_s = _failover_figures(run, fault_at, promoted_at, old.name, new.name)
         report = run.finish("HA: kill -9 of the primary's postmaster (Patroni fails over)")
-        _check(report, ha_db, serving_s, crashed_at=crashed_at)
+        _check(run, report, ha_db, serving_s, crashed_at=crashed_at)
 
 
 def test_switchover(ha: PatroniCluster, ha_db: str, tmp_path: Path) -> None:
@@ -188,7 +203,7 @@ def test_switchover(ha: PatroniCluster, ha_db: str, tmp_path: Path) -> None:
         promoted_at = watch.promoted(new, timeout=60)
         serving_s = _failover_figures(run, fault_at, promoted_at, old, new)
         report = run.finish("HA: Patroni switchover (planned)")
-        _check(report, ha_db, serving_s)
+        _check(run, report, ha_db, serving_s)
 
 
 def test_primary_frozen_past_the_ttl(ha: PatroniCluster, ha_db: str, tmp_path: Path) -> None:
@@ -204,7 +219,7 @@ def test_primary_frozen_past_the_ttl(ha: PatroniCluster, ha_db: str, tmp_path: P
             ha.thaw()
         run.notes["frozen_s"] = round(time.monotonic() - fault_at, 2)
         report = run.finish("HA: primary frozen (SIGSTOP) past the leader TTL, then thawed")
-        _check(report, ha_db, serving_s, crashed_at=crashed_at)
+        _check(run, report, ha_db, serving_s, crashed_at=crashed_at)
     # The thawed node must not take writes: only the new leader answers GET /primary.
     assert ha.primary() is new
     assert ha.leader() == new.name
