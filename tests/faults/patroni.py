@@ -8,7 +8,8 @@ Everything runs from a temporary directory on free high ports:
   the TTL takes the key back from the node promoted meanwhile when it resumes; the new
   leader demotes itself and pg_rewind discards what it committed (seen here: about 1,200
   messages acknowledged, delivered and acked, gone). Patroni 3.0.3 fixed it (patroni PR
-  #2689). On the v2 API the renewal is a compare-and-swap on the key's value;
+  #2689). On the v2 API the renewal is a compare-and-swap on the key's value
+  (QUEEN_FAULTS_HA_DCS=etcd3 selects the v3 API, to check a newer Patroni);
 - two Patroni 3.0 nodes, each with its PostgreSQL (the system's binaries, bench.cluster's
   pg_bin), bootstrapped as a primary and a streaming standby. Synchronous mode (default)
   makes the standby the synchronous one, so a commit answered to a client is on both;
@@ -28,10 +29,12 @@ Faults: `kill_postmaster` (SIGKILL of the leader's postmaster only; its Patroni 
 primary_start_timeout being 0, hands over), `switchover` (REST POST /switchover), and
 `freeze`/`thaw`. A freeze sends SIGSTOP to the node's Patroni and to every process under
 it (the postmaster, its backends, walsender): the whole node stops answering, as a primary
-whose network is frozen (or a paused VM) does. Its leader key is not renewed, expires after
-ttl, and the standby takes over; HAProxy sees the health check time out, marks the node
-down and cuts its sessions. `thaw` sends SIGCONT; the old Patroni then finds another
-leader and demotes its PostgreSQL (rejoining with pg_rewind when it needs to).
+whose network is frozen does, seen from the rest. Its leader key is not renewed, expires
+after ttl, and the standby takes over; HAProxy sees the health check time out, marks the
+node down and cuts its sessions. Unlike a network partition, the frozen Patroni cannot
+demote its own PostgreSQL meanwhile and resumes believing it leads (a paused VM, a stalled
+host): the harder case. `thaw` sends SIGCONT; the old Patroni then finds another leader
+and demotes its PostgreSQL (rejoining with pg_rewind when it needs to).
 """
 
 from __future__ import annotations
@@ -60,7 +63,9 @@ SCOPE = "queen-ha"
 TTL_S = 10
 LOOP_WAIT_S = 2
 RETRY_TIMEOUT_S = 5
-PRIMARY_ROLES = ("master", "primary")
+# Patroni's DCS section: "etcd" (the v2 API, the default; see the module docstring), or
+# QUEEN_FAULTS_HA_DCS=etcd3 to reproduce the etcd3 leader-key race of Patroni < 3.0.3.
+DCS = os.environ.get("QUEEN_FAULTS_HA_DCS", "etcd")
 
 
 def missing_binaries() -> list[str]:
@@ -130,7 +135,7 @@ class Node:
             "log": {"level": "INFO"},
             "restapi": {"listen": f"127.0.0.1:{self.rest_port}",
                         "connect_address": f"127.0.0.1:{self.rest_port}"},
-            "etcd": {"hosts": f"127.0.0.1:{etcd_port}"},  # the v2 API: see the docstring
+            DCS: {"hosts": f"127.0.0.1:{etcd_port}"},  # the v2 API: see the docstring
             "bootstrap": {
                 "dcs": {
                     "ttl": TTL_S,
@@ -343,7 +348,12 @@ listen postgres
                     proc.wait()
 
     def destroy(self) -> None:
+        """Stop everything and remove the directory (kept, logs and all, when
+        QUEEN_FAULTS_KEEP_HA=1)."""
         self.stop()
+        if os.environ.get("QUEEN_FAULTS_KEEP_HA") == "1":
+            print(f"\nHA cluster directory kept: {self.root}")
+            return
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- state ---------------------------------------------------------------------
