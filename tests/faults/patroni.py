@@ -308,9 +308,16 @@ class PatroniCluster:
         config = self.root / "haproxy.cfg"
         config.write_text(f"""global
     maxconn 2000
+    log stdout format iso local0
 
 defaults
     mode tcp
+    log global
+    option log-health-checks
+    # A refused connect (the old primary stopping, not yet marked down) is retried on
+    # the other node rather than 3 times on the same one, a second apart.
+    retries 2
+    option redispatch 1
     timeout connect 2s
     timeout client 30m
     timeout server 30m
