@@ -50,6 +50,7 @@ from queen.store.maintenance import LEADER_LOCK
 from queen.store.migrate import migrate
 from tests import storage
 from tests.faults.patroni import TTL_S, Node, PatroniCluster, PromotionWatch, require_binaries
+from tests.faults.sdk_traffic import SdkTraffic
 from tests.faults.workload import Producer, Report, Run, Stack, Tally, assert_survived
 
 pytestmark = pytest.mark.faults
@@ -173,6 +174,16 @@ def _missing_from_database(dsn: str, queue: str, ids: set[str]) -> list[str]:
     return sorted(ids - {row[0] for row in rows})
 
 
+def _stored_payload_ids(dsn: str, queue: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT m.payload->>'id' FROM queen.messages m"
+            " JOIN queen.partitions p ON p.id = m.partition_id"
+            " JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = %s", (queue,)
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
 def _check(run: Run, report: Report, dsn: str, serving_s: float | None,
            crashed_at: float | None = None) -> None:
     report.notes["maintenance_leaders_after"] = _one_maintenance_leader(dsn)
@@ -186,14 +197,26 @@ def _check(run: Run, report: Report, dsn: str, serving_s: float | None,
 
 
 def test_kill_9_of_the_primary_postmaster(ha: PatroniCluster, ha_db: str, tmp_path: Path) -> None:
+    """Also the SDK as an application runs it, with its default RetryPolicy: no push
+    gives up, each is stored once, and a Consumer loop carries on and handles them all."""
     with running(ha_db, tmp_path) as run, PromotionWatch(ha) as watch:
+        sdk = SdkTraffic(run.stack.url, "ha-sdk").start()
+        time.sleep(1)
         crashed_at, fault_at = time.time(), time.monotonic()
         old = ha.kill_postmaster()
         new = _other(ha, old)
         promoted_at = watch.promoted(new.name, timeout=60)
         serving_s = _failover_figures(run, fault_at, promoted_at, old.name, new.name)
+        time.sleep(2)
+        sdk.stop_producing()
+        never_handled = sdk.drain()
+        run.notes.update(sdk.figures())
         report = run.finish("HA: kill -9 of the primary's postmaster (Patroni fails over)")
         _check(run, report, ha_db, serving_s, crashed_at=crashed_at)
+    assert not sdk.errors, sdk.errors
+    assert not never_handled, never_handled[:5]
+    stored = _stored_payload_ids(ha_db, "ha-sdk")
+    assert sorted(stored) == sorted(sdk.pushed), "an SDK push stored twice, or not at all"
 
 
 def test_switchover(ha: PatroniCluster, ha_db: str, tmp_path: Path) -> None:
