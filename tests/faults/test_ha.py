@@ -51,6 +51,7 @@ from queen.store.migrate import migrate
 from tests import storage
 from tests.faults.patroni import TTL_S, Node, PatroniCluster, PromotionWatch, require_binaries
 from tests.faults.sdk_traffic import SdkTraffic
+from tests.faults.test_faults import _healthy, _wake_s
 from tests.faults.workload import Producer, Report, Run, Stack, Tally, assert_survived
 
 pytestmark = pytest.mark.faults
@@ -95,8 +96,8 @@ def ha_db(ha: PatroniCluster, tmp_path: Path) -> str:
 
 
 @contextlib.contextmanager
-def running(dsn: str, tmp_path: Path) -> Iterator[Run]:
-    stack = Stack(dsn, tmp_path).start()
+def running(dsn: str, tmp_path: Path, **env: str) -> Iterator[Run]:
+    stack = Stack(dsn, tmp_path, **env).start()
     run = Run(stack, tmp_path)
     try:
         yield run.start()
@@ -198,8 +199,13 @@ def _check(run: Run, report: Report, dsn: str, serving_s: float | None,
 
 def test_kill_9_of_the_primary_postmaster(ha: PatroniCluster, ha_db: str, tmp_path: Path) -> None:
     """Also the SDK as an application runs it, with its default RetryPolicy: no push
-    gives up, each is stored once, and a Consumer loop carries on and handles them all."""
-    with running(ha_db, tmp_path) as run, PromotionWatch(ha) as watch:
+    gives up, each is stored once, and a Consumer loop carries on and handles them all.
+    With no fallback re-check for 20 s, a parked poll woken within a second on the new
+    primary was woken through a LISTEN made there."""
+    with (
+        running(ha_db, tmp_path, QUEEN_POLL_FALLBACK="20") as run,
+        PromotionWatch(ha) as watch,
+    ):
         sdk = SdkTraffic(run.stack.url, "ha-sdk").start()
         time.sleep(1)
         crashed_at, fault_at = time.time(), time.monotonic()
@@ -207,12 +213,15 @@ def test_kill_9_of_the_primary_postmaster(ha: PatroniCluster, ha_db: str, tmp_pa
         new = _other(ha, old)
         promoted_at = watch.promoted(new.name, timeout=60)
         serving_s = _failover_figures(run, fault_at, promoted_at, old.name, new.name)
-        time.sleep(2)
+        _healthy(run.stack.url)
+        wakes = [_wake_s(run.stack.url, f"ha-wake-{n}") for n in range(3)]
+        run.notes["wake_after_failover_s"] = [round(w, 3) for w in wakes]
         sdk.stop_producing()
         never_handled = sdk.drain()
         run.notes.update(sdk.figures())
         report = run.finish("HA: kill -9 of the primary's postmaster (Patroni fails over)")
         _check(run, report, ha_db, serving_s, crashed_at=crashed_at)
+    assert wakes[-1] < 1.0, wakes
     assert not sdk.errors, sdk.errors
     assert not never_handled, never_handled[:5]
     stored = _stored_payload_ids(ha_db, "ha-sdk")
