@@ -3,6 +3,7 @@ message at a time and a Consumer loop, both with the client's default RetryPolic
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
@@ -10,24 +11,33 @@ from typing import Any
 
 from queen.client import Message, Queen
 
+GROUP = "ha-group"
+
 
 class SdkTraffic:
-    """Push `sdk-N` payloads to queue (two partitions) and consume them, until stopped."""
+    """Push `sdk-N` payloads to queue (two partitions) and consume them, until stopped:
+    in queue mode, and as the consumer group GROUP (its cursors and leases live through
+    the fault too)."""
 
     def __init__(self, url: str, queue: str) -> None:
         self.client = Queen(url)
         self.queue = queue
         self.pushed: list[str] = []  # payload ids whose push returned
         self.errors: list[str] = []  # what a push raised: the client gave up
-        self.handled: Counter[str] = Counter()
+        self.handled: dict[str | None, Counter[str]] = {None: Counter(), GROUP: Counter()}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.consumer = self.client.consumer(
-            queue, self._handle, handle_signals=False, poll_timeout=2
-        )
+        self.consumers = [
+            self.client.consumer(
+                queue, functools.partial(self._handle, group), group=group,
+                handle_signals=False, poll_timeout=2,
+            )
+            for group in self.handled
+        ]
         self._threads = [
             threading.Thread(target=self._produce, name="sdk-producer", daemon=True),
-            threading.Thread(target=self.consumer.run, name="sdk-consumer", daemon=True),
+            *(threading.Thread(target=c.run, name="sdk-consumer", daemon=True)
+              for c in self.consumers),
         ]
 
     def start(self) -> SdkTraffic:
@@ -35,9 +45,9 @@ class SdkTraffic:
             thread.start()
         return self
 
-    def _handle(self, message: Message) -> None:
+    def _handle(self, group: str | None, message: Message) -> None:
         with self._lock:
-            self.handled[message.data["id"]] += 1
+            self.handled[group][message.data["id"]] += 1
 
     def _produce(self) -> None:
         n = 0
@@ -57,16 +67,24 @@ class SdkTraffic:
         self._threads[0].join(60)
 
     def drain(self, timeout: float = 90) -> list[str]:
-        """Wait until every pushed id was handled; stop consuming; return those never handled."""
+        """Wait until queue mode and the group handled every pushed id; stop consuming;
+        return those one of them never handled (`group:id`)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while True:
             with self._lock:
-                missing = [item for item in self.pushed if item not in self.handled]
-            if not missing:
+                missing = [
+                    f"{group or 'queue mode'}:{item}"
+                    for group, handled in self.handled.items()
+                    for item in self.pushed
+                    if item not in handled
+                ]
+            if not missing or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        self.consumer.stop()
-        self._threads[1].join(30)
+        for consumer in self.consumers:
+            consumer.stop()
+        for thread in self._threads[1:]:
+            thread.join(30)
         self.client.close()
         return missing
 
@@ -74,7 +92,13 @@ class SdkTraffic:
         with self._lock:
             return {
                 "sdk_pushed": len(self.pushed),
-                "sdk_handled": len(self.handled),
-                "sdk_handled_twice": sum(1 for n in self.handled.values() if n > 1),
                 "sdk_gave_up": len(self.errors),
+                **{
+                    f"sdk_{'group' if group else 'queue_mode'}_{what}": count
+                    for group, handled in self.handled.items()
+                    for what, count in (
+                        ("handled", len(handled)),
+                        ("handled_twice", sum(1 for n in handled.values() if n > 1)),
+                    )
+                },
             }

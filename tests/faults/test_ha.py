@@ -199,7 +199,8 @@ def _check(run: Run, report: Report, dsn: str, serving_s: float | None,
 
 def test_kill_9_of_the_primary_postmaster(ha: PatroniCluster, ha_db: str, tmp_path: Path) -> None:
     """Also the SDK as an application runs it, with its default RetryPolicy: no push
-    gives up, each is stored once, and a Consumer loop carries on and handles them all.
+    gives up, each is stored once, and Consumer loops (queue mode, and a consumer group)
+    carry on and handle them all.
     With no fallback re-check for 20 s, a parked poll woken within a second on the new
     primary was woken through a LISTEN made there."""
     with (
