@@ -29,11 +29,20 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture
 def cluster_db(cluster: Cluster, tmp_path: Path) -> str:
     """A migrated database of its own on the cluster; returns its DSN."""
-    name = f"faults_{tmp_path.name[-12:].replace('-', '_').lower()}"
-    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+    return fresh_database(cluster.dsn, cluster.dsn_for(database_name("faults", tmp_path)))
+
+
+def database_name(prefix: str, tmp_path: Path) -> str:
+    """A database name of a test's own, from its temporary directory."""
+    return f"{prefix}_{tmp_path.name[-12:].replace('-', '_').lower()}"
+
+
+def fresh_database(admin_dsn: str, dsn: str) -> str:
+    """(Re)create the database dsn names, through admin_dsn, and migrate it; return dsn."""
+    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = cluster.dsn_for(name)
     migrate(dsn)
     return dsn
 

@@ -12,7 +12,6 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,18 +20,7 @@ import requests
 from bench.cluster import Cluster
 from tests.faults.conftest import through
 from tests.faults.proxy import Proxy
-from tests.faults.workload import LEASE_S, Run, Stack, assert_survived
-
-
-@contextlib.contextmanager
-def running(dsn: str, tmp_path: Path, **env: str) -> Iterator[Run]:
-    stack = Stack(dsn, tmp_path, **env).start()
-    run = Run(stack, tmp_path)
-    try:
-        yield run.start()
-    finally:
-        run.stop()
-        stack.stop()
+from tests.faults.workload import LEASE_S, Run, assert_survived, running
 
 
 def test_kill_9_of_a_worker(db_dsn: str, tmp_path: Path) -> None:

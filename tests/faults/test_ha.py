@@ -44,15 +44,14 @@ from pathlib import Path
 import psycopg
 import pytest
 import requests
-from psycopg import sql
 
 from queen.store.maintenance import LEADER_LOCK
-from queen.store.migrate import migrate
 from tests import storage
+from tests.faults.conftest import database_name, fresh_database
 from tests.faults.patroni import TTL_S, Node, PatroniCluster, PromotionWatch, require_binaries
 from tests.faults.sdk_traffic import SdkTraffic
 from tests.faults.test_faults import _healthy, _wake_s
-from tests.faults.workload import Producer, Report, Run, Stack, Tally, assert_survived
+from tests.faults.workload import Producer, Report, Run, Stack, Tally, assert_survived, running
 
 pytestmark = pytest.mark.faults
 
@@ -69,12 +68,7 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
 
 def _create_database(cluster: PatroniCluster, name: str) -> str:
     cluster.wait_writable()
-    with psycopg.connect(cluster.dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = cluster.dsn_for(name)
-    migrate(dsn)
-    return dsn
+    return fresh_database(cluster.dsn, cluster.dsn_for(name))
 
 
 @pytest.fixture(scope="module")
@@ -92,18 +86,7 @@ def ha() -> Iterator[PatroniCluster]:
 def ha_db(ha: PatroniCluster, tmp_path: Path) -> str:
     """A migrated database of its own, reached through HAProxy, on a healthy cluster."""
     ha.wait_healthy(120)  # the previous fault's old primary has rejoined
-    return _create_database(ha, f"ha_{tmp_path.name[-12:].replace('-', '_').lower()}")
-
-
-@contextlib.contextmanager
-def running(dsn: str, tmp_path: Path, **env: str) -> Iterator[Run]:
-    stack = Stack(dsn, tmp_path, **env).start()
-    run = Run(stack, tmp_path)
-    try:
-        yield run.start()
-    finally:
-        run.stop()
-        stack.stop()
+    return _create_database(ha, database_name("ha", tmp_path))
 
 
 def _other(cluster: PatroniCluster, node: Node | str) -> Node:

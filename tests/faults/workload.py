@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +311,18 @@ class Run:
 # Acks commit without waiting for the WAL flush (docs/DECISIONS.md): a crash may forget
 # those of the last wal_writer_delay (200 ms) times three, so their messages come again.
 ACKS_A_CRASH_MAY_FORGET_S = 1.0
+
+
+@contextlib.contextmanager
+def running(dsn: str, tmp_path: Path, **env: str) -> Iterator[Run]:
+    """A Stack on dsn (env added to its settings) with a Run started on it; both stopped after."""
+    stack = Stack(dsn, tmp_path, **env).start()
+    run = Run(stack, tmp_path)
+    try:
+        yield run.start()
+    finally:
+        run.stop()
+        stack.stop()
 
 
 def assert_survived(report: Report, crashed_at: float | None = None) -> None:
