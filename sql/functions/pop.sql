@@ -528,9 +528,12 @@ BEGIN
         RETURN;
     END IF;
     -- (The LATERAL probes the key of each candidate in the list's order, whatever the
-    -- statistics, and stops once it has locked a row for every pop.)
+    -- statistics, and stops once it has locked a row for every pop. A partition's name is
+    -- read once, with its row, not for each message: on a small table each read is a
+    -- scan of the whole table.)
     WITH picked AS MATERIALIZED (
-        SELECT k.*, row_number() OVER ()::integer AS j
+        SELECT k.*, row_number() OVER ()::integer AS j,
+               (SELECT p.name FROM queen.partitions p WHERE p.id = k.partition_id) AS name
         FROM (SELECT x.* FROM unnest(p_candidates) u
               CROSS JOIN LATERAL (SELECT * FROM queen.consumers x
                                   WHERE x.partition_id = u AND x.consumer_group = p_group
@@ -539,7 +542,7 @@ BEGIN
                                   FOR UPDATE SKIP LOCKED) x
               LIMIT cardinality(p_positions)) k
     ), batch AS MATERIALIZED (
-        SELECT k.j, k.partition_id, m.id, m.transaction_id, m.payload, m.encrypted,
+        SELECT k.j, k.partition_id, k.name, m.id, m.transaction_id, m.payload, m.encrypted,
                m.created_at, m.trace_id,
                CASE WHEN m.id <= k.retried_max  -- (a message of it may have been retried)
                     THEN queen.retries_of(k.partition_id, p_group, m.id, k.retried_max)
@@ -565,10 +568,9 @@ BEGIN
     )
     SELECT array_agg(p_positions[b.j] ORDER BY b.j, b.id),
            array_agg(ROW(queen.message_uuid(b.id, b.created_at), b.transaction_id, q.name,
-                         (SELECT p.name FROM queen.partitions p WHERE p.id = b.partition_id),
-                         b.payload, b.encrypted, b.retries, q.priority, b.created_at, now(),
-                         p_leases[b.j], expires, q.lease_time, q.retry_limit,
-                         b.trace_id, b.partition_id)::queen.popped
+                         b.name, b.payload, b.encrypted, b.retries, q.priority,
+                         b.created_at, now(), p_leases[b.j], expires, q.lease_time,
+                         q.retry_limit, b.trace_id, b.partition_id)::queen.popped
                      ORDER BY b.j, b.id)
     INTO pops, messages
     FROM batch b;

@@ -223,6 +223,26 @@ def test_fused_pops_take_the_oldest_free_partitions_one_each(store: Store) -> No
     assert _pop_many(store, 3, batch=5) == {1: ["c0", "c1"]}  # two left with nothing
 
 
+def test_pops_claimed_as_a_set_name_each_message_s_partition(store: Store) -> None:
+    for name in ("a", "b", "c"):
+        push(store, [{"queue": "q", "partition": name, "payload": f"{name}{n}"}
+                     for n in range(3)])
+        (m,) = pop(store, "q", name)  # a cursor in every partition, so the set takes them
+        store.polling.unclaim(m.lease_id)
+    one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": 3, "worker": "test"}
+    body = [{**one, "lease": str(uuid.uuid4())} for _ in range(3)]
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        got = conn.execute(
+            "SELECT (message).partition, (message).partition_id, (message).payload"
+            " FROM queen.pop_many(%s::jsonb)",
+            (orjson.dumps(body).decode(),),
+        ).fetchall()
+        ids = dict(conn.execute("SELECT name, id FROM queen.partitions").fetchall())
+    assert sorted(payload for _, _, payload in got) == [f"{p}{n}" for p in "abc" for n in range(3)]
+    assert all(payload[0] == partition for partition, _, payload in got)
+    assert all(ids[partition] == partition_id for partition, partition_id, _ in got)
+
+
 def test_fused_pops_take_the_oldest_partition_before_its_cursor_exists(store: Store) -> None:
     push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
     push(store, [{"queue": "q", "partition": "c", "payload": "c1"}])
