@@ -91,47 +91,67 @@ $$;
 -- The common call, decided as a set: every item completes a message of the group's live
 -- lease (p_lease, or whichever it is when NULL: the items name none) and together they
 -- are all of its messages, none acked before in it (a consumer acking what it popped).
--- The items' transactionIds are matched against the lease's messages, read once under
--- the row lock. NULL when the call is anything else: queen.ack_consumer then
--- decides its items one by one.
+-- The row is locked first; then one statement (its snapshot taken after the lock, so it
+-- sees what a delete that held the lock committed) matches the items' transactionIds
+-- against the lease's messages, read once, and when every item matched records the
+-- completion and ends the lease, the cursor past it (as queen.settle_row does for such
+-- a lease); polls are woken when work is left. NULL when the call is anything else, or
+-- when messages done out of order lie past the lease: queen.ack_consumer then decides
+-- its items one by one.
 CREATE OR REPLACE FUNCTION queen.ack_lease(p_partition uuid, p_group text, p_lease uuid,
                                            p_idx integer[], p_txids text[],
                                            p_errors text[])
 RETURNS queen.ack_outcome[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    r       record;
     c       queen.consumers;
     decided queen.ack_outcome[];
-    ids     bigint[];
-    matched bigint;
 BEGIN
-    SELECT x AS c, y.retry_delay INTO r
-    FROM queen.consumers x JOIN queen.queues y ON y.id = x.queue_id
-    WHERE x.partition_id = p_partition AND x.consumer_group = p_group FOR UPDATE OF x;
-    c := r.c;
+    SELECT * INTO c FROM queen.consumers x
+    WHERE x.partition_id = p_partition AND x.consumer_group = p_group
+    FOR UPDATE;
     IF c.lease_id IS NULL OR c.lease_id IS DISTINCT FROM coalesce(p_lease, c.lease_id)
-       OR cardinality(c.lease_acked) > 0 OR c.lease_size <> cardinality(p_txids) THEN
+       OR cardinality(c.lease_acked) > 0 OR c.lease_size <> cardinality(p_txids)
+       OR c.lease_last_id < ANY (c.done_ids) THEN
         RETURN NULL;
     END IF;
-    SELECT array_agg(ROW(i.idx, i.txid, p_group, l.id, 'completed',
+    WITH l AS MATERIALIZED (
+        SELECT i.idx, i.txid, i.error, m.id
+        FROM unnest(p_idx, p_txids, p_errors) i(idx, txid, error)
+        JOIN (SELECT m.id, m.transaction_id FROM queen.messages m
+              WHERE m.partition_id = p_partition AND m.id > c.cursor_id
+                AND m.id <= c.lease_last_id AND m.id <> ALL (c.done_ids)) m
+          ON m.transaction_id = i.txid
+    ), fit AS MATERIALIZED (  -- one row when every item matched a message of its own
+        SELECT min(l.id) AS lo, max(l.id) AS hi, count(*)::integer AS n FROM l
+        HAVING count(DISTINCT l.id) = cardinality(p_txids)
+    ), completion AS (
+        INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
+        SELECT p_partition, p_group, f.lo, f.hi, f.n FROM fit f
+    ), ended AS (
+        UPDATE queen.consumers x SET
+            cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
+            lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
+            lease_last_id = NULL, lease_size = NULL, updated_at = now()
+        FROM fit
+        WHERE x.partition_id = p_partition AND x.consumer_group = p_group
+    )
+    SELECT array_agg(ROW(l.idx, l.txid, p_group, l.id, 'completed',
                          CASE WHEN l.id > c.retried_max THEN 0  -- (no retry record: no lookup)
                               ELSE queen.retries_of(p_partition, p_group, l.id,
                                                     c.retried_max) END,
-                         i.error, true)::queen.ack_outcome),
-           array_agg(l.id ORDER BY l.id), count(DISTINCT l.id)
-    INTO decided, ids, matched
-    FROM unnest(p_idx, p_txids, p_errors) i(idx, txid, error)
-    JOIN (SELECT m.id, m.transaction_id FROM queen.messages m
-          WHERE m.partition_id = p_partition AND m.id > c.cursor_id
-            AND m.id <= c.lease_last_id AND m.id <> ALL (c.done_ids)) l
-      ON l.transaction_id = i.txid;
-    IF matched <> cardinality(p_txids) THEN
-        RETURN NULL;
+                         l.error, true)::queen.ack_outcome)
+    INTO decided
+    FROM l CROSS JOIN fit;
+    -- Wake a poll when the partition is free with work (nobody to wake while no worker
+    -- has a poll parked).
+    IF decided IS NOT NULL
+       AND EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())
+       AND (SELECT m.id FROM queen.messages m
+            WHERE m.partition_id = p_partition AND m.id > greatest(c.cursor_id, c.lease_last_id)
+            ORDER BY m.id LIMIT 1) IS NOT NULL THEN
+        PERFORM queen.wake_group(p_partition, p_group);
     END IF;
-    INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
-    VALUES (p_partition, p_group, ids[1], ids[matched], matched);
-    PERFORM queen.settle_row(c, r.retry_delay, ids, ids, NULL);
     RETURN decided;
 END
 $$;
