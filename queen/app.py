@@ -28,7 +28,12 @@ from queen.api.dashboard import (
     DashboardSocketResource,
 )
 from queen.api.messages import AckBatchResource, AckResource, PopResource, PushResource
-from queen.api.metrics import MetricsMiddleware, PrometheusResource, observe_fused
+from queen.api.metrics import (
+    MetricsMiddleware,
+    PrometheusResource,
+    observe_fused,
+    observe_statement,
+)
 from queen.api.queues import ConfigureResource
 from queen.api.system import (
     HealthResource,
@@ -191,6 +196,7 @@ def create_app(
     poller = LongPoller(store, events, settings.effective_worker_id, clock)
     measure = MetricsMiddleware(store)
     store.observe_calls(observe_fused)
+    store.db.observe = observe_statement
     middleware: list[Any] = [measure, CORSMiddleware(settings.cors_origins)]
     if settings.auth_on:
         verifier = TokenVerifier(store.tokens.find, clock)

@@ -84,6 +84,18 @@ FUSED = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 _fused = {kind: FUSED.labels(kind) for kind in FUSED_KINDS}
+STATEMENTS = Counter(
+    "queen_db_statements",
+    "Statements the workers sent to PostgreSQL, by query (queen/store/*.sql; other: the rest)",
+    ["query"],
+)
+COMMITS = Counter(
+    "queen_db_commits",
+    "Commits the workers made, by query (transaction: a block of several statements)",
+    ["query"],
+)
+_statements: dict[str, Any] = {}
+_commits: dict[str, Any] = {}
 
 _process_started = time.time()
 
@@ -91,6 +103,20 @@ _process_started = time.time()
 def observe_fused(kind: str, requests: int) -> None:
     """Count one database call of kind that served requests requests."""
     _fused[kind].observe(requests)
+
+
+def observe_statement(query: str, ran: bool, committed: bool) -> None:
+    """Count a statement of query the database ran, and its commit (queen.store.db)."""
+    if ran:
+        child = _statements.get(query)
+        if child is None:
+            child = _statements[query] = STATEMENTS.labels(query)
+        child.inc()
+    if committed:
+        child = _commits.get(query)
+        if child is None:
+            child = _commits[query] = COMMITS.labels(query)
+        child.inc()
 
 
 def multiprocess_mode() -> bool:
@@ -123,6 +149,23 @@ def totals() -> dict[str, int]:
                 if operation in found:
                     found[operation] += int(sample.value)
     return found
+
+
+def database_work() -> dict[str, Any]:
+    """Statements and commits so far, summed over every worker of this host, and per
+    message acked (a message's push, pop and ack, with everything else the workers ran)."""
+    found = {"statements": 0, "commits": 0}
+    for metric in _samples_registry().collect():
+        for sample in metric.samples:
+            if sample.name == "queen_db_statements_total":
+                found["statements"] += int(sample.value)
+            elif sample.name == "queen_db_commits_total":
+                found["commits"] += int(sample.value)
+    acked = totals()["acked"]
+    return {
+        **found,
+        "perMessage": {k: round(v / acked, 3) if acked else None for k, v in found.items()},
+    }
 
 
 def fusion() -> dict[str, dict[str, float]]:

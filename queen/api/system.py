@@ -142,6 +142,7 @@ class MetricsResource:
                     "maxPoolSize": pool["max"],
                     "idleConnections": pool["idle"],
                     "waitingRequests": pool["waiting"],
+                    **metrics.database_work(),
                 },
                 "fusion": metrics.fusion(),
                 "memory": metrics.memory(),

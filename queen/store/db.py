@@ -9,18 +9,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from select import POLLIN
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq
+from psycopg.pq import TransactionStatus
 from psycopg.rows import RowFactory, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 from psycopg_pool.pool import AddConnection
 
 from queen.errors import InvalidInput, Unavailable
 from queen.store.bounds import WATCHDOG, bounded_conninfo, call_deadline_s
-from queen.store.sqlfile import load_queries
+from queen.store.sqlfile import load_queries, query_name
 
 try:  # the unpatched poll: a zero-timeout look must not yield to the gevent hub
     from gevent.hub import Waiter, get_hub
@@ -33,6 +34,11 @@ except ImportError:  # pragma: no cover - gevent is a dependency
     _poll = select.poll
 
 log = logging.getLogger(__name__)
+
+# What Database.observe is told of each statement a pooled connection runs: the query's
+# name (queen.store.sqlfile.query_name; "transaction" for the commit of a transaction
+# block), whether a statement ran, whether it committed.
+StatementObserver = Callable[[str, bool, bool], None]
 
 QUERIES = load_queries()
 RETRIES_ON_DEADLOCK = 3
@@ -110,7 +116,47 @@ def wait_on_hub(gen: Any, fileno: int) -> Any:
         return done.value
 
 
-class HubConnection(psycopg.Connection[Any]):
+class QueenConnection(psycopg.Connection[Any]):
+    """A pooled connection that tells its observer (set by Database) of every commit of a
+    transaction block; its cursors (CountingCursor) tell it of every statement."""
+
+    @contextlib.contextmanager
+    def transaction(
+        self, savepoint_name: str | None = None, force_rollback: bool = False
+    ) -> Iterator[psycopg.Transaction]:
+        outermost = self.info.transaction_status == TransactionStatus.IDLE
+        with super().transaction(savepoint_name, force_rollback) as tx:
+            yield tx
+        observe = getattr(self, "_queen_observe", None)
+        if observe is not None and outermost and not force_rollback:
+            observe(None, True)
+
+
+class CountingCursor(psycopg.Cursor[Any]):
+    """A cursor that tells its connection's observer of each statement it runs, and
+    whether the statement committed (autocommit, outside a transaction block)."""
+
+    def execute(
+        self,
+        query: Any,
+        params: Any = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool | None = None,
+    ) -> Self:
+        ran = False
+        try:
+            super().execute(query, params, prepare=prepare, binary=binary)
+            ran = True
+            return self
+        finally:
+            observe = getattr(self.connection, "_queen_observe", None)
+            if observe is not None:
+                idle = self.connection.info.transaction_status == TransactionStatus.IDLE
+                observe(query, ran and idle)
+
+
+class HubConnection(QueenConnection):
     """A connection that waits for its socket on the gevent hub itself.
 
     Under gevent psycopg waits through the patched select.poll: a poll object, a
@@ -126,12 +172,13 @@ class HubConnection(psycopg.Connection[Any]):
         return wait_on_hub(gen, self.pgconn.socket)
 
 
-def connection_class() -> type[psycopg.Connection[Any]]:
-    """Return HubConnection where psycopg itself waits cooperatively (gevent patched first)."""
+def connection_class() -> type[QueenConnection]:
+    """Return HubConnection where psycopg itself waits cooperatively (gevent patched first),
+    QueenConnection (psycopg's own waiting) elsewhere."""
     import psycopg.waiting
 
     cooperative = psycopg.waiting.wait is not getattr(psycopg.waiting, "wait_c", None)
-    return HubConnection if cooperative and is_module_patched("select") else psycopg.Connection
+    return HubConnection if cooperative and is_module_patched("select") else QueenConnection
 
 
 class Backend(NamedTuple):
@@ -294,6 +341,9 @@ class Database:
     ) -> None:
         self.dsn = dsn
         self.queries = QUERIES
+        # Told (query name, whether a statement ran, whether it committed) of what the
+        # pooled connections run: the /metrics counts of statements and commits.
+        self.observe: StatementObserver | None = None
         # Connections run under the hot path's short statement_timeout; patient calls
         # (admin, reads, dashboard) raise their own for their transaction.
         self._hot_path_timeout_ms = hot_path_timeout_ms
@@ -325,6 +375,17 @@ class Database:
             (str(self._hot_path_timeout_ms),),
         ).fetchone()
         conn._queen_server_started = row[-1] if row else None  # type: ignore[attr-defined]
+        conn.cursor_factory = CountingCursor
+        conn._queen_observe = self._observed  # type: ignore[attr-defined]
+
+    def _observed(self, statement: object, committed: bool) -> None:
+        """A pooled connection ran statement (None: it committed a transaction block)."""
+        observe = self.observe
+        if observe is not None:
+            if statement is None:
+                observe("transaction", False, committed)
+            else:
+                observe(query_name(statement), True, committed)
 
     def open(self) -> None:
         """Start the pool without waiting for the database (requests answer 503 until it is up)."""

@@ -6,6 +6,9 @@ import re
 from pathlib import Path
 
 _MARKER = re.compile(r"^-- (?P<name>[a-z_][a-z0-9_]*):[^\n]*--\s*$", re.MULTILINE)
+# Every statement load_queries read, by its text: the name a statement is counted under
+# (queen.store.db).
+_NAMES: dict[str, str] = {}
 
 
 def parse_queries(text: str) -> dict[str, str]:
@@ -27,4 +30,11 @@ def parse_queries(text: str) -> dict[str, str]:
 def load_queries(path: Path | None = None) -> dict[str, str]:
     """Read queen/store/queries.sql (or path) into {name: statement}."""
     path = path or Path(__file__).with_name("queries.sql")
-    return parse_queries(path.read_text(encoding="utf-8"))
+    queries = parse_queries(path.read_text(encoding="utf-8"))
+    _NAMES.update({statement: name for name, statement in queries.items()})
+    return queries
+
+
+def query_name(statement: object) -> str:
+    """The name a loaded statement was read under; "other" for any other statement."""
+    return _NAMES.get(statement, "other") if isinstance(statement, str) else "other"

@@ -52,6 +52,10 @@ def test_totals_and_prometheus_agree_across_workers(db_dsn):
             assert doc["requests"]["total"] >= 7
             fused = doc["fusion"]["push"]  # every push request was served by some call
             assert fused["requests"] == 7 and 1 <= fused["calls"] <= 7
+            database = doc["database"]  # each call one statement, committed
+            assert database["statements"] >= fused["calls"]
+            assert database["commits"] >= fused["calls"]
+            assert database["perMessage"] == {"statements": None, "commits": None}  # no ack
 
         for _ in range(6):
             text = fresh(srv.url + "/metrics/prometheus").text
@@ -59,6 +63,9 @@ def test_totals_and_prometheus_agree_across_workers(db_dsn):
             assert sample(text, 'queen_queue_messages{queue="counted",status="pending"}') == 21
             assert sample(text, 'queen_queue_partitions{queue="counted"}') == 2
             assert sample(text, 'queen_fused_call_requests_sum{kind="push"}') == 7
+            calls = sample(text, 'queen_fused_call_requests_count{kind="push"}')
+            assert sample(text, 'queen_db_statements_total{query="push"}') == calls
+            assert sample(text, 'queen_db_commits_total{query="push"}') == calls
             assert sample(text, 'queen_fused_call_requests_bucket{kind="push",le="+Inf"}') >= 1
             assert sample(text, 'queen_http_requests_total{method="POST",route="/api/v1/push",'
                                 'status="201"}') == 7

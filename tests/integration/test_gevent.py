@@ -176,9 +176,10 @@ def test_the_pool_waits_on_the_hub_and_a_severed_call_fails_at_once(db_dsn: str)
     assert result["after"] == [[None]]
 
 
-def test_without_gevent_the_pool_keeps_psycopgs_connection() -> None:
+def test_without_gevent_the_pool_keeps_psycopgs_waiting() -> None:
     import psycopg
 
-    from queen.store.db import connection_class
+    from queen.store.db import QueenConnection, connection_class
 
-    assert connection_class() is psycopg.Connection
+    assert connection_class() is QueenConnection
+    assert QueenConnection.wait is psycopg.Connection.wait
