@@ -153,6 +153,26 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
             f" | {fmt(_value(r, 'pg_cores'), 2)} | {fmt(_value(r, 'pg_throttled_share'), 2)}"
             f" | {fmt(_value(r.get('cpu'), 'idle'), 2)} |"
         )
+    counted = [r for r in shown if r.get("server")]
+    if counted:
+        out += [
+            "",
+            "What Queen's workers counted in the same windows (their /metrics): the "
+            "statements they sent and the commits they made a message, and the requests "
+            "each database call of a kind served (fusion: above 1).",
+            "",
+            "| case | statements/msg | commits/msg | requests a call: push | pop | ack |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in counted:
+            c = r["server"]
+            per_call = c.get("requests_per_call", {})
+            out.append(
+                f"| {r['case']} | {fmt(c['statements_per_msg'], 2)}"
+                f" | {fmt(c['commits_per_msg'], 2)}"
+                + "".join(f" | {fmt(per_call.get(k, math.nan), 2)}" for k in ("push", "pop", "ack"))
+                + " |"
+            )
     top = [r for r in shown if r["system"] == "queen" and r.get("pg_top_statements")]
     if top:
         out += [

@@ -181,12 +181,15 @@ def run_case(
             "postgres": db_pids,
             "pg_background": bg_pids,
         }
+        counted = [server_counts(target)] if case.system == "queen" else []
         meter.start(groups)
         time.sleep(max(0.0, start + case.warmup + case.duration - time.time()))
         cpu = meter.stop()
         wal.read()
         if pg is not None:
             pg.read()
+        if counted:
+            counted.append(server_counts(target))
         outputs = []
         for proc in procs:
             out, err = proc.communicate(timeout=60)
@@ -203,10 +206,48 @@ def run_case(
     # The backends open on the bench database as the window opened: a pool (Queen's)
     # or the clients' own connections, so a report shows whether they ran short.
     result = {**_merge(case, outputs, cpu, wal.written()), "backends": len(db_pids)}
+    done = result["counts"].get("pushed" if case.workload == "push" else "acked", 0)
     if pg is not None:
-        done = result["counts"].get("pushed" if case.workload == "push" else "acked", 0)
         result.update(pg.result(case.duration, done))
+    if len(counted) == 2 and counted[0] is not None and counted[1] is not None:
+        result["server"] = server_per_message(counted[0], counted[1], done)
     return result
+
+
+def server_counts(target: dict[str, Any]) -> dict[str, Any] | None:
+    """What Queen's workers counted so far (its /metrics): statements, commits, and
+    database calls and the requests they served per kind (fusion); None if unanswered."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(target["url"] + "/metrics", timeout=5) as answer:
+            doc = json.loads(answer.read())
+        return {
+            "statements": doc["database"]["statements"],
+            "commits": doc["database"]["commits"],
+            "fusion": {k: (v["calls"], v["requests"]) for k, v in doc["fusion"].items()},
+        }
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def server_per_message(
+    before: dict[str, Any], after: dict[str, Any], messages: int
+) -> dict[str, Any]:
+    """A window's statements and commits per message as Queen's workers counted them, and
+    the requests each of their push, pop and ack calls served."""
+    per = max(messages, 1)
+    served = {}
+    for kind, (calls, requests) in after["fusion"].items():
+        calls -= before["fusion"].get(kind, (0, 0))[0]
+        requests -= before["fusion"].get(kind, (0, 0))[1]
+        if calls:
+            served[kind] = requests / calls
+    return {
+        "statements_per_msg": (after["statements"] - before["statements"]) / per,
+        "commits_per_msg": (after["commits"] - before["commits"]) / per,
+        "requests_per_call": served,
+    }
 
 
 def _merge(

@@ -77,7 +77,9 @@ RESULTS = [
     window("queen", "e2e", 100, 30_000, wal_bytes_per_msg=400, pg_tuples_fetched_per_msg=2.5,
            pg_cpu_us_per_msg=15.0, pg_cores=0.5, pg_throttled_share=0.98,
            pg_top_statements=[{"query": "SELECT x.pop FROM queen.pop_many($1)",
-                               "calls_per_msg": 0.01, "exec_us_per_msg": 6.5}]),
+                               "calls_per_msg": 0.01, "exec_us_per_msg": 6.5}],
+           server={"statements_per_msg": 0.061, "commits_per_msg": 0.07,
+                   "requests_per_call": {"push": 1.5, "pop": 2.25}}),
     window("raw", "e2e", 100, 12_000, wal_bytes_per_msg=1_000, pg_cpu_us_per_msg=40.0),
     window("minimal", "e2e", 100, 32_000, wal_bytes_per_msg=380),
     window("queen", "push", 1, 1_000),
@@ -108,8 +110,19 @@ def test_a_report_shows_the_phase_first_and_keeps_it_out_of_the_whole_machine_ta
     assert "| e2e batch 100 | 2 + 4 | 30,000 | 32,000 | 12,000 | 2.50 | 0.94 |" in text
     assert "| queen/e2e/b100 | 30,000 | 15.0 | 2.5 | 400 |" in text
     assert "| queen/e2e/b100 | `SELECT x.pop FROM queen.pop_many($1)` | 0.01 | 6.5 | – |" in text
+    assert "| queen/e2e/b100 | 0.06 | 0.07 | 1.50 | 2.25 | – |" in text  # the server's count
     assert "## Push only" not in text and "## End to end" not in text
     assert "e2e batch 100 (p16) / raw ceiling" not in text  # whole-machine goals left out
+
+
+def test_the_server_s_counts_of_a_window_are_per_message_and_per_call():
+    from bench.runner import server_per_message
+
+    before = {"statements": 100, "commits": 90, "fusion": {"push": (10, 10), "pop": (5, 9)}}
+    after = {"statements": 160, "commits": 130, "fusion": {"push": (30, 70), "pop": (5, 9)}}
+    assert server_per_message(before, after, 200) == {
+        "statements_per_msg": 0.3, "commits_per_msg": 0.2, "requests_per_call": {"push": 3.0}
+    }
 
 
 def test_top_statements_are_the_window_s_busiest_per_message():
