@@ -12,6 +12,7 @@ from typing import Any
 from queen.client import Message, Queen
 
 GROUP = "ha-group"
+LEASE_S = 5  # the queue's leaseTime, well inside drain()'s wait
 
 
 class SdkTraffic:
@@ -41,6 +42,10 @@ class SdkTraffic:
         ]
 
     def start(self) -> SdkTraffic:
+        # An acknowledgment committed without waiting for the disk may die with the
+        # primary; its lease then holds the partition until it expires, and its messages
+        # come again after that. A short lease brings them back within the drain.
+        self.client.configure(self.queue, lease_time=LEASE_S)
         for thread in self._threads:
             thread.start()
         return self
