@@ -151,9 +151,10 @@ def totals() -> dict[str, int]:
     return found
 
 
-def database_work() -> dict[str, Any]:
+def database_work(acked: int) -> dict[str, Any]:
     """Statements and commits so far, summed over every worker of this host, and per
-    message acked (a message's push, pop and ack, with everything else the workers ran)."""
+    message acked (acked so far, as totals() counts it: a message's push, pop and ack, with
+    everything else the workers ran)."""
     found = {"statements": 0, "commits": 0}
     for metric in _samples_registry().collect():
         for sample in metric.samples:
@@ -161,7 +162,6 @@ def database_work() -> dict[str, Any]:
                 found["statements"] += int(sample.value)
             elif sample.name == "queen_db_commits_total":
                 found["commits"] += int(sample.value)
-    acked = totals()["acked"]
     return {
         **found,
         "perMessage": {k: round(v / acked, 3) if acked else None for k, v in found.items()},

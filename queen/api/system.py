@@ -142,7 +142,7 @@ class MetricsResource:
                     "maxPoolSize": pool["max"],
                     "idleConnections": pool["idle"],
                     "waitingRequests": pool["waiting"],
-                    **metrics.database_work(),
+                    **metrics.database_work(counted["acked"]),
                 },
                 "fusion": metrics.fusion(),
                 "memory": metrics.memory(),

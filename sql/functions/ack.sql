@@ -143,14 +143,9 @@ BEGIN
                          l.error, true)::queen.ack_outcome)
     INTO decided
     FROM l CROSS JOIN fit;
-    -- Wake a poll when the partition is free with work (nobody to wake while no worker
-    -- has a poll parked).
-    IF decided IS NOT NULL
-       AND EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())
-       AND (SELECT m.id FROM queen.messages m
-            WHERE m.partition_id = p_partition AND m.id > greatest(c.cursor_id, c.lease_last_id)
-            ORDER BY m.id LIMIT 1) IS NOT NULL THEN
-        PERFORM queen.wake_group(p_partition, p_group);
+    IF decided IS NOT NULL THEN
+        PERFORM queen.wake_group_if_work(p_partition, p_group,
+                                         greatest(c.cursor_id, c.lease_last_id));
     END IF;
     RETURN decided;
 END

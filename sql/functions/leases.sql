@@ -104,16 +104,8 @@ BEGIN
                           ELSE x.not_before END,
         updated_at = now()
     WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
-    -- (Past the moved cursor, the first message is one not done, if there is any.) The
-    -- probe walks the key in order: as an EXISTS, a generic plan may scan the table from
-    -- its start through every consumed message still kept.
-    -- Nobody to wake while no worker has a poll parked (queen.wake): no probe then.
-    IF ended AND (p_delay_ms = 0 OR NOT retrying)
-       AND EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())
-       AND (SELECT m.id FROM queen.messages m
-            WHERE m.partition_id = c.partition_id AND m.id > moved_to
-            ORDER BY m.id LIMIT 1) IS NOT NULL THEN
-        PERFORM queen.wake_group(c.partition_id, c.consumer_group);
+    IF ended AND (p_delay_ms = 0 OR NOT retrying) THEN
+        PERFORM queen.wake_group_if_work(c.partition_id, c.consumer_group, moved_to);
     END IF;
     RETURN ended;
 END

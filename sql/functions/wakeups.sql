@@ -35,6 +35,25 @@ BEGIN
 END
 $$;
 
+-- Wake long polls of a group for its partition when a message lies past p_after (where
+-- its cursor now stands, the lease ended): nobody to wake while no worker has a poll
+-- parked, and then no probe either. (Past the cursor, the first message is one not done,
+-- if there is any. The probe walks the key in order: as an EXISTS, a generic plan may
+-- scan the table from its start through every consumed message still kept.)
+CREATE OR REPLACE FUNCTION queen.wake_group_if_work(p_partition uuid, p_group text,
+                                                    p_after bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())
+       AND (SELECT m.id FROM queen.messages m
+            WHERE m.partition_id = p_partition AND m.id > p_after
+            ORDER BY m.id LIMIT 1) IS NOT NULL THEN
+        PERFORM queen.wake_group(p_partition, p_group);
+    END IF;
+END
+$$;
+
 -- Send wake-up payloads at commit. Inside queen.ack they are collected
 -- instead (in the transaction's setting queen.wakes, a JSON array), for the caller to
 -- send once the acks committed (queen.notify_wakes): a notification inside the ack would
