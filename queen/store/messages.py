@@ -348,7 +348,8 @@ class Messages:
             return results
         acks = requests[0] if len(requests) == 1 else [a for r in requests for a in r]
         try:
-            rows = self.db.fetch("ack", ack_columns(acks), _ack_results)
+            columns = ack_columns(acks, [len(r) for r in requests])
+            rows = self.db.fetch("ack", columns, _ack_results)
         except InvalidInput:
             if len(requests) == 1:
                 raise
@@ -358,9 +359,12 @@ class Messages:
         return _renumber([result for result, _ in rows], [len(r) for r in requests])
 
 
-def ack_columns(acks: list[dict[str, Any]]) -> dict[str, str | None]:
+def ack_columns(
+    acks: list[dict[str, Any]], sizes: list[int] | None = None
+) -> dict[str, str | None]:
     """The parameters of the ack query: validated acknowledgments as parallel arrays
-    (text[] literals), each of the optional fields None (a NULL array) when no item names it."""
+    (text[] literals), each of the optional fields None (a NULL array) when no item names
+    it; sizes: how many of them each fused request has (default: one request)."""
 
     def column(key: str) -> str | None:
         values = [a.get(key) for a in acks]
@@ -372,6 +376,7 @@ def ack_columns(acks: list[dict[str, Any]]) -> dict[str, str | None]:
         "statuses": text_array([a["status"] for a in acks]),
         "errors": column("error"),
         "leases": column("leaseId"),
+        "sizes": "{" + ",".join(str(n) for n in (sizes or [len(acks)])) + "}",
     }
 
 

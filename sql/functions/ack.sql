@@ -132,7 +132,7 @@ BEGIN
         UPDATE queen.consumers x SET
             cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
             lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
-            lease_last_id = NULL, lease_size = NULL, updated_at = now()
+            lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
         FROM fit
         WHERE x.partition_id = p_partition AND x.consumer_group = p_group
     )
@@ -231,28 +231,104 @@ BEGIN
         UPDATE queen.consumers x SET
             cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
             lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
-            lease_last_id = NULL, lease_size = NULL, updated_at = now()
+            lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
         WHERE x.ctid = ANY (locked)
         RETURNING x.partition_id, x.consumer_group, x.cursor_id
     )
     SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
     INTO parts, groups, cursors
     FROM ended e;
-    -- Wake polls for the pairs with messages past their lease (as queen.settle_row;
-    -- nobody to wake while no worker has a poll parked).
-    IF EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
-        PERFORM queen.send_wakes(ARRAY(
-            SELECT queen.wake_payload(w.queue, w.partition, w.namespace, w.task, k.grp)
-            FROM unnest(parts, groups, cursors) k(part, grp, moved_to)
-            CROSS JOIN LATERAL (SELECT q.name AS queue, p.name AS partition, q.namespace,
-                                       q.task
-                                FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-                                WHERE p.id = k.part) w
-            WHERE (SELECT m.id FROM queen.messages m
-                   WHERE m.partition_id = k.part AND m.id > k.moved_to
-                   ORDER BY m.id LIMIT 1) IS NOT NULL));
-    END IF;
+    -- Wake polls for the pairs with messages past their lease (as queen.settle_row).
+    PERFORM queen.wake_groups_if_work(parts, groups, cursors);
     RETURN decided;
+END
+$$;
+
+-- The common call, decided without reading a message: each request of the call (p_sizes:
+-- how many of the items are each one's, in order) completes every message of one live
+-- lease of one group, naming them in the order the pop delivered them and nothing else:
+-- its transactionIds' digest is the lease's (queen.lease_digest), its leaseIds, where
+-- named, the lease's. Only leases that end cleanly qualify: nothing acked in them yet,
+-- nothing done out of order past the cursor, no retry record past the cursor (so every
+-- retry count is 0). The rows are locked in key order; when every request fits, one
+-- statement records the completions and moves the cursors past the leases, and true is
+-- returned; otherwise nothing is written and the caller decides the items one way or
+-- another (queen.ack_apply).
+CREATE OR REPLACE FUNCTION queen.ack_whole_leases(p_txids text[], p_groups text[],
+                                                  p_leases text[], p_sizes integer[])
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    locked  tid[];
+    fits    boolean;
+    parts   uuid[];
+    groups  text[];
+    cursors bigint[];
+BEGIN
+    -- Each request's pair (its first transactionId names the partition: one probe of
+    -- the key a request), leaseId and transactionIds joined; the rows locked in key
+    -- order, each checked against its request. (A request mixing groups or leases is not
+    -- one lease's. Slices and comparisons of the arrays: no pass per item in SQL.)
+    WITH r AS MATERIALIZED (
+        SELECT (SELECT m.partition_id FROM queen.messages m
+                WHERE m.transaction_id = p_txids[s.first]) AS part,
+               coalesce(p_groups[s.first], '__queue__') AS grp,
+               p_leases[s.first]::uuid AS lease, s.size, s.last,
+               array_to_string(p_txids[s.first:s.last], E'\x1f') AS joined,
+               (p_groups IS NULL OR p_groups[s.first:s.last]
+                                    = array_fill(p_groups[s.first], ARRAY[s.size]))
+               AND (p_leases IS NULL OR p_leases[s.first:s.last]
+                                        = array_fill(p_leases[s.first], ARRAY[s.size]))
+                 AS uniform
+        FROM (SELECT u.size, (sum(u.size) OVER w - u.size + 1)::integer AS first,
+                     (sum(u.size) OVER w)::integer AS last
+              FROM unnest(p_sizes) WITH ORDINALITY u(size, k)
+              WINDOW w AS (ORDER BY u.k)) s
+    )
+    SELECT array_agg(x.ctid),
+           count(*) = cardinality(p_sizes) AND count(DISTINCT x.ctid) = count(*)
+           AND max(r.last) = cardinality(p_txids)
+           AND bool_and(r.uniform AND x.lease_id = coalesce(r.lease, x.lease_id)
+                        AND x.lease_size = r.size
+                        AND x.lease_digest = queen.lease_digest(r.joined, r.size)
+                        AND cardinality(x.lease_acked) = 0 AND cardinality(x.done_ids) = 0
+                        AND x.retried_max <= x.cursor_id)
+    INTO locked, fits
+    FROM (SELECT * FROM r ORDER BY r.part, r.grp) r
+    CROSS JOIN LATERAL (SELECT x.ctid, x.lease_id, x.lease_size, x.lease_digest,
+                               x.lease_acked, x.done_ids, x.retried_max, x.cursor_id
+                        FROM queen.consumers x
+                        WHERE x.partition_id = r.part AND x.consumer_group = r.grp
+                        FOR UPDATE) x;
+    IF NOT coalesce(fits, false) THEN
+        RETURN false;
+    END IF;
+    -- (The lease holds every message past the cursor up to its last: its first is the
+    -- first past the cursor, a probe of the key. Locked, the rows stay where they are.)
+    WITH completion AS (
+        INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
+        SELECT x.partition_id, x.consumer_group,
+               (SELECT m.id FROM queen.messages m
+                WHERE m.partition_id = x.partition_id AND m.id > x.cursor_id
+                ORDER BY m.id LIMIT 1),
+               x.lease_last_id, x.lease_size
+        FROM queen.consumers x
+        WHERE x.ctid = ANY (locked)
+        ORDER BY 1, 2
+    ), ended AS (
+        UPDATE queen.consumers x SET
+            cursor_id = greatest(x.cursor_id, x.lease_last_id), lease_id = NULL,
+            leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
+            lease_size = NULL, lease_digest = NULL, updated_at = now()
+        WHERE x.ctid = ANY (locked)
+        RETURNING x.partition_id, x.consumer_group, x.cursor_id
+    )
+    SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
+    INTO parts, groups, cursors
+    FROM ended e;
+    -- Wake polls for the pairs with messages past their lease (as queen.settle_row).
+    PERFORM queen.wake_groups_if_work(parts, groups, cursors);
+    RETURN true;
 END
 $$;
 
@@ -535,8 +611,9 @@ $$;
 -- acks committed: the wake-up payloads (see queen.wake) come on the first row,
 -- NULL when there are none. acknowledged_at: now for an acknowledgment that applied;
 -- for one that found its message done before, when that was recorded (when known);
--- reason: why nothing changed (queen.ack_reason), looked up only for those.
--- One plan per session (plan_cache_mode).
+-- reason: why nothing changed (queen.ack_reason), looked up only for those. p_sizes:
+-- how many of the items are each request's, in order, when the call fuses several
+-- (NULL: not known). One plan per session (plan_cache_mode).
 -- (An earlier build's returned no reason: a changed result type cannot be replaced, so
 -- that one is dropped, once; the current one is replaced in place as any other.)
 DO $$
@@ -551,7 +628,7 @@ BEGIN
 END
 $$;
 CREATE OR REPLACE FUNCTION queen.ack_items(p_txids text[], p_groups text[], p_wanted text[],
-                                p_errors text[], p_leases text[])
+                                p_errors text[], p_leases text[], p_sizes integer[])
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
                acknowledged_at timestamptz, reason text, wakes text[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -559,16 +636,32 @@ DECLARE
     decided queen.ack_outcome[];
     woken   text[];
     ignored text;
+    whole   boolean := false;
 BEGIN
     -- The acks' commit does not wait for the disk: an ack a crash forgets leaves its
     -- message leased until the lease expires, then delivered again (at-least-once).
     ignored := set_config('synchronous_commit', 'off', true);
     ignored := set_config('queen.wakes', '[]', true);
-    decided := queen.ack_apply(p_txids, p_groups, p_wanted, p_errors, p_leases);
+    -- Requests each completing one whole lease, as popped: decided without reading a
+    -- message, every outcome alike (queen.ack_whole_leases).
+    -- (A lease of one message keeps no digest.)
+    IF 1 < ALL (p_sizes) AND cardinality(p_sizes) > 0 AND 'completed' = ALL (p_wanted) THEN
+        whole := queen.ack_whole_leases(p_txids, p_groups, p_leases, p_sizes);
+    END IF;
+    IF NOT whole THEN
+        decided := queen.ack_apply(p_txids, p_groups, p_wanted, p_errors, p_leases);
+    END IF;
     IF current_setting('queen.wakes') <> '[]' THEN
         woken := ARRAY(SELECT jsonb_array_elements_text(current_setting('queen.wakes')::jsonb));
     END IF;
     ignored := set_config('queen.wakes', '', true);
+    IF whole THEN
+        RETURN QUERY
+        SELECT t.k::integer, t.txid, 'completed'::text, 0, now(), NULL::text,
+               CASE WHEN t.k = 1 AND cardinality(woken) > 0 THEN woken END
+        FROM unnest(p_txids) WITH ORDINALITY t(txid, k) ORDER BY t.k;
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT d.idx, d.transaction_id, d.status, d.retry_count,
            CASE WHEN d.applied THEN now()
@@ -576,6 +669,19 @@ BEGIN
            CASE WHEN NOT d.applied THEN queen.ack_reason(d.status, d.applied) END,
            CASE WHEN d.idx = 1 AND cardinality(woken) > 0 THEN woken END
     FROM unnest(decided) d ORDER BY d.idx;
+END
+$$;
+
+-- queen.ack_items of one request's items (the call of an earlier build, which named no
+-- requests).
+CREATE OR REPLACE FUNCTION queen.ack_items(p_txids text[], p_groups text[], p_wanted text[],
+                                p_errors text[], p_leases text[])
+RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
+               acknowledged_at timestamptz, reason text, wakes text[])
+LANGUAGE plpgsql AS $$  -- (a SQL function's statement would be planned at each call)
+BEGIN
+    RETURN QUERY SELECT * FROM queen.ack_items(p_txids, p_groups, p_wanted, p_errors,
+                                               p_leases, ARRAY[cardinality(p_txids)]);
 END
 $$;
 

@@ -18,6 +18,7 @@ BEGIN
             lease_size = CASE WHEN x.lease_id IS NOT NULL AND p_id <= x.lease_last_id
                                    AND (p_id = ANY (x.lease_acked) OR p_id <> ALL (x.done_ids))
                               THEN x.lease_size - 1 ELSE x.lease_size END,
+            lease_digest = CASE WHEN p_id <= x.lease_last_id THEN NULL ELSE x.lease_digest END,
             lease_acked = array_remove(x.lease_acked, p_id),
             done_ids = array_remove(x.done_ids, p_id)
         WHERE x.partition_id = p_partition AND x.consumer_group = c.consumer_group;
@@ -114,6 +115,7 @@ BEGIN
         done_ids = ARRAY(SELECT d FROM unnest(passed || x.done_ids) d WHERE d <> m.id ORDER BY d),
         lease_acked = CASE WHEN ranged THEN x.lease_acked || m.id ELSE x.lease_acked END,
         lease_size = CASE WHEN ranged THEN x.lease_size + 1 ELSE x.lease_size END,
+        lease_digest = CASE WHEN ranged THEN NULL ELSE x.lease_digest END,
         updated_at = now()
     WHERE x.partition_id = m.partition_id AND x.consumer_group = '__queue__';
     RETURN true;
@@ -264,8 +266,8 @@ BEGIN
     GET DIAGNOSTICS cleared = ROW_COUNT;
     UPDATE queen.consumers c SET
         done_ids = '{}', retried_max = 0, not_before = NULL, lease_id = NULL, leased_by = NULL,
-        lease_expires_at = NULL, lease_last_id = NULL, lease_size = NULL, lease_acked = '{}',
-        updated_at = now()
+        lease_expires_at = NULL, lease_last_id = NULL, lease_size = NULL, lease_digest = NULL,
+        lease_acked = '{}', updated_at = now()
     WHERE c.partition_id = ANY (targets);
     RETURN cleared;
 END

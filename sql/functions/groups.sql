@@ -112,7 +112,7 @@ BEGIN
                               ELSE queen.last_id_before(c.partition_id, p_time) END,
         done_ids = '{}', retried_max = 0, not_before = NULL,
         lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
-        lease_size = NULL, lease_acked = '{}', updated_at = now()
+        lease_size = NULL, lease_digest = NULL, lease_acked = '{}', updated_at = now()
     WHERE c.queue_id = target AND c.consumer_group = p_group;
     GET DIAGNOSTICS moved = ROW_COUNT;
     IF p_group = '__queue__' THEN  -- moved back: what the counts held past it is forgotten

@@ -1,6 +1,17 @@
 -- Leases: a partition leased to one consumer of a group at a time, its end (all acked,
 -- or expired), what moves the cursor, extension and give-back.
 
+-- The digest of a lease's transactionIds (p_n of them) joined in delivery order by
+-- U+001F (p_joined), which queen.ack_whole_leases compares with an ack's. NULL for a
+-- single message, or when a transactionId holds the separator: joined, two lists could
+-- then read alike.
+CREATE OR REPLACE FUNCTION queen.lease_digest(p_joined text, p_n integer) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_n > 1
+                     AND length(p_joined) - length(replace(p_joined, E'\x1f', '')) = p_n - 1
+                THEN hashtextextended(p_joined, 0) END
+$$;
+
 -- The retries a message has had for a group (0 unless a failure record says otherwise;
 -- looked up only at or below the group's retried_max in the partition).
 CREATE OR REPLACE FUNCTION queen.retries_of(p_partition uuid, p_group text, p_id bigint,
@@ -99,6 +110,7 @@ BEGIN
         lease_expires_at = CASE WHEN ended THEN NULL ELSE x.lease_expires_at END,
         lease_last_id = CASE WHEN ended THEN NULL ELSE x.lease_last_id END,
         lease_size = CASE WHEN ended THEN NULL ELSE x.lease_size END,
+        lease_digest = CASE WHEN ended THEN NULL ELSE x.lease_digest END,
         not_before = CASE WHEN ended AND retrying AND p_delay_ms > 0
                           THEN now() + make_interval(secs => p_delay_ms / 1000.0)
                           ELSE x.not_before END,
@@ -208,7 +220,7 @@ BEGIN
     END IF;
     UPDATE queen.consumers x SET
         lease_id = NULL, leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
-        lease_size = NULL, lease_acked = '{}', updated_at = now()
+        lease_size = NULL, lease_digest = NULL, lease_acked = '{}', updated_at = now()
     WHERE x.partition_id = c.partition_id AND x.consumer_group = c.consumer_group;
     IF EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
         PERFORM queen.wake_group(c.partition_id, c.consumer_group);

@@ -362,8 +362,11 @@ BEGIN
             UPDATE queen.consumers x SET
                 lease_id = lease, leased_by = p_worker, lease_expires_at = expires,
                 lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
-                not_before = NULL, updated_at = now()
-            FROM (SELECT max(b.id) AS last_id, count(*)::integer AS size FROM batch b) s
+                lease_digest = s.digest, not_before = NULL, updated_at = now()
+            FROM (SELECT max(b.id) AS last_id, count(*)::integer AS size,
+                         queen.lease_digest(string_agg(b.transaction_id, E'\x1f' ORDER BY b.id),
+                                            count(*)::integer) AS digest
+                  FROM batch b) s
             WHERE x.partition_id = candidate AND x.consumer_group = p_group AND s.size > 0
         )
         SELECT b.id, b.transaction_id, q.name,
@@ -561,8 +564,10 @@ BEGIN
         UPDATE queen.consumers x SET
             lease_id = p_leases[s.j], leased_by = p_workers[s.j], lease_expires_at = expires,
             lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
-            not_before = NULL, updated_at = now()
-        FROM (SELECT b.j, b.partition_id, max(b.id) AS last_id, count(*)::integer AS size
+            lease_digest = s.digest, not_before = NULL, updated_at = now()
+        FROM (SELECT b.j, b.partition_id, max(b.id) AS last_id, count(*)::integer AS size,
+                     queen.lease_digest(string_agg(b.transaction_id, E'\x1f' ORDER BY b.id),
+                                        count(*)::integer) AS digest
               FROM batch b GROUP BY b.j, b.partition_id) s
         WHERE x.partition_id = s.partition_id AND x.consumer_group = p_group
     )

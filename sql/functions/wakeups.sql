@@ -54,6 +54,28 @@ BEGIN
 END
 $$;
 
+-- queen.wake_group_if_work for several (partition, group) pairs at once (p_parts,
+-- p_groups, p_after: parallel arrays), in one statement.
+CREATE OR REPLACE FUNCTION queen.wake_groups_if_work(p_parts uuid[], p_groups text[],
+                                                     p_after bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
+        PERFORM queen.send_wakes(ARRAY(
+            SELECT queen.wake_payload(w.queue, w.partition, w.namespace, w.task, k.grp)
+            FROM unnest(p_parts, p_groups, p_after) k(part, grp, moved_to)
+            CROSS JOIN LATERAL (SELECT q.name AS queue, p.name AS partition, q.namespace,
+                                       q.task
+                                FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                                WHERE p.id = k.part) w
+            WHERE (SELECT m.id FROM queen.messages m
+                   WHERE m.partition_id = k.part AND m.id > k.moved_to
+                   ORDER BY m.id LIMIT 1) IS NOT NULL));
+    END IF;
+END
+$$;
+
 -- Send wake-up payloads at commit. Inside queen.ack they are collected
 -- instead (in the transaction's setting queen.wakes, a JSON array), for the caller to
 -- send once the acks committed (queen.notify_wakes): a notification inside the ack would

@@ -1,0 +1,183 @@
+"""An ack of whole leases matched by the digest the pop kept (queen.ack_whole_leases),
+without reading the messages, and every call it must leave to the item-by-item path."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+Conn = psycopg.Connection[Any]
+QUEUE = "digests"
+
+
+@pytest.fixture
+def conn(db_dsn: str) -> Iterator[Conn]:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        yield c
+
+
+def push(conn: Conn, partition: str, *txids: str) -> None:
+    conn.execute(
+        "SELECT count(*) FROM queen.push((SELECT jsonb_agg(jsonb_build_object("
+        "'queue', %s::text, 'partition', %s::text, 'payload', t, 'transactionId', t))"
+        " FROM unnest(%s::text[]) t), NULL)",
+        [QUEUE, partition, list(txids)],
+    )
+
+
+def pop(conn: Conn, partition: str, batch: int, group: str = "__queue__") -> list[str]:
+    rows = conn.execute(
+        "SELECT (m.message).transaction_id FROM queen.pop_many(jsonb_build_array("
+        "jsonb_build_object('kind', 'partition', 'queue', %s::text, 'partition', %s::text,"
+        " 'group', %s::text, 'batch', %s::integer, 'worker', 'w', 'lease', gen_random_uuid()))) m",
+        [QUEUE, partition, group, batch],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def whole(conn: Conn, txids: list[str], sizes: list[int], groups: list[str] | None = None,
+          leases: list[str] | None = None) -> bool:
+    with conn.transaction():
+        (fits,) = conn.execute(
+            "SELECT queen.ack_whole_leases(%s::text[], %s::text[], %s::text[], %s::integer[])",
+            [txids, groups, leases, sizes],
+        ).fetchone() or (None,)
+    return bool(fits)
+
+
+def state(conn: Conn) -> list[tuple[Any, ...]]:
+    """Every cursor row and completion of the queue, ids made relative to the queue's first."""
+    (base,) = conn.execute("SELECT coalesce(min(id), 0) FROM queen.messages").fetchone() or (0,)
+    cursors = conn.execute(
+        "SELECT p.name, c.consumer_group, c.cursor_id - %s, c.lease_id IS NULL, c.done_ids,"
+        " c.lease_digest IS NULL"
+        " FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id ORDER BY 1, 2",
+        [base],
+    ).fetchall()
+    completions = conn.execute(
+        "SELECT p.name, k.consumer_group, k.first_id - %s, k.last_id - %s, k.acked"
+        " FROM queen.completions k JOIN queen.partitions p ON p.id = k.partition_id"
+        " ORDER BY 1, 2, 3",
+        [base, base],
+    ).fetchall()
+    return cursors + completions
+
+
+def answers(conn: Conn, txids: list[str], sizes: list[int] | None) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT idx, transaction_id, status, retry_count, reason FROM queen.ack_items("
+        "%s::text[], NULL, %s::text[], NULL, NULL, %s::integer[])",
+        [txids, ["completed"] * len(txids), sizes],
+    ).fetchall()
+
+
+def test_a_whole_lease_acked_as_delivered_completes_without_its_messages(conn: Conn) -> None:
+    push(conn, "p", "a", "b", "c", "d")
+    leased = pop(conn, "p", 3)
+    assert leased == ["a", "b", "c"]
+    assert whole(conn, leased, [3])
+    assert state(conn) == [
+        ("p", "__queue__", 2, True, [], True),  # cursor past c (ids from 0), lease ended
+        ("p", "__queue__", 0, 2, 3),  # one completion: a..c
+    ]
+    assert pop(conn, "p", 3) == ["d"]
+
+
+def test_requests_of_a_fused_call_each_match_their_own_lease(conn: Conn) -> None:
+    push(conn, "p", "a1", "a2", "a3")
+    push(conn, "q", "b1", "b2")
+    first, second = pop(conn, "p", 10), pop(conn, "q", 10)
+    fast = answers(conn, first + second, [3, 2])
+    assert [(r[1], r[2], r[3], r[4]) for r in fast] == [
+        (t, "completed", 0, None) for t in first + second
+    ]
+    assert [r[0] for r in fast] == [1, 2, 3, 4, 5]
+    assert [row[3] for row in state(conn)[:2]] == [True, True]  # both leases ended
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["reordered", "part of the lease", "one request for two leases", "a stranger included",
+     "another lease named", "acked in part before", "a message retried", "one message",
+     "separator in a transactionId", "two requests halving one lease"],
+)
+def test_anything_but_whole_leases_as_delivered_is_left_to_the_items_path(
+    conn: Conn, case: str
+) -> None:
+    push(conn, "p", "a", "b", "c")
+    push(conn, "q", "x", "y")
+    if case == "separator in a transactionId":
+        push(conn, "r", "s\x1ft", "u")
+        leased = pop(conn, "r", 10)
+        assert whole(conn, leased, [2]) is False
+        return
+    if case == "a message retried":
+        pop(conn, "p", 1)
+        conn.execute(
+            "SELECT * FROM queen.ack_items('{a}', NULL, '{failed}', '{boom}', NULL, '{1}')"
+        )
+    leased = pop(conn, "p", 10 if case != "one message" else 1)
+    before = state(conn)
+    txids, sizes, leases = leased, [len(leased)], None
+    if case == "reordered":
+        txids = leased[::-1]
+    elif case == "part of the lease":
+        txids, sizes = leased[:2], [2]
+    elif case == "one request for two leases":
+        txids = leased + pop(conn, "q", 10)
+        sizes = [len(txids)]
+        before = state(conn)
+    elif case == "a stranger included":
+        txids = leased[:2] + ["x"]
+    elif case == "another lease named":
+        leases = ["00000000-0000-4000-8000-000000000000"] * len(leased)
+    elif case == "acked in part before":
+        conn.execute("SELECT * FROM queen.ack_items(%s::text[], NULL, '{completed}', NULL,"
+                     " NULL, '{1}')", [leased[:1]])
+        txids, sizes = leased[1:], [len(leased) - 1]
+        before = state(conn)
+    elif case == "two requests halving one lease":
+        sizes = [1, len(leased) - 1]
+    assert whole(conn, txids, sizes, leases=leases) is False
+    assert state(conn) == before  # nothing written
+
+
+def test_the_items_path_answers_what_the_digest_path_answers(db_dsn: str, conn: Conn) -> None:
+    """The same pops and acks twice, once with the requests named (the digest path) and
+    once without (every item looked up): the same answers and the same rows after."""
+
+    def run(sizes: bool) -> tuple[list[Any], list[Any]]:
+        conn.execute("TRUNCATE queen.messages, queen.consumers, queen.completions,"
+                     " queen.partitions, queen.queues CASCADE")
+        push(conn, "p", "a1", "a2", "a3", "a4")
+        push(conn, "q", "b1", "b2", "b3")
+        got: list[Any] = []
+        for _ in range(2):
+            first, second = pop(conn, "p", 2), pop(conn, "q", 2)
+            txids = first + second
+            got += answers(conn, txids, [len(first), len(second)] if sizes else None)
+        return got, state(conn)
+
+    assert run(sizes=True) == run(sizes=False)
+
+
+def test_pops_claimed_as_a_set_keep_a_digest_per_lease(conn: Conn) -> None:
+    push(conn, "p", "a", "b")
+    push(conn, "q", "x", "y")
+    rows = conn.execute(
+        "SELECT m.pop, (m.message).transaction_id FROM queen.pop_many(jsonb_build_array("
+        "jsonb_build_object('kind', 'queue', 'queue', %s::text, 'group', '__queue__',"
+        " 'batch', 10, 'worker', 'w', 'lease', gen_random_uuid()),"
+        "jsonb_build_object('kind', 'queue', 'queue', %s::text, 'group', '__queue__',"
+        " 'batch', 10, 'worker', 'w', 'lease', gen_random_uuid()))) m",
+        [QUEUE, QUEUE],
+    ).fetchall()
+    by_pop: dict[int, list[str]] = {}
+    for position, txid in rows:
+        by_pop.setdefault(position, []).append(txid)
+    assert sorted(map(sorted, by_pop.values())) == [["a", "b"], ["x", "y"]]
+    assert whole(conn, by_pop[1] + by_pop[2], [2, 2])
+    assert all(row[3] for row in state(conn)[:2])
