@@ -36,22 +36,23 @@ $$;
 -- of the ack that completed them, ms from push to ack; or failed / dead_letter at the
 -- time of their failure record. A message's ack is the completion with the lowest
 -- last_id at or above its id (when that one's first_id is not above it; none: at now()).
--- So the window is cut at the completions' last ids into spans, each one completion's,
--- and each span's messages are grouped by their push (one created_at): a range scan per
--- completion, no lookup per message. A message with a failure record is counted in its
--- span's group like the others, then taken out of it (n -1) and counted as failed:
--- failure records are few, and a walk with none reads none of them.
+-- So the window, read once, is cut at the completions' last ids into spans, each one
+-- completion's: its messages and the spans' ends sorted together, a message takes the
+-- span of the first end at or past it (a count of the ends before it), with no lookup
+-- per message. Each span's messages are grouped by their push (one created_at). A
+-- message with a failure record is counted in its span's group like the others, then
+-- taken out of it (n -1) and counted as failed: failure records are few, and a walk with
+-- none reads none of them.
 CREATE OR REPLACE FUNCTION queen.passed_ends(p_partition uuid, p_after bigint,
                                              p_upto bigint, p_step integer)
 RETURNS TABLE (minute timestamptz, final text, ms double precision, n bigint, reached bigint)
 LANGUAGE sql STABLE AS $$
-    WITH bound AS MATERIALIZED (  -- the window's last message
-        SELECT coalesce(
-            (SELECT m.id FROM queen.messages m
-             WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
-             ORDER BY m.id OFFSET p_step - 1 LIMIT 1),
-            (SELECT max(m.id) FROM queen.messages m
-             WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto)) AS last
+    WITH w AS MATERIALIZED (  -- the window
+        SELECT m.id, m.created_at FROM queen.messages m
+        WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
+        ORDER BY m.id LIMIT p_step
+    ), bound AS MATERIALIZED (  -- its last message
+        SELECT max(w.id) AS last FROM w
     ), acks AS MATERIALIZED (  -- the completions ending inside the window, and the next one
         SELECT c.first_id, c.last_id, c.acked_at FROM queen.completions c, bound b
         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
@@ -62,33 +63,38 @@ LANGUAGE sql STABLE AS $$
            AND c.last_id >= b.last
          ORDER BY c.last_id LIMIT 1)
     ), spans AS MATERIALIZED (  -- (lo, hi]: one completion's; past the last one, none's
-        SELECT lag(a.last_id, 1, p_after) OVER (ORDER BY a.last_id) AS lo,
-               least(a.last_id, b.last) AS hi, a.first_id, a.acked_at
-        FROM acks a, bound b
-        UNION ALL
-        SELECT coalesce(max(a.last_id), p_after), b.last, NULL, NULL
-        FROM bound b LEFT JOIN acks a ON true
-        GROUP BY b.last HAVING coalesce(max(a.last_id), p_after) < b.last
+        SELECT row_number() OVER (ORDER BY x.hi) AS k, x.* FROM (
+            SELECT least(a.last_id, b.last) AS hi, a.first_id, a.acked_at
+            FROM acks a, bound b
+            UNION ALL
+            SELECT b.last, NULL, NULL
+            FROM bound b LEFT JOIN acks a ON true
+            GROUP BY b.last HAVING coalesce(max(a.last_id), p_after) < b.last) x
+    ), placed AS MATERIALIZED (  -- each message with the number of its span
+        SELECT e.id, e.created_at,
+               1 + count(*) FILTER (WHERE e.is_end) OVER (ORDER BY e.id, e.is_end
+                                                          ROWS UNBOUNDED PRECEDING)
+               - CASE WHEN e.is_end THEN 1 ELSE 0 END AS k,
+               e.is_end
+        FROM (SELECT w.id, w.created_at, false AS is_end FROM w
+              UNION ALL
+              SELECT s.hi, NULL, true FROM spans s) e
+    ), passed AS (
+        SELECT p.id, p.created_at,
+               CASE WHEN p.id >= s.first_id THEN s.acked_at END AS acked_at
+        FROM placed p JOIN spans s ON s.k = p.k
+        WHERE NOT p.is_end
     ), groups AS (
-        SELECT CASE WHEN m.id >= s.first_id THEN s.acked_at END AS acked_at, m.created_at,
-               count(*) AS n, max(m.id) AS reached
-        FROM spans s
-        -- (LIMIT: a scan of the key per span; as a join, the planner may compare every
-        -- message of the window with every span.)
-        CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.messages m
-                            WHERE m.partition_id = p_partition AND m.id > s.lo
-                              AND m.id <= s.hi
-                            LIMIT p_step) m
+        SELECT m.acked_at, m.created_at, count(*) AS n, max(m.id) AS reached
+        FROM passed m
         GROUP BY 1, 2
     ), failed AS (  -- the final failure records of the window's messages, in their spans
-        SELECT f.message_id, f.status, f.failed_at, m.created_at,
-               CASE WHEN f.message_id >= s.first_id THEN s.acked_at END AS acked_at
+        SELECT f.message_id, f.status, f.failed_at, m.created_at, m.acked_at
         FROM bound b
         JOIN queen.failures f
           ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
          AND f.message_id > p_after AND f.message_id <= b.last AND f.status <> 'retry'
-        JOIN queen.messages m ON m.partition_id = p_partition AND m.id = f.message_id
-        JOIN spans s ON f.message_id > s.lo AND f.message_id <= s.hi
+        JOIN passed m ON m.id = f.message_id
     ), ends AS (
         SELECT g.acked_at, g.created_at, NULL::text AS final, g.n, g.reached FROM groups g
         UNION ALL

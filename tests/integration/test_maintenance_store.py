@@ -478,3 +478,71 @@ def test_the_counts_walk_ends_every_passed_message_once(conn: Conn) -> None:
         " FROM queen.activity_walk(%s, 0, 0, %s, 5000)", (partition, cursor)
     ).fetchone() or (0, 0)
     assert completed == histogram == ends["completed"]
+
+
+def _message_rows_read(plan: dict[str, Any]) -> int:
+    """Rows the nodes on queen.messages produced over all their loops."""
+    own = plan.get("Relation Name") == "messages"
+    read = int(plan["Actual Rows"] * plan["Actual Loops"]) if own else 0
+    return read + sum(_message_rows_read(child) for child in plan.get("Plans", []))
+
+
+ORACLE = """
+WITH w AS (
+    SELECT m.id, m.created_at FROM queen.messages m
+    WHERE m.partition_id = %(p)s AND m.id > %(after)s AND m.id <= %(upto)s
+    ORDER BY m.id LIMIT %(step)s
+), each AS (
+    SELECT w.id, w.created_at, f.status, f.failed_at,
+           (SELECT CASE WHEN c.first_id <= w.id THEN c.acked_at END FROM queen.completions c
+            WHERE c.partition_id = %(p)s AND c.consumer_group = '__queue__'
+              AND c.last_id >= w.id
+            ORDER BY c.last_id LIMIT 1) AS acked_at
+    FROM w LEFT JOIN queen.failures f
+      ON f.partition_id = %(p)s AND f.consumer_group = '__queue__' AND f.message_id = w.id
+     AND f.status <> 'retry'
+)
+SELECT date_trunc('minute', coalesce(CASE WHEN e.status IS NULL THEN e.acked_at
+                                          ELSE e.failed_at END, now())),
+       e.status,
+       CASE WHEN e.status IS NULL THEN round(greatest(extract(epoch FROM
+           coalesce(e.acked_at, now()) - e.created_at) * 1000, 0)::numeric, 3) END,
+       count(*)
+FROM each e GROUP BY 1, 2, 3 ORDER BY 1, 2, 3, 4
+"""
+
+
+def test_the_counts_walk_reads_the_window_once_and_ends_each_message_by_its_own_records(
+    conn: Conn,
+) -> None:
+    """Acks of several sizes and orders, failures retried and dead-lettered, a seek past
+    messages never acked: for windows of several steps and starts, the walk says what a
+    lookup message by message says (its completion: the lowest last_id at or past it;
+    else its failure record), and reads each message of the window once."""
+    make_queue(conn, "q", retry_limit=1)
+    push_n(conn, "q", 60)
+    for size, failing in ((10, 0), (7, 3), (1, 0), (6, 2), (8, 8), (4, 1), (9, 0), (3, 3)):
+        got = lifecycle.pop(conn, "q", batch=size)
+        ack_all(conn, list(reversed(got[failing:])))
+        ack_all(conn, got[:failing], "failed")
+    push_n(conn, "q", 5, start=60)
+    conn.execute("SELECT queen.seek('q', '__queue__', 'end')")
+    (partition, cursor) = conn.execute(
+        "SELECT partition_id, cursor_id FROM queen.consumers"
+        " WHERE consumer_group = '__queue__'").fetchone() or (None, 0)
+    ids = [r[0] for r in conn.execute("SELECT id FROM queen.messages ORDER BY id")]
+    for step in (1, 4, 13, 5000):
+        for after in (0, ids[9], ids[30]):
+            args = {"p": partition, "after": after, "upto": cursor, "step": step}
+            with conn.transaction():  # (one now() for both)
+                walked = conn.execute(
+                    "SELECT minute, final, round(ms::numeric, 3), sum(n)"
+                    " FROM queen.passed_ends(%(p)s, %(after)s, %(upto)s, %(step)s)"
+                    " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3, 4", args).fetchall()
+                expected = conn.execute(ORACLE, args).fetchall()
+            assert walked == expected, (step, after)
+    (plan,) = conn.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM queen.passed_ends(%s, 0, %s, 5000)",
+        (partition, cursor),
+    ).fetchone() or ()
+    assert _message_rows_read(plan[0]["Plan"]) == len(ids)
