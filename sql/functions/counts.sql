@@ -21,36 +21,28 @@ CREATE OR REPLACE AGGREGATE queen.hist_sum(integer[]) (
     SFUNC = queen.hist_add, STYPE = integer[]
 );
 
--- Messages of a partition that arrived after id p_after: up to p_step, in id order,
--- with the minute they were created.
-CREATE OR REPLACE FUNCTION queen.arrived(p_partition uuid, p_after bigint, p_step integer)
-RETURNS TABLE (id bigint, minute timestamptz)
-LANGUAGE sql STABLE AS $$
-    SELECT m.id, date_trunc('minute', m.created_at) FROM queen.messages m
-    WHERE m.partition_id = p_partition AND m.id > p_after
-    ORDER BY m.id LIMIT p_step
-$$;
+-- (An earlier build walked the arrivals with a function of their own.)
+DROP FUNCTION IF EXISTS queen.arrived(uuid, bigint, integer);
 
--- What queue mode's cursor passed from p_after to p_upto (up to p_step messages, in id
--- order), in groups of n messages that ended alike: completed (final NULL) at the time
+-- What queue mode's cursor passed past p_after: the messages p_ids (ascending, with their
+-- p_created), every message of the partition from p_after up to the last of them, in
+-- groups of n messages that ended alike: completed (final NULL) at the time
 -- of the ack that completed them, ms from push to ack; or failed / dead_letter at the
 -- time of their failure record. A message's ack is the completion with the lowest
 -- last_id at or above its id (when that one's first_id is not above it; none: at now()).
--- So the window, read once, is cut at the completions' last ids into spans, each one
+-- So the window is cut at the completions' last ids into spans, each one
 -- completion's: its messages and the spans' ends sorted together, a message takes the
 -- span of the first end at or past it (a count of the ends before it), with no lookup
 -- per message. Each span's messages are grouped by their push (one created_at). A
 -- message with a failure record is counted in its span's group like the others, then
 -- taken out of it (n -1) and counted as failed: failure records are few, and a walk with
 -- none reads none of them.
-CREATE OR REPLACE FUNCTION queen.passed_ends(p_partition uuid, p_after bigint,
-                                             p_upto bigint, p_step integer)
+CREATE OR REPLACE FUNCTION queen.window_ends(p_partition uuid, p_after bigint,
+                                             p_ids bigint[], p_created timestamptz[])
 RETURNS TABLE (minute timestamptz, final text, ms double precision, n bigint, reached bigint)
 LANGUAGE sql STABLE AS $$
     WITH w AS MATERIALIZED (  -- the window
-        SELECT m.id, m.created_at FROM queen.messages m
-        WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
-        ORDER BY m.id LIMIT p_step
+        SELECT u.id, u.created_at FROM unnest(p_ids, p_created) u(id, created_at)
     ), bound AS MATERIALIZED (  -- its last message
         SELECT max(w.id) AS last FROM w
     ), acks AS MATERIALIZED (  -- the completions ending inside the window, and the next one
@@ -112,13 +104,19 @@ LANGUAGE sql STABLE AS $$
     HAVING sum(e.n) > 0
 $$;
 
+-- (An earlier build read the window inside the walk of what the cursor passed.)
+DROP FUNCTION IF EXISTS queen.passed_ends(uuid, bigint, bigint, integer);
+
 -- (An earlier build answered the same without the highest ids walked.)
 -- Activity per minute of a partition past its watermarks (p_counted: arrivals counted
 -- up to there; p_cursor_counted: the cursor's last counted position; p_cursor: where it
 -- stands), each walk up to p_step messages, with the highest id each walk reached in
 -- that minute (newest: arrived; reached: passed). Maintenance adds it to
 -- queen.metrics_minute and moves the watermarks; reads add it to what
--- maintenance added.
+-- maintenance added. The two walks mostly cover the same messages (those that arrived
+-- and were consumed since the last step), so the messages are read once from the lower
+-- watermark, up to p_step of them; only when that read stopped short of what the walk
+-- from the higher watermark may take is the rest read, past it.
 CREATE OR REPLACE FUNCTION queen.activity_walk(p_partition uuid, p_counted bigint,
                                                p_cursor_counted bigint, p_cursor bigint,
                                                p_step integer)
@@ -126,7 +124,36 @@ RETURNS TABLE (minute timestamptz, incoming bigint, completed bigint, failed big
                dead_letter bigint, lag_ms bigint, lag_hist integer[], newest bigint,
                reached bigint)
 LANGUAGE sql STABLE AS $$
-    WITH ends AS (  -- one row per minute and lag bucket (NULL: failures)
+    WITH first AS MATERIALIZED (
+        SELECT m.id, m.created_at FROM queen.messages m
+        WHERE m.partition_id = p_partition AND m.id > least(p_counted, p_cursor_counted)
+        ORDER BY m.id LIMIT p_step
+    ), short AS MATERIALIZED (  -- how many the higher walk still lacks, past where it stopped
+        SELECT max(f.id) AS top,
+               CASE WHEN count(*) < p_step THEN 0  -- (it read every message there is)
+                    WHEN p_counted >= p_cursor_counted
+                        THEN p_step - count(*) FILTER (WHERE f.id > p_counted)
+                    WHEN max(f.id) >= p_cursor THEN 0  -- (the cursor's window is all read)
+                    ELSE p_step - count(*) FILTER (WHERE f.id > p_cursor_counted)
+               END AS lacking
+        FROM first f
+    ), rest AS MATERIALIZED (
+        SELECT m.id, m.created_at FROM short s CROSS JOIN LATERAL (
+            SELECT m.id, m.created_at FROM queen.messages m
+            WHERE m.partition_id = p_partition
+              AND m.id > greatest(s.top, p_counted, p_cursor_counted)
+              AND (p_counted >= p_cursor_counted OR m.id <= p_cursor)
+            ORDER BY m.id LIMIT s.lacking) m
+        WHERE s.lacking > 0
+    ), read AS (
+        SELECT * FROM first UNION ALL SELECT * FROM rest
+    ), passing AS (
+        SELECT array_agg(p.id ORDER BY p.id) AS ids,
+               array_agg(p.created_at ORDER BY p.id) AS created
+        FROM (SELECT r.id, r.created_at FROM read r
+              WHERE r.id > p_cursor_counted AND r.id <= p_cursor
+              ORDER BY r.id LIMIT p_step) p
+    ), ends AS (  -- one row per minute and lag bucket (NULL: failures)
         SELECT x.minute,
                CASE WHEN x.final IS NULL THEN queen.lag_bucket(x.ms) END AS bucket,
                sum(x.n) FILTER (WHERE x.final IS NULL) AS completed,
@@ -134,7 +161,9 @@ LANGUAGE sql STABLE AS $$
                sum(x.n) FILTER (WHERE x.final = 'dead_letter') AS dead_letter,
                sum(x.ms * x.n) FILTER (WHERE x.final IS NULL) AS lag_ms,
                max(x.reached) AS reached
-        FROM queen.passed_ends(p_partition, p_cursor_counted, p_cursor, p_step) x
+        FROM passing w
+        CROSS JOIN LATERAL queen.window_ends(p_partition, p_cursor_counted, w.ids,
+                                             w.created) x
         GROUP BY 1, 2
     ), passed AS (
         SELECT e.minute, sum(e.completed) AS completed, sum(e.failed) AS failed,
@@ -145,8 +174,11 @@ LANGUAGE sql STABLE AS $$
                max(e.reached) AS reached
         FROM ends e GROUP BY e.minute
     ), arrived AS (
-        SELECT a.minute, count(*) AS incoming, max(a.id) AS newest
-        FROM queen.arrived(p_partition, p_counted, p_step) a GROUP BY a.minute
+        SELECT date_trunc('minute', a.created_at) AS minute, count(*) AS incoming,
+               max(a.id) AS newest
+        FROM (SELECT r.id, r.created_at FROM read r WHERE r.id > p_counted
+              ORDER BY r.id LIMIT p_step) a
+        GROUP BY 1
     )
     SELECT coalesce(a.minute, x.minute), coalesce(a.incoming, 0),
            coalesce(x.completed, 0)::bigint, coalesce(x.failed, 0)::bigint,

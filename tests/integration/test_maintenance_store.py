@@ -407,6 +407,16 @@ def test_autovacuum_runs_on_a_table_unless_it_or_the_server_turns_it_off(conn: C
     assert answers == (on, on, on, False, False)
 
 
+# What queue mode's cursor passed in the window (%(p)s, %(after)s, %(upto)s, %(step)s):
+# queen.window_ends of the window, read here as the activity walk reads it.
+PASSED = """(SELECT e.* FROM (
+    SELECT array_agg(m.id ORDER BY m.id) AS ids, array_agg(m.created_at ORDER BY m.id) AS created
+    FROM (SELECT m.id, m.created_at FROM queen.messages m
+          WHERE m.partition_id = %(p)s AND m.id > %(after)s AND m.id <= %(upto)s
+          ORDER BY m.id LIMIT %(step)s) m) w
+    CROSS JOIN LATERAL queen.window_ends(%(p)s, %(after)s, w.ids, w.created) e) x"""
+
+
 def _failure_rows_read(plan: dict[str, Any]) -> int:
     """Rows the nodes on queen.failures produced over all their loops."""
     own = plan.get("Relation Name") == "failures"
@@ -430,15 +440,14 @@ def test_the_counts_walk_reads_each_failure_record_once(conn: Conn) -> None:
     (partition,) = conn.execute("SELECT id FROM queen.partitions").fetchone() or ()
     (plan,) = (
         conn.execute(
-            "EXPLAIN (ANALYZE, FORMAT JSON)"
-            " SELECT * FROM queen.passed_ends(%s, 0, %s, 5000)",
-            (partition, 2**62),
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM " + PASSED,
+            {"p": partition, "after": 0, "upto": 2**62, "step": 5000},
         ).fetchone()
         or ()
     )
     ends = conn.execute(
-        "SELECT final, sum(n) FROM queen.passed_ends(%s, 0, %s, 5000) GROUP BY 1",
-        (partition, 2**62),
+        "SELECT final, sum(n) FROM " + PASSED + " GROUP BY 1",
+        {"p": partition, "after": 0, "upto": 2**62, "step": 5000},
     ).fetchall()
     assert dict(ends) == {None: 201, "dead_letter": 99}
     # one read of each dead letter's record
@@ -464,7 +473,8 @@ def test_the_counts_walk_ends_every_passed_message_once(conn: Conn) -> None:
         " WHERE consumer_group = '__queue__'").fetchone() or (None, 0)
     ends = dict(conn.execute(
         "SELECT coalesce(final, 'completed'), sum(n)::integer"
-        " FROM queen.passed_ends(%s, 0, %s, 5000) GROUP BY 1", (partition, cursor)
+        " FROM " + PASSED + " GROUP BY 1",
+        {"p": partition, "after": 0, "upto": cursor, "step": 5000}
     ).fetchall())
     (passed,) = conn.execute(
         "SELECT count(*)::integer FROM queen.messages WHERE id <= %s", (cursor,)
@@ -512,13 +522,13 @@ FROM each e GROUP BY 1, 2, 3 ORDER BY 1, 2, 3, 4
 """
 
 
-def test_the_counts_walk_reads_the_window_once_and_ends_each_message_by_its_own_records(
+def test_the_walk_of_what_the_cursor_passed_agrees_with_a_lookup_message_by_message(
     conn: Conn,
 ) -> None:
     """Acks of several sizes and orders, failures retried and dead-lettered, a seek past
-    messages never acked: for windows of several steps and starts, the walk says what a
-    lookup message by message says (its completion: the lowest last_id at or past it;
-    else its failure record), and reads each message of the window once."""
+    messages never acked: for windows of several steps and starts, queen.window_ends says
+    what a lookup message by message says (its completion: the lowest last_id at or past
+    it; else its failure record), and reads no message besides the window it is given."""
     make_queue(conn, "q", retry_limit=1)
     push_n(conn, "q", 60)
     for size, failing in ((10, 0), (7, 3), (1, 0), (6, 2), (8, 8), (4, 1), (9, 0), (3, 3)):
@@ -537,12 +547,59 @@ def test_the_counts_walk_reads_the_window_once_and_ends_each_message_by_its_own_
             with conn.transaction():  # (one now() for both)
                 walked = conn.execute(
                     "SELECT minute, final, round(ms::numeric, 3), sum(n)"
-                    " FROM queen.passed_ends(%(p)s, %(after)s, %(upto)s, %(step)s)"
-                    " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3, 4", args).fetchall()
+                    " FROM " + PASSED + " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3, 4",
+                    args).fetchall()
                 expected = conn.execute(ORACLE, args).fetchall()
             assert walked == expected, (step, after)
     (plan,) = conn.execute(
-        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM queen.passed_ends(%s, 0, %s, 5000)",
-        (partition, cursor),
+        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM " + PASSED,
+        {"p": partition, "after": 0, "upto": cursor, "step": 5000},
     ).fetchone() or ()
     assert _message_rows_read(plan[0]["Plan"]) == len(ids)
+
+
+def test_the_activity_walk_reads_each_message_once_for_both_walks(conn: Conn) -> None:
+    """Arrivals and what the cursor passed, from watermarks in either order and steps that
+    cut either walk short: the same as each walk taken alone (the arrivals counted by
+    minute; the passed window as PASSED reads it), reading a message at most once."""
+    make_queue(conn, "q", retry_limit=1)
+    push_n(conn, "q", 30)
+    for size, failing in ((5, 0), (4, 2), (6, 0), (3, 3)):
+        got = lifecycle.pop(conn, "q", batch=size)
+        ack_all(conn, got[failing:])
+        ack_all(conn, got[:failing], "failed")
+    push_n(conn, "q", 10, start=30)
+    (partition, cursor) = conn.execute(
+        "SELECT partition_id, cursor_id FROM queen.consumers"
+        " WHERE consumer_group = '__queue__'").fetchone() or (None, 0)
+    ids = [r[0] for r in conn.execute("SELECT id FROM queen.messages ORDER BY id")]
+    below = [0] + [i for i in ids if i <= cursor]
+    for step in (2, 5, 9, 5000):
+        for counted in (0, ids[3], ids[12], ids[35]):
+            for cursor_counted in (below[0], below[4], below[-3]):
+                args = {"p": partition, "c": counted, "cc": cursor_counted, "cur": cursor,
+                        "step": step}
+                with conn.transaction():
+                    walked = conn.execute(
+                        "SELECT sum(incoming)::int, max(newest),"
+                        " sum(completed + failed + dead_letter)::int, max(reached)"
+                        " FROM queen.activity_walk(%(p)s, %(c)s, %(cc)s, %(cur)s, %(step)s)",
+                        args).fetchone()
+                    arrivals = conn.execute(
+                        "SELECT count(*)::int, max(id) FROM (SELECT id FROM queen.messages"
+                        " WHERE partition_id = %(p)s AND id > %(c)s ORDER BY id"
+                        " LIMIT %(step)s) a", args).fetchone() or ()
+                    passed = conn.execute(
+                        "SELECT sum(n)::int, max(reached) FROM " + PASSED,
+                        {"p": partition, "after": cursor_counted, "upto": cursor,
+                         "step": step}).fetchone() or ()
+                assert walked is not None
+                expected = (arrivals[0] or None, arrivals[1], passed[0], passed[1])
+                assert walked == expected, args
+    (plan,) = conn.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON)"
+        " SELECT * FROM queen.activity_walk(%s, %s, %s, %s, 5000)",
+        (partition, below[4], below[4], cursor),
+    ).fetchone() or ()
+    unread = sum(1 for i in ids if i <= below[4])
+    assert _message_rows_read(plan[0]["Plan"]) == len(ids) - unread
