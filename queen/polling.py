@@ -90,6 +90,9 @@ class LongPoller:
                 remaining = deadline - self.clock()
                 if remaining <= 0 or not waiter.wait(remaining):
                     return []
+                # What this re-check is for, read now: the poll may be woken again while it
+                # waits for its turn, and that wake-up is the next re-check's.
+                hint = waiter.hint
                 if not self._rechecks.acquire(timeout=max(0.0, deadline - self.clock())):
                     waiter.forward()  # its time ran out before its turn came
                     return []
@@ -99,7 +102,7 @@ class LongPoller:
                     if client_gone():
                         waiter.forward()
                         return []
-                    messages = self._recheck(route, batch, waiter.hint)
+                    messages = self._recheck(route, batch, hint)
                 finally:
                     self._rechecks.release()
             return messages

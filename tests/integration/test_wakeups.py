@@ -312,6 +312,43 @@ def test_a_poll_by_queue_woken_for_a_partition_claims_that_partition_first(store
     assert [m.partition for m in messages] == ["older"]  # hint taken: the queue decides
 
 
+def test_a_poll_woken_again_while_waiting_for_its_turn_first_tries_what_woke_it(store: Store):
+    """Each wake-up is one re-check for its own partition: one that comes while the poll
+    waits for a re-check slot is for the re-check after (or passed on), not instead."""
+    events = Events()  # not started: only the notifications sent here
+    poller = LongPoller(store, events, "test")
+    held = 0
+    while poller._rechecks.acquire(blocking=False):  # every re-check slot taken
+        held += 1
+    checked = threading.Event()
+    claim = poller._claim
+
+    def first_claim(route: PopRoute, batch: int) -> list[Any]:
+        try:
+            return claim(route, batch)
+        finally:
+            checked.set()
+
+    poller._claim = first_claim  # type: ignore[method-assign]
+    got: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: got.extend(poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=20))
+    )
+    thread.start()
+    assert checked.wait(10)  # its first check found nothing: parked
+    push(store, items("q", "first", 1))
+    push(store, items("q", "second", 1))
+    assert events.notify("q/first//")
+    deadline = time.monotonic() + 10
+    while not events.notify("q/second//"):  # once it is armed again, waiting for a slot
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for _ in range(held):
+        poller._rechecks.release()
+    thread.join(15)
+    assert [m.partition for m in got] == ["first"]
+
+
 def test_a_plain_session_notifies_inside_the_push_and_a_deferring_one_after(db_dsn, listener):
     body = '[{"queue": "q", "partition": "a", "payload": 1}]'
     with psycopg.connect(db_dsn, autocommit=True) as conn:
