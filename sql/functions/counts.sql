@@ -3,6 +3,10 @@
 -- with its lag histograms. Each step walks only what arrived or was consumed since the
 -- last one, from a watermark, a bounded number of messages at a time.
 
+-- (Builds of one day walked the passed window by these; the walks below cost less CPU.)
+DROP FUNCTION IF EXISTS queen.window_ends(uuid, bigint, bigint[], timestamptz[]);
+DROP FUNCTION IF EXISTS queen.window_ends(uuid, bigint, bigint);
+
 -- Bucket of a created -> completed time (ms) in the lag histograms (64 buckets).
 CREATE OR REPLACE FUNCTION queen.lag_bucket(p_ms double precision) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -21,30 +25,37 @@ CREATE OR REPLACE AGGREGATE queen.hist_sum(integer[]) (
     SFUNC = queen.hist_add, STYPE = integer[]
 );
 
--- (An earlier build walked the arrivals with a function of their own.)
-DROP FUNCTION IF EXISTS queen.arrived(uuid, bigint, integer);
+-- Messages of a partition that arrived after id p_after: up to p_step, in id order,
+-- with the minute they were created.
+CREATE OR REPLACE FUNCTION queen.arrived(p_partition uuid, p_after bigint, p_step integer)
+RETURNS TABLE (id bigint, minute timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT m.id, date_trunc('minute', m.created_at) FROM queen.messages m
+    WHERE m.partition_id = p_partition AND m.id > p_after
+    ORDER BY m.id LIMIT p_step
+$$;
 
--- What queue mode's cursor passed past p_after: the messages p_ids (ascending, with their
--- p_created), every message of the partition from p_after up to the last of them, in
--- groups of n messages that ended alike: completed (final NULL) at the time
+-- What queue mode's cursor passed from p_after to p_upto (up to p_step messages, in id
+-- order), in groups of n messages that ended alike: completed (final NULL) at the time
 -- of the ack that completed them, ms from push to ack; or failed / dead_letter at the
 -- time of their failure record. A message's ack is the completion with the lowest
 -- last_id at or above its id (when that one's first_id is not above it; none: at now()).
--- So the window is cut at the completions' last ids into spans, each one
--- completion's: its messages and the spans' ends sorted together, a message takes the
--- span of the first end at or past it (a count of the ends before it), with no lookup
--- per message. Each span's messages are grouped by their push (one created_at). A
--- message with a failure record is counted in its span's group like the others, then
--- taken out of it (n -1) and counted as failed: failure records are few, and a walk with
--- none reads none of them.
-CREATE OR REPLACE FUNCTION queen.window_ends(p_partition uuid, p_after bigint,
-                                             p_ids bigint[], p_created timestamptz[])
+-- So the window is cut at the completions' last ids into spans, each one completion's,
+-- and each span's messages are grouped by their push (one created_at): a range scan per
+-- completion, no lookup per message. A message with a failure record is counted in its
+-- span's group like the others, then taken out of it (n -1) and counted as failed:
+-- failure records are few, and a walk with none reads none of them.
+CREATE OR REPLACE FUNCTION queen.passed_ends(p_partition uuid, p_after bigint,
+                                             p_upto bigint, p_step integer)
 RETURNS TABLE (minute timestamptz, final text, ms double precision, n bigint, reached bigint)
 LANGUAGE sql STABLE AS $$
-    WITH w AS MATERIALIZED (  -- the window
-        SELECT u.id, u.created_at FROM unnest(p_ids, p_created) u(id, created_at)
-    ), bound AS MATERIALIZED (  -- its last message
-        SELECT max(w.id) AS last FROM w
+    WITH bound AS MATERIALIZED (  -- the window's last message
+        SELECT coalesce(
+            (SELECT m.id FROM queen.messages m
+             WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
+             ORDER BY m.id OFFSET p_step - 1 LIMIT 1),
+            (SELECT max(m.id) FROM queen.messages m
+             WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto)) AS last
     ), acks AS MATERIALIZED (  -- the completions ending inside the window, and the next one
         SELECT c.first_id, c.last_id, c.acked_at FROM queen.completions c, bound b
         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
@@ -55,38 +66,33 @@ LANGUAGE sql STABLE AS $$
            AND c.last_id >= b.last
          ORDER BY c.last_id LIMIT 1)
     ), spans AS MATERIALIZED (  -- (lo, hi]: one completion's; past the last one, none's
-        SELECT row_number() OVER (ORDER BY x.hi) AS k, x.* FROM (
-            SELECT least(a.last_id, b.last) AS hi, a.first_id, a.acked_at
-            FROM acks a, bound b
-            UNION ALL
-            SELECT b.last, NULL, NULL
-            FROM bound b LEFT JOIN acks a ON true
-            GROUP BY b.last HAVING coalesce(max(a.last_id), p_after) < b.last) x
-    ), placed AS MATERIALIZED (  -- each message with the number of its span
-        SELECT e.id, e.created_at,
-               1 + count(*) FILTER (WHERE e.is_end) OVER (ORDER BY e.id, e.is_end
-                                                          ROWS UNBOUNDED PRECEDING)
-               - CASE WHEN e.is_end THEN 1 ELSE 0 END AS k,
-               e.is_end
-        FROM (SELECT w.id, w.created_at, false AS is_end FROM w
-              UNION ALL
-              SELECT s.hi, NULL, true FROM spans s) e
-    ), passed AS (
-        SELECT p.id, p.created_at,
-               CASE WHEN p.id >= s.first_id THEN s.acked_at END AS acked_at
-        FROM placed p JOIN spans s ON s.k = p.k
-        WHERE NOT p.is_end
+        SELECT lag(a.last_id, 1, p_after) OVER (ORDER BY a.last_id) AS lo,
+               least(a.last_id, b.last) AS hi, a.first_id, a.acked_at
+        FROM acks a, bound b
+        UNION ALL
+        SELECT coalesce(max(a.last_id), p_after), b.last, NULL, NULL
+        FROM bound b LEFT JOIN acks a ON true
+        GROUP BY b.last HAVING coalesce(max(a.last_id), p_after) < b.last
     ), groups AS (
-        SELECT m.acked_at, m.created_at, count(*) AS n, max(m.id) AS reached
-        FROM passed m
+        SELECT CASE WHEN m.id >= s.first_id THEN s.acked_at END AS acked_at, m.created_at,
+               count(*) AS n, max(m.id) AS reached
+        FROM spans s
+        -- (LIMIT: a scan of the key per span; as a join, the planner may compare every
+        -- message of the window with every span.)
+        CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.messages m
+                            WHERE m.partition_id = p_partition AND m.id > s.lo
+                              AND m.id <= s.hi
+                            LIMIT p_step) m
         GROUP BY 1, 2
     ), failed AS (  -- the final failure records of the window's messages, in their spans
-        SELECT f.message_id, f.status, f.failed_at, m.created_at, m.acked_at
+        SELECT f.message_id, f.status, f.failed_at, m.created_at,
+               CASE WHEN f.message_id >= s.first_id THEN s.acked_at END AS acked_at
         FROM bound b
         JOIN queen.failures f
           ON f.partition_id = p_partition AND f.consumer_group = '__queue__'
          AND f.message_id > p_after AND f.message_id <= b.last AND f.status <> 'retry'
-        JOIN passed m ON m.id = f.message_id
+        JOIN queen.messages m ON m.partition_id = p_partition AND m.id = f.message_id
+        JOIN spans s ON f.message_id > s.lo AND f.message_id <= s.hi
     ), ends AS (
         SELECT g.acked_at, g.created_at, NULL::text AS final, g.n, g.reached FROM groups g
         UNION ALL
@@ -104,19 +110,13 @@ LANGUAGE sql STABLE AS $$
     HAVING sum(e.n) > 0
 $$;
 
--- (An earlier build read the window inside the walk of what the cursor passed.)
-DROP FUNCTION IF EXISTS queen.passed_ends(uuid, bigint, bigint, integer);
-
 -- (An earlier build answered the same without the highest ids walked.)
 -- Activity per minute of a partition past its watermarks (p_counted: arrivals counted
 -- up to there; p_cursor_counted: the cursor's last counted position; p_cursor: where it
 -- stands), each walk up to p_step messages, with the highest id each walk reached in
 -- that minute (newest: arrived; reached: passed). Maintenance adds it to
 -- queen.metrics_minute and moves the watermarks; reads add it to what
--- maintenance added. The two walks mostly cover the same messages (those that arrived
--- and were consumed since the last step), so the messages are read once from the lower
--- watermark, up to p_step of them; only when that read stopped short of what the walk
--- from the higher watermark may take is the rest read, past it.
+-- maintenance added.
 CREATE OR REPLACE FUNCTION queen.activity_walk(p_partition uuid, p_counted bigint,
                                                p_cursor_counted bigint, p_cursor bigint,
                                                p_step integer)
@@ -124,36 +124,7 @@ RETURNS TABLE (minute timestamptz, incoming bigint, completed bigint, failed big
                dead_letter bigint, lag_ms bigint, lag_hist integer[], newest bigint,
                reached bigint)
 LANGUAGE sql STABLE AS $$
-    WITH first AS MATERIALIZED (
-        SELECT m.id, m.created_at FROM queen.messages m
-        WHERE m.partition_id = p_partition AND m.id > least(p_counted, p_cursor_counted)
-        ORDER BY m.id LIMIT p_step
-    ), short AS MATERIALIZED (  -- how many the higher walk still lacks, past where it stopped
-        SELECT max(f.id) AS top,
-               CASE WHEN count(*) < p_step THEN 0  -- (it read every message there is)
-                    WHEN p_counted >= p_cursor_counted
-                        THEN p_step - count(*) FILTER (WHERE f.id > p_counted)
-                    WHEN max(f.id) >= p_cursor THEN 0  -- (the cursor's window is all read)
-                    ELSE p_step - count(*) FILTER (WHERE f.id > p_cursor_counted)
-               END AS lacking
-        FROM first f
-    ), rest AS MATERIALIZED (
-        SELECT m.id, m.created_at FROM short s CROSS JOIN LATERAL (
-            SELECT m.id, m.created_at FROM queen.messages m
-            WHERE m.partition_id = p_partition
-              AND m.id > greatest(s.top, p_counted, p_cursor_counted)
-              AND (p_counted >= p_cursor_counted OR m.id <= p_cursor)
-            ORDER BY m.id LIMIT s.lacking) m
-        WHERE s.lacking > 0
-    ), read AS (
-        SELECT * FROM first UNION ALL SELECT * FROM rest
-    ), passing AS (
-        SELECT array_agg(p.id ORDER BY p.id) AS ids,
-               array_agg(p.created_at ORDER BY p.id) AS created
-        FROM (SELECT r.id, r.created_at FROM read r
-              WHERE r.id > p_cursor_counted AND r.id <= p_cursor
-              ORDER BY r.id LIMIT p_step) p
-    ), ends AS (  -- one row per minute and lag bucket (NULL: failures)
+    WITH ends AS (  -- one row per minute and lag bucket (NULL: failures)
         SELECT x.minute,
                CASE WHEN x.final IS NULL THEN queen.lag_bucket(x.ms) END AS bucket,
                sum(x.n) FILTER (WHERE x.final IS NULL) AS completed,
@@ -161,9 +132,7 @@ LANGUAGE sql STABLE AS $$
                sum(x.n) FILTER (WHERE x.final = 'dead_letter') AS dead_letter,
                sum(x.ms * x.n) FILTER (WHERE x.final IS NULL) AS lag_ms,
                max(x.reached) AS reached
-        FROM passing w
-        CROSS JOIN LATERAL queen.window_ends(p_partition, p_cursor_counted, w.ids,
-                                             w.created) x
+        FROM queen.passed_ends(p_partition, p_cursor_counted, p_cursor, p_step) x
         GROUP BY 1, 2
     ), passed AS (
         SELECT e.minute, sum(e.completed) AS completed, sum(e.failed) AS failed,
@@ -174,11 +143,8 @@ LANGUAGE sql STABLE AS $$
                max(e.reached) AS reached
         FROM ends e GROUP BY e.minute
     ), arrived AS (
-        SELECT date_trunc('minute', a.created_at) AS minute, count(*) AS incoming,
-               max(a.id) AS newest
-        FROM (SELECT r.id, r.created_at FROM read r WHERE r.id > p_counted
-              ORDER BY r.id LIMIT p_step) a
-        GROUP BY 1
+        SELECT a.minute, count(*) AS incoming, max(a.id) AS newest
+        FROM queen.arrived(p_partition, p_counted, p_step) a GROUP BY a.minute
     )
     SELECT coalesce(a.minute, x.minute), coalesce(a.incoming, 0),
            coalesce(x.completed, 0)::bigint, coalesce(x.failed, 0)::bigint,

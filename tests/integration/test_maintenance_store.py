@@ -407,16 +407,6 @@ def test_autovacuum_runs_on_a_table_unless_it_or_the_server_turns_it_off(conn: C
     assert answers == (on, on, on, False, False)
 
 
-# What queue mode's cursor passed in the window (%(p)s, %(after)s, %(upto)s, %(step)s):
-# queen.window_ends of the window, read here as the activity walk reads it.
-PASSED = """(SELECT e.* FROM (
-    SELECT array_agg(m.id ORDER BY m.id) AS ids, array_agg(m.created_at ORDER BY m.id) AS created
-    FROM (SELECT m.id, m.created_at FROM queen.messages m
-          WHERE m.partition_id = %(p)s AND m.id > %(after)s AND m.id <= %(upto)s
-          ORDER BY m.id LIMIT %(step)s) m) w
-    CROSS JOIN LATERAL queen.window_ends(%(p)s, %(after)s, w.ids, w.created) e) x"""
-
-
 def _failure_rows_read(plan: dict[str, Any]) -> int:
     """Rows the nodes on queen.failures produced over all their loops."""
     own = plan.get("Relation Name") == "failures"
@@ -440,14 +430,15 @@ def test_the_counts_walk_reads_each_failure_record_once(conn: Conn) -> None:
     (partition,) = conn.execute("SELECT id FROM queen.partitions").fetchone() or ()
     (plan,) = (
         conn.execute(
-            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM " + PASSED,
-            {"p": partition, "after": 0, "upto": 2**62, "step": 5000},
+            "EXPLAIN (ANALYZE, FORMAT JSON)"
+            " SELECT * FROM queen.passed_ends(%s, 0, %s, 5000)",
+            (partition, 2**62),
         ).fetchone()
         or ()
     )
     ends = conn.execute(
-        "SELECT final, sum(n) FROM " + PASSED + " GROUP BY 1",
-        {"p": partition, "after": 0, "upto": 2**62, "step": 5000},
+        "SELECT final, sum(n) FROM queen.passed_ends(%s, 0, %s, 5000) GROUP BY 1",
+        (partition, 2**62),
     ).fetchall()
     assert dict(ends) == {None: 201, "dead_letter": 99}
     # one read of each dead letter's record
@@ -473,8 +464,7 @@ def test_the_counts_walk_ends_every_passed_message_once(conn: Conn) -> None:
         " WHERE consumer_group = '__queue__'").fetchone() or (None, 0)
     ends = dict(conn.execute(
         "SELECT coalesce(final, 'completed'), sum(n)::integer"
-        " FROM " + PASSED + " GROUP BY 1",
-        {"p": partition, "after": 0, "upto": cursor, "step": 5000}
+        " FROM queen.passed_ends(%s, 0, %s, 5000) GROUP BY 1", (partition, cursor)
     ).fetchall())
     (passed,) = conn.execute(
         "SELECT count(*)::integer FROM queen.messages WHERE id <= %s", (cursor,)
@@ -488,13 +478,6 @@ def test_the_counts_walk_ends_every_passed_message_once(conn: Conn) -> None:
         " FROM queen.activity_walk(%s, 0, 0, %s, 5000)", (partition, cursor)
     ).fetchone() or (0, 0)
     assert completed == histogram == ends["completed"]
-
-
-def _message_rows_read(plan: dict[str, Any]) -> int:
-    """Rows the nodes on queen.messages produced over all their loops."""
-    own = plan.get("Relation Name") == "messages"
-    read = int(plan["Actual Rows"] * plan["Actual Loops"]) if own else 0
-    return read + sum(_message_rows_read(child) for child in plan.get("Plans", []))
 
 
 ORACLE = """
@@ -526,9 +509,9 @@ def test_the_walk_of_what_the_cursor_passed_agrees_with_a_lookup_message_by_mess
     conn: Conn,
 ) -> None:
     """Acks of several sizes and orders, failures retried and dead-lettered, a seek past
-    messages never acked: for windows of several steps and starts, queen.window_ends says
+    messages never acked: for windows of several steps and starts, queen.passed_ends says
     what a lookup message by message says (its completion: the lowest last_id at or past
-    it; else its failure record), and reads no message besides the window it is given."""
+    it; else its failure record)."""
     make_queue(conn, "q", retry_limit=1)
     push_n(conn, "q", 60)
     for size, failing in ((10, 0), (7, 3), (1, 0), (6, 2), (8, 8), (4, 1), (9, 0), (3, 3)):
@@ -547,21 +530,18 @@ def test_the_walk_of_what_the_cursor_passed_agrees_with_a_lookup_message_by_mess
             with conn.transaction():  # (one now() for both)
                 walked = conn.execute(
                     "SELECT minute, final, round(ms::numeric, 3), sum(n)"
-                    " FROM " + PASSED + " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3, 4",
-                    args).fetchall()
+                    " FROM queen.passed_ends(%(p)s, %(after)s, %(upto)s, %(step)s)"
+                    " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3, 4", args).fetchall()
                 expected = conn.execute(ORACLE, args).fetchall()
             assert walked == expected, (step, after)
-    (plan,) = conn.execute(
-        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT * FROM " + PASSED,
-        {"p": partition, "after": 0, "upto": cursor, "step": 5000},
-    ).fetchone() or ()
-    assert _message_rows_read(plan[0]["Plan"]) == len(ids)
 
 
-def test_the_activity_walk_reads_each_message_once_for_both_walks(conn: Conn) -> None:
+def test_the_activity_walk_is_its_two_walks_from_watermarks_in_either_order(
+    conn: Conn,
+) -> None:
     """Arrivals and what the cursor passed, from watermarks in either order and steps that
-    cut either walk short: the same as each walk taken alone (the arrivals counted by
-    minute; the passed window as PASSED reads it), reading a message at most once."""
+    cut either walk short: the same as each walk taken alone (the arrivals of the window
+    counted; the passed window by queen.passed_ends)."""
     make_queue(conn, "q", retry_limit=1)
     push_n(conn, "q", 30)
     for size, failing in ((5, 0), (4, 2), (6, 0), (3, 3)):
@@ -590,16 +570,9 @@ def test_the_activity_walk_reads_each_message_once_for_both_walks(conn: Conn) ->
                         " WHERE partition_id = %(p)s AND id > %(c)s ORDER BY id"
                         " LIMIT %(step)s) a", args).fetchone() or ()
                     passed = conn.execute(
-                        "SELECT sum(n)::int, max(reached) FROM " + PASSED,
-                        {"p": partition, "after": cursor_counted, "upto": cursor,
-                         "step": step}).fetchone() or ()
+                        "SELECT sum(n)::int, max(reached)"
+                        " FROM queen.passed_ends(%(p)s, %(cc)s, %(cur)s, %(step)s)",
+                        args).fetchone() or ()
                 assert walked is not None
                 expected = (arrivals[0] or None, arrivals[1], passed[0], passed[1])
                 assert walked == expected, args
-    (plan,) = conn.execute(
-        "EXPLAIN (ANALYZE, FORMAT JSON)"
-        " SELECT * FROM queen.activity_walk(%s, %s, %s, %s, 5000)",
-        (partition, below[4], below[4], cursor),
-    ).fetchone() or ()
-    unread = sum(1 for i in ids if i <= below[4])
-    assert _message_rows_read(plan[0]["Plan"]) == len(ids) - unread
