@@ -151,6 +151,32 @@ BEGIN
 END
 $$;
 
+-- End the leases of the consumer rows p_locked (locked by the caller), every message of
+-- each done and nothing done beyond it: the cursor moves past the lease, as
+-- queen.settle_row does for such a lease, and polls are woken for the pairs with
+-- messages past it.
+CREATE OR REPLACE FUNCTION queen.end_done_leases(p_locked tid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    parts   uuid[];
+    groups  text[];
+    cursors bigint[];
+BEGIN
+    WITH ended AS (
+        UPDATE queen.consumers x SET
+            cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
+            lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
+            lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
+        WHERE x.ctid = ANY (p_locked)
+        RETURNING x.partition_id, x.consumer_group, x.cursor_id
+    )
+    SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
+    INTO parts, groups, cursors
+    FROM ended e;
+    PERFORM queen.wake_groups_if_work(parts, groups, cursors);
+END
+$$;
+
 -- The fused call, decided as a set: items of several (partition, group) pairs (p_parts,
 -- p_groups, with the message ids p_ids the caller looked up; NULL part: not found, left
 -- out), every one completing a message, each pair's items all of its live lease's
@@ -170,9 +196,6 @@ DECLARE
     locked  tid[];
     pairs   integer;
     fitting integer;
-    parts   uuid[];
-    groups  text[];
-    cursors bigint[];
 BEGIN
     -- Lock the pairs' rows in key order, probing the key of each (a join could scan the
     -- whole table); their ctids name them below (locked, they stay where they are).
@@ -225,21 +248,7 @@ BEGIN
     WHERE u.part IS NOT NULL
     GROUP BY u.part, u.grp
     ORDER BY u.part, u.grp;
-    -- Every lease ended with all its messages done: the cursor moves past it (nothing
-    -- done lies beyond it, as checked), as queen.settle_row does for such a lease.
-    WITH ended AS (
-        UPDATE queen.consumers x SET
-            cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
-            lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
-            lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
-        WHERE x.ctid = ANY (locked)
-        RETURNING x.partition_id, x.consumer_group, x.cursor_id
-    )
-    SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
-    INTO parts, groups, cursors
-    FROM ended e;
-    -- Wake polls for the pairs with messages past their lease (as queen.settle_row).
-    PERFORM queen.wake_groups_if_work(parts, groups, cursors);
+    PERFORM queen.end_done_leases(locked);
     RETURN decided;
 END
 $$;
@@ -250,8 +259,8 @@ $$;
 -- its transactionIds' digest is the lease's (queen.lease_digest), its leaseIds, where
 -- named, the lease's. Only leases that end cleanly qualify: nothing acked in them yet,
 -- nothing done out of order past the cursor, no retry record past the cursor (so every
--- retry count is 0). The rows are locked in key order; when every request fits, one
--- statement records the completions and moves the cursors past the leases, and true is
+-- retry count is 0). The rows are locked in key order; when every request fits, the
+-- completions are recorded and the leases ended (queen.end_done_leases), and true is
 -- returned; otherwise nothing is written and the caller decides the items one way or
 -- another (queen.ack_apply).
 CREATE OR REPLACE FUNCTION queen.ack_whole_leases(p_txids text[], p_groups text[],
@@ -261,9 +270,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     locked  tid[];
     fits    boolean;
-    parts   uuid[];
-    groups  text[];
-    cursors bigint[];
 BEGIN
     -- Each request's pair (its first transactionId names the partition: one probe of
     -- the key a request), leaseId and transactionIds joined; the rows locked in key
@@ -305,29 +311,16 @@ BEGIN
     END IF;
     -- (The lease holds every message past the cursor up to its last: its first is the
     -- first past the cursor, a probe of the key. Locked, the rows stay where they are.)
-    WITH completion AS (
-        INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
-        SELECT x.partition_id, x.consumer_group,
-               (SELECT m.id FROM queen.messages m
-                WHERE m.partition_id = x.partition_id AND m.id > x.cursor_id
-                ORDER BY m.id LIMIT 1),
-               x.lease_last_id, x.lease_size
-        FROM queen.consumers x
-        WHERE x.ctid = ANY (locked)
-        ORDER BY 1, 2
-    ), ended AS (
-        UPDATE queen.consumers x SET
-            cursor_id = greatest(x.cursor_id, x.lease_last_id), lease_id = NULL,
-            leased_by = NULL, lease_expires_at = NULL, lease_last_id = NULL,
-            lease_size = NULL, lease_digest = NULL, updated_at = now()
-        WHERE x.ctid = ANY (locked)
-        RETURNING x.partition_id, x.consumer_group, x.cursor_id
-    )
-    SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
-    INTO parts, groups, cursors
-    FROM ended e;
-    -- Wake polls for the pairs with messages past their lease (as queen.settle_row).
-    PERFORM queen.wake_groups_if_work(parts, groups, cursors);
+    INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
+    SELECT x.partition_id, x.consumer_group,
+           (SELECT m.id FROM queen.messages m
+            WHERE m.partition_id = x.partition_id AND m.id > x.cursor_id
+            ORDER BY m.id LIMIT 1),
+           x.lease_last_id, x.lease_size
+    FROM queen.consumers x
+    WHERE x.ctid = ANY (locked)
+    ORDER BY 1, 2;
+    PERFORM queen.end_done_leases(locked);
     RETURN true;
 END
 $$;
