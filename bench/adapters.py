@@ -182,13 +182,13 @@ class QueenSqlClient:
         return n
 
     def pop(self, n: int) -> list[str]:
-        # One pop as the server's fused call carries it (queen.store.messages.pop).
+        # One pop as the server's call of one pop carries it (queen.store.messages.pop).
         pop = {
             "kind": "queue", "queue": self.queue, "partition": None, "namespace": None,
             "task": None, "group": "__queue__", "mode": None, "since": None, "batch": n,
             "worker": self.worker, "lease": str(uuid.uuid4()), "prefer": None,
         }
-        cur = self.conn.execute(self.queries["pop_many"], {"pops": orjson.dumps([pop]).decode()})
+        cur = self.conn.execute(self.queries["pop_one"], pop)
         names = [c.name for c in cur.description or []]
         rows = cur.fetchall()
         if not rows:

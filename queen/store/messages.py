@@ -309,9 +309,13 @@ class Messages:
             for lease in leases:
                 self.give_backs.add(lease, backend)
 
-        params = {"pops": orjson.dumps([p.params for p in pops]).decode()}
+        params: dict[str, Any]
+        if len(pops) == 1:  # (queen.pop itself: no pass of pop_many over its rows)
+            name, params = "pop_one", pops[0].params
+        else:
+            name, params = "pop_many", {"pops": orjson.dumps([p.params for p in pops]).decode()}
         rows = self.db.fetch(
-            "pop_many", params, _popped_of_pops, raw_json=True, large=_large_payload,
+            name, params, _popped_of_pops, raw_json=True, large=_large_payload,
             after_execute=self.after_pop_statement, on_lost=lost,
         )
         popped: list[list[Popped]] = [[] for _ in pops]

@@ -27,6 +27,30 @@ SELECT x.pop, (x.message).id, (x.message).transaction_id,
 FROM (SELECT m.pop, m.message, m.pop IS DISTINCT FROM lag(m.pop) OVER () AS first
       FROM queen.pop_many(%(pops)s::jsonb) m) x
 
+-- pop_one: a call of one pop, queen.pop itself (its route and options as parameters, as in an element of pop_many's array), with no second pass over its rows; rows as pop_many's, its position 1 --
+-- The claim's commit does not wait for the disk, as pop_many's: the LATERAL call runs after the setting is made.
+SELECT 1 AS pop, queen.message_uuid(d.id, d.created_at) AS id, d.transaction_id,
+       CASE WHEN d.first THEN d.queue END AS queue,
+       CASE WHEN d.first THEN d.partition END AS partition,
+       d.payload, d.encrypted, d.retry_count,
+       CASE WHEN d.first THEN d.priority END AS priority,
+       d.created_at,
+       CASE WHEN d.first THEN now() END AS locked_at,
+       CASE WHEN d.first THEN d.lease_id END AS lease_id,
+       CASE WHEN d.first THEN d.lease_expires_at END AS lease_expires_at,
+       CASE WHEN d.first THEN d.lease_time END AS lease_time,
+       CASE WHEN d.first THEN d.retry_limit END AS retry_limit,
+       d.trace_id,
+       CASE WHEN d.first THEN d.partition_id END AS partition_id
+FROM (SELECT p.*, row_number() OVER () = 1 AS first
+      FROM (SELECT set_config('synchronous_commit', 'off', true) AS setting,
+                   NULL::text AS none) s
+      CROSS JOIN LATERAL queen.pop(
+          %(kind)s::text, %(queue)s::text, %(partition)s::text, %(namespace)s::text,
+          %(task)s::text, %(group)s::text, %(batch)s::integer, %(worker)s::text,
+          %(mode)s::text, %(since)s::timestamptz, %(lease)s::uuid,
+          coalesce(%(prefer)s::text, s.none)) p) d
+
 -- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
 SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
 

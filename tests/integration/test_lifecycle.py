@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 
 from queen.store import lifecycle
+from queen.store.db import QUERIES
 from tests.integration.helpers import (
     ack_all,
     conn,
@@ -431,6 +432,16 @@ def test_the_pop_and_ack_routes_commit_without_waiting_for_the_disk(conn: Conn) 
             (f'[{{"transactionId": "{txid}", "status": "completed"}}]',)).fetchone() or (None,)
         assert (status, setting()) == ("completed", "off")
     assert setting() == "on"
+    conn.execute("SELECT count(*) FROM queen.push(%s::jsonb)",
+                 ('[{"queue": "q", "payload": 2}]',))
+    one = {"kind": "queue", "queue": "q", "partition": None, "namespace": None, "task": None,
+           "group": "__queue__", "batch": 1, "worker": "w", "mode": None, "since": None,
+           "prefer": None}
+    for found in (1, 0):  # a call of one pop (the route's own statement); then none left
+        with conn.transaction():
+            rows = conn.execute(QUERIES["pop_one"], {**one, "lease": str(uuid.uuid4())}).fetchall()
+            assert (len(rows), setting()) == (found, "off")
+        assert setting() == "on"
 
 
 def ack_calls(conn: Conn, acks: list[dict[str, Any]]) -> tuple[list[Any], set[str]]:

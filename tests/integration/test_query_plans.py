@@ -145,11 +145,17 @@ def check(name: str, plans: list[Plan]) -> None:
 
 
 def pop_params(**route: Any) -> dict[str, Any]:
-    """The parameters of pop_many for one pop (rows: the pop's position, then queen.popped)."""
+    """The parameters of one pop, as pop_one takes them (rows: the pop's position, then
+    queen.popped's fields)."""
     params = {"kind": "queue", "queue": "big", "partition": None, "namespace": None,
               "task": None, "group": lifecycle.QUEUE_MODE, "mode": None, "since": None,
               "batch": 10, "worker": "plans", "lease": str(uuid.uuid4()), "prefer": None}
-    return {"pops": orjson.dumps([{**params, **route}]).decode()}
+    return {**params, **route}
+
+
+def pops_param(*pops: dict[str, Any]) -> dict[str, Any]:
+    """The parameter of pop_many for pops (pop_params each)."""
+    return {"pops": orjson.dumps(pops).decode()}
 
 
 def ack_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
@@ -171,7 +177,7 @@ def test_the_seed_is_what_the_plans_are_measured_against(seeded: str) -> None:
 
 def test_pop_and_ack_by_partition_skip_the_consumed_history(explained: Explained) -> None:
     for _ in range(RUNS):
-        rows, pop_plans = explained.run("pop_many", pop_params(kind="partition", partition="p0",
+        rows, pop_plans = explained.run("pop_one", pop_params(kind="partition", partition="p0",
                                                               batch=2))
         assert len(rows) == 2
         acked, ack_plans = explained.run("ack", ack_params(rows))  # ends the lease
@@ -182,18 +188,22 @@ def test_pop_and_ack_by_partition_skip_the_consumed_history(explained: Explained
 
 def test_pop_by_queue_probes_each_partition_from_its_cursor(explained: Explained) -> None:
     for _ in range(RUNS):
-        rows, pop_plans = explained.run("pop_many", pop_params(batch=2))
+        rows, pop_plans = explained.run("pop_one", pop_params(batch=2))
         assert len(rows) == 2
         _, ack_plans = explained.run("ack", ack_params(rows))
+        rows, many_plans = explained.run("pop_many", pops_param(pop_params(batch=2)))
+        assert len(rows) == 2  # (the same pop through pop_many)
+        explained.run("ack", ack_params(rows))
     check("pop by queue", pop_plans)
+    check("pop by queue, through pop_many", many_plans)
     check("ack", ack_plans)
 
 
 def test_fused_pops_by_queue_claim_as_a_set_from_each_cursor(explained: Explained) -> None:
     for _ in range(RUNS):
-        one = orjson.loads(pop_params(batch=2)["pops"])[0]
+        one = pop_params(batch=2)
         pops = [{**one, "lease": str(uuid.uuid4()), "worker": f"plans{n}"} for n in range(3)]
-        rows, pop_plans = explained.run("pop_many", {"pops": orjson.dumps(pops).decode()})
+        rows, pop_plans = explained.run("pop_many", pops_param(*pops))
         assert sorted({r[0] for r in rows}) == [1, 2, 3]  # each pop served
         assert len({r[4] for r in rows if r[4] is not None}) == 3  # on a partition each
         for position in (1, 2, 3):
@@ -236,7 +246,7 @@ def test_an_ack_probes_its_messages_whatever_the_backlog(backlogged: str) -> Non
     explained = Explained(backlogged)
     try:
         for _ in range(RUNS):
-            rows, _ = explained.run("pop_many", pop_params(kind="partition", partition="p0",
+            rows, _ = explained.run("pop_one", pop_params(kind="partition", partition="p0",
                                                           batch=1))
             acked, plans = explained.run("ack", ack_params(rows))
             assert [r[2] for r in acked] == ["completed"]
@@ -270,7 +280,7 @@ def test_pop_by_queue_reads_a_bounded_number_of_partitions(wide: str) -> None:
     explained = Explained(wide)
     try:
         for _ in range(RUNS):
-            rows, plans = explained.run("pop_many", pop_params(batch=1))
+            rows, plans = explained.run("pop_one", pop_params(batch=1))
             assert len(rows) == 1
         check("pop by queue over many partitions", plans)
         # Never analysed, the partitions may be read whole (the planner takes the queue for
@@ -280,7 +290,7 @@ def test_pop_by_queue_reads_a_bounded_number_of_partitions(wide: str) -> None:
             explained.close()
             explained = Explained(wide)  # (plans made afresh, with the statistics)
             for _ in range(RUNS):
-                rows, plans = explained.run("pop_many", pop_params(batch=1))
+                rows, plans = explained.run("pop_one", pop_params(batch=1))
                 assert len(rows) == 1
             check("pop by queue over many partitions, analysed", plans)
         scanned = re.compile(r"\b(?:on|using) partitions\w*\b.*actual rows=(\d+) loops=(\d+)")
@@ -323,7 +333,7 @@ def test_the_hot_calls_run_generic_plans_from_a_sessions_first_call(seeded: str)
         assert plans and not _custom(plans), _custom(plans)
         _, plans = explained.run("notify_pushed", {"queues": ["big"], "partitions": ["p1"]})
         assert plans and not _custom(plans), _custom(plans)
-        rows, plans = explained.run("pop_many", pop_params(kind="partition", partition="p1",
+        rows, plans = explained.run("pop_one", pop_params(kind="partition", partition="p1",
                                                           batch=2))
         assert len(rows) == 2 and not _custom(plans), _custom(plans)
         extended, plans = explained.run("extend_leases", {"leases": [rows[0][11]], "seconds": [60]})
@@ -395,12 +405,12 @@ def test_plans_a_session_made_while_the_table_was_small_stay_on_keys(emptied: st
         push(SMALL)
         for _ in range(RUNS):  # the session's plans, made now
             explained.run("push", one)
-            rows, _ = explained.run("pop_many", pop_params(batch=10))
+            rows, _ = explained.run("pop_one", pop_params(batch=10))
             explained.run("ack", ack_params(rows))
         push(GROWN)
         _, plans = explained.run("push", one)
         check("push, planned when the table was small", plans)
-        rows, plans = explained.run("pop_many", pop_params(batch=10))
+        rows, plans = explained.run("pop_one", pop_params(batch=10))
         assert len(rows) == 10
         check("pop by queue, planned when the table was small", plans)
         acked, plans = explained.run("ack", ack_params(rows))
