@@ -31,7 +31,7 @@ from psycopg.rows import RowMaker
 
 from queen import crypto
 from queen.errors import InvalidInput, QueenError
-from queen.fusion import Fuser, Observe, Trace, split, untraced
+from queen.fusion import FUSED_CALLS, Fuser, Observe, Trace, split, untraced
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.server.claims import NOWHERE, InFlight
 from queen.store.db import LARGE_CALL_BYTES, Backend, Database, text_array
@@ -43,7 +43,6 @@ from queen.store.queues import Queues
 AfterExecute = Callable[[psycopg.Connection[Any]], None]
 
 POPPED_COLUMNS = list(Popped._fields)
-FUSED_CALLS = 2  # calls of one kind a worker runs at once; more requests fuse into the next
 FUSED_PUSH_BYTES = 1024 * 1024  # a fused push call takes request bodies up to this in all
 FUSED_POPS = 32  # pops per fused call
 FUSED_ACKS = 1000  # acknowledgments per fused call
@@ -309,15 +308,17 @@ class Messages:
             for lease in leases:
                 self.give_backs.add(lease, backend)
 
-        params: dict[str, Any]
         if len(pops) == 1:  # (queen.pop itself: no pass of pop_many over its rows)
-            name, params = "pop_one", pops[0].params
+            rows = self.db.fetch(
+                "pop_one", pops[0].params, _popped_of_pops, raw_json=True,
+                large=_large_payload, after_execute=self.after_pop_statement, on_lost=lost,
+            )
         else:
-            name, params = "pop_many", {"pops": orjson.dumps([p.params for p in pops]).decode()}
-        rows = self.db.fetch(
-            name, params, _popped_of_pops, raw_json=True, large=_large_payload,
-            after_execute=self.after_pop_statement, on_lost=lost,
-        )
+            rows = self.db.fetch(
+                "pop_many", {"pops": orjson.dumps([p.params for p in pops]).decode()},
+                _popped_of_pops, raw_json=True, large=_large_payload,
+                after_execute=self.after_pop_statement, on_lost=lost,
+            )
         popped: list[list[Popped]] = [[] for _ in pops]
         for position, message in rows:
             popped[position - 1].append(message)
