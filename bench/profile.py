@@ -65,14 +65,15 @@ def statement_table(dsn: str, seconds: float, messages: float) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(STATEMENTS).fetchall()
     out = [
-        "| statement | calls | total ms | ms/call | us per message | share of wall |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| statement | calls | rows/call | total ms | ms/call | us per message | share of wall |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for text, calls, total, _ in rows:
+    for text, calls, total, returned in rows:
         cell = text.replace("|", "\\|")
         out.append(
-            f"| `{cell}` | {calls:,} | {total:,.0f} | {total / max(calls, 1):.3f} |"
-            f" {1000 * total / max(messages, 1):.0f} | {total / 1000 / seconds:.0%} |"
+            f"| `{cell}` | {calls:,} | {returned / max(calls, 1):.2f} | {total:,.0f} |"
+            f" {total / max(calls, 1):.3f} | {1000 * total / max(messages, 1):.0f} |"
+            f" {total / 1000 / seconds:.0%} |"
         )
     return "\n".join(out)
 
