@@ -83,7 +83,7 @@ class Settings:
     max_batch: int = _s("MAX_BATCH_SIZE", 1000, "largest push or pop batch", least=1)
     fused_calls: int = _s(
         "QUEEN_FUSED_CALLS",
-        2,
+        1,
         "push, pop, ack or lease calls of each kind a worker runs at once; requests arriving"
         " meanwhile share the next call (0: no fusion)",
         least=0,

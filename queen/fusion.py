@@ -29,6 +29,11 @@ from queen.errors import Unavailable
 R = TypeVar("R")  # a request
 T = TypeVar("T")  # its result
 
+# Calls of one kind a worker runs at once; requests arriving meanwhile fuse into the next.
+# One: a second call in flight made PostgreSQL do more work a message, not less
+# (docs/DECISIONS.md, request fusion).
+FUSED_CALLS = 1
+
 Observe = Callable[[str, int], None]
 # trace(kind, requests): a context manager around each call (a tracing span), or none.
 Trace = Callable[[str, int], AbstractContextManager[object]]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from queen.config import Settings
 from queen.errors import Unavailable
-from queen.fusion import Observe, Trace
+from queen.fusion import FUSED_CALLS, Observe, Trace
 from queen.store.admin import Admin
 from queen.store.analytics import Analytics
 from queen.store.dashboard import Dashboard, MessagePlace
 from queen.store.db import READ_ONLY, Database
 from queen.store.groups import ConsumerGroups
 from queen.store.leases import Leases
-from queen.store.messages import FUSED_CALLS, Messages
+from queen.store.messages import Messages
 from queen.store.polling import Polling
 from queen.store.queues import Queues
 from queen.store.reads import Reads

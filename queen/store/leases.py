@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from typing import NamedTuple
 
-from queen.fusion import Fuser, Observe, Trace, untraced
+from queen.fusion import FUSED_CALLS, Fuser, Observe, Trace, untraced
 from queen.store.db import Database
 
 FUSED_EXTENDS = 100  # renewals per fused call
@@ -20,7 +20,7 @@ class _Extend(NamedTuple):
 class Leases:
     """Renew partition leases."""
 
-    def __init__(self, db: Database, fused_calls: int = 2) -> None:
+    def __init__(self, db: Database, fused_calls: int = FUSED_CALLS) -> None:
         self.db = db
         self.observe: Observe = lambda kind, requests: None
         self.trace: Trace = untraced
