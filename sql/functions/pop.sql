@@ -474,6 +474,9 @@ BEGIN
                 RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
             END IF;
         END LOOP;
+        IF cardinality(served) = jsonb_array_length(p_pops) THEN
+            RETURN;  -- (every pop served as a set)
+        END IF;
     END IF;
     FOR r IN
         SELECT x.*
