@@ -59,6 +59,9 @@ def test_the_phase_runs_every_goal_shape_for_each_system_and_fanout_for_queen():
         assert {
             (c.workload, c.batch) for c in cases if c.system == system and c.workload != "fanout"
         } == {(w, b) for w, b, _, _ in shapes}
+    for c in cases:  # a client process waits with 4 batches a consumer pushed, not acked
+        if c.workload == "e2e":
+            assert c.extra["backlog_cap"] == 4 * c.batch * c.consumers
     fanout = [c for c in cases if c.workload == "fanout"]
     assert {(c.system, c.extra["variant"], c.extra["groups"]) for c in fanout} == {
         ("queen", "groups", 4), ("queen", "copy", 4)
@@ -75,12 +78,14 @@ def window(system: str, workload: str, batch: int, rate: float, **extra: Any) ->
 
 RESULTS = [
     window("queen", "e2e", 100, 30_000, wal_bytes_per_msg=400, pg_tuples_fetched_per_msg=2.5,
+           counts={"pushed": 150_000, "acked": 150_000},
            pg_cpu_us_per_msg=15.0, pg_cores=0.5, pg_throttled_share=0.98,
            pg_top_statements=[{"query": "SELECT x.pop FROM queen.pop_many($1)",
                                "calls_per_msg": 0.01, "exec_us_per_msg": 6.5}],
            server={"statements_per_msg": 0.061, "commits_per_msg": 0.07,
                    "requests_per_call": {"push": 1.5, "pop": 2.25}}),
-    window("raw", "e2e", 100, 12_000, wal_bytes_per_msg=1_000, pg_cpu_us_per_msg=40.0),
+    window("raw", "e2e", 100, 12_000, wal_bytes_per_msg=1_000, pg_cpu_us_per_msg=40.0,
+           counts={"pushed": 90_000, "acked": 60_000}),
     window("minimal", "e2e", 100, 32_000, wal_bytes_per_msg=380),
     window("queen", "push", 1, 1_000),
     window("raw", "push", 1, 500),
@@ -108,7 +113,9 @@ def test_a_report_shows_the_phase_first_and_keeps_it_out_of_the_whole_machine_ta
     assert "## PostgreSQL as the bottleneck" in text
     assert "CPU quota of 0.5 core" in text
     assert "| e2e batch 100 | 2 + 4 | 30,000 | 32,000 | 12,000 | 2.50 | 0.94 |" in text
-    assert "| queen/e2e/b100 | 30,000 | 15.0 | 2.5 | 400 |" in text
+    assert "| queen/e2e/b100 | 30,000 | 1.00 | 15.0 | 2.5 | 400 |" in text
+    assert "| raw/e2e/b100 | 12,000 | 1.50 | 40.0 |" in text  # producers ahead
+    assert "| queen/push/b1 | 1,000 | – |" in text
     assert "| queen/e2e/b100 | `SELECT x.pop FROM queen.pop_many($1)` | 0.01 | 6.5 | – |" in text
     assert "| queen/e2e/b100 | 0.06 | 0.07 | 1.50 | 2.25 | – |" in text  # the server's count
     assert "## Push only" not in text and "## End to end" not in text
