@@ -11,7 +11,7 @@ import psycopg
 from queen.models import PopRoute
 from queen.store import Store
 from tests import storage
-from tests.integration.helpers import ack, data, pop, push, rows, scalar
+from tests.integration.helpers import ack, data, expire_leases_now, pop, push, rows, scalar
 
 
 def _drain(store: Store, queue: str, partitions: list[str]) -> None:
@@ -253,3 +253,48 @@ def test_fused_pops_take_the_oldest_partition_before_its_cursor_exists(store: St
     push(store, [{"queue": "q", "partition": "b", "payload": "b2"}])
     push(store, [{"queue": "q", "partition": "c", "payload": "c2"}])
     assert _pop_many(store, 2) == {1: ["a1"], 2: ["b2"]}
+
+
+def _set_call(store: Store, pops: int, batch: int = 1) -> tuple[dict[int, list[str]], set[str]]:
+    """As _pop_many, in a transaction that also names the functions the call ran."""
+    one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": batch, "worker": "test"}
+    body = [{**one, "lease": str(uuid.uuid4())} for _ in range(pops)]
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        got = conn.execute(
+            "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
+            (orjson.dumps(body).decode(),),
+        ).fetchall()
+        called = {r[0] for r in conn.execute("SELECT funcname FROM pg_stat_xact_user_functions")}
+    served: dict[int, list[str]] = {}
+    for pop_no, payload in got:
+        served.setdefault(pop_no, []).append(payload)
+    return served, called
+
+
+def _three_partitions_with_cursors(store: Store) -> None:
+    for name in ("a", "b", "c"):
+        push(store, [{"queue": "q", "partition": name, "payload": f"{name}{n}"}
+                     for n in range(2)])
+        (m,) = pop(store, "q", name)  # a cursor in every partition, so the set takes them
+        store.polling.unclaim(m.lease_id)
+
+
+def test_pops_a_set_left_over_get_nothing_without_a_walk_when_nothing_is_free(
+    store: Store,
+) -> None:
+    _three_partitions_with_cursors(store)
+    served, called = _set_call(store, 5, batch=5)
+    assert served == {1: ["a0", "a1"], 2: ["b0", "b1"], 3: ["c0", "c1"]}
+    assert "pop_set" in called and "pop" not in called  # the two left over: no walk
+
+
+def test_pops_a_set_left_over_still_take_over_an_expired_lease(store: Store) -> None:
+    _three_partitions_with_cursors(store)
+    leased = pop(store, "q", "a", batch=5)  # a leased, then its lease runs out
+    assert [data(m) for m in leased] == ["a0", "a1"]
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        expire_leases_now(conn)
+    served, called = _set_call(store, 4, batch=5)
+    assert sorted(served.values()) == [["a0", "a1"], ["b0", "b1"], ["c0", "c1"]]
+    assert {"pop_set", "pop"} <= called  # the set takes b and c; a pop alone, a's lease
