@@ -418,9 +418,8 @@ $$;
 -- Two or more pops by queue of one queue, group and batch, none naming a partition to
 -- prefer, are claimed as a set (queen.pop_set): one ranking of the queue's partitions
 -- (queen.candidates), one statement locking the first free ones in rank order and
--- leasing each its batch. The pops it could not serve (none when no partition of its
--- ranking is free: they get nothing), and all others, go one by one through queen.pop,
--- in order, each seeing the leases of those before it; those of a
+-- leasing each its batch. The pops it could not serve, and all others, go one by one
+-- through queen.pop, in order, each seeing the leases of those before it; those of a
 -- queue and group share one ranking (a pop walks it past the partitions those before it
 -- leased, and one that finds none left gets nothing rather than ranking again, since a
 -- ranking made in the same call would find the same ones leased: when more consumers
@@ -439,7 +438,7 @@ DECLARE
     q       queen.queues;
     ranked  text;   -- the queue and group ranking holds (NULL: none yet)
     ranking uuid[];
-    served  integer[] := '{}';  -- positions the set claims answered (messages or none)
+    served  integer[] := '{}';  -- positions the set claims served
     got     integer[];
     rows    queen.popped[];
 BEGIN
@@ -474,22 +473,9 @@ BEGIN
                 served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
                 RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
             END IF;
-            -- The set's pops it did not serve would walk this ranking one by one: when no
-            -- partition of it is free (each under a live lease or held back; one with no
-            -- cursor row counts as free), they get nothing, without that walk.
-            IF NOT EXISTS (SELECT 1 FROM unnest(ranking) u
-                           LEFT JOIN LATERAL (SELECT x.lease_expires_at, x.not_before
-                                              FROM queen.consumers x
-                                              WHERE x.partition_id = u
-                                                AND x.consumer_group = g."group") x ON true
-                           WHERE NOT coalesce(x.lease_expires_at > now()
-                                              OR x.not_before > now(), false)) THEN
-                served := served || ARRAY(SELECT p FROM unnest(g.positions) p
-                                          WHERE NOT p = ANY (served));
-            END IF;
         END LOOP;
         IF cardinality(served) = jsonb_array_length(p_pops) THEN
-            RETURN;  -- (every pop answered as a set)
+            RETURN;  -- (every pop served as a set)
         END IF;
     END IF;
     FOR r IN

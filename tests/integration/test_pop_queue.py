@@ -280,16 +280,7 @@ def _three_partitions_with_cursors(store: Store) -> None:
         store.polling.unclaim(m.lease_id)
 
 
-def test_pops_a_set_left_over_get_nothing_without_a_walk_when_nothing_is_free(
-    store: Store,
-) -> None:
-    _three_partitions_with_cursors(store)
-    served, called = _set_call(store, 5, batch=5)
-    assert served == {1: ["a0", "a1"], 2: ["b0", "b1"], 3: ["c0", "c1"]}
-    assert "pop_set" in called and "pop" not in called  # the two left over: no walk
-
-
-def test_pops_a_set_left_over_still_take_over_an_expired_lease(store: Store) -> None:
+def test_pops_a_set_did_not_serve_still_take_over_an_expired_lease(store: Store) -> None:
     _three_partitions_with_cursors(store)
     leased = pop(store, "q", "a", batch=5)  # a leased, then its lease runs out
     assert [data(m) for m in leased] == ["a0", "a1"]
