@@ -637,8 +637,7 @@ BEGIN
     ignored := set_config('queen.wakes', '[]', true);
     -- Requests each completing one whole lease, as popped: decided without reading a
     -- message, every outcome alike (queen.ack_whole_leases).
-    -- (A lease of one message keeps no digest.)
-    IF 1 < ALL (p_sizes) AND cardinality(p_sizes) > 0 AND 'completed' = ALL (p_wanted) THEN
+    IF 0 < ALL (p_sizes) AND cardinality(p_sizes) > 0 AND 'completed' = ALL (p_wanted) THEN
         whole := queen.ack_whole_leases(p_txids, p_groups, p_leases, p_sizes);
     END IF;
     IF NOT whole THEN

@@ -86,6 +86,19 @@ def test_a_whole_lease_acked_as_delivered_completes_without_its_messages(conn: C
     assert pop(conn, "p", 3) == ["d"]
 
 
+def test_leases_of_one_message_each_complete_by_their_digest(conn: Conn) -> None:
+    push(conn, "p", "a", "b")
+    push(conn, "q", "x")
+    leased = pop(conn, "p", 1) + pop(conn, "q", 1)
+    assert leased == ["a", "x"]
+    assert whole(conn, leased, [1, 1])
+    assert state(conn) == [  # (ids from the queue's first: a 0, b 1, x 2)
+        ("p", "__queue__", 0, True, [], True), ("q", "__queue__", 2, True, [], True),
+        ("p", "__queue__", 0, 0, 1), ("q", "__queue__", 2, 2, 1),
+    ]
+    assert pop(conn, "p", 1) == ["b"]  # the cursor moved past a only
+
+
 def test_requests_of_a_fused_call_each_match_their_own_lease(conn: Conn) -> None:
     push(conn, "p", "a1", "a2", "a3")
     push(conn, "q", "b1", "b2")
@@ -101,8 +114,9 @@ def test_requests_of_a_fused_call_each_match_their_own_lease(conn: Conn) -> None
 @pytest.mark.parametrize(
     "case",
     ["reordered", "part of the lease", "one request for two leases", "a stranger included",
-     "another lease named", "acked in part before", "a message retried", "one message",
-     "separator in a transactionId", "two requests halving one lease"],
+     "another lease named", "acked in part before", "a message retried",
+     "separator in a transactionId", "two requests halving one lease",
+     "another message of a lease of one"],
 )
 def test_anything_but_whole_leases_as_delivered_is_left_to_the_items_path(
     conn: Conn, case: str
@@ -119,7 +133,7 @@ def test_anything_but_whole_leases_as_delivered_is_left_to_the_items_path(
         conn.execute(
             "SELECT * FROM queen.ack_items('{a}', NULL, '{failed}', '{boom}', NULL, '{1}')"
         )
-    leased = pop(conn, "p", 10 if case != "one message" else 1)
+    leased = pop(conn, "p", 10 if case != "another message of a lease of one" else 1)
     before = state(conn)
     txids, sizes, leases = leased, [len(leased)], None
     if case == "reordered":
@@ -141,6 +155,8 @@ def test_anything_but_whole_leases_as_delivered_is_left_to_the_items_path(
         before = state(conn)
     elif case == "two requests halving one lease":
         sizes = [1, len(leased) - 1]
+    elif case == "another message of a lease of one":
+        txids = ["b"]  # a is leased, alone
     assert whole(conn, txids, sizes, leases=leases) is False
     assert state(conn) == before  # nothing written
 
@@ -152,11 +168,11 @@ def test_the_items_path_answers_what_the_digest_path_answers(db_dsn: str, conn: 
     def run(sizes: bool) -> tuple[list[Any], list[Any]]:
         conn.execute("TRUNCATE queen.messages, queen.consumers, queen.completions,"
                      " queen.partitions, queen.queues CASCADE")
-        push(conn, "p", "a1", "a2", "a3", "a4")
-        push(conn, "q", "b1", "b2", "b3")
+        push(conn, "p", "a1", "a2", "a3", "a4", "a5")
+        push(conn, "q", "b1", "b2", "b3", "b4")
         got: list[Any] = []
-        for _ in range(2):
-            first, second = pop(conn, "p", 2), pop(conn, "q", 2)
+        for batch in (2, 2, 1):  # (a lease of one message has a digest too)
+            first, second = pop(conn, "p", batch), pop(conn, "q", batch)
             txids = first + second
             got += answers(conn, txids, [len(first), len(second)] if sizes else None)
         return got, state(conn)
