@@ -195,40 +195,49 @@ def test_pops_of_a_wide_queue_spread_over_its_partitions(store: Store) -> None:
     assert len(served) >= 40
 
 
-def _pop_many(store: Store, pops: int, batch: int = 1) -> dict[int, list[str]]:
-    """pops pops by queue of q in one call (a fused call): each pop's payloads."""
-    one = {"kind": "queue", "queue": "q", "partition": None, "namespace": None, "task": None,
-           "group": "__queue__", "batch": batch, "worker": "test", "mode": None,
-           "since": None, "prefer": None}
+def _pop_many_calling(
+    store: Store, pops: int, batch: int = 1
+) -> tuple[dict[int, list[str]], set[str]]:
+    """pops pops by queue of q in one call (a fused call): each pop's payloads, and the
+    functions the call ran."""
+    one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": batch, "worker": "test"}
     body = [{**one, "lease": str(uuid.uuid4())} for _ in range(pops)]
-    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
         got = conn.execute(
             "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
             (orjson.dumps(body).decode(),),
         ).fetchall()
+        called = {r[0] for r in conn.execute("SELECT funcname FROM pg_stat_xact_user_functions")}
     served: dict[int, list[str]] = {}
     for pop_no, payload in got:
         served.setdefault(pop_no, []).append(payload)
-    return served
+    return served, called
+
+
+def _pop_many(store: Store, pops: int, batch: int = 1) -> dict[int, list[str]]:
+    """pops pops by queue of q in one call (a fused call): each pop's payloads."""
+    return _pop_many_calling(store, pops, batch)[0]
+
+
+def _partitions_with_cursors(store: Store, messages: int) -> None:
+    """Partitions a, b and c of q with messages each, and a cursor in every one, nothing
+    consumed (so a set claim takes them)."""
+    for name in ("a", "b", "c"):
+        push(store, [{"queue": "q", "partition": name, "payload": f"{name}{n}"}
+                     for n in range(messages)])
+        (m,) = pop(store, "q", name)
+        store.polling.unclaim(m.lease_id)
 
 
 def test_fused_pops_take_the_oldest_free_partitions_one_each(store: Store) -> None:
-    for name in ("a", "b", "c"):
-        push(store, [{"queue": "q", "partition": name, "payload": f"{name}{n}"}
-                     for n in range(2)])
-    for name in ("a", "b", "c"):  # cursors in every partition, nothing consumed
-        (m,) = pop(store, "q", name)
-        store.polling.unclaim(m.lease_id)
+    _partitions_with_cursors(store, 2)
     assert _pop_many(store, 2, batch=5) == {1: ["a0", "a1"], 2: ["b0", "b1"]}
     assert _pop_many(store, 3, batch=5) == {1: ["c0", "c1"]}  # two left with nothing
 
 
 def test_pops_claimed_as_a_set_name_each_message_s_partition(store: Store) -> None:
-    for name in ("a", "b", "c"):
-        push(store, [{"queue": "q", "partition": name, "payload": f"{name}{n}"}
-                     for n in range(3)])
-        (m,) = pop(store, "q", name)  # a cursor in every partition, so the set takes them
-        store.polling.unclaim(m.lease_id)
+    _partitions_with_cursors(store, 3)
     one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": 3, "worker": "test"}
     body = [{**one, "lease": str(uuid.uuid4())} for _ in range(3)]
     with psycopg.connect(store.db.dsn, autocommit=True) as conn:
@@ -255,37 +264,12 @@ def test_fused_pops_take_the_oldest_partition_before_its_cursor_exists(store: St
     assert _pop_many(store, 2) == {1: ["a1"], 2: ["b2"]}
 
 
-def _set_call(store: Store, pops: int, batch: int = 1) -> tuple[dict[int, list[str]], set[str]]:
-    """As _pop_many, in a transaction that also names the functions the call ran."""
-    one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": batch, "worker": "test"}
-    body = [{**one, "lease": str(uuid.uuid4())} for _ in range(pops)]
-    with psycopg.connect(store.db.dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SET LOCAL track_functions = 'all'")
-        got = conn.execute(
-            "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
-            (orjson.dumps(body).decode(),),
-        ).fetchall()
-        called = {r[0] for r in conn.execute("SELECT funcname FROM pg_stat_xact_user_functions")}
-    served: dict[int, list[str]] = {}
-    for pop_no, payload in got:
-        served.setdefault(pop_no, []).append(payload)
-    return served, called
-
-
-def _three_partitions_with_cursors(store: Store) -> None:
-    for name in ("a", "b", "c"):
-        push(store, [{"queue": "q", "partition": name, "payload": f"{name}{n}"}
-                     for n in range(2)])
-        (m,) = pop(store, "q", name)  # a cursor in every partition, so the set takes them
-        store.polling.unclaim(m.lease_id)
-
-
 def test_pops_a_set_did_not_serve_still_take_over_an_expired_lease(store: Store) -> None:
-    _three_partitions_with_cursors(store)
+    _partitions_with_cursors(store, 2)
     leased = pop(store, "q", "a", batch=5)  # a leased, then its lease runs out
     assert [data(m) for m in leased] == ["a0", "a1"]
     with psycopg.connect(store.db.dsn, autocommit=True) as conn:
         expire_leases_now(conn)
-    served, called = _set_call(store, 4, batch=5)
+    served, called = _pop_many_calling(store, 4, batch=5)
     assert sorted(served.values()) == [["a0", "a1"], ["b0", "b1"], ["c0", "c1"]]
     assert {"pop_set", "pop"} <= called  # the set takes b and c; a pop alone, a's lease
