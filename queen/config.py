@@ -10,6 +10,8 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from queen.fusion import FUSED_CALLS
+
 
 class SettingError(ValueError):
     """A setting's environment variable holds a value Queen cannot use."""
@@ -83,7 +85,7 @@ class Settings:
     max_batch: int = _s("MAX_BATCH_SIZE", 1000, "largest push or pop batch", least=1)
     fused_calls: int = _s(
         "QUEEN_FUSED_CALLS",
-        1,
+        FUSED_CALLS,
         "push, pop, ack or lease calls of each kind a worker runs at once; requests arriving"
         " meanwhile share the next call (0: no fusion)",
         least=0,
