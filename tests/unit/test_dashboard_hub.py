@@ -428,8 +428,11 @@ def test_a_worker_stops_publishing_when_presence_notes_stop():
 def test_batched_clients_get_queue_depths_without_a_flood_of_partition_depths():
     store = FakeStore()
     store.rows = [depth("big", f"p{i:04}", 1) for i in range(1500)]
+    # An outbox that holds several whole snapshots: with a smaller one, a snapshot taken
+    # before the subscription is read may push out the frames this test waits for (as a
+    # full outbox should) when the writer lags on a loaded machine.
     hub = Hub(store, "w1", depth_interval_s=0.2, stats_interval_s=60,  # type: ignore[arg-type]
-              client_buffer=1000, flush_interval_s=0.05)
+              client_buffer=20_000, flush_interval_s=0.05)
     sock = FakeSocket()
     sock.incoming.put(json.dumps({"type": "subscribe", "queues": [], "batch": True}))
     thread = serve(hub, sock)
