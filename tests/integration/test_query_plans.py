@@ -175,6 +175,24 @@ def test_the_seed_is_what_the_plans_are_measured_against(seeded: str) -> None:
     assert tuples == -1 or tuples > CONSUMED  # never analysed, or analysed when full
 
 
+def test_analyze_keeps_statistics_only_of_the_columns_queries_select_by(seeded: str) -> None:
+    """The plans above, with fresh statistics, are made from these alone."""
+    with psycopg.connect(seeded, autocommit=True) as conn:
+        targets = dict(conn.execute(
+            "SELECT attname, attstattarget FROM pg_attribute"
+            " WHERE attrelid = 'queen.messages'::regclass AND attnum > 0 AND NOT attisdropped"
+        ).fetchall())
+        kept = {name for (name,) in conn.execute(
+            "SELECT attname FROM pg_stats WHERE schemaname = 'queen' AND tablename = 'messages'"
+        ).fetchall()}
+        analysed = conn.execute(  # (reltuples: -1 until the first ANALYZE)
+            "SELECT reltuples >= 0 FROM pg_class WHERE oid = 'queen.messages'::regclass"
+        ).fetchone()
+    assert {name for name, target in targets.items() if target != 0} == {
+        "id", "partition_id", "created_at"}
+    assert kept == ({"id", "partition_id", "created_at"} if analysed == (True,) else set())
+
+
 def test_pop_and_ack_by_partition_skip_the_consumed_history(explained: Explained) -> None:
     for _ in range(RUNS):
         rows, pop_plans = explained.run("pop_one", pop_params(kind="partition", partition="p0",
