@@ -48,7 +48,7 @@ class Popped(NamedTuple):
     tuple is made from a row in one step, where a frozen dataclass sets each field.
     """
 
-    id: uuid.UUID
+    id: str  # the API id (a UUID), as answers carry it
     transaction_id: str
     queue: str
     partition: str
@@ -68,7 +68,7 @@ class Popped(NamedTuple):
 
 class PushResult(NamedTuple):
     position: int  # 1-based position in the request
-    id: uuid.UUID | None
+    id: str | None  # the API id (a UUID), as answers carry it
     transaction_id: str | None
     status: str  # queued | duplicate | rejected
 

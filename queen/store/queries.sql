@@ -2,7 +2,8 @@
 
 -- push: store the items of push bodies (a JSON array of {"items": [...]}, one per fused request), one row per item with its API id, numbered across the bodies --
 -- A lone body's items are taken as they are: gathering them by path copies every item.
-SELECT p.idx, p.message_id, p.transaction_id, p.status
+-- The API ids come as text, as answers carry them: loading each as a UUID object cost the request tier about a microsecond.
+SELECT p.idx, p.message_id::text AS message_id, p.transaction_id, p.status
 FROM (SELECT %(bodies)s::jsonb AS b) x
 CROSS JOIN LATERAL queen.push(
     CASE WHEN jsonb_array_length(x.b) = 1 THEN x.b -> 0 -> 'items'
@@ -11,7 +12,7 @@ CROSS JOIN LATERAL queen.push(
 
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped --
 -- What the messages of one pop share (queue, partition, its id, priority, lockedAt, the lease, the options) comes on its first row only, NULL on the others: formatting and loading those nine values again on every row is a large share of what psycopg spends loading a row.
-SELECT x.pop, (x.message).id, (x.message).transaction_id,
+SELECT x.pop, (x.message).id::text AS id, (x.message).transaction_id,
        CASE WHEN x.first THEN (x.message).queue END AS queue,
        CASE WHEN x.first THEN (x.message).partition END AS partition,
        (x.message).payload, (x.message).encrypted, (x.message).retry_count,
@@ -29,7 +30,7 @@ FROM (SELECT m.pop, m.message, m.pop IS DISTINCT FROM lag(m.pop) OVER () AS firs
 
 -- pop_one: a call of one pop, queen.pop itself (its route and options as parameters, as in an element of pop_many's array), with no second pass over its rows; rows as pop_many's, its position 1 --
 -- The claim's commit does not wait for the disk, as pop_many's: the LATERAL call runs after the setting is made.
-SELECT 1 AS pop, queen.message_uuid(d.id, d.created_at) AS id, d.transaction_id,
+SELECT 1 AS pop, queen.message_uuid(d.id, d.created_at)::text AS id, d.transaction_id,
        CASE WHEN d.first THEN d.queue END AS queue,
        CASE WHEN d.first THEN d.partition END AS partition,
        d.payload, d.encrypted, d.retry_count,

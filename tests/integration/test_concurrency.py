@@ -248,7 +248,7 @@ def test_concurrent_duplicate_pushes_store_each_id_once(
     assert queued == Counter({t: 1 for t in ids})
     for txid, status, message_id in outcomes:
         assert status in ("queued", "duplicate")
-        assert message_id == stored[txid], f"{status} {txid} reported id {message_id}"
+        assert message_id == str(stored[txid]), f"{status} {txid} reported id {message_id}"
 
 
 def test_duplicates_within_one_batch_and_across_batches(store: Store) -> None:
@@ -309,12 +309,13 @@ def test_ids_made_for_a_push_are_uuid_v7_unique_and_in_item_order(store: Store) 
     second = push(store, [{"queue": "ids", "payload": n} for n in range(5)])
     after_ms = int(time.time() * 1000)
     for results in (first, second):
-        ids = [r.id for r in results]
-        assert all(i is not None and i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+        ids = [uuid.UUID(r.id) for r in results if r.id is not None]
+        assert len(ids) == len(results)
+        assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
         assert ids == sorted(ids), "ids not in item order"
-        assert all(before_ms - 5 <= (i.int >> 80) <= after_ms + 5 for i in ids if i)
+        assert all(before_ms - 5 <= (i.int >> 80) <= after_ms + 5 for i in ids)
         made = [r for r in results if r.transaction_id != "mine"]
-        assert all(r.transaction_id == str(r.id) for r in made)
+        assert all(r.transaction_id == r.id for r in made)
     everything = [r.id for r in first + second]
     assert len(set(everything)) == len(everything) == 306
     stored = rows(store.db.dsn, f"SELECT count(DISTINCT id), count(*) FROM {storage.MESSAGES}")
