@@ -17,7 +17,6 @@ rollups it wrote, to compare two builds' answers on the same history.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 from typing import Any
@@ -25,8 +24,7 @@ from typing import Any
 import psycopg
 
 from bench import cluster
-from bench.systems import drop_database, fresh_database
-from queen.store.migrate import migrate
+from bench.experiments import migrated_database
 
 DB_NAME = "queen_bench_count_walk"
 
@@ -128,21 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
     costs: list[float] = []
-    with contextlib.ExitStack() as stack:
-        server = cluster.server_dsn(args.dsn, args.cluster, stack)
-        dsn = fresh_database(server, DB_NAME)
-        try:
-            migrate(dsn)
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                seed(conn, args.partitions, args.messages, args.fail_every, args.batch)
-                for number in range(1, args.rounds + 1):
-                    spent, walked, digest = walk(conn, args.partitions, args.step)
-                    costs.append(spent * 1e6 / max(1, walked))
-                    print(f"round {number}/{args.rounds}: {walked} messages in {spent:.3f} s,"
-                          f" {costs[-1]:.2f} us a message; rollups {digest}", flush=True)
-            print(f"\n{cluster.describe(server, args.cluster)}")
-        finally:
-            drop_database(server, DB_NAME)
+    with migrated_database(args, DB_NAME) as (dsn, server):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            seed(conn, args.partitions, args.messages, args.fail_every, args.batch)
+            for number in range(1, args.rounds + 1):
+                spent, walked, digest = walk(conn, args.partitions, args.step)
+                costs.append(spent * 1e6 / max(1, walked))
+                print(f"round {number}/{args.rounds}: {walked} messages in {spent:.3f} s,"
+                      f" {costs[-1]:.2f} us a message; rollups {digest}", flush=True)
+        print(f"\n{server}")
     print(f"count walk: {statistics.median(costs):.2f} us a message (median of {args.rounds};"
           f" {args.partitions} partitions, batch {args.batch}, step {args.step},"
           f" fail every {args.fail_every})")

@@ -26,7 +26,6 @@ Reported: µs a call, the lowest and the median of the rounds' means.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import statistics
 from typing import Any
@@ -36,9 +35,8 @@ import psycopg
 
 from bench import cluster
 from bench.adapters import MINIMAL_DDL, MINIMAL_POP, MINIMAL_PUSH, PAYLOAD
-from bench.systems import drop_database, fresh_database
+from bench.experiments import migrated_database
 from queen.store.db import QUERIES
-from queen.store.migrate import migrate
 
 DATABASE = "queen_bench_pop_claim"
 MESSAGES = 5_000  # per partition
@@ -209,15 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8)
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        server = cluster.server_dsn(args.dsn, args.cluster, stack)
-        dsn = fresh_database(server, DATABASE)
-        try:
-            migrate(dsn)
-            results = run(dsn, args.batch, args.calls, args.rounds, args.partitions)
-            print(f"\n{cluster.describe(server, args.cluster)}")
-        finally:
-            drop_database(server, DATABASE)
+    with migrated_database(args, DATABASE) as (dsn, server):
+        results = run(dsn, args.batch, args.calls, args.rounds, args.partitions)
+        print(f"\n{server}")
     print(f"| claim (batch {args.batch}, {args.partitions} partitions) | µs a call, lowest |"
           " median | rounds |")
     print("|---|---:|---:|---|")

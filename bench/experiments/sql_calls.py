@@ -17,15 +17,13 @@ client: the statement time under load is bench.profile's.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 from typing import Any
 
 import psycopg
 
 from bench import cluster
-from bench.systems import drop_database, fresh_database
-from queen.store.migrate import migrate
+from bench.experiments import migrated_database
 
 SETUP = """
 SET queen.push_notify = 'after_commit';
@@ -153,18 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     cases = tuple(c.strip() for c in args.cases.split(","))
     if unknown := set(cases) - set(CASES):
         parser.error(f"unknown cases: {', '.join(sorted(unknown))}")
-    with contextlib.ExitStack() as stack:
-        server = cluster.server_dsn(args.dsn, args.cluster, stack)
-        dsn = fresh_database(server, "queen_bench_sql_calls")
-        try:
-            migrate(dsn)
-            results = run(
-                dsn, args.calls, args.rounds, args.durable, args.partitions, args.messages,
-                cases, args.batch, args.stats,
-            )
-            print(f"\n{cluster.describe(server, args.cluster)}; statistics: {args.stats}")
-        finally:
-            drop_database(server, "queen_bench_sql_calls")
+    with migrated_database(args, "queen_bench_sql_calls") as (dsn, server):
+        results = run(
+            dsn, args.calls, args.rounds, args.durable, args.partitions, args.messages,
+            cases, args.batch, args.stats,
+        )
+        print(f"\n{server}; statistics: {args.stats}")
     print(f"| call (batch {args.batch}) | us per call (median) | rounds |")
     print("|---|---:|---|")
     for case, values in results.items():

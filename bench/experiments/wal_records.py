@@ -16,7 +16,6 @@ the same.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import uuid
 from typing import Any
 
@@ -25,8 +24,7 @@ import psycopg
 
 from bench import cluster
 from bench.adapters import PAYLOAD
-from bench.systems import drop_database, fresh_database
-from queen.store.migrate import migrate
+from bench.experiments import migrated_database
 
 DATABASE = "queen_bench_wal_records"
 POP = "SELECT (message).transaction_id, (message).lease_id FROM queen.pop_many(%s::jsonb)"
@@ -99,15 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=16)
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
-    with contextlib.ExitStack() as stack:
-        server = cluster.server_dsn(args.dsn, args.cluster, stack)
-        dsn = fresh_database(server, DATABASE)
-        try:
-            migrate(dsn)
-            run(dsn, args.batch, args.rounds, args.partitions)
-            print(f"\n{cluster.describe(server, args.cluster)}")
-        finally:
-            drop_database(server, DATABASE)
+    with migrated_database(args, DATABASE) as (dsn, server):
+        run(dsn, args.batch, args.rounds, args.partitions)
+        print(f"\n{server}")
     return 0
 
 
