@@ -291,14 +291,17 @@ BEGIN
               FROM unnest(p_sizes) WITH ORDINALITY u(size, k)
               WINDOW w AS (ORDER BY u.k)) s
     )
+    -- (A row with no lease makes its pair's check NULL, not false, and bool_and passes
+    -- over NULLs: coalesced, such a pair declines the call.)
     SELECT array_agg(x.ctid),
            count(*) = cardinality(p_sizes) AND count(DISTINCT x.ctid) = count(*)
            AND max(r.last) = cardinality(p_txids)
-           AND bool_and(r.uniform AND x.lease_id = coalesce(r.lease, x.lease_id)
-                        AND x.lease_size = r.size
-                        AND x.lease_digest = queen.lease_digest(r.joined, r.size)
-                        AND cardinality(x.lease_acked) = 0 AND cardinality(x.done_ids) = 0
-                        AND x.retried_max <= x.cursor_id)
+           AND bool_and(coalesce(
+                   r.uniform AND x.lease_id = coalesce(r.lease, x.lease_id)
+                   AND x.lease_size = r.size
+                   AND x.lease_digest = queen.lease_digest(r.joined, r.size)
+                   AND cardinality(x.lease_acked) = 0 AND cardinality(x.done_ids) = 0
+                   AND x.retried_max <= x.cursor_id, false))
     INTO locked, fits
     FROM (SELECT * FROM r ORDER BY r.part, r.grp) r
     CROSS JOIN LATERAL (SELECT x.ctid, x.lease_id, x.lease_size, x.lease_digest,

@@ -111,6 +111,25 @@ def test_requests_of_a_fused_call_each_match_their_own_lease(conn: Conn) -> None
     assert [row[3] for row in state(conn)[:2]] == [True, True]  # both leases ended
 
 
+def test_a_lease_that_ended_beside_a_live_one_leaves_the_call_to_the_items_path(
+    conn: Conn,
+) -> None:
+    """A fused call of two requests, one for a lease that is gone (given back, or forgotten
+    by a crash that lost its claim's asynchronous commit), so that its row names no lease
+    at all: the call is not one of whole leases, and nothing is written for it."""
+    push(conn, "p", "a1", "a2")
+    push(conn, "q", "b1", "b2")
+    first, second = pop(conn, "p", 10), pop(conn, "q", 10)
+    conn.execute("SELECT queen.give_back(c.lease_id) FROM queen.consumers c"
+                 " JOIN queen.partitions p ON p.id = c.partition_id WHERE p.name = 'q'")
+    before = state(conn)
+    assert whole(conn, first + second, [2, 2]) is False
+    assert state(conn) == before
+    fast = answers(conn, first + second, [2, 2])  # decided item by item, without an error
+    assert [(r[1], r[2]) for r in fast[:2]] == [(t, "completed") for t in first]
+    assert all(r[2] != "completed" for r in fast[2:])
+
+
 @pytest.mark.parametrize(
     "case",
     ["reordered", "part of the lease", "one request for two leases", "a stranger included",
