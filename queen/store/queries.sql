@@ -2,7 +2,7 @@
 
 -- push: store the items of push bodies (a JSON array of {"items": [...]}, one per fused request), one row per item with its API id, numbered across the bodies --
 -- A lone body's items are taken as they are: gathering them by path copies every item.
--- The API ids come as text, as answers carry them: loading each as a UUID object cost the request tier about a microsecond.
+-- The API ids come as text, as answers carry them: no UUID object is made for each only to be written out again.
 SELECT p.idx, p.message_id::text AS message_id, p.transaction_id, p.status
 FROM (SELECT %(bodies)s::jsonb AS b) x
 CROSS JOIN LATERAL queen.push(
