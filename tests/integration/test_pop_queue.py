@@ -215,6 +215,44 @@ def _pop_many_calling(
     return served, called
 
 
+def _pop_many_preferring(
+    store: Store, prefer: list[str | None]
+) -> tuple[dict[int, list[str]], dict[str, int]]:
+    """One call of pops by queue of q, each trying its partition of prefer first (None:
+    none): each pop's payloads, and how often the call ran each function."""
+    one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": 1, "worker": "test"}
+    body = [{**one, "lease": str(uuid.uuid4()), "prefer": p} for p in prefer]
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        got = conn.execute(
+            "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
+            (orjson.dumps(body).decode(),),
+        ).fetchall()
+        called = dict(conn.execute(
+            "SELECT funcname, calls FROM pg_stat_xact_user_functions").fetchall())
+    served: dict[int, list[str]] = {}
+    for pop_no, payload in got:
+        served.setdefault(pop_no, []).append(payload)
+    return served, called
+
+
+def test_fused_pops_whose_preferred_partitions_are_free_rank_nothing(store: Store) -> None:
+    _partitions_with_cursors(store, 2)
+    served, called = _pop_many_preferring(store, ["c", "b"])
+    assert served == {1: ["c0"], 2: ["b0"]}
+    assert "candidates" not in called
+
+
+def test_a_fused_pop_whose_preferred_partition_is_taken_ranks_once_for_the_call(
+    store: Store,
+) -> None:
+    _partitions_with_cursors(store, 2)
+    pop(store, "q", "a")  # a is leased: the pops preferring it take the oldest free ones
+    served, called = _pop_many_preferring(store, ["a", "a", None])
+    assert served == {1: ["b0"], 2: ["c0"]}
+    assert called["candidates"] == 1
+
+
 def _pop_many(store: Store, pops: int, batch: int = 1) -> dict[int, list[str]]:
     """pops pops by queue of q in one call (a fused call): each pop's payloads."""
     return _pop_many_calling(store, pops, batch)[0]
