@@ -14,6 +14,9 @@ flight, so it stays a few lines long. The gunicorn master, told of a worker's de
 to give those claims back (queen.give_back: no attempt counted), so the partition is free
 again within seconds.
 
+A lease's id is made of the one its claim was made under and its partition's
+(queen.lease_in): the last 8 bytes, kept, say which claim an answered lease was.
+
 Imported by the gunicorn master: nothing here imports psycopg at load.
 """
 
@@ -39,13 +42,20 @@ GIVE_BACK_AFTER_S = (0.0, 2.0, 6.0)
 
 log = logging.getLogger(__name__)
 
+KEPT = 2**64 - 1  # the bits of a claim's lease id that the lease's own id keeps
+
+
+def claim_of(lease: uuid.UUID) -> int:
+    """What a lease id and the id its claim was made under have in common."""
+    return lease.int & KEPT
+
 
 class InFlight:
     """This worker's pops whose answers are not delivered yet (a file its master reads)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._leases: set[uuid.UUID] = set()
+        self._leases: set[int] = set()  # (claim_of each)
         self._lock = threading.Lock()
         self._fd: int | None = None
         if path is not None:
@@ -56,7 +66,7 @@ class InFlight:
         if self._fd is None:
             return
         with self._lock:
-            self._leases.add(lease)
+            self._leases.add(claim_of(lease))
             os.write(self._fd, b"+%s\n" % lease.hex.encode())
 
     def end(self, leases: Iterable[uuid.UUID]) -> None:
@@ -64,10 +74,10 @@ class InFlight:
         if self._fd is None:
             return
         with self._lock:
-            ended = [lease for lease in leases if lease in self._leases]
+            ended = [lease for lease in leases if claim_of(lease) in self._leases]
             if not ended:
                 return
-            self._leases.difference_update(ended)
+            self._leases.difference_update(claim_of(lease) for lease in ended)
             if not self._leases:
                 os.ftruncate(self._fd, 0)  # nothing in flight: start the file over
                 return
@@ -99,17 +109,17 @@ def unanswered(path: Path) -> list[uuid.UUID]:
         text = path.read_text("ascii", errors="replace")
     except FileNotFoundError:
         return []
-    leases: dict[uuid.UUID, None] = {}
+    leases: dict[int, uuid.UUID] = {}
     for line in text.splitlines():
         try:
             lease = uuid.UUID(hex=line[1:])
         except ValueError:
             continue  # (a line cut short by the death)
         if line[:1] == "+":
-            leases[lease] = None
+            leases[claim_of(lease)] = lease
         elif line[:1] == "-":
-            leases.pop(lease, None)
-    return list(leases)
+            leases.pop(claim_of(lease), None)
+    return list(leases.values())
 
 
 def prepare() -> str | None:

@@ -531,9 +531,7 @@ WHERE name = %(name)s AND revoked_at IS NULL
 RETURNING name
 
 -- extend_leases: extend live leases, each by its seconds (NULL: its queue's leaseTime); one row per lease in order, NULL when it has ended --
-SELECT x.ord, queen.extend_lease(x.lease, coalesce(x.seconds, (
-    SELECT q.lease_time FROM queen.consumers c JOIN queen.queues q ON q.id = c.queue_id
-    WHERE c.lease_id = x.lease)))
+SELECT x.ord, queen.extend_lease(x.lease, x.seconds)
 FROM unnest(%(leases)s::uuid[], %(seconds)s::integer[]) WITH ORDINALITY x(lease, seconds, ord)
 ORDER BY x.ord
 

@@ -59,3 +59,43 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
            | (('x' || right(replace(p_uuid::text, '-', ''), 16))::bit(64)::bigint
               & 4611686018427387903)
 $$;
+
+-- A lease's id names its partition: its first 6 bytes are the partition id's, its
+-- version 8 (RFC 9562's vendor layout), and the rest the id the claim was made under
+-- (p_chosen, the caller's: its last 8 bytes are kept, which is how a caller that lost
+-- the answer still names the lease: queen.give_back). No index covers lease_id, so that
+-- claims and acks stay HOT updates; a lookup by lease id instead reads the consumer rows
+-- of the partitions sharing that prefix, by the primary key (queen.lease_low/high).
+CREATE OR REPLACE FUNCTION queen.lease_in(p_partition uuid, p_chosen uuid) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT encode(set_byte(overlay(uuid_send(p_chosen)
+                                   PLACING substring(uuid_send(p_partition) FROM 1 FOR 6)
+                                   FROM 1 FOR 6),
+                           6, 128 | (get_byte(uuid_send(p_chosen), 6) & 15)),
+                  'hex')::uuid
+$$;
+
+-- Whether a lease id is of queen.lease_in's making (version 8).
+CREATE OR REPLACE FUNCTION queen.lease_placed(p_lease uuid) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT get_byte(uuid_send(p_lease), 6) >> 4 = 8
+$$;
+
+-- The lowest and highest partition id a lease may be on: those sharing its first 6
+-- bytes; for an id of another making (a caller's own, or one made before leases named
+-- their partition) every partition.
+CREATE OR REPLACE FUNCTION queen.lease_low(p_lease uuid) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT encode(CASE WHEN get_byte(uuid_send(p_lease), 6) >> 4 = 8
+                       THEN substring(uuid_send(p_lease) FROM 1 FOR 6)
+                       ELSE '\x000000000000'::bytea END
+                  || '\x00000000000000000000'::bytea, 'hex')::uuid
+$$;
+
+CREATE OR REPLACE FUNCTION queen.lease_high(p_lease uuid) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT encode(CASE WHEN get_byte(uuid_send(p_lease), 6) >> 4 = 8
+                       THEN substring(uuid_send(p_lease) FROM 1 FOR 6)
+                       ELSE '\xffffffffffff'::bytea END
+                  || '\xffffffffffffffffffff'::bytea, 'hex')::uuid
+$$;

@@ -186,8 +186,9 @@ LANGUAGE sql AS $$
     FROM recorded r
 $$;
 
--- Extend a live lease to p_seconds from now; the new expiry, or NULL when the lease is
--- unknown or has ended (or expired). One plan per session (plan_cache_mode).
+-- Extend a live lease to p_seconds from now (NULL: its queue's leaseTime); the new
+-- expiry, or NULL when the lease is unknown or has ended (or expired). The row is found
+-- by the key range its id names (queen.lease_in). One plan per session (plan_cache_mode).
 CREATE OR REPLACE FUNCTION queen.extend_lease(p_lease uuid, p_seconds integer)
 RETURNS timestamptz
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -195,8 +196,11 @@ DECLARE
     expires timestamptz;
 BEGIN
     UPDATE queen.consumers c
-    SET lease_expires_at = now() + make_interval(secs => p_seconds), updated_at = now()
-    WHERE c.lease_id = p_lease AND c.lease_id IS NOT NULL AND c.lease_expires_at > now()
+    SET lease_expires_at = now() + make_interval(secs => coalesce(p_seconds, q.lease_time)),
+        updated_at = now()
+    FROM queen.queues q
+    WHERE c.partition_id BETWEEN queen.lease_low(p_lease) AND queen.lease_high(p_lease)
+      AND c.lease_id = p_lease AND c.lease_expires_at > now() AND q.id = c.queue_id
     RETURNING c.lease_expires_at INTO expires;
     RETURN expires;
 END
@@ -212,8 +216,19 @@ LANGUAGE plpgsql AS $$
 DECLARE
     c queen.consumers;
 BEGIN
-    -- (No index covers lease_id: the table has a row per partition and group.)
-    SELECT * INTO c FROM queen.consumers x WHERE x.lease_id = p_lease FOR UPDATE;
+    -- (No index covers lease_id: the row is found by the key range the id names. An id
+    -- of another making is the one the claim was made under, whose last 8 bytes the
+    -- lease's keeps: every row is read for it, as only a lost answer's give-back needs.)
+    IF queen.lease_placed(p_lease) THEN
+        SELECT * INTO c FROM queen.consumers x
+        WHERE x.partition_id BETWEEN queen.lease_low(p_lease) AND queen.lease_high(p_lease)
+          AND x.lease_id = p_lease
+        FOR UPDATE;
+    ELSE
+        SELECT * INTO c FROM queen.consumers x
+        WHERE substring(uuid_send(x.lease_id) FROM 9) = substring(uuid_send(p_lease) FROM 9)
+        FOR UPDATE;
+    END IF;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
@@ -232,7 +247,8 @@ $$;
 CREATE OR REPLACE FUNCTION queen.lease_queue(p_lease uuid) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT q.name FROM queen.consumers c JOIN queen.queues q ON q.id = c.queue_id
-    WHERE c.lease_id = p_lease
+    WHERE c.partition_id BETWEEN queen.lease_low(p_lease) AND queen.lease_high(p_lease)
+      AND c.lease_id = p_lease
 $$;
 
 -- Give back the lease of a pop whose answer was lost with its connection (GiveBacks,

@@ -185,7 +185,8 @@ $$;
 -- (fused) call. The rare steps (an expired lease, windowBuffer, ttl) are
 -- queen.claimable's; delayedProcessing hides messages younger than it. p_lease:
 -- the lease id the caller chose (NULL: a new one), so that a caller who lost the answer
--- can still name the lease and give it back (queen.give_back). p_candidates: by queue,
+-- can still name the lease and give it back (queen.give_back); the lease's own id is
+-- made of it and the partition's (queen.lease_in). p_candidates: by queue,
 -- the ranked partitions to try (queen.pop_many ranks once for all its pops of a queue
 -- and group; NULL: ranked here). Its statements keep
 -- one plan per session (plan_cache_mode): PL/pgSQL would otherwise plan the batch reads
@@ -346,7 +347,7 @@ BEGIN
         -- rows. The batch is read once, by the key (a second read by its ids would have a
         -- plan of its own, which a session could make as a sequential scan while the
         -- table was small and keep as it grew).
-        lease := coalesce(p_lease, queen.uuid_v7());
+        lease := queen.lease_in(candidate, coalesce(p_lease, queen.uuid_v7()));
         expires := now() + make_interval(secs => q.lease_time);
         RETURN QUERY
         WITH batch AS MATERIALIZED (
@@ -578,7 +579,8 @@ BEGIN
                             ORDER BY m.id LIMIT p_batch) m
     ), leased AS (
         UPDATE queen.consumers x SET
-            lease_id = p_leases[s.j], leased_by = p_workers[s.j], lease_expires_at = expires,
+            lease_id = queen.lease_in(s.partition_id, p_leases[s.j]), leased_by = p_workers[s.j],
+            lease_expires_at = expires,
             lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
             lease_digest = s.digest, not_before = NULL, updated_at = now()
         FROM (SELECT b.j, b.partition_id, max(b.id) AS last_id, count(*)::integer AS size,
@@ -590,7 +592,8 @@ BEGIN
     SELECT array_agg(p_positions[b.j] ORDER BY b.j, b.id),
            array_agg(ROW(queen.message_uuid(b.id, b.created_at), b.transaction_id, q.name,
                          b.name, b.payload, b.encrypted, b.retries, q.priority,
-                         b.created_at, now(), p_leases[b.j], expires, q.lease_time,
+                         b.created_at, now(), queen.lease_in(b.partition_id, p_leases[b.j]),
+                         expires, q.lease_time,
                          q.retry_limit, b.trace_id, b.partition_id)::queen.popped
                      ORDER BY b.j, b.id)
     INTO pops, messages
