@@ -575,23 +575,36 @@ LANGUAGE sql IMMUTABLE AS $$
     FROM jsonb_array_elements(p_acks) WITH ORDINALITY t(a, ord)
 $$;
 
--- queen.ack_apply of a JSON array of the items.
-CREATE OR REPLACE FUNCTION queen.ack_apply_json(p_acks jsonb)
-RETURNS queen.ack_outcome[]
-LANGUAGE sql AS $$
-    SELECT queen.ack_apply(i.txids, i.groups, i.wanted, i.errors, i.leases)
-    FROM queen.ack_columns(p_acks) i
-$$;
+-- (An earlier build's queen.ack_checked called this one.)
+DROP FUNCTION IF EXISTS queen.ack_apply_json(jsonb);
 
--- queen.ack_apply_json as rows in item order. The transaction endpoint refuses an
--- item not applied, since the work it commits with the ack would then be done twice.
+-- queen.ack_apply of a JSON array of the items, as rows in item order. The transaction
+-- endpoint refuses an item not applied, since the work it commits with the ack would
+-- then be done twice. Items that complete one whole lease, as popped, are decided by its
+-- digest first (queen.ack_whole_leases: no message read), as the ack routes' are. One
+-- plan per session (plan_cache_mode), as queen.ack_items.
 CREATE OR REPLACE FUNCTION queen.ack_checked(p_acks jsonb)
 RETURNS TABLE (idx integer, transaction_id text, consumer_group text, status text,
                retry_count integer, applied boolean)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    i record;
+BEGIN
+    SELECT * INTO i FROM queen.ack_columns(p_acks);
+    IF cardinality(i.txids) > 0 AND 'completed' = ALL (i.wanted)
+       AND queen.ack_whole_leases(i.txids, i.groups, i.leases,
+                                  ARRAY[cardinality(i.txids)]) THEN
+        RETURN QUERY
+        SELECT t.k::integer, t.txid, coalesce(i.groups[t.k], '__queue__'), 'completed'::text,
+               0, true
+        FROM unnest(i.txids) WITH ORDINALITY t(txid, k) ORDER BY t.k;
+        RETURN;
+    END IF;
+    RETURN QUERY
     SELECT o.idx, o.transaction_id, o.consumer_group, o.status, o.retry_count, o.applied
-    FROM unnest(queen.ack_apply_json(p_acks)) o
-    ORDER BY o.idx
+    FROM unnest(queen.ack_apply(i.txids, i.groups, i.wanted, i.errors, i.leases)) o
+    ORDER BY o.idx;
+END
 $$;
 
 -- queen.ack_checked without the applied flag (the ack routes).

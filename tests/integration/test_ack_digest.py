@@ -216,3 +216,34 @@ def test_pops_claimed_as_a_set_keep_a_digest_per_lease(conn: Conn) -> None:
     assert sorted(map(sorted, by_pop.values())) == [["a", "b"], ["x", "y"]]
     assert whole(conn, by_pop[1] + by_pop[2], [2, 2])
     assert all(row[3] for row in state(conn)[:2])
+
+
+def _checked(conn: Conn, acks: list[dict[str, Any]]) -> tuple[list[tuple[Any, ...]], set[str]]:
+    """queen.ack_checked (a transaction's acks) of acks: its rows, and the functions it ran
+    (the session's calls not yet reported, before and after it)."""
+    calls = "SELECT funcname, calls FROM pg_stat_xact_user_functions"
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        before = dict(conn.execute(calls).fetchall())
+        got = conn.execute("SELECT * FROM queen.ack_checked(%s::jsonb)",
+                           [psycopg.types.json.Jsonb(acks)]).fetchall()
+        after = dict(conn.execute(calls).fetchall())
+    return got, {f for f, n in after.items() if n > before.get(f, 0)}
+
+
+def test_a_transaction_s_acks_of_a_whole_lease_are_decided_by_its_digest(conn: Conn) -> None:
+    push(conn, "p", "a", "b", "c")
+    push(conn, "q", "x", "y")
+    pop(conn, "p", 2)
+    got, called = _checked(conn, [{"transactionId": t, "status": "completed"} for t in "ab"])
+    assert got == [(1, "a", "__queue__", "completed", 0, True),
+                   (2, "b", "__queue__", "completed", 0, True)]
+    assert "ack_whole_leases" in called and "ack_apply" not in called
+    # Part of a lease, or a failure: item by item, as before.
+    pop(conn, "q", 2)
+    got, called = _checked(conn, [{"transactionId": "x", "status": "completed"}])
+    assert got == [(1, "x", "__queue__", "completed", 0, True)] and "ack_apply" in called
+    got, called = _checked(conn, [{"transactionId": "y", "status": "failed", "error": "e"}])
+    assert [(g[1], g[3], g[5]) for g in got] == [("y", "retry_scheduled", True)]
+    assert "ack_whole_leases" not in called
+    assert state(conn)[-2:] == [("p", "__queue__", 0, 1, 2), ("q", "__queue__", 3, 3, 1)]
