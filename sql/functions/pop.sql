@@ -235,11 +235,27 @@ DECLARE
     matching   text;
 BEGIN
     IF p_kind = 'filter' THEN  -- (each matching queue as by queue, until one gives a batch)
+        -- Only queues with a partition the group may have work in: not leased (or its
+        -- lease expired) and a message past its cursor (one probe each, in one statement,
+        -- where a pop by queue of each would rank it). A queue passed over has nothing
+        -- any pop could claim now.
         FOR matching IN
             SELECT x.name FROM queen.queues x
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM queen.partitions p
+                LEFT JOIN LATERAL (SELECT c.cursor_id, c.lease_id, c.lease_expires_at
+                                   FROM queen.consumers c
+                                   WHERE c.partition_id = p.id AND c.consumer_group = p_group
+                                   LIMIT 1) c ON true
+                CROSS JOIN LATERAL (SELECT 1 FROM queen.messages m
+                                    WHERE m.partition_id = p.id
+                                      AND m.id > coalesce(c.cursor_id, 0)
+                                    ORDER BY m.id LIMIT 1) m
+                WHERE p.queue_id = x.id
+                  AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
+                LIMIT 1) w
             WHERE (p_namespace IS NULL OR x.namespace = p_namespace)
               AND (p_task IS NULL OR x.task = p_task)
-              AND EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = x.id)
             ORDER BY x.priority DESC, x.created_at, x.name
         LOOP
             RETURN QUERY SELECT * FROM queen.pop('queue', matching, NULL, NULL, NULL,

@@ -94,6 +94,31 @@ def test_filtered_pop_serves_the_highest_priority_queue_first(store: Store) -> N
     assert pop(store, namespace="ns", task="job") == []
 
 
+def test_a_filtered_pop_tries_only_queues_it_may_find_work_in(store: Store) -> None:
+    for name, priority in (("leased", 30), ("drained", 20), ("work", 10), ("none", 40)):
+        store.queues.configure(name, "ns", None, {"priority": priority})
+    push(store, [{"queue": "leased", "payload": "l1"}, {"queue": "leased", "payload": "l2"}])
+    push(store, [{"queue": "drained", "payload": "d"}])
+    push(store, [{"queue": "work", "payload": "w"}])
+    pop(store, "leased")  # leased, l2 behind the lease
+    (d,) = pop(store, "drained")
+    ack(store, d.transaction_id)
+    route = {"kind": "filter", "namespace": "ns", "group": "__queue__", "batch": 1,
+             "worker": "test", "lease": str(uuid.uuid4())}
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        calls = "SELECT funcname, calls FROM pg_stat_xact_user_functions"
+        before = dict(conn.execute(calls).fetchall())
+        got = conn.execute("SELECT (message).payload FROM queen.pop_many(%s::jsonb)",
+                           (orjson.dumps([route]).decode(),)).fetchall()
+        after = dict(conn.execute(calls).fetchall())
+    assert got == [("w",)]
+    # (queen.pop once for the filter, once for the one queue with work: no ranking of the
+    # others)
+    assert after["pop"] - before.get("pop", 0) == 2
+    assert after["candidates"] - before.get("candidates", 0) == 1
+
+
 def _age(store: Store, partition: str, seconds: int) -> None:
     rows(
         store.db.dsn,
