@@ -19,6 +19,12 @@ def save_lines(path: str | Path, lines: list[str]) -> None:
     print(text)
 
 
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """--dsn and --cluster: the server migrated_database makes its database on."""
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    cluster.add_argument(parser)
+
+
 @contextlib.contextmanager
 def migrated_database(args: argparse.Namespace, name: str) -> Iterator[tuple[str, str]]:
     """A fresh database `name` migrated by `queen migrate`'s code, on the server of

@@ -23,8 +23,7 @@ from typing import Any
 
 import psycopg
 
-from bench import cluster
-from bench.experiments import migrated_database
+from bench.experiments import add_server_arguments, migrated_database
 
 DB_NAME = "queen_bench_count_walk"
 
@@ -116,14 +115,13 @@ def walk(conn: psycopg.Connection[Any], partitions: int, step: int) -> tuple[flo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.experiments.count_walk")
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--messages", type=int, default=80_000)
     parser.add_argument("--step", type=int, default=5000, help="messages per partition a step")
     parser.add_argument("--fail-every", type=int, default=0, help="0: every ack completes")
     parser.add_argument("--batch", type=int, default=100, help="messages per push, pop and ack")
     parser.add_argument("--rounds", type=int, default=3)
-    cluster.add_argument(parser)
+    add_server_arguments(parser)
     args = parser.parse_args(argv)
     costs: list[float] = []
     with migrated_database(args, DB_NAME) as (dsn, server):

@@ -33,9 +33,8 @@ from typing import Any
 import orjson
 import psycopg
 
-from bench import cluster
 from bench.adapters import MINIMAL_DDL, MINIMAL_POP, MINIMAL_PUSH, PAYLOAD
-from bench.experiments import migrated_database
+from bench.experiments import add_server_arguments, migrated_database
 from queen.store.db import QUERIES
 
 DATABASE = "queen_bench_pop_claim"
@@ -200,12 +199,11 @@ def run(dsn: str, batch: int, calls: int, rounds: int, partitions: int) -> dict[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.experiments.pop_claim")
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--partitions", type=int, default=8)
-    cluster.add_argument(parser)
+    add_server_arguments(parser)
     args = parser.parse_args(argv)
     with migrated_database(args, DATABASE) as (dsn, server):
         results = run(dsn, args.batch, args.calls, args.rounds, args.partitions)

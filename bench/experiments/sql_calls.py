@@ -22,8 +22,7 @@ from typing import Any
 
 import psycopg
 
-from bench import cluster
-from bench.experiments import migrated_database
+from bench.experiments import add_server_arguments, migrated_database
 
 SETUP = """
 SET queen.push_notify = 'after_commit';
@@ -129,7 +128,6 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.experiments.sql_calls")
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=16)
@@ -146,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         help="after seeding, ANALYZE every table (all), or only what Queen's maintenance"
         " analyses by itself (maintenance: queen.analyze_tables), as a server has them",
     )
-    cluster.add_argument(parser)
+    add_server_arguments(parser)
     args = parser.parse_args(argv)
     cases = tuple(c.strip() for c in args.cases.split(","))
     if unknown := set(cases) - set(CASES):

@@ -22,9 +22,8 @@ from typing import Any
 import orjson
 import psycopg
 
-from bench import cluster
 from bench.adapters import PAYLOAD
-from bench.experiments import migrated_database
+from bench.experiments import add_server_arguments, migrated_database
 
 DATABASE = "queen_bench_wal_records"
 POP = "SELECT (message).transaction_id, (message).lease_id FROM queen.pop_many(%s::jsonb)"
@@ -91,11 +90,10 @@ def run(dsn: str, batch: int, rounds: int, partitions: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.experiments.wal_records")
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=16)
-    cluster.add_argument(parser)
+    add_server_arguments(parser)
     args = parser.parse_args(argv)
     with migrated_database(args, DATABASE) as (dsn, server):
         run(dsn, args.batch, args.rounds, args.partitions)

@@ -81,21 +81,23 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT get_byte(uuid_send(p_lease), 6) >> 4 = 8
 $$;
 
--- The lowest and highest partition id a lease may be on: those sharing its first 6
--- bytes; for an id of another making (a caller's own, or one made before leases named
--- their partition) every partition.
+-- The lowest or highest partition id a lease may be on (p_fill: 16 bytes of 00, or of
+-- ff): those sharing its first 6 bytes; for an id of another making (a caller's own, or
+-- one made before leases named their partition) every partition.
+CREATE OR REPLACE FUNCTION queen.lease_bound(p_lease uuid, p_fill bytea) RETURNS uuid
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT encode(CASE WHEN queen.lease_placed(p_lease)
+                       THEN substring(uuid_send(p_lease) FROM 1 FOR 6)
+                       ELSE substring(p_fill FROM 1 FOR 6) END
+                  || substring(p_fill FROM 7), 'hex')::uuid
+$$;
+
 CREATE OR REPLACE FUNCTION queen.lease_low(p_lease uuid) RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT encode(CASE WHEN get_byte(uuid_send(p_lease), 6) >> 4 = 8
-                       THEN substring(uuid_send(p_lease) FROM 1 FOR 6)
-                       ELSE '\x000000000000'::bytea END
-                  || '\x00000000000000000000'::bytea, 'hex')::uuid
+    SELECT queen.lease_bound(p_lease, '\x00000000000000000000000000000000')
 $$;
 
 CREATE OR REPLACE FUNCTION queen.lease_high(p_lease uuid) RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT encode(CASE WHEN get_byte(uuid_send(p_lease), 6) >> 4 = 8
-                       THEN substring(uuid_send(p_lease) FROM 1 FOR 6)
-                       ELSE '\xffffffffffff'::bytea END
-                  || '\xffffffffffffffffffff'::bytea, 'hex')::uuid
+    SELECT queen.lease_bound(p_lease, '\xffffffffffffffffffffffffffffffff')
 $$;

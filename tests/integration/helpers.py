@@ -51,6 +51,22 @@ def rows(dsn: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, 
         return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
 
 
+FUNCTION_CALLS = "SELECT funcname, calls FROM pg_stat_xact_user_functions"
+
+
+def with_calls(
+    conn: psycopg.Connection[Any], query: str, params: Any = ()
+) -> tuple[list[tuple[Any, ...]], dict[str, int]]:
+    """query's rows, run in a transaction of its own, and how often it called each
+    function (the session's counts not yet reported are taken before and after it)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        before = dict(conn.execute(FUNCTION_CALLS).fetchall())
+        got = conn.execute(query, params).fetchall()
+        after = dict(conn.execute(FUNCTION_CALLS).fetchall())
+    return got, {f: n - before.get(f, 0) for f, n in after.items() if n > before.get(f, 0)}
+
+
 def partition_id(dsn: str, queue: str, partition: str) -> Any:
     """The id of a queue's partition (None when it does not exist)."""
     return scalar(

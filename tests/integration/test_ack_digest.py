@@ -9,6 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.integration.helpers import with_calls
+
 Conn = psycopg.Connection[Any]
 QUEUE = "digests"
 
@@ -219,16 +221,10 @@ def test_pops_claimed_as_a_set_keep_a_digest_per_lease(conn: Conn) -> None:
 
 
 def _checked(conn: Conn, acks: list[dict[str, Any]]) -> tuple[list[tuple[Any, ...]], set[str]]:
-    """queen.ack_checked (a transaction's acks) of acks: its rows, and the functions it ran
-    (the session's calls not yet reported, before and after it)."""
-    calls = "SELECT funcname, calls FROM pg_stat_xact_user_functions"
-    with conn.transaction():
-        conn.execute("SET LOCAL track_functions = 'all'")
-        before = dict(conn.execute(calls).fetchall())
-        got = conn.execute("SELECT * FROM queen.ack_checked(%s::jsonb)",
-                           [psycopg.types.json.Jsonb(acks)]).fetchall()
-        after = dict(conn.execute(calls).fetchall())
-    return got, {f for f, n in after.items() if n > before.get(f, 0)}
+    """queen.ack_checked (a transaction's acks) of acks: its rows, and the functions it ran."""
+    got, calls = with_calls(conn, "SELECT * FROM queen.ack_checked(%s::jsonb)",
+                            [psycopg.types.json.Jsonb(acks)])
+    return got, set(calls)
 
 
 def test_a_transaction_s_acks_of_a_whole_lease_are_decided_by_its_digest(conn: Conn) -> None:

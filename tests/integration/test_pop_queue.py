@@ -11,7 +11,16 @@ import psycopg
 from queen.models import PopRoute
 from queen.store import Store
 from tests import storage
-from tests.integration.helpers import ack, data, expire_leases_now, pop, push, rows, scalar
+from tests.integration.helpers import (
+    ack,
+    data,
+    expire_leases_now,
+    pop,
+    push,
+    rows,
+    scalar,
+    with_calls,
+)
 
 
 def _drain(store: Store, queue: str, partitions: list[str]) -> None:
@@ -105,18 +114,14 @@ def test_a_filtered_pop_tries_only_queues_it_may_find_work_in(store: Store) -> N
     ack(store, d.transaction_id)
     route = {"kind": "filter", "namespace": "ns", "group": "__queue__", "batch": 1,
              "worker": "test", "lease": str(uuid.uuid4())}
-    with psycopg.connect(store.db.dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SET LOCAL track_functions = 'all'")
-        calls = "SELECT funcname, calls FROM pg_stat_xact_user_functions"
-        before = dict(conn.execute(calls).fetchall())
-        got = conn.execute("SELECT (message).payload FROM queen.pop_many(%s::jsonb)",
-                           (orjson.dumps([route]).decode(),)).fetchall()
-        after = dict(conn.execute(calls).fetchall())
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        got, calls = with_calls(conn, "SELECT (message).payload FROM queen.pop_many(%s::jsonb)",
+                                (orjson.dumps([route]).decode(),))
     assert got == [("w",)]
     # (queen.pop once for the filter, once for the one queue with work: no ranking of the
     # others)
-    assert after["pop"] - before.get("pop", 0) == 2
-    assert after["candidates"] - before.get("candidates", 0) == 1
+    assert calls["pop"] == 2
+    assert calls["candidates"] == 1
 
 
 def _age(store: Store, partition: str, seconds: int) -> None:
@@ -220,45 +225,38 @@ def test_pops_of_a_wide_queue_spread_over_its_partitions(store: Store) -> None:
     assert len(served) >= 40
 
 
-def _pop_many_calling(
-    store: Store, pops: int, batch: int = 1
-) -> tuple[dict[int, list[str]], set[str]]:
-    """pops pops by queue of q in one call (a fused call): each pop's payloads, and the
-    functions the call ran."""
+def _fused_pops(
+    store: Store, pops: int, batch: int = 1, prefer: list[str | None] | None = None
+) -> tuple[dict[int, list[str]], dict[str, int]]:
+    """pops pops by queue of q in one call (a fused call), each trying its partition of
+    prefer first (None: none): each pop's payloads, and how often the call ran each
+    function."""
     one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": batch, "worker": "test"}
-    body = [{**one, "lease": str(uuid.uuid4())} for _ in range(pops)]
-    with psycopg.connect(store.db.dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SET LOCAL track_functions = 'all'")
-        got = conn.execute(
-            "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
-            (orjson.dumps(body).decode(),),
-        ).fetchall()
-        called = {r[0] for r in conn.execute("SELECT funcname FROM pg_stat_xact_user_functions")}
+    body = [{**one, "lease": str(uuid.uuid4()), "prefer": (prefer or [None] * pops)[k]}
+            for k in range(pops)]
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        got, calls = with_calls(conn, "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
+                                (orjson.dumps(body).decode(),))
     served: dict[int, list[str]] = {}
     for pop_no, payload in got:
         served.setdefault(pop_no, []).append(payload)
-    return served, called
+    return served, calls
+
+
+def _pop_many_calling(
+    store: Store, pops: int, batch: int = 1
+) -> tuple[dict[int, list[str]], set[str]]:
+    """pops pops by queue of q in one call: each pop's payloads, and the functions the
+    call ran."""
+    served, calls = _fused_pops(store, pops, batch)
+    return served, set(calls)
 
 
 def _pop_many_preferring(
     store: Store, prefer: list[str | None]
 ) -> tuple[dict[int, list[str]], dict[str, int]]:
-    """One call of pops by queue of q, each trying its partition of prefer first (None:
-    none): each pop's payloads, and how often the call ran each function."""
-    one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": 1, "worker": "test"}
-    body = [{**one, "lease": str(uuid.uuid4()), "prefer": p} for p in prefer]
-    with psycopg.connect(store.db.dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SET LOCAL track_functions = 'all'")
-        got = conn.execute(
-            "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
-            (orjson.dumps(body).decode(),),
-        ).fetchall()
-        called = dict(conn.execute(
-            "SELECT funcname, calls FROM pg_stat_xact_user_functions").fetchall())
-    served: dict[int, list[str]] = {}
-    for pop_no, payload in got:
-        served.setdefault(pop_no, []).append(payload)
-    return served, called
+    """One call of pops by queue of q, each trying its partition of prefer first."""
+    return _fused_pops(store, len(prefer), prefer=prefer)
 
 
 def test_fused_pops_whose_preferred_partitions_are_free_rank_nothing(store: Store) -> None:
