@@ -440,7 +440,9 @@ $$;
 -- queue and group share one ranking (a pop walks it past the partitions those before it
 -- leased, and one that finds none left gets nothing rather than ranking again, since a
 -- ranking made in the same call would find the same ones leased: when more consumers
--- poll than there are partitions, most pops end so, and ranking was most of their cost).
+-- poll than there are partitions, most pops end so, and ranking was most of their cost;
+-- once one has walked the ranking and found nothing, those after it get nothing without a
+-- walk of their own).
 -- A pop naming a partition to prefer (a poll woken for it) tries that one first, and the
 -- queue is ranked only when it gave nothing: about half such pops find their partition
 -- free, and need no ranking.
@@ -458,6 +460,7 @@ DECLARE
     q       queen.queues;
     ranked  text;   -- the queue and group ranking holds (NULL: none yet)
     ranking uuid[];
+    spent   boolean := false;  -- a pop found nothing in the ranking
     route   text;   -- a pop by queue's queue and group
     prefer  text;
     served  integer[] := '{}';  -- positions the set claims served
@@ -513,8 +516,12 @@ BEGIN
         route := CASE WHEN r.kind = 'queue' THEN r.queue || E'\n' || r."group" END;
         prefer := r.prefer;
         LOOP  -- (twice for a pop whose named partition gave nothing before any ranking)
+            -- The ranking spent, a pop by queue gets nothing: a pop before it walked
+            -- every partition in it and found each leased or being claimed.
+            EXIT WHEN spent AND route = ranked AND prefer IS NULL;
             IF route IS NOT NULL AND route IS DISTINCT FROM ranked AND prefer IS NULL THEN
                 ranked := route;
+                spent := false;
                 ranking := NULL;
                 SELECT * INTO q FROM queen.queues x WHERE x.name = r.queue;
                 IF FOUND THEN
@@ -530,8 +537,11 @@ BEGIN
             FROM queen.pop(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
                            r.batch, r.worker, r.mode, r.since, r.lease, prefer,
                            CASE WHEN route IS NULL THEN NULL
-                                WHEN route = ranked THEN ranking
+                                WHEN route = ranked AND NOT spent THEN ranking
                                 ELSE '{}' END) d;  -- (the named partition alone)
+            IF NOT FOUND AND route = ranked THEN
+                spent := true;
+            END IF;
             EXIT WHEN FOUND OR route IS NULL OR route = ranked;
             prefer := NULL;  -- it gave nothing: the queue, ranked now
         END LOOP;

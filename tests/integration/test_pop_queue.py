@@ -297,6 +297,16 @@ def test_fused_pops_take_the_oldest_free_partitions_one_each(store: Store) -> No
     assert _pop_many(store, 3, batch=5) == {1: ["c0", "c1"]}  # two left with nothing
 
 
+def test_pops_after_one_that_found_the_ranking_spent_get_nothing_at_once(
+    store: Store,
+) -> None:
+    _partitions_with_cursors(store, 2)
+    _pop_many(store, 2, batch=5)  # a and b leased
+    served, calls = _fused_pops(store, 4, batch=5)
+    assert served == {1: ["c0", "c1"]}  # the set takes c
+    assert calls["pop"] == 1  # the first pop left walks the ranking; the others need not
+
+
 def test_pops_claimed_as_a_set_name_each_message_s_partition(store: Store) -> None:
     _partitions_with_cursors(store, 3)
     one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": 3, "worker": "test"}
