@@ -445,7 +445,10 @@ $$;
 -- walk of their own).
 -- A pop naming a partition to prefer (a poll woken for it) tries that one first, and the
 -- queue is ranked only when it gave nothing: about half such pops find their partition
--- free, and need no ranking.
+-- free, and need no ranking. Two or more such pops of one queue, group and batch are
+-- claimed as a set first, over the partitions they name (in their order; a pop may get
+-- another's, all being polls of one route): those it could not serve go one by one to
+-- the queue's ranking.
 -- The pops' commit does not wait for the disk (synchronous_commit off for the
 -- transaction): a claim a crash forgets leaves its messages to be delivered again, as
 -- at-least-once allows. One plan per session (plan_cache_mode), as queen.pop.
@@ -464,6 +467,8 @@ DECLARE
     route   text;   -- a pop by queue's queue and group
     prefer  text;
     served  integer[] := '{}';  -- positions the set claims served
+    woken   integer[] := '{}';  -- positions of woken pops a set claim tried
+    preferred uuid[];           -- the partitions a set claim tries, in order
     got     integer[];
     rows    queen.popped[];
 BEGIN
@@ -471,17 +476,20 @@ BEGIN
     IF jsonb_array_length(p_pops) > 1 THEN
         FOR g IN
             SELECT x.queue, x."group", x.batch, min(x.mode) AS mode, min(x.since) AS since,
+                   x.prefer IS NOT NULL AS woken,
                    array_agg(x.ordinality::integer ORDER BY x.ordinality) AS positions,
                    array_agg(x.worker ORDER BY x.ordinality) AS workers,
-                   array_agg(x.lease ORDER BY x.ordinality) AS leases
+                   array_agg(x.lease ORDER BY x.ordinality) AS leases,
+                   array_agg(x.prefer ORDER BY x.ordinality) AS prefers
             FROM ROWS FROM (jsonb_to_recordset(p_pops)
                             AS (kind text, queue text, "group" text, batch integer,
                                 worker text, mode text, since timestamptz, lease uuid,
                                 prefer text))
                  WITH ORDINALITY x
-            WHERE x.kind = 'queue' AND x.prefer IS NULL
-            GROUP BY x.queue, x."group", x.batch
+            WHERE x.kind = 'queue'
+            GROUP BY x.queue, x."group", x.batch, x.prefer IS NOT NULL
             HAVING count(*) > 1
+            ORDER BY x.prefer IS NOT NULL DESC  -- (woken pops first, to their partitions)
         LOOP
             SELECT * INTO q FROM queen.queues x WHERE x.name = g.queue;
             CONTINUE WHEN NOT FOUND OR q.window_buffer > 0 OR q.ttl > 0;
@@ -489,10 +497,19 @@ BEGIN
                            WHERE c.queue_id = q.id AND c.consumer_group = g."group") THEN
                 PERFORM queen.join_group(q.id, g."group", g.mode, g.since);
             END IF;
-            ranked := g.queue || E'\n' || g."group";
-            ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
+            IF g.woken THEN  -- the partitions they were woken for, in their order
+                woken := woken || g.positions;
+                preferred := ARRAY(SELECT p.id FROM unnest(g.prefers) WITH ORDINALITY n(name, k)
+                                 JOIN queen.partitions p
+                                   ON p.queue_id = q.id AND p.name = n.name
+                                 GROUP BY p.id ORDER BY min(n.k));
+            ELSE
+                ranked := g.queue || E'\n' || g."group";
+                ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
+                preferred := ranking;
+            END IF;
             SELECT s.pops, s.messages INTO got, rows
-            FROM queen.pop_set(q, g."group", g.batch, ranking, g.positions, g.workers,
+            FROM queen.pop_set(q, g."group", g.batch, preferred, g.positions, g.workers,
                                g.leases) s;
             IF got IS NOT NULL THEN
                 served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
@@ -514,7 +531,7 @@ BEGIN
         ORDER BY x.ordinality
     LOOP
         route := CASE WHEN r.kind = 'queue' THEN r.queue || E'\n' || r."group" END;
-        prefer := r.prefer;
+        prefer := CASE WHEN r.ordinality::integer = ANY (woken) THEN NULL ELSE r.prefer END;
         LOOP  -- (twice for a pop whose named partition gave nothing before any ranking)
             -- The ranking spent, a pop by queue gets nothing: a pop before it walked
             -- every partition in it and found each leased or being claimed.

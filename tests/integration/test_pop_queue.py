@@ -276,6 +276,20 @@ def test_a_fused_pop_whose_preferred_partition_is_taken_ranks_once_for_the_call(
     assert called["candidates"] == 1
 
 
+def test_woken_pops_of_a_route_are_claimed_as_a_set_over_their_partitions(
+    store: Store,
+) -> None:
+    _partitions_with_cursors(store, 2)
+    served, called = _pop_many_preferring(store, ["c", "b"])
+    assert served == {1: ["c0"], 2: ["b0"]}
+    assert called["pop_set"] == 1 and "pop" not in called  # one statement for both
+    # b and c are leased now: the first pop woken for a takes it, the others get nothing
+    # after one walk of the queue's ranking
+    served, called = _pop_many_preferring(store, ["a", "a", "b", None])
+    assert served == {1: ["a0"]}
+    assert called["pop_set"] == 1 and called["pop"] == 1
+
+
 def _pop_many(store: Store, pops: int, batch: int = 1) -> dict[int, list[str]]:
     """pops pops by queue of q in one call (a fused call): each pop's payloads."""
     return _pop_many_calling(store, pops, batch)[0]
