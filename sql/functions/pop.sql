@@ -447,8 +447,8 @@ $$;
 -- queue is ranked only when it gave nothing: about half such pops find their partition
 -- free, and need no ranking. Two or more such pops of one queue, group and batch are
 -- claimed as a set first, over the partitions they name (in their order; a pop may get
--- another's, all being polls of one route): those it could not serve go one by one to
--- the queue's ranking.
+-- another's, all being polls of one route); those it could not serve join the route's
+-- other pops in the set claim over its ranking.
 -- The pops' commit does not wait for the disk (synchronous_commit off for the
 -- transaction): a claim a crash forgets leaves its messages to be delivered again, as
 -- at-least-once allows. One plan per session (plan_cache_mode), as queen.pop.
@@ -469,14 +469,15 @@ DECLARE
     served  integer[] := '{}';  -- positions the set claims served
     woken   integer[] := '{}';  -- positions of woken pops a set claim tried
     preferred uuid[];           -- the partitions a set claim tries, in order
+    pass    integer;
     got     integer[];
     rows    queen.popped[];
 BEGIN
     ignored := set_config('synchronous_commit', 'off', true);
     IF jsonb_array_length(p_pops) > 1 THEN
+      FOR pass IN 1..2 LOOP  -- woken pops, to their partitions; then the rest, ranked
         FOR g IN
             SELECT x.queue, x."group", x.batch, min(x.mode) AS mode, min(x.since) AS since,
-                   x.prefer IS NOT NULL AS woken,
                    array_agg(x.ordinality::integer ORDER BY x.ordinality) AS positions,
                    array_agg(x.worker ORDER BY x.ordinality) AS workers,
                    array_agg(x.lease ORDER BY x.ordinality) AS leases,
@@ -486,10 +487,11 @@ BEGIN
                                 worker text, mode text, since timestamptz, lease uuid,
                                 prefer text))
                  WITH ORDINALITY x
-            WHERE x.kind = 'queue'
-            GROUP BY x.queue, x."group", x.batch, x.prefer IS NOT NULL
+            WHERE x.kind = 'queue' AND NOT x.ordinality::integer = ANY (served)
+              AND CASE WHEN pass = 1 THEN x.prefer IS NOT NULL
+                       ELSE x.prefer IS NULL OR x.ordinality::integer = ANY (woken) END
+            GROUP BY x.queue, x."group", x.batch
             HAVING count(*) > 1
-            ORDER BY x.prefer IS NOT NULL DESC  -- (woken pops first, to their partitions)
         LOOP
             SELECT * INTO q FROM queen.queues x WHERE x.name = g.queue;
             CONTINUE WHEN NOT FOUND OR q.window_buffer > 0 OR q.ttl > 0;
@@ -497,7 +499,7 @@ BEGIN
                            WHERE c.queue_id = q.id AND c.consumer_group = g."group") THEN
                 PERFORM queen.join_group(q.id, g."group", g.mode, g.since);
             END IF;
-            IF g.woken THEN  -- the partitions they were woken for, in their order
+            IF pass = 1 THEN  -- the partitions they were woken for, in their order
                 woken := woken || g.positions;
                 preferred := ARRAY(SELECT p.id FROM unnest(g.prefers) WITH ORDINALITY n(name, k)
                                  JOIN queen.partitions p
@@ -516,6 +518,7 @@ BEGIN
                 RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
             END IF;
         END LOOP;
+      END LOOP;
         IF cardinality(served) = jsonb_array_length(p_pops) THEN
             RETURN;  -- (every pop served as a set)
         END IF;
