@@ -475,50 +475,52 @@ DECLARE
 BEGIN
     ignored := set_config('synchronous_commit', 'off', true);
     IF jsonb_array_length(p_pops) > 1 THEN
-      FOR pass IN 1..2 LOOP  -- woken pops, to their partitions; then the rest, ranked
-        FOR g IN
-            SELECT x.queue, x."group", x.batch, min(x.mode) AS mode, min(x.since) AS since,
-                   array_agg(x.ordinality::integer ORDER BY x.ordinality) AS positions,
-                   array_agg(x.worker ORDER BY x.ordinality) AS workers,
-                   array_agg(x.lease ORDER BY x.ordinality) AS leases,
-                   array_agg(x.prefer ORDER BY x.ordinality) AS prefers
-            FROM ROWS FROM (jsonb_to_recordset(p_pops)
-                            AS (kind text, queue text, "group" text, batch integer,
-                                worker text, mode text, since timestamptz, lease uuid,
-                                prefer text))
-                 WITH ORDINALITY x
-            WHERE x.kind = 'queue' AND NOT x.ordinality::integer = ANY (served)
-              AND CASE WHEN pass = 1 THEN x.prefer IS NOT NULL
-                       ELSE x.prefer IS NULL OR x.ordinality::integer = ANY (woken) END
-            GROUP BY x.queue, x."group", x.batch
-            HAVING count(*) > 1
-        LOOP
-            SELECT * INTO q FROM queen.queues x WHERE x.name = g.queue;
-            CONTINUE WHEN NOT FOUND OR q.window_buffer > 0 OR q.ttl > 0;
-            IF NOT EXISTS (SELECT 1 FROM queen.consumer_groups c
-                           WHERE c.queue_id = q.id AND c.consumer_group = g."group") THEN
-                PERFORM queen.join_group(q.id, g."group", g.mode, g.since);
-            END IF;
-            IF pass = 1 THEN  -- the partitions they were woken for, in their order
-                woken := woken || g.positions;
-                preferred := ARRAY(SELECT p.id FROM unnest(g.prefers) WITH ORDINALITY n(name, k)
-                                 JOIN queen.partitions p
-                                   ON p.queue_id = q.id AND p.name = n.name
-                                 GROUP BY p.id ORDER BY min(n.k));
-            ELSE
-                ranked := g.queue || E'\n' || g."group";
-                ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
-                preferred := ranking;
-            END IF;
-            SELECT s.pops, s.messages INTO got, rows
-            FROM queen.pop_set(q, g."group", g.batch, preferred, g.positions, g.workers,
-                               g.leases) s;
-            IF got IS NOT NULL THEN
-                served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
-                RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
-            END IF;
+        FOR pass IN 1..2 LOOP  -- woken pops, to their partitions; then the rest, ranked
+            FOR g IN
+                SELECT x.queue, x."group", x.batch, min(x.mode) AS mode,
+                       min(x.since) AS since,
+                       array_agg(x.ordinality::integer ORDER BY x.ordinality) AS positions,
+                       array_agg(x.worker ORDER BY x.ordinality) AS workers,
+                       array_agg(x.lease ORDER BY x.ordinality) AS leases,
+                       array_agg(x.prefer ORDER BY x.ordinality) AS prefers
+                FROM ROWS FROM (jsonb_to_recordset(p_pops)
+                                AS (kind text, queue text, "group" text, batch integer,
+                                    worker text, mode text, since timestamptz, lease uuid,
+                                    prefer text))
+                     WITH ORDINALITY x
+                WHERE x.kind = 'queue' AND NOT x.ordinality::integer = ANY (served)
+                  AND CASE WHEN pass = 1 THEN x.prefer IS NOT NULL
+                           ELSE x.prefer IS NULL OR x.ordinality::integer = ANY (woken) END
+                GROUP BY x.queue, x."group", x.batch
+                HAVING count(*) > 1
+            LOOP
+                SELECT * INTO q FROM queen.queues x WHERE x.name = g.queue;
+                CONTINUE WHEN NOT FOUND OR q.window_buffer > 0 OR q.ttl > 0;
+                IF NOT EXISTS (SELECT 1 FROM queen.consumer_groups c
+                               WHERE c.queue_id = q.id
+                                 AND c.consumer_group = g."group") THEN
+                    PERFORM queen.join_group(q.id, g."group", g.mode, g.since);
+                END IF;
+                IF pass = 1 THEN  -- the partitions they were woken for, in their order
+                    woken := woken || g.positions;
+                    preferred := ARRAY(
+                        SELECT p.id FROM unnest(g.prefers) WITH ORDINALITY n(name, k)
+                        JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.name
+                        GROUP BY p.id ORDER BY min(n.k));
+                ELSE
+                    ranked := g.queue || E'\n' || g."group";
+                    ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
+                    preferred := ranking;
+                END IF;
+                SELECT s.pops, s.messages INTO got, rows
+                FROM queen.pop_set(q, g."group", g.batch, preferred, g.positions, g.workers,
+                                   g.leases) s;
+                IF got IS NOT NULL THEN
+                    served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
+                    RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
+                END IF;
+            END LOOP;
         END LOOP;
-      END LOOP;
         IF cardinality(served) = jsonb_array_length(p_pops) THEN
             RETURN;  -- (every pop served as a set)
         END IF;
