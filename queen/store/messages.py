@@ -91,7 +91,8 @@ def _ack_results(cursor: Cursor[Any]) -> RowMaker[tuple[AckResult, list[str] | N
 
 def _popped_of_pops(cursor: Cursor[Any]) -> RowMaker[tuple[int, Popped]]:
     """Make (pop position, Popped) from each row of pop_many, whose rows after a pop's
-    first leave out (NULL) what all of that pop's messages share: taken from its first."""
+    first leave out (NULL) what all of that pop's messages share: taken from its first.
+    A row names its message by the bigint id; the API id is made here (api_ids)."""
     result = cursor.pgresult
     names = (
         [] if result is None else [(result.fname(i) or b"").decode() for i in range(result.nfields)]
@@ -99,15 +100,17 @@ def _popped_of_pops(cursor: Cursor[Any]) -> RowMaker[tuple[int, Popped]]:
     if names != ["pop", *POPPED_COLUMNS]:
         raise TypeError(f"pop_many answered columns {names}")
     make = functools.partial(tuple.__new__, Popped)
+    api_id = api_ids()
     first: list[Any] = []  # the values of the current pop's first row
 
     def row(values: Sequence[Any]) -> tuple[int, Popped]:
+        ident = api_id(values[1], values[9])
         if values[3] is not None:  # (queue: named on a pop's first row only)
             first[:] = values
-            return values[0], make(values[1:])
+            return values[0], make((ident, *values[2:]))
         s = first
         return values[0], make((
-            values[1], values[2], s[3], s[4], values[5], values[6], values[7], s[8],
+            ident, values[2], s[3], s[4], values[5], values[6], values[7], s[8],
             values[9], s[10], s[11], s[12], s[13], s[14], values[15], s[16],
         ))
 
@@ -144,6 +147,27 @@ def message_uuid(message_id: int, created_at: dt.datetime) -> uuid.UUID:
     return uuid.UUID(
         int=millis << 80 | 0x7 << 76 | high << 64 | 0x2 << 62 | (message_id & (2**62 - 1))
     )
+
+
+def api_ids() -> Callable[[int, dt.datetime], str]:
+    """Return a maker of API ids as text, str(message_uuid(message_id, created_at)).
+
+    Below 2**48 an id only fills the last 12 hex digits, after a prefix that depends on
+    created_at alone; the maker keeps the prefix of the last created_at it saw, since a
+    pop's messages come in runs pushed together."""
+    last: dt.datetime | None = None
+    prefix = ""
+
+    def api_id(message_id: int, created_at: dt.datetime) -> str:
+        nonlocal last, prefix
+        if 0 <= message_id < 1 << 48:
+            if created_at != last:
+                prefix = str(message_uuid(0, created_at))[:24]
+                last = created_at
+            return prefix + f"{message_id:012x}"
+        return str(message_uuid(message_id, created_at))
+
+    return api_id
 
 
 def message_id_of(api_id: uuid.UUID) -> int:

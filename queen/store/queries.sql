@@ -10,9 +10,10 @@ CROSS JOIN LATERAL queen.push(
          ELSE jsonb_path_query_array(x.b, '$[*].items[*]') END,
     %(producer)s) p
 
--- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped --
+-- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped, id the message's bigint id --
+-- The API id is the server's to make (Messages: cheaper there than queen.message_uuid in SQL).
 -- What the messages of one pop share (queue, partition, its id, priority, lockedAt, the lease, the options) comes on its first row only, NULL on the others: formatting and loading those nine values again on every row is a large share of what psycopg spends loading a row.
-SELECT x.pop, (x.message).id::text AS id, (x.message).transaction_id,
+SELECT x.pop, (x.message).message_id AS id, (x.message).transaction_id,
        CASE WHEN x.first THEN (x.message).queue END AS queue,
        CASE WHEN x.first THEN (x.message).partition END AS partition,
        (x.message).payload, (x.message).encrypted, (x.message).retry_count,
@@ -26,11 +27,11 @@ SELECT x.pop, (x.message).id::text AS id, (x.message).transaction_id,
        (x.message).trace_id,
        CASE WHEN x.first THEN (x.message).partition_id END AS partition_id
 FROM (SELECT m.pop, m.message, m.pop IS DISTINCT FROM lag(m.pop) OVER () AS first
-      FROM queen.pop_many(%(pops)s::jsonb) m) x
+      FROM queen.pop_many(%(pops)s::jsonb, false) m) x
 
 -- pop_one: a call of one pop, queen.pop itself (its route and options as parameters, as in an element of pop_many's array), with no second pass over its rows; rows as pop_many's, its position 1 --
 -- The claim's commit does not wait for the disk, as pop_many's: the LATERAL call runs after the setting is made.
-SELECT 1 AS pop, queen.message_uuid(d.id, d.created_at)::text AS id, d.transaction_id,
+SELECT 1 AS pop, d.id, d.transaction_id,
        CASE WHEN d.first THEN d.queue END AS queue,
        CASE WHEN d.first THEN d.partition END AS partition,
        d.payload, d.encrypted, d.retry_count,

@@ -123,6 +123,25 @@ def test_message_uuid_in_sql_is_the_one_python_makes_and_reads_back(conn: Conn) 
         assert back == message_id == message_id_of(api_id)
 
 
+def test_api_ids_made_by_the_server_are_the_ones_sql_makes(conn: Conn) -> None:
+    """A pop answers bigint ids; the server's maker, which keeps the prefix of the last
+    created_at, gives the text of queen.message_uuid, in runs of one created_at or not."""
+    from queen.store.messages import api_ids
+
+    rows = conn.execute(
+        "SELECT i, t, queen.message_uuid(i, t)::text FROM ("
+        " SELECT g * 7919::bigint, '2026-12-01 12:00:00.123456+00'::timestamptz"
+        "        + (g / 4) * interval '997 microseconds' FROM generate_series(1, 200) g"
+        " UNION ALL SELECT (random() * 9223372036854775807)::bigint,"
+        "              now() - random() * interval '3000 days' FROM generate_series(1, 200)"
+        " UNION ALL VALUES (281474976710655::bigint, '2026-12-01 12:00:00.999+00'::timestamptz),"
+        "                  (281474976710656, '2026-12-01 12:00:00.999+00'),"
+        "                  (0, '1970-01-01 00:00:00+00')) v(i, t)"
+    ).fetchall()
+    api_id = api_ids()
+    assert [api_id(i, t) for i, t, _ in rows] == [text for _, _, text in rows]
+
+
 def test_message_uuid_text_from_a_prefix_is_the_whole_uuid_as_text(conn: Conn) -> None:
     """What a push stores and answers (the prefix made once per call) is the API id."""
     rows = conn.execute(
