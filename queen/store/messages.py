@@ -385,6 +385,13 @@ class Messages:
             return self._alone(self._ack_call, requests)
         if rows and rows[0][1]:
             self.after_ack(rows[0][1])
+        if rows and rows[0][0].position == 0:  # (every item completed a whole lease)
+            done = rows[0][0]
+            return [
+                [AckResult(k, a["transactionId"], done.status, done.retry_count,
+                           done.acknowledged_at) for k, a in enumerate(request, 1)]
+                for request in requests
+            ]
         return _renumber([result for result, _ in rows], [len(r) for r in requests])
 
 

@@ -622,7 +622,10 @@ $$;
 -- for one that found its message done before, when that was recorded (when known);
 -- reason: why nothing changed (queen.ack_reason), looked up only for those. p_sizes:
 -- how many of the items are each request's, in order, when the call fuses several
--- (NULL: not known). One plan per session (plan_cache_mode).
+-- (NULL: not known). p_compact: a call decided as whole leases (every item completed)
+-- answers one row instead of one an item, idx 0 and no transactionId, from which the
+-- caller makes each item's (a server knows them; the rows were a sixth of an ack of
+-- 100). One plan per session (plan_cache_mode).
 -- (An earlier build's returned no reason: a changed result type cannot be replaced, so
 -- that one is dropped, once; the current one is replaced in place as any other.)
 DO $$
@@ -636,8 +639,11 @@ BEGIN
     END IF;
 END
 $$;
+DROP FUNCTION IF EXISTS queen.ack_items(text[], text[], text[], text[], text[],
+                                        integer[]);  -- (an earlier build's: no p_compact)
 CREATE OR REPLACE FUNCTION queen.ack_items(p_txids text[], p_groups text[], p_wanted text[],
-                                p_errors text[], p_leases text[], p_sizes integer[])
+                                p_errors text[], p_leases text[], p_sizes integer[],
+                                p_compact boolean DEFAULT false)
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
                acknowledged_at timestamptz, reason text, wakes text[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -663,6 +669,11 @@ BEGIN
         woken := ARRAY(SELECT jsonb_array_elements_text(current_setting('queen.wakes')::jsonb));
     END IF;
     ignored := set_config('queen.wakes', '', true);
+    IF whole AND p_compact THEN
+        RETURN QUERY SELECT 0, NULL::text, 'completed'::text, 0, now(), NULL::text,
+                            CASE WHEN cardinality(woken) > 0 THEN woken END;
+        RETURN;
+    END IF;
     IF whole THEN
         RETURN QUERY
         SELECT t.k::integer, t.txid, 'completed'::text, 0, now(), NULL::text,

@@ -113,6 +113,30 @@ def test_requests_of_a_fused_call_each_match_their_own_lease(conn: Conn) -> None
     assert [row[3] for row in state(conn)[:2]] == [True, True]  # both leases ended
 
 
+def test_a_compact_call_of_whole_leases_answers_one_row_and_others_one_an_item(
+    conn: Conn,
+) -> None:
+    """p_compact (the server's ack): whole leases answer one row of position 0, which
+    the server makes each item's from; a call that is not whole leases answers as
+    before, one row an item."""
+    push(conn, "p", "a1", "a2")
+    push(conn, "q", "b1", "b2")
+
+    def compact(txids: list[str], sizes: list[int]) -> list[tuple[Any, ...]]:
+        return conn.execute(
+            "SELECT idx, transaction_id, status, retry_count, acknowledged_at IS NOT NULL,"
+            " reason FROM queen.ack_items(%s::text[], NULL, %s::text[], NULL, NULL,"
+            " %s::integer[], true)",
+            [txids, ["completed"] * len(txids), sizes],
+        ).fetchall()
+
+    first, second = pop(conn, "p", 10), pop(conn, "q", 1)
+    assert compact(first, [2]) == [(0, None, "completed", 0, True, None)]
+    assert compact(second + ["b9"], [2]) == [  # (not a whole lease: b9 is none of it)
+        (1, "b1", "completed", 0, True, None), (2, "b9", "not_found", None, False, "not_found")
+    ]
+
+
 def test_a_lease_that_ended_beside_a_live_one_leaves_the_call_to_the_items_path(
     conn: Conn,
 ) -> None:

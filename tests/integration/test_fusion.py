@@ -206,6 +206,25 @@ def test_fused_acks_decide_each_request_on_its_own(fstore: Store) -> None:
     assert redelivered.transaction_id == b[1].transaction_id and redelivered.retry_count == 1
 
 
+def test_fused_acks_of_whole_leases_answer_each_item_of_each_request(fstore: Store) -> None:
+    """Decided as whole leases, the call answers one row; each request still gets one
+    result an item, in its order, with its own transactionIds."""
+    push(fstore, [{"queue": "wl", "partition": f"p{n % 2}", "payload": n} for n in range(5)])
+    a = fstore.messages.pop(PopRoute(queue="wl", partition="p0"), 3, "w")
+    b = fstore.messages.pop(PopRoute(queue="wl", partition="p1"), 2, "w")
+    requests = [[{"transactionId": m.transaction_id, "status": "completed", "error": None,
+                  "leaseId": str(m.lease_id)} for m in got] for got in (a, b)]
+    first, *rest = (lambda r=r: fstore.messages.ack(r) for r in requests)
+    outcomes = fused(fstore.messages._acks, first, rest)
+    assert [[(r.position, r.transaction_id, r.status, r.retry_count, r.reason)
+             for r in results] for results in outcomes] == [
+        [(k, m.transaction_id, "completed", 0, None) for k, m in enumerate(got, 1)]
+        for got in (a, b)
+    ]
+    assert all(r.acknowledged_at is not None for results in outcomes for r in results)
+    assert fstore.messages.pop(PopRoute(queue="wl"), 5, "w") == []  # both leases ended
+
+
 def test_fused_lease_renewals_answer_each_its_own_expiry(fstore: Store) -> None:
     push(fstore, [{"queue": "lx", "partition": f"p{n}", "payload": n} for n in range(2)])
     (a,) = fstore.messages.pop(PopRoute(queue="lx", partition="p0"), 1, "w")
