@@ -292,14 +292,17 @@ BEGIN
               WINDOW w AS (ORDER BY u.k)) s
     )
     -- (A row with no lease makes its pair's check NULL, not false, and bool_and passes
-    -- over NULLs: coalesced, such a pair declines the call.)
+    -- over NULLs: coalesced, such a pair declines the call. The ack's transactionIds
+    -- need no separator check: a lease has a digest only when its own joined text holds
+    -- exactly size - 1 separators, so an ack's of as many items that reads alike holds
+    -- none inside a transactionId either.)
     SELECT array_agg(x.ctid),
            count(*) = cardinality(p_sizes) AND count(DISTINCT x.ctid) = count(*)
            AND max(r.last) = cardinality(p_txids)
            AND bool_and(coalesce(
                    r.uniform AND x.lease_id = coalesce(r.lease, x.lease_id)
                    AND x.lease_size = r.size
-                   AND x.lease_digest = queen.lease_digest(r.joined, r.size)
+                   AND x.lease_digest = hashtextextended(r.joined, 0)
                    AND cardinality(x.lease_acked) = 0 AND cardinality(x.done_ids) = 0
                    AND x.retried_max <= x.cursor_id, false))
     INTO locked, fits

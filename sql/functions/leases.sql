@@ -3,11 +3,14 @@
 
 -- The digest of a lease's transactionIds (p_n of them) joined in delivery order by
 -- U+001F (p_joined), which queen.ack_whole_leases compares with an ack's. NULL when a
--- transactionId holds the separator: joined, two lists could then read alike.
+-- transactionId holds the separator: joined, two lists could then read alike. (The
+-- separator is one byte, which no character of another spans in any server encoding:
+-- counted in bytes, not characters, which would read the text twice more.)
 CREATE OR REPLACE FUNCTION queen.lease_digest(p_joined text, p_n integer) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN p_n > 0
-                     AND length(p_joined) - length(replace(p_joined, E'\x1f', '')) = p_n - 1
+                     AND octet_length(p_joined)
+                         - octet_length(replace(p_joined, E'\x1f', '')) = p_n - 1
                 THEN hashtextextended(p_joined, 0) END
 $$;
 

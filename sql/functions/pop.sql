@@ -362,7 +362,9 @@ BEGIN
         -- The claim, in one statement: the batch past the cursor, the lease over it, its
         -- rows. The batch is read once, by the key (a second read by its ids would have a
         -- plan of its own, which a session could make as a sequential scan while the
-        -- table was small and keep as it grew).
+        -- table was small and keep as it grew). The lease's digest joins the batch as the
+        -- CTE holds it, in id order, without a sort of its own: in any other order it
+        -- would only fail to match, and the ack take the items path.
         lease := queen.lease_in(candidate, coalesce(p_lease, queen.uuid_v7()));
         expires := now() + make_interval(secs => q.lease_time);
         RETURN QUERY
@@ -381,7 +383,7 @@ BEGIN
                 lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
                 lease_digest = s.digest, not_before = NULL, updated_at = now()
             FROM (SELECT max(b.id) AS last_id, count(*)::integer AS size,
-                         queen.lease_digest(string_agg(b.transaction_id, E'\x1f' ORDER BY b.id),
+                         queen.lease_digest(string_agg(b.transaction_id, E'\x1f'),
                                             count(*)::integer) AS digest
                   FROM batch b) s
             WHERE x.partition_id = candidate AND x.consumer_group = p_group AND s.size > 0
