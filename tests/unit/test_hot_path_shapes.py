@@ -14,7 +14,7 @@ from queen.api import validation as v
 from queen.api.messages import message_json, messages_json, push_json
 from queen.errors import InvalidInput
 from queen.models import Popped, PushResult, iso
-from queen.store.messages import _popped_of_pops, _push_results
+from queen.store.messages import _popped_of_pops, _push_results, message_uuid
 
 EAST = dt.timezone(dt.timedelta(hours=5, minutes=30))
 
@@ -114,9 +114,12 @@ def fake_cursor(names: list[str]) -> Any:
 
 
 def test_popped_rows_carry_their_pop_and_refuse_other_columns() -> None:
+    """A row names its message by the bigint id; the Popped made of it has the API id."""
     record = popped(dt.datetime.now(dt.UTC), dt.datetime.now(dt.UTC), uuid.uuid4())
     names = ["pop", *Popped._fields]
-    assert _popped_of_pops(fake_cursor(names))((3, *record)) == (3, record)
+    row = (3, 42, *record[1:])
+    made = record._replace(id=str(message_uuid(42, record.created_at)))
+    assert _popped_of_pops(fake_cursor(names))(row) == (3, made)
     with pytest.raises(TypeError):
         _popped_of_pops(fake_cursor(["pop", *Popped._fields[::-1]]))
     with pytest.raises(TypeError):
