@@ -270,6 +270,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     locked  tid[];
     fits    boolean;
+    parts   uuid[];
+    groups  text[];
+    cursors bigint[];
 BEGIN
     -- Each request's pair (its first transactionId names the partition: one probe of
     -- the key a request), leaseId and transactionIds joined; the rows locked in key
@@ -315,18 +318,33 @@ BEGIN
     IF NOT coalesce(fits, false) THEN
         RETURN false;
     END IF;
-    -- (The lease holds every message past the cursor up to its last: its first is the
-    -- first past the cursor, a probe of the key. Locked, the rows stay where they are.)
-    INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
-    SELECT x.partition_id, x.consumer_group,
-           (SELECT m.id FROM queen.messages m
-            WHERE m.partition_id = x.partition_id AND m.id > x.cursor_id
-            ORDER BY m.id LIMIT 1),
-           x.lease_last_id, x.lease_size
-    FROM queen.consumers x
-    WHERE x.ctid = ANY (locked)
-    ORDER BY 1, 2;
-    PERFORM queen.end_done_leases(locked);
+    -- The completions and the leases' end in one statement (the end as
+    -- queen.end_done_leases makes it). The lease holds every message past the cursor up
+    -- to its last: its first is the first past the cursor, a probe of the key. Locked,
+    -- the rows stay where they are; the completions read them as they were before the
+    -- statement (its parts share one snapshot).
+    WITH done AS (
+        INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
+        SELECT x.partition_id, x.consumer_group,
+               (SELECT m.id FROM queen.messages m
+                WHERE m.partition_id = x.partition_id AND m.id > x.cursor_id
+                ORDER BY m.id LIMIT 1),
+               x.lease_last_id, x.lease_size
+        FROM queen.consumers x
+        WHERE x.ctid = ANY (locked)
+        ORDER BY 1, 2
+    ), ended AS (
+        UPDATE queen.consumers x SET
+            cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
+            lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
+            lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
+        WHERE x.ctid = ANY (locked)
+        RETURNING x.partition_id, x.consumer_group, x.cursor_id
+    )
+    SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
+    INTO parts, groups, cursors
+    FROM ended e;
+    PERFORM queen.wake_groups_if_work(parts, groups, cursors);
     RETURN true;
 END
 $$;
