@@ -260,12 +260,26 @@ $$;
 -- named, the lease's. Only leases that end cleanly qualify: nothing acked in them yet,
 -- nothing done out of order past the cursor, no retry record past the cursor (so every
 -- retry count is 0). The rows are locked in key order; when every request fits, the
--- completions are recorded and the leases ended (queen.end_done_leases), and true is
--- returned; otherwise nothing is written and the caller decides the items one way or
--- another (queen.ack_apply).
+-- completions are recorded and the leases ended (as queen.end_done_leases ends them),
+-- and the wake-ups of the groups whose partitions have more work are returned, for the
+-- caller to send (queen.wakes_if_work; none: an empty array); otherwise nothing is
+-- written, NULL is returned and the caller decides the items one way or another
+-- (queen.ack_apply).
+-- (An earlier build's returned whether the call fitted, and sent the wake-ups itself: a
+-- changed result type cannot be replaced, so that one is dropped, once.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_proc p
+               WHERE p.oid = to_regprocedure(
+                         'queen.ack_whole_leases(text[], text[], text[], integer[])')
+                 AND p.prorettype = 'boolean'::regtype) THEN
+        DROP FUNCTION queen.ack_whole_leases(text[], text[], text[], integer[]);
+    END IF;
+END
+$$;
 CREATE OR REPLACE FUNCTION queen.ack_whole_leases(p_txids text[], p_groups text[],
                                                   p_leases text[], p_sizes integer[])
-RETURNS boolean
+RETURNS text[]
 LANGUAGE plpgsql AS $$
 DECLARE
     locked  tid[];
@@ -316,7 +330,7 @@ BEGIN
                         WHERE x.partition_id = r.part AND x.consumer_group = r.grp
                         FOR UPDATE) x;
     IF NOT coalesce(fits, false) THEN
-        RETURN false;
+        RETURN NULL;
     END IF;
     -- The completions and the leases' end in one statement (the end as
     -- queen.end_done_leases makes it). The lease holds every message past the cursor up
@@ -344,8 +358,7 @@ BEGIN
     SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
     INTO parts, groups, cursors
     FROM ended e;
-    PERFORM queen.wake_groups_if_work(parts, groups, cursors);
-    RETURN true;
+    RETURN queen.wakes_if_work(parts, groups, cursors);
 END
 $$;
 
@@ -609,12 +622,16 @@ RETURNS TABLE (idx integer, transaction_id text, consumer_group text, status tex
                retry_count integer, applied boolean)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    i record;
+    i     record;
+    woken text[];
 BEGIN
     SELECT * INTO i FROM queen.ack_columns(p_acks);
-    IF cardinality(i.txids) > 0 AND 'completed' = ALL (i.wanted)
-       AND queen.ack_whole_leases(i.txids, i.groups, i.leases,
-                                  ARRAY[cardinality(i.txids)]) THEN
+    IF cardinality(i.txids) > 0 AND 'completed' = ALL (i.wanted) THEN
+        woken := queen.ack_whole_leases(i.txids, i.groups, i.leases,
+                                        ARRAY[cardinality(i.txids)]);
+    END IF;
+    IF woken IS NOT NULL THEN
+        PERFORM queen.send_wakes(woken);
         RETURN QUERY
         SELECT t.k::integer, t.txid, coalesce(i.groups[t.k], '__queue__'), 'completed'::text,
                0, true
@@ -677,19 +694,21 @@ BEGIN
     -- The acks' commit does not wait for the disk: an ack a crash forgets leaves its
     -- message leased until the lease expires, then delivered again (at-least-once).
     ignored := set_config('synchronous_commit', 'off', true);
-    ignored := set_config('queen.wakes', '[]', true);
     -- Requests each completing one whole lease, as popped: decided without reading a
-    -- message, every outcome alike (queen.ack_whole_leases).
+    -- message, every outcome alike, the wake-ups returned (queen.ack_whole_leases).
     IF 0 < ALL (p_sizes) AND cardinality(p_sizes) > 0 AND 'completed' = ALL (p_wanted) THEN
-        whole := queen.ack_whole_leases(p_txids, p_groups, p_leases, p_sizes);
+        woken := queen.ack_whole_leases(p_txids, p_groups, p_leases, p_sizes);
+        whole := woken IS NOT NULL;
     END IF;
-    IF NOT whole THEN
+    IF NOT whole THEN  -- (its wake-ups collected in the setting queen.wakes)
+        ignored := set_config('queen.wakes', '[]', true);
         decided := queen.ack_apply(p_txids, p_groups, p_wanted, p_errors, p_leases);
+        IF current_setting('queen.wakes') <> '[]' THEN
+            woken := ARRAY(SELECT jsonb_array_elements_text(
+                               current_setting('queen.wakes')::jsonb));
+        END IF;
+        ignored := set_config('queen.wakes', '', true);
     END IF;
-    IF current_setting('queen.wakes') <> '[]' THEN
-        woken := ARRAY(SELECT jsonb_array_elements_text(current_setting('queen.wakes')::jsonb));
-    END IF;
-    ignored := set_config('queen.wakes', '', true);
     IF whole AND p_compact THEN
         RETURN QUERY SELECT 0, NULL::text, 'completed'::text, 0, now(), NULL::text,
                             CASE WHEN cardinality(woken) > 0 THEN woken END;

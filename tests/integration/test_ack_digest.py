@@ -44,7 +44,8 @@ def whole(conn: Conn, txids: list[str], sizes: list[int], groups: list[str] | No
           leases: list[str] | None = None) -> bool:
     with conn.transaction():
         (fits,) = conn.execute(
-            "SELECT queen.ack_whole_leases(%s::text[], %s::text[], %s::text[], %s::integer[])",
+            "SELECT queen.ack_whole_leases(%s::text[], %s::text[], %s::text[], %s::integer[])"
+            " IS NOT NULL",
             [txids, groups, leases, sizes],
         ).fetchone() or (None,)
     return bool(fits)
