@@ -1,0 +1,148 @@
+"""What a pop and an ack cost PostgreSQL, as the server sends them, and with a change.
+
+    python -m bench.experiments.server_calls [--batch 100] [--cycles 200] [--rounds 3]
+        [--partitions 8] [--fused 1] [--parked] [--nested] [--variant FILE ...]
+
+On a cluster of the bench's own (pg_stat_statements preloaded), a database migrated by
+`queen migrate`'s code is seeded with one queue of --partitions partitions; then one
+session pops --batch by queue with the server's own statement (`pop_one`, or `pop_many`
+for --fused pops a call) and acks what it got with the server's `ack` statement (the
+leases' messages, as popped: the whole-lease path), --cycles times a round. Reported:
+PostgreSQL's mean time a pop call and an ack call (pg_stat_statements, server side: no
+client, no network), the median of the rounds.
+
+Each --variant is measured beside the code as it is, in turns within every round: a
+`.sql` file is run after the functions are installed (a changed function), a `.pop` or
+`.many` file replaces the pop_one or pop_many statement. --parked lists a worker with
+parked polls, so that acks make their wake-ups. --nested prints, after each run, the
+statements inside the functions (pg_stat_statements.track = all) by time a cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg.types.string import TextLoader
+
+from bench import cluster
+from bench.systems import fresh_database
+from queen.store.db import QUERIES
+from queen.store.messages import ack_columns
+from queen.store.migrate import function_files, migrate
+
+SEED = (
+    "SELECT count(*) FROM queen.push((SELECT jsonb_agg(jsonb_build_object("
+    "'queue', 'bench', 'partition', 'p' || (i %% %s::integer),"
+    " 'payload', jsonb_build_object('kind', 'bench', 'n', i)))"
+    " FROM generate_series(%s::integer, %s::integer) i), NULL)"
+)
+SPENT = (
+    "SELECT CASE WHEN query LIKE '%%ack_items%%' THEN 'ack' ELSE 'pop' END,"
+    " sum(total_exec_time) * 1000 / sum(calls) FROM pg_stat_statements"
+    " WHERE toplevel AND (query LIKE '%%queen.pop(%%' OR query LIKE '%%queen.pop_many(%%'"
+    " OR query LIKE '%%queen.ack_items(%%') GROUP BY 1"
+)
+NESTED = (
+    "SELECT calls, total_exec_time * 1000 / %s, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
+    " FROM pg_stat_statements WHERE NOT toplevel ORDER BY total_exec_time DESC LIMIT 15"
+)
+
+
+def pop_params(batch: int) -> dict[str, Any]:
+    return {"kind": "queue", "queue": "bench", "partition": None, "namespace": None,
+            "task": None, "group": "__queue__", "mode": None, "since": None, "batch": batch,
+            "worker": "bench", "lease": str(uuid.uuid4()), "prefer": None}
+
+
+def cycle(conn: psycopg.Connection[Any], batch: int, fused: int, pop_one: str,
+          pop_many: str) -> None:
+    """Pop (fused pops a call), then ack every lease popped, as its consumer would."""
+    if fused > 1:
+        pops = orjson.dumps([pop_params(batch) for _ in range(fused)]).decode()
+        rows = conn.execute(pop_many, {"pops": pops}).fetchall()
+    else:
+        rows = conn.execute(pop_one, pop_params(batch)).fetchall()
+    requests: dict[int, list[dict[str, Any]]] = {}
+    lease = None
+    for row in rows:  # (position, id, transactionId, ..., leaseId on a pop's first row)
+        lease = row[11] or lease
+        requests.setdefault(row[0], []).append(
+            {"transactionId": row[2], "status": "completed", "leaseId": str(lease)})
+    acks = [item for request in requests.values() for item in request]
+    if not acks:
+        raise SystemExit("the queue ran dry: seed more (--cycles, --rounds)")
+    conn.execute(QUERIES["ack"], ack_columns(acks, [len(r) for r in requests.values()]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.experiments.server_calls")
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--cycles", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--fused", type=int, default=1, help="pops a call (pop_many above 1)")
+    parser.add_argument("--parked", action="store_true", help="a worker has polls parked")
+    parser.add_argument("--nested", action="store_true")
+    parser.add_argument("--variant", action="append", default=[], type=Path)
+    args = parser.parse_args(argv)
+    variants: list[tuple[str, str]] = [("as is", "")]
+    variants += [(str(v), v.read_text()) for v in args.variant]
+    functions = "\n".join(f.read_text() for f in function_files())
+    spent: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in variants}
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(cluster.bench_cluster(preload="pg_stat_statements"))
+        dsn = fresh_database(server.dsn, "queen_server_calls")
+        migrate(dsn)
+        admin = stack.enter_context(psycopg.connect(dsn, autocommit=True))
+        admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        # (Each variant runs a warm-up and a measured pass a round.)
+        needed = args.batch * args.fused * args.cycles * 2 * args.rounds * len(variants)
+        for first in range(0, needed + args.batch * args.partitions, 10_000):
+            admin.execute(SEED, (args.partitions, first, first + 9_999))
+            print(f"seeded {first + 10_000:,} messages", flush=True)
+        admin.execute("SELECT queen.analyze_tables()")
+        if args.parked:
+            admin.execute("INSERT INTO queen.waiting_workers VALUES ('parked', now() + '1 day')")
+        for number in range(1, args.rounds + 1):
+            for name, text in variants:
+                admin.execute(functions)
+                pop_one, pop_many = QUERIES["pop_one"], QUERIES["pop_many"]
+                if name.endswith(".pop"):
+                    pop_one = text
+                elif name.endswith(".many"):
+                    pop_many = text
+                elif text:
+                    admin.execute(text)
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.adapters.register_loader("jsonb", TextLoader)
+                    if args.nested:
+                        conn.execute("SET pg_stat_statements.track = 'all'")
+                    for _warm_then_measured in range(2):
+                        admin.execute("SELECT pg_stat_statements_reset()")
+                        for _ in range(args.cycles):
+                            cycle(conn, args.batch, args.fused, pop_one, pop_many)
+                times: dict[str, float] = dict(admin.execute(SPENT).fetchall())
+                spent[name].append((times.get("pop", 0.0), times.get("ack", 0.0)))
+                print(f"round {number}/{args.rounds}, {name}: pop {times.get('pop', 0):.0f} us,"
+                      f" ack {times.get('ack', 0):.0f} us", flush=True)
+                if args.nested:
+                    for calls, us, query in admin.execute(NESTED, (args.cycles,)).fetchall():
+                        print(f"    {calls / args.cycles:5.2f} a cycle {us:8.1f} us  {query}")
+    print(f"\nbatch {args.batch}, {args.fused} pop(s) a call, {args.cycles} cycles a round;"
+          " PostgreSQL's µs a call, median of the rounds")
+    print("| code | pop | ack |\n|---|---:|---:|")
+    for name, values in spent.items():
+        print(f"| {name} | {statistics.median(v[0] for v in values):.0f}"
+              f" | {statistics.median(v[1] for v in values):.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
