@@ -1,7 +1,7 @@
 """What a pop and an ack cost PostgreSQL, as the server sends them, and with a change.
 
     python -m bench.experiments.server_calls [--batch 100] [--cycles 200] [--rounds 3]
-        [--partitions 8] [--fused 1] [--parked] [--nested] [--variant FILE ...]
+        [--partitions 8] [--fused 1] [--parked] [--nested] [--push] [--variant FILE ...]
 
 On a cluster of the bench's own (pg_stat_statements preloaded), a database migrated by
 `queen migrate`'s code is seeded with one queue of --partitions partitions; then one
@@ -12,8 +12,9 @@ PostgreSQL's mean time a pop call and an ack call (pg_stat_statements, server si
 client, no network), the median of the rounds.
 
 Each --variant is measured beside the code as it is, in turns within every round: a
-`.sql` file is run after the functions are installed (a changed function), a `.pop` or
-`.many` file replaces the pop_one or pop_many statement. --parked lists a worker with
+`.sql` file is run after the functions are installed (a changed function), a `.pop`,
+`.many`, `.ack` or `.push` file replaces that statement of the server's (pop_one,
+pop_many, ack, push); files joined by + make one variant. --parked lists a worker with
 parked polls, so that acks make their wake-ups. --nested prints, after each run, the
 statements inside the functions (pg_stat_statements.track = all) by time a cycle.
 """
@@ -37,6 +38,8 @@ from queen.store.db import QUERIES
 from queen.store.messages import ack_columns
 from queen.store.migrate import function_files, migrate
 
+# A variant's files that replace one of the server's statements, by suffix.
+STATEMENTS = {".pop": "pop_one", ".many": "pop_many", ".ack": "ack", ".push": "push"}
 SEED = (
     "SELECT count(*) FROM queen.push((SELECT jsonb_agg(jsonb_build_object("
     "'queue', 'bench', 'partition', 'p' || (i %% %s::integer),"
@@ -47,7 +50,7 @@ SPENT = (
     "SELECT CASE WHEN query LIKE '%%ack_items%%' THEN 'ack' ELSE 'pop' END,"
     " sum(total_exec_time) * 1000 / sum(calls) FROM pg_stat_statements"
     " WHERE toplevel AND (query LIKE '%%queen.pop(%%' OR query LIKE '%%queen.pop_many(%%'"
-    " OR query LIKE '%%queen.ack_items(%%') GROUP BY 1"
+    " OR query LIKE '%%queen.ack_items(%%' OR query LIKE '%%queen.push%%(%%') GROUP BY 1"
 )
 NESTED = (
     "SELECT calls, total_exec_time * 1000 / %s, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
@@ -61,14 +64,14 @@ def pop_params(batch: int) -> dict[str, Any]:
             "worker": "bench", "lease": str(uuid.uuid4()), "prefer": None}
 
 
-def cycle(conn: psycopg.Connection[Any], batch: int, fused: int, pop_one: str,
-          pop_many: str) -> None:
+def cycle(conn: psycopg.Connection[Any], statements: dict[str, str], batch: int,
+          fused: int) -> None:
     """Pop (fused pops a call), then ack every lease popped, as its consumer would."""
     if fused > 1:
         pops = orjson.dumps([pop_params(batch) for _ in range(fused)]).decode()
-        rows = conn.execute(pop_many, {"pops": pops}).fetchall()
+        rows = conn.execute(statements["pop_many"], {"pops": pops}).fetchall()
     else:
-        rows = conn.execute(pop_one, pop_params(batch)).fetchall()
+        rows = conn.execute(statements["pop_one"], pop_params(batch)).fetchall()
     requests: dict[int, list[dict[str, Any]]] = {}
     lease = None
     for row in rows:  # (position, id, transactionId, ..., leaseId on a pop's first row)
@@ -78,7 +81,16 @@ def cycle(conn: psycopg.Connection[Any], batch: int, fused: int, pop_one: str,
     acks = [item for request in requests.values() for item in request]
     if not acks:
         raise SystemExit("the queue ran dry: seed more (--cycles, --rounds)")
-    conn.execute(QUERIES["ack"], ack_columns(acks, [len(r) for r in requests.values()]))
+    conn.execute(statements["ack"], ack_columns(acks, [len(r) for r in requests.values()]))
+
+
+def push(conn: psycopg.Connection[Any], statements: dict[str, str], batch: int,
+         partitions: int, number: int) -> None:
+    """A push of batch items into one partition, as the server sends a lone request's."""
+    items = [{"queue": "bench", "partition": f"p{number % partitions}",
+              "payload": {"kind": "bench", "n": n}} for n in range(batch)]
+    bodies = orjson.dumps([{"items": items}]).decode()
+    conn.execute(statements["push"], {"bodies": bodies, "producer": None}).fetchall()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,10 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fused", type=int, default=1, help="pops a call (pop_many above 1)")
     parser.add_argument("--parked", action="store_true", help="a worker has polls parked")
     parser.add_argument("--nested", action="store_true")
-    parser.add_argument("--variant", action="append", default=[], type=Path)
+    parser.add_argument("--push", action="store_true",
+                        help="measure the server's push statement instead (its time as 'pop')")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="a file, or files joined by + (one variant)")
     args = parser.parse_args(argv)
-    variants: list[tuple[str, str]] = [("as is", "")]
-    variants += [(str(v), v.read_text()) for v in args.variant]
+    variants: list[tuple[str, list[Path]]] = [("as is", [])]
+    variants += [(v, [Path(f) for f in v.split("+")]) for v in args.variant]
     functions = "\n".join(f.read_text() for f in function_files())
     spent: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in variants}
     with contextlib.ExitStack() as stack:
@@ -111,23 +126,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.parked:
             admin.execute("INSERT INTO queen.waiting_workers VALUES ('parked', now() + '1 day')")
         for number in range(1, args.rounds + 1):
-            for name, text in variants:
+            for name, files in variants:
                 admin.execute(functions)
-                pop_one, pop_many = QUERIES["pop_one"], QUERIES["pop_many"]
-                if name.endswith(".pop"):
-                    pop_one = text
-                elif name.endswith(".many"):
-                    pop_many = text
-                elif text:
-                    admin.execute(text)
+                statements = dict(QUERIES)
+                for path in files:
+                    if path.suffix in STATEMENTS:
+                        statements[STATEMENTS[path.suffix]] = path.read_text()
+                    else:
+                        admin.execute(path.read_text())
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.adapters.register_loader("jsonb", TextLoader)
                     if args.nested:
                         conn.execute("SET pg_stat_statements.track = 'all'")
                     for _warm_then_measured in range(2):
                         admin.execute("SELECT pg_stat_statements_reset()")
-                        for _ in range(args.cycles):
-                            cycle(conn, args.batch, args.fused, pop_one, pop_many)
+                        for n in range(args.cycles):
+                            if args.push:
+                                push(conn, statements, args.batch, args.partitions, n)
+                            else:
+                                cycle(conn, statements, args.batch, args.fused)
                 times: dict[str, float] = dict(admin.execute(SPENT).fetchall())
                 spent[name].append((times.get("pop", 0.0), times.get("ack", 0.0)))
                 print(f"round {number}/{args.rounds}, {name}: pop {times.get('pop', 0):.0f} us,"
