@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parked", action="store_true", help="a worker has polls parked")
     parser.add_argument("--nested", action="store_true")
     parser.add_argument("--push", action="store_true",
-                        help="measure the server's push statement instead (its time as 'pop')")
+                        help="measure the server's push statement instead")
     parser.add_argument("--variant", action="append", default=[],
                         help="a file, or files joined by + (one variant)")
     args = parser.parse_args(argv)
@@ -152,9 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.nested:
                     for calls, us, query in admin.execute(NESTED, (args.cycles,)).fetchall():
                         print(f"    {calls / args.cycles:5.2f} a cycle {us:8.1f} us  {query}")
-    print(f"\nbatch {args.batch}, {args.fused} pop(s) a call, {args.cycles} cycles a round;"
+    calls = "a push" if args.push else f"{args.fused} pop(s) a call"
+    print(f"\nbatch {args.batch}, {calls}, {args.cycles} cycles a round;"
           " PostgreSQL's µs a call, median of the rounds")
-    print("| code | pop | ack |\n|---|---:|---:|")
+    print(f"| code | {'push' if args.push else 'pop'} | ack |\n|---|---:|---:|")
     for name, values in spent.items():
         print(f"| {name} | {statistics.median(v[0] for v in values):.0f}"
               f" | {statistics.median(v[1] for v in values):.0f} |")
