@@ -662,8 +662,8 @@ $$;
 -- how many of the items are each request's, in order, when the call fuses several
 -- (NULL: not known). p_compact: a call decided as whole leases (every item completed)
 -- answers one row instead of one an item, idx 0 and no transactionId, from which the
--- caller makes each item's (a server knows them; the rows were a sixth of an ack of
--- 100). One plan per session (plan_cache_mode).
+-- caller, which knows the items, makes each one's. One plan per session
+-- (plan_cache_mode).
 -- (An earlier build's returned no reason: a changed result type cannot be replaced, so
 -- that one is dropped, once; the current one is replaced in place as any other.)
 DO $$

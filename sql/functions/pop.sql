@@ -435,7 +435,7 @@ $$;
 -- prefer}, popped in one transaction, each leasing a partition of its own. Rows: the
 -- pop's position (1-based) and its messages as queen.popped, with the API id, or
 -- (p_api_ids false) only their bigint ids (message_id), from which the server makes
--- the API id itself (queen.message_uuid is about a fifth of a pop of 100 in SQL).
+-- the API id itself, for less than queen.message_uuid costs here.
 -- Two or more pops by queue of one queue, group and batch, none naming a partition to
 -- prefer, are claimed as a set (queen.pop_set): one ranking of the queue's partitions
 -- (queen.candidates), one statement locking the first free ones in rank order and
