@@ -64,18 +64,30 @@ class _Pop(NamedTuple):
 # not count the values, so the factories check the columns, once per query.
 # (They read the result's own column count and names: cursor.description builds a Column
 # object per column, which costs more than the rows of a small pop.)
-def _records(record: type[Any], cursor: Cursor[Any]) -> RowMaker[Any]:
-    """Make record from each row's values, which are its fields in order."""
+def _push_rows(cursor: Cursor[Any]) -> RowMaker[Sequence[Any]]:
+    """Check the columns of push: a PushResult's fields in order, then a compact answer's
+    ids (_push_results); its rows as they come."""
     result = cursor.pgresult
     width = result.nfields if result is not None else 0
-    if width != len(record._fields):
-        raise TypeError(f"{record.__name__} takes {len(record._fields)} values, not {width}")
-    return functools.partial(tuple.__new__, record)
+    if width != len(PushResult._fields) + 1:
+        raise TypeError(f"push answered {width} columns")
+    return lambda values: values
 
 
-def _push_results(cursor: Cursor[Any]) -> RowMaker[PushResult]:
-    """Make a PushResult from each row of push (its SELECT list is in field order)."""
-    return _records(PushResult, cursor)
+def _push_results(rows: list[Sequence[Any]]) -> list[PushResult]:
+    """The results of a push call, one an item: a PushResult of each row, or the items'
+    made from a compact answer (one row of position 0: the API ids' prefix, then the
+    messages' ids in item order; an item's transactionId is its API id, the prefix and
+    its id in 12 hex digits)."""
+    make = functools.partial(tuple.__new__, PushResult)
+    if len(rows) != 1 or rows[0][0] != 0:
+        return [make(row[:-1]) for row in rows]
+    prefix, ids = rows[0][1], rows[0][-1]
+    results = []
+    for position, message_id in enumerate(ids, 1):
+        ident = f"{prefix}{message_id:012x}"
+        results.append(PushResult(position, ident, ident, "queued"))
+    return results
 
 
 def _ack_results(cursor: Cursor[Any]) -> RowMaker[tuple[AckResult, list[str] | None]]:
@@ -252,7 +264,7 @@ class Messages:
         try:
             bodies = pushes[0].body if len(pushes) == 1 else ",".join(p.body for p in pushes)
             params = {"bodies": f"[{bodies}]", "producer": producer}
-            rows = self.db.fetch("push", params, _push_results)
+            rows = _push_results(self.db.fetch("push", params, _push_rows))
         except InvalidInput:
             if len(pushes) == 1:
                 raise

@@ -1,14 +1,14 @@
 -- Runtime statements, by name. DDL and the functions they call live in sql/.
 
--- push: store the items of push bodies (a JSON array of {"items": [...]}, one per fused request), one row per item with its API id, numbered across the bodies --
+-- push: store the items of push bodies (a JSON array of {"items": [...]}, one per fused request), one row per item with its API id, numbered across the bodies, or one row of idx 0 with the ids' prefix and the ids when every item was stored with an id made of its message's (each item's answer made from it: Messages) --
 -- A lone body's items are taken as they are: gathering them by path copies every item.
 -- The API ids come as text, as answers carry them: no UUID object is made for each only to be written out again.
-SELECT p.idx, p.message_id::text AS message_id, p.transaction_id, p.status
+SELECT p.idx, p.message_id, p.transaction_id, p.status, p.ids
 FROM (SELECT %(bodies)s::jsonb AS b) x
-CROSS JOIN LATERAL queen.push(
+CROSS JOIN LATERAL queen.push_batch(
     CASE WHEN jsonb_array_length(x.b) = 1 THEN x.b -> 0 -> 'items'
          ELSE jsonb_path_query_array(x.b, '$[*].items[*]') END,
-    %(producer)s) p
+    %(producer)s, true) p
 
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped, id the message's bigint id --
 -- The API id is the server's to make (Messages: cheaper there than queen.message_uuid in SQL).

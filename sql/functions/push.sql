@@ -221,9 +221,15 @@ $$;
 -- cheaper with the batch's arrays known, and re-planning is a large share of the
 -- database CPU of one-message pushes under load. The same holds for the other entry
 -- points of the hot path (pop, ack, lease extension, wake-ups);
--- tests/integration/test_query_plans.py checks that their plans are generic.
-CREATE OR REPLACE FUNCTION queen.push(p_items jsonb, p_producer text DEFAULT NULL)
-RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
+-- tests/integration/test_query_plans.py checks that their plans are generic. The API
+-- ids come as text. p_compact (the server's push): a batch stored whole by
+-- queen.store_new_messages answers one row instead of one an item: idx 0, message_id the
+-- ids' prefix (queen.uuid_prefix) and ids the messages' ids in item order, from which
+-- the server makes each item's answer (its API id is its transactionId).
+CREATE OR REPLACE FUNCTION queen.push_batch(p_items jsonb, p_producer text,
+                                            p_compact boolean)
+RETURNS TABLE (idx integer, message_id text, transaction_id text, status text,
+               ids bigint[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
@@ -244,9 +250,13 @@ BEGIN
             EXCEPTION WHEN unique_violation THEN
                 ids := NULL;  -- (stored as any other batch below)
             END;
+            IF ids IS NOT NULL AND p_compact AND 281474976710656 > ALL (ids) THEN
+                RETURN QUERY SELECT 0, prefix, NULL::text, 'queued', ids;
+                RETURN;  -- (each id below 2^48: its API id is the prefix and its hex)
+            END IF;
             IF ids IS NOT NULL THEN
                 RETURN QUERY
-                SELECT k.n::integer, u.id::uuid, u.id, 'queued'  -- (its transactionId)
+                SELECT k.n::integer, u.id, u.id, 'queued', NULL::bigint[]  -- (its transactionId)
                 FROM unnest(ids) WITH ORDINALITY k(id, n)
                 CROSS JOIN LATERAL (SELECT queen.message_uuid_text(k.id, prefix, now())
                                     AS id) u
@@ -259,29 +269,41 @@ BEGIN
     IF cardinality(s.stored) = cardinality(s.accepted) THEN
         -- Every item stored (the common case): nothing to look up.
         RETURN QUERY
-        SELECT a.idx, queen.message_uuid_text(a.id, prefix, now())::uuid, a.transaction_id,
-               'queued'
+        SELECT a.idx, queen.message_uuid_text(a.id, prefix, now()), a.transaction_id,
+               'queued', NULL::bigint[]
         FROM unnest(s.accepted) a
         UNION ALL
-        SELECT r, NULL, NULL, 'rejected' FROM unnest(s.rejected) r
+        SELECT r, NULL, NULL, 'rejected', NULL FROM unnest(s.rejected) r
         ORDER BY 1;
         RETURN;
     END IF;
     RETURN QUERY
     SELECT a.idx,
            CASE WHEN a.id = ANY (s.stored)
-                THEN queen.message_uuid_text(a.id, prefix, now())::uuid
+                THEN queen.message_uuid_text(a.id, prefix, now())
                 ELSE m.uuid END,
            a.transaction_id,
-           CASE WHEN a.id = ANY (s.stored) THEN 'queued' ELSE 'duplicate' END
+           CASE WHEN a.id = ANY (s.stored) THEN 'queued' ELSE 'duplicate' END,
+           NULL::bigint[]
     FROM unnest(s.accepted) a
-    LEFT JOIN LATERAL (SELECT queen.message_uuid(m.id, m.created_at) AS uuid
+    LEFT JOIN LATERAL (SELECT queen.message_uuid(m.id, m.created_at)::text AS uuid
                        FROM queen.messages m
                        WHERE m.transaction_id = a.transaction_id AND NOT a.id = ANY (s.stored)
                        LIMIT 1) m ON true
     UNION ALL
-    SELECT r, NULL, NULL, 'rejected' FROM unnest(s.rejected) r
+    SELECT r, NULL, NULL, 'rejected', NULL FROM unnest(s.rejected) r
     ORDER BY 1;
+END
+$$;
+
+-- A batch pushed (queen.push_batch, one row an item), the API ids as uuid: the SQL
+-- entry point of transactional enqueue (README.md), and the in-process lifecycle's.
+CREATE OR REPLACE FUNCTION queen.push(p_items jsonb, p_producer text DEFAULT NULL)
+RETURNS TABLE (idx integer, message_id uuid, transaction_id text, status text)
+LANGUAGE plpgsql AS $$  -- (a SQL function's statement would be planned at each call)
+BEGIN
+    RETURN QUERY SELECT p.idx, p.message_id::uuid, p.transaction_id, p.status
+                 FROM queen.push_batch(p_items, p_producer, false) p;
 END
 $$;
 

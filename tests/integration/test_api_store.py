@@ -119,6 +119,26 @@ def test_api_ids_are_uuids_made_of_created_at_and_the_bigint(cstore, db_dsn):
     assert popped.id == str(derived)  # (as answers carry it)
 
 
+def test_a_push_answered_compactly_names_each_message_as_stored(cstore, db_dsn):
+    """A batch stored whole with ids made of its messages is answered in one row; the
+    results made of it are the stored messages' API ids and transactionIds, in order.
+    A batch naming a transactionId is answered one row an item, as before."""
+    items = [{"queue": "compact", "partition": "p", "payload": {"n": n}} for n in range(3)]
+    results = cstore.messages.push(orjson.dumps({"items": items}), items)
+    stored = sql(db_dsn, "SELECT m.id, m.created_at, m.transaction_id FROM queen.messages m"
+                         " JOIN queen.partitions p ON p.id = m.partition_id"
+                         " JOIN queen.queues q ON q.id = p.queue_id"
+                         " WHERE q.name = 'compact' ORDER BY m.id")
+    assert [(r.position, r.id, r.transaction_id, r.status) for r in results] == [
+        (k, str(message_uuid(i, t)), txid, "queued") for k, (i, t, txid) in enumerate(stored, 1)
+    ]
+    assert all(r.id == r.transaction_id for r in results)
+    named = [*items[:1], {**items[0], "transactionId": "mine"}]
+    again = cstore.messages.push(orjson.dumps({"items": named}), named)
+    assert [(r.position, r.status) for r in again] == [(1, "queued"), (2, "queued")]
+    assert again[1].transaction_id == "mine" and again[1].id != "mine"
+
+
 def test_maintenance_expires_leases_and_counts_an_attempt(cstore, session, db_dsn):
     cstore.queues.configure("exp", None, None, {"retry_limit": 3})
     push(cstore, "exp", 2)

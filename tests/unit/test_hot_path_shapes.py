@@ -14,7 +14,7 @@ from queen.api import validation as v
 from queen.api.messages import message_json, messages_json, push_json
 from queen.errors import InvalidInput
 from queen.models import Popped, PushResult, iso
-from queen.store.messages import _popped_of_pops, _push_results, message_uuid
+from queen.store.messages import _popped_of_pops, _push_results, _push_rows, message_uuid
 
 EAST = dt.timezone(dt.timedelta(hours=5, minutes=30))
 
@@ -126,8 +126,20 @@ def test_popped_rows_carry_their_pop_and_refuse_other_columns() -> None:
         _popped_of_pops(fake_cursor(list(Popped._fields)))
 
 
-def test_positional_records_refuse_a_query_of_another_width() -> None:
-    with pytest.raises(TypeError, match="PushResult takes 4 values, not 5"):
-        _push_results(fake_cursor(["idx", "message_id", "transaction_id", "status", "extra"]))
-    make = _push_results(fake_cursor(["idx", "message_id", "transaction_id", "status"]))
-    assert make((1, None, "t", "duplicate")) == PushResult(1, None, "t", "duplicate")
+def test_push_rows_refuse_a_query_of_another_width_and_make_results() -> None:
+    with pytest.raises(TypeError, match="push answered 4 columns"):
+        _push_rows(fake_cursor(["idx", "message_id", "transaction_id", "status"]))
+    row = _push_rows(fake_cursor(["idx", "message_id", "transaction_id", "status", "ids"]))
+    assert _push_results([row((1, None, "t", "duplicate", None))]) == [
+        PushResult(1, None, "t", "duplicate")
+    ]
+
+
+def test_a_compact_push_answer_makes_each_items_api_id_and_transaction_id() -> None:
+    created = dt.datetime(2026, 12, 6, 11, 40, 5, 123456, tzinfo=dt.UTC)
+    prefix = str(message_uuid(0, created))[:24]
+    made = _push_results([(0, prefix, None, "queued", [7, 2**40 + 5])])
+    assert made == [
+        PushResult(k, str(message_uuid(i, created)), str(message_uuid(i, created)), "queued")
+        for k, i in ((1, 7), (2, 2**40 + 5))
+    ]
