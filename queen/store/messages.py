@@ -83,11 +83,8 @@ def _push_results(rows: list[Sequence[Any]]) -> list[PushResult]:
     if len(rows) != 1 or rows[0][0] != 0:
         return [make(row[:-1]) for row in rows]
     prefix, ids = rows[0][1], rows[0][-1]
-    results = []
-    for position, message_id in enumerate(ids, 1):
-        ident = f"{prefix}{message_id:012x}"
-        results.append(PushResult(position, ident, ident, "queued"))
-    return results
+    idents = [f"{prefix}{message_id:012x}" for message_id in ids]
+    return [make((position, ident, ident, "queued")) for position, ident in enumerate(idents, 1)]
 
 
 def _ack_results(cursor: Cursor[Any]) -> RowMaker[tuple[AckResult, list[str] | None]]:
