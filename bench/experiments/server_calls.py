@@ -1,4 +1,4 @@
-"""What a pop and an ack cost PostgreSQL, as the server sends them, and with a change.
+"""What a pop, an ack or a push costs PostgreSQL, as the server sends it, and with a change.
 
     python -m bench.experiments.server_calls [--batch 100] [--cycles 200] [--rounds 3]
         [--partitions 8] [--fused 1] [--parked] [--nested] [--push] [--variant FILE ...]
@@ -9,7 +9,8 @@ session pops --batch by queue with the server's own statement (`pop_one`, or `po
 for --fused pops a call) and acks what it got with the server's `ack` statement (the
 leases' messages, as popped: the whole-lease path), --cycles times a round. Reported:
 PostgreSQL's mean time a pop call and an ack call (pg_stat_statements, server side: no
-client, no network), the median of the rounds.
+client, no network), the median of the rounds. --push measures the server's push
+statement instead: pushes of --batch items into the queue's partitions in turn.
 
 Each --variant is measured beside the code as it is, in turns within every round: a
 `.sql` file is run after the functions are installed (a changed function), a `.pop`,
