@@ -153,16 +153,32 @@ $$;
 
 -- End the leases of the consumer rows p_locked (locked by the caller), every message of
 -- each done and nothing done beyond it: the cursor moves past the lease, as
--- queen.settle_row does for such a lease, and polls are woken for the pairs with
--- messages past it.
-CREATE OR REPLACE FUNCTION queen.end_done_leases(p_locked tid[]) RETURNS void
+-- queen.settle_row does for such a lease. p_complete: the completions are written in the
+-- same statement, one a lease, from its row (the lease holds every message past the
+-- cursor up to its last: its first is the first past the cursor, a probe of the key; the
+-- statement's parts share one snapshot, so they read the rows as they were). Returns the
+-- wake-ups of the pairs with messages past the cursor, for the caller to send
+-- (queen.wakes_if_work).
+DROP FUNCTION IF EXISTS queen.end_done_leases(tid[]);  -- (an earlier build's: it sent them)
+CREATE OR REPLACE FUNCTION queen.end_done_leases(p_locked tid[], p_complete boolean)
+RETURNS text[]
 LANGUAGE plpgsql AS $$
 DECLARE
     parts   uuid[];
     groups  text[];
     cursors bigint[];
 BEGIN
-    WITH ended AS (
+    WITH done AS (
+        INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
+        SELECT x.partition_id, x.consumer_group,
+               (SELECT m.id FROM queen.messages m
+                WHERE m.partition_id = x.partition_id AND m.id > x.cursor_id
+                ORDER BY m.id LIMIT 1),
+               x.lease_last_id, x.lease_size
+        FROM queen.consumers x
+        WHERE p_complete AND x.ctid = ANY (p_locked)
+        ORDER BY 1, 2
+    ), ended AS (
         UPDATE queen.consumers x SET
             cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
             lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
@@ -173,7 +189,7 @@ BEGIN
     SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
     INTO parts, groups, cursors
     FROM ended e;
-    PERFORM queen.wake_groups_if_work(parts, groups, cursors);
+    RETURN queen.wakes_if_work(parts, groups, cursors);
 END
 $$;
 
@@ -248,7 +264,7 @@ BEGIN
     WHERE u.part IS NOT NULL
     GROUP BY u.part, u.grp
     ORDER BY u.part, u.grp;
-    PERFORM queen.end_done_leases(locked);
+    PERFORM queen.send_wakes(queen.end_done_leases(locked, false));
     RETURN decided;
 END
 $$;
@@ -260,8 +276,8 @@ $$;
 -- named, the lease's. Only leases that end cleanly qualify: nothing acked in them yet,
 -- nothing done out of order past the cursor, no retry record past the cursor (so every
 -- retry count is 0). The rows are locked in key order; when every request fits, the
--- completions are recorded and the leases ended (as queen.end_done_leases ends them),
--- and the wake-ups of the groups whose partitions have more work are returned, for the
+-- completions are recorded and the leases ended (queen.end_done_leases), and the
+-- wake-ups of the groups whose partitions have more work are returned, for the
 -- caller to send (queen.wakes_if_work; none: an empty array); otherwise nothing is
 -- written, NULL is returned and the caller decides the items one way or another
 -- (queen.ack_apply).
@@ -284,9 +300,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     locked  tid[];
     fits    boolean;
-    parts   uuid[];
-    groups  text[];
-    cursors bigint[];
 BEGIN
     -- Each request's pair (its first transactionId names the partition: one probe of
     -- the key a request), leaseId and transactionIds joined; the rows locked in key
@@ -332,33 +345,7 @@ BEGIN
     IF NOT coalesce(fits, false) THEN
         RETURN NULL;
     END IF;
-    -- The completions and the leases' end in one statement (the end as
-    -- queen.end_done_leases makes it). The lease holds every message past the cursor up
-    -- to its last: its first is the first past the cursor, a probe of the key. Locked,
-    -- the rows stay where they are; the completions read them as they were before the
-    -- statement (its parts share one snapshot).
-    WITH done AS (
-        INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
-        SELECT x.partition_id, x.consumer_group,
-               (SELECT m.id FROM queen.messages m
-                WHERE m.partition_id = x.partition_id AND m.id > x.cursor_id
-                ORDER BY m.id LIMIT 1),
-               x.lease_last_id, x.lease_size
-        FROM queen.consumers x
-        WHERE x.ctid = ANY (locked)
-        ORDER BY 1, 2
-    ), ended AS (
-        UPDATE queen.consumers x SET
-            cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
-            lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
-            lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
-        WHERE x.ctid = ANY (locked)
-        RETURNING x.partition_id, x.consumer_group, x.cursor_id
-    )
-    SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
-    INTO parts, groups, cursors
-    FROM ended e;
-    RETURN queen.wakes_if_work(parts, groups, cursors);
+    RETURN queen.end_done_leases(locked, true);  -- (the completions with the end)
 END
 $$;
 

@@ -77,15 +77,8 @@ BEGIN
 END
 $$;
 
--- Those wake-ups sent (queen.send_wakes).
-CREATE OR REPLACE FUNCTION queen.wake_groups_if_work(p_parts uuid[], p_groups text[],
-                                                     p_after bigint[])
-RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM queen.send_wakes(queen.wakes_if_work(p_parts, p_groups, p_after));
-END
-$$;
+-- (An earlier build sent those wake-ups by this one.)
+DROP FUNCTION IF EXISTS queen.wake_groups_if_work(uuid[], text[], bigint[]);
 
 -- Send wake-up payloads at commit. Inside queen.ack they are collected
 -- instead (in the transaction's setting queen.wakes, a JSON array), for the caller to
