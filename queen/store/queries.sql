@@ -44,14 +44,14 @@ SELECT 1 AS pop, d.id, d.transaction_id,
        CASE WHEN d.first THEN d.retry_limit END AS retry_limit,
        d.trace_id,
        CASE WHEN d.first THEN d.partition_id END AS partition_id
-FROM (SELECT p.*, row_number() OVER () = 1 AS first
+FROM (SELECT p.*, p.ordinality = 1 AS first
       FROM (SELECT set_config('synchronous_commit', 'off', true) AS setting,
                    NULL::text AS none) s
       CROSS JOIN LATERAL queen.pop(
           %(kind)s::text, %(queue)s::text, %(partition)s::text, %(namespace)s::text,
           %(task)s::text, %(group)s::text, %(batch)s::integer, %(worker)s::text,
           %(mode)s::text, %(since)s::timestamptz, %(lease)s::uuid,
-          coalesce(%(prefer)s::text, s.none)) p) d
+          coalesce(%(prefer)s::text, s.none)) WITH ORDINALITY p) d
 
 -- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
 SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])

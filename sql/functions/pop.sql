@@ -365,7 +365,11 @@ BEGIN
         -- table was small and keep as it grew). The lease's digest joins the batch as the
         -- CTE holds it, in id order, without a sort of its own: in any other order it
         -- would only fail to match, and the ack take the items path.
-        lease := queen.lease_in(candidate, coalesce(p_lease, queen.uuid_v7()));
+        -- (The chosen id first: queen.lease_in, given an argument with a volatile call in
+        -- it, would not be inlined, and a SQL function that is not is planned again in
+        -- every transaction.)
+        lease := coalesce(p_lease, queen.uuid_v7());
+        lease := queen.lease_in(candidate, lease);
         expires := now() + make_interval(secs => q.lease_time);
         RETURN QUERY
         WITH batch AS MATERIALIZED (
