@@ -15,15 +15,21 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- The retries a message has had for a group (0 unless a failure record says otherwise;
--- looked up only at or below the group's retried_max in the partition).
+-- looked up only at or below the group's retried_max in the partition). (PL/pgSQL: a SQL
+-- function with a subquery is never inlined, and one that is not is parsed and planned
+-- again in every transaction; PL/pgSQL keeps its plan for the session.)
 CREATE OR REPLACE FUNCTION queen.retries_of(p_partition uuid, p_group text, p_id bigint,
                                             p_retried_max bigint)
 RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_retried_max IS NULL OR p_id > p_retried_max THEN 0
-                ELSE coalesce((SELECT f.retry_count FROM queen.failures f
-                               WHERE f.partition_id = p_partition AND f.consumer_group = p_group
-                                 AND f.message_id = p_id AND f.status = 'retry'), 0) END
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_retried_max IS NULL OR p_id > p_retried_max THEN
+        RETURN 0;
+    END IF;
+    RETURN coalesce((SELECT f.retry_count FROM queen.failures f
+                     WHERE f.partition_id = p_partition AND f.consumer_group = p_group
+                       AND f.message_id = p_id AND f.status = 'retry'), 0);
+END
 $$;
 
 -- Where a cursor can move: past every message of the partition done for the group (at or
@@ -158,11 +164,15 @@ $$;
 
 -- Record one more failure of each of p_ids (with p_errors) for a group: status 'retry' with the count
 -- of retries, or 'dead_letter' / 'failed' (dlqAfterMaxRetries) past the retryLimit.
--- Returns the ids now done for good.
+-- Returns the ids now done for good. (PL/pgSQL, for a plan kept for the session, as
+-- queen.retries_of.)
 CREATE OR REPLACE FUNCTION queen.record_failures(p_partition uuid, p_group text, p_ids bigint[],
                                                  p_errors text[], p_retried_max bigint)
 RETURNS bigint[]
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+DECLARE
+    final bigint[];
+BEGIN
     WITH q AS (
         SELECT q.retry_limit, q.dlq_after_max_retries
         FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
@@ -186,7 +196,10 @@ LANGUAGE sql AS $$
     )
     SELECT coalesce(array_agg(r.message_id ORDER BY r.message_id)
                     FILTER (WHERE r.status <> 'retry'), '{}')
-    FROM recorded r
+    INTO final
+    FROM recorded r;
+    RETURN final;
+END
 $$;
 
 -- Extend a live lease to p_seconds from now (NULL: its queue's leaseTime); the new

@@ -1,0 +1,77 @@
+"""The hot path's SQL functions are inlined, on a real PostgreSQL: a SQL-language function
+the planner cannot inline runs through its own executor, parsed and planned again in
+every transaction that calls it (from PL/pgSQL, its cached state lives no longer).
+
+With track_functions = 'all', PostgreSQL counts a call of each function that runs as a
+function; an inlined one is never counted. A function that is only folded into a plan
+as a constant runs once, when the plan is made: so the server's push, pop and ack
+statements run once to make their plans, and then again, and the second round must
+count no call of any SQL function."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+
+from queen.store.db import QUERIES
+from queen.store.messages import ack_columns
+
+CALLS = (
+    "SELECT p.oid::regprocedure::text, f.calls FROM pg_stat_xact_user_functions f"
+    " JOIN pg_proc p ON p.oid = f.funcid JOIN pg_language l ON l.oid = p.prolang"
+    " WHERE l.lanname = 'sql'"
+)
+
+
+def pop(kind: str = "queue", partition: str | None = None, prefer: str | None = None,
+        batch: int = 5) -> dict[str, Any]:
+    return {"kind": kind, "queue": "inl", "partition": partition, "namespace": None,
+            "task": None, "group": "__queue__", "mode": None, "since": None, "batch": batch,
+            "worker": "w", "lease": str(uuid.uuid4()), "prefer": prefer}
+
+
+def round_of_calls(conn: psycopg.Connection[Any], n: int) -> None:
+    """Push, pop by queue, by partition and as a fused set, and ack, as the server does."""
+    for part in ("a", "b", "c", "d"):
+        items = [{"queue": "inl", "partition": part, "payload": {"n": i}} for i in range(5)]
+        conn.execute(QUERIES["push"], {"bodies": orjson.dumps([{"items": items}]).decode(),
+                                       "producer": None}).fetchall()
+    rows = conn.execute(QUERIES["pop_one"], pop()).fetchall()
+    rows += conn.execute(QUERIES["pop_one"], pop("partition", "b")).fetchall()
+    pops = orjson.dumps([pop(), pop(), pop(prefer="d")]).decode()
+    rows += conn.execute(QUERIES["pop_many"], {"pops": pops}).fetchall()
+    assert len(rows) >= 10 * n, "the pops found the messages pushed"
+    # (Each pop's rows: its leaseId on the first. A whole lease acked as popped, and one
+    # lease's messages acked failed, which takes the items path.)
+    leases: list[tuple[str, list[str]]] = []
+    for row in rows:
+        if row[11] is not None:
+            leases.append((str(row[11]), []))
+        leases[-1][1].append(row[2])
+    whole, *rest = leases
+    acks = [{"transactionId": t, "status": "completed", "leaseId": whole[0]} for t in whole[1]]
+    conn.execute(QUERIES["ack"], ack_columns(acks)).fetchall()
+    for lease, txids in rest:
+        acks = [{"transactionId": t, "status": "failed", "error": "x", "leaseId": lease}
+                for t in txids]
+        conn.execute(QUERIES["ack"], ack_columns(acks)).fetchall()
+
+
+def test_no_sql_function_runs_uninlined_on_the_hot_path(db_dsn: str) -> None:
+    with psycopg.connect(db_dsn) as conn:
+        if not conn.execute("SELECT rolsuper FROM pg_roles"
+                            " WHERE rolname = current_user").fetchone()[0]:
+            pytest.skip("track_functions needs a superuser")
+        conn.execute("INSERT INTO queen.waiting_workers VALUES ('parked', now() + '1 hour')")
+        conn.execute("SET LOCAL track_functions = 'all'")
+        round_of_calls(conn, 1)
+        planned = dict(conn.execute(CALLS).fetchall())
+        round_of_calls(conn, 2)
+        again = dict(conn.execute(CALLS).fetchall())
+        ran = {name: calls - planned.get(name, 0) for name, calls in again.items()
+               if calls > planned.get(name, 0)}
+        assert ran == {}, "SQL functions called as functions, not inlined"
