@@ -13,11 +13,19 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN p_ms < 1 THEN 0 ELSE least(63, floor(2 * ln(p_ms) / ln(2)))::integer END
 $$;
 
--- Add two lag histograms (element by element).
+-- Add two lag histograms (element by element; NULL counts as empty). (PL/pgSQL: as a SQL
+-- function it would need a subquery, which is never inlined, and a SQL function that is
+-- not is parsed and planned again in every statement that calls it.)
 CREATE OR REPLACE FUNCTION queen.hist_add(a integer[], b integer[]) RETURNS integer[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT ARRAY(SELECT coalesce(x, 0) + coalesce(y, 0)
-                 FROM unnest(a, b) WITH ORDINALITY u(x, y, i) ORDER BY i)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    total integer[] := '{}';
+BEGIN
+    FOR i IN 1..coalesce(greatest(cardinality(a), cardinality(b)), 0) LOOP
+        total[i] := coalesce(a[i], 0) + coalesce(b[i], 0);
+    END LOOP;
+    RETURN total;
+END
 $$;
 
 -- The sum of lag histograms (NULL counts as empty).
