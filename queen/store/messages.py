@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import itertools
 import os
 import time
 import uuid
@@ -404,24 +405,38 @@ class Messages:
         return _renumber([result for result, _ in rows], [len(r) for r in requests])
 
 
+ACK_SHARED = ("status", "consumerGroup", "leaseId", "error")
+
+
 def ack_columns(
     acks: list[dict[str, Any]], sizes: list[int] | None = None
-) -> dict[str, str | None]:
+) -> dict[str, str | bool | None]:
     """The parameters of the ack query: validated acknowledgments as parallel arrays
     (text[] literals), each of the optional fields None (a NULL array) when no item names
-    it; sizes: how many of them each fused request has (default: one request)."""
+    it; sizes: how many of them each fused request has (default: one request). When
+    every request's items agree on all but their transactionIds (as a batch acked as
+    popped does), those arrays hold one value a request (per_request), not one an item."""
+    sizes = sizes or [len(acks)]
+    firsts = [0, *itertools.accumulate(sizes)][:-1]
+    per_request = len(sizes) < len(acks) and all(
+        n > 0 and all(a.get(key) == acks[first].get(key)
+                      for a in acks[first + 1:first + n] for key in ACK_SHARED)
+        for first, n in zip(firsts, sizes, strict=True)
+    )
+    rows = [acks[first] for first in firsts] if per_request else acks
 
     def column(key: str) -> str | None:
-        values = [a.get(key) for a in acks]
+        values = [a.get(key) for a in rows]
         return text_array(values) if any(v is not None for v in values) else None
 
     return {
         "txids": text_array([a["transactionId"] for a in acks]),
         "groups": column("consumerGroup"),
-        "statuses": text_array([a["status"] for a in acks]),
+        "statuses": text_array([a["status"] for a in rows]),
         "errors": column("error"),
         "leases": column("leaseId"),
-        "sizes": "{" + ",".join(str(n) for n in (sizes or [len(acks)])) + "}",
+        "sizes": "{" + ",".join(str(n) for n in sizes) + "}",
+        "per_request": per_request,
     }
 
 

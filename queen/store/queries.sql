@@ -73,10 +73,11 @@ SELECT payload FROM queen.ready_partitions(
     %(queues)s::text[], %(partition_queues)s::text[], %(partitions)s::text[],
     %(namespaces)s::text[], %(tasks)s::text[], %(limit)s) AS payload
 
--- ack: acknowledge a batch (its items as parallel arrays: ack_columns; sizes: how many are each request's), one row per acknowledgment in request order (reason: why it changed nothing), or one row of position 0 when every item completed a whole lease (each item's made from it: Messages); the first carries the wake-ups to send once committed (notify_wakes) --
+-- ack: acknowledge a batch (its items as parallel arrays: ack_columns; sizes: how many are each request's; per_request: the arrays but the transactionIds hold one value a request), one row per acknowledgment in request order (reason: why it changed nothing), or one row of position 0 when every item completed a whole lease (each item's made from it: Messages); the first carries the wake-ups to send once committed (notify_wakes) --
 SELECT idx, transaction_id, status, retry_count, acknowledged_at, reason, wakes
 FROM queen.ack_items(%(txids)s::text[], %(groups)s::text[], %(statuses)s::text[],
-                     %(errors)s::text[], %(leases)s::text[], %(sizes)s::integer[], true)
+                     %(errors)s::text[], %(leases)s::text[], %(sizes)s::integer[], true,
+                     %(per_request)s::boolean)
 
 -- create_queue: make sure a queue exists (its options start at the schema defaults) --
 INSERT INTO queen.queues (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING

@@ -281,20 +281,14 @@ $$;
 -- caller to send (queen.wakes_if_work; none: an empty array); otherwise nothing is
 -- written, NULL is returned and the caller decides the items one way or another
 -- (queen.ack_apply).
--- (An earlier build's returned whether the call fitted, and sent the wake-ups itself: a
--- changed result type cannot be replaced, so that one is dropped, once.)
-DO $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_proc p
-               WHERE p.oid = to_regprocedure(
-                         'queen.ack_whole_leases(text[], text[], text[], integer[])')
-                 AND p.prorettype = 'boolean'::regtype) THEN
-        DROP FUNCTION queen.ack_whole_leases(text[], text[], text[], integer[]);
-    END IF;
-END
-$$;
+-- p_groups and p_leases name each item's, or with p_per_request each request's (one value
+-- for all its items).
+-- (An earlier build's had no p_per_request, and one before it returned whether the call
+-- fitted: both are dropped.)
+DROP FUNCTION IF EXISTS queen.ack_whole_leases(text[], text[], text[], integer[]);
 CREATE OR REPLACE FUNCTION queen.ack_whole_leases(p_txids text[], p_groups text[],
-                                                  p_leases text[], p_sizes integer[])
+                                                  p_leases text[], p_sizes integer[],
+                                                  p_per_request boolean DEFAULT false)
 RETURNS text[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -308,15 +302,18 @@ BEGIN
     WITH r AS MATERIALIZED (
         SELECT (SELECT m.partition_id FROM queen.messages m
                 WHERE m.transaction_id = p_txids[s.first]) AS part,
-               coalesce(p_groups[s.first], '__queue__') AS grp,
-               p_leases[s.first]::uuid AS lease, s.size, s.last,
+               coalesce(p_groups[s.one], '__queue__') AS grp,
+               p_leases[s.one]::uuid AS lease, s.size, s.last,
                array_to_string(p_txids[s.first:s.last], E'\x1f') AS joined,
-               (p_groups IS NULL OR p_groups[s.first:s.last]
-                                    = array_fill(p_groups[s.first], ARRAY[s.size]))
-               AND (p_leases IS NULL OR p_leases[s.first:s.last]
-                                        = array_fill(p_leases[s.first], ARRAY[s.size]))
+               p_per_request
+               OR ((p_groups IS NULL OR p_groups[s.first:s.last]
+                                        = array_fill(p_groups[s.first], ARRAY[s.size]))
+                   AND (p_leases IS NULL OR p_leases[s.first:s.last]
+                                            = array_fill(p_leases[s.first], ARRAY[s.size])))
                  AS uniform
         FROM (SELECT u.size, (sum(u.size) OVER w - u.size + 1)::integer AS first,
+                     CASE WHEN p_per_request THEN u.k::integer
+                          ELSE (sum(u.size) OVER w - u.size + 1)::integer END AS one,
                      (sum(u.size) OVER w)::integer AS last
               FROM unnest(p_sizes) WITH ORDINALITY u(size, k)
               WINDOW w AS (ORDER BY u.k)) s
@@ -641,6 +638,20 @@ LANGUAGE sql AS $$
     FROM queen.ack_checked(p_acks) c
 $$;
 
+-- Each request's value (p_values, one a request) once for each of its items (p_sizes:
+-- how many are each request's); NULL stays NULL.
+CREATE OR REPLACE FUNCTION queen.each_item(p_values text[], p_sizes integer[])
+RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE AS $$  -- (SQL would need a subquery: never inlined)
+BEGIN
+    IF p_values IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN ARRAY(SELECT u.value FROM unnest(p_values, p_sizes) WITH ORDINALITY u(value, size, k)
+                 CROSS JOIN generate_series(1, u.size) ORDER BY u.k);
+END
+$$;
+
 -- queen.ack_rows for the ack routes, whose caller wakes long polls itself once the
 -- acks committed: the wake-up payloads (see queen.wake) come on the first row,
 -- NULL when there are none. acknowledged_at: now for an acknowledgment that applied;
@@ -649,8 +660,10 @@ $$;
 -- how many of the items are each request's, in order, when the call fuses several
 -- (NULL: not known). p_compact: a call decided as whole leases (every item completed)
 -- answers one row instead of one an item, idx 0 and no transactionId, from which the
--- caller, which knows the items, makes each one's. One plan per session
--- (plan_cache_mode).
+-- caller, which knows the items, makes each one's. p_per_request: p_groups, p_wanted,
+-- p_errors and p_leases hold one value a request, for all its items, not one an item
+-- (the common call's: 100 items acked as popped send one status and one leaseId, not
+-- 100 of each to parse). One plan per session (plan_cache_mode).
 -- (An earlier build's returned no reason: a changed result type cannot be replaced, so
 -- that one is dropped, once; the current one is replaced in place as any other.)
 DO $$
@@ -666,9 +679,12 @@ END
 $$;
 DROP FUNCTION IF EXISTS queen.ack_items(text[], text[], text[], text[], text[],
                                         integer[]);  -- (an earlier build's: no p_compact)
+DROP FUNCTION IF EXISTS queen.ack_items(text[], text[], text[], text[], text[], integer[],
+                                        boolean);  -- (an earlier build's: no p_per_request)
 CREATE OR REPLACE FUNCTION queen.ack_items(p_txids text[], p_groups text[], p_wanted text[],
                                 p_errors text[], p_leases text[], p_sizes integer[],
-                                p_compact boolean DEFAULT false)
+                                p_compact boolean DEFAULT false,
+                                p_per_request boolean DEFAULT false)
 RETURNS TABLE (idx integer, transaction_id text, status text, retry_count integer,
                acknowledged_at timestamptz, reason text, wakes text[])
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -684,8 +700,14 @@ BEGIN
     -- Requests each completing one whole lease, as popped: decided without reading a
     -- message, every outcome alike, the wake-ups returned (queen.ack_whole_leases).
     IF 0 < ALL (p_sizes) AND cardinality(p_sizes) > 0 AND 'completed' = ALL (p_wanted) THEN
-        woken := queen.ack_whole_leases(p_txids, p_groups, p_leases, p_sizes);
+        woken := queen.ack_whole_leases(p_txids, p_groups, p_leases, p_sizes, p_per_request);
         whole := woken IS NOT NULL;
+    END IF;
+    IF NOT whole AND p_per_request THEN  -- each request's values, for each of its items
+        p_groups := queen.each_item(p_groups, p_sizes);
+        p_wanted := queen.each_item(p_wanted, p_sizes);
+        p_errors := queen.each_item(p_errors, p_sizes);
+        p_leases := queen.each_item(p_leases, p_sizes);
     END IF;
     IF NOT whole THEN  -- (its wake-ups collected in the setting queen.wakes)
         ignored := set_config('queen.wakes', '[]', true);

@@ -130,3 +130,22 @@ def test_the_set_declines_what_is_not_whole_leases(client: testing.TestClient,
     results = batch_ack(client, [item(c[0]), item(d[0]), item(d[1])])
     assert [r["status"] for r in results] == ["completed"] * 3
     assert [r[2] for r in rows(conn, "partial")][2:] == [False, True]  # c2 still leased
+
+
+def test_a_request_whose_items_share_their_values_is_decided_item_by_item(
+    client: testing.TestClient, conn: Conn
+) -> None:
+    # (Two items of a lease of three, failed alike: the call sends one status, error and
+    # leaseId for the request, and the items path gives each item its own.)
+    push(client, "shared", "a", "s1", "s2", "s3")
+    got = pop(client, "shared", "a", 3)
+    results = batch_ack(client, [{**item(m, status="failed"), "error": "boom"} for m in got[:2]])
+    assert [(r["transactionId"], r["status"]) for r in results] == [
+        ("s1", "retry_scheduled"), ("s2", "retry_scheduled")]
+    recorded = conn.execute(
+        "SELECT m.transaction_id, f.status, f.error FROM queen.failures f"
+        " JOIN queen.messages m ON m.partition_id = f.partition_id AND m.id = f.message_id"
+        " ORDER BY 1").fetchall()
+    assert recorded == [("s1", "retry", "boom"), ("s2", "retry", "boom")]
+    # The lease's last message, completed alone.
+    assert [r["status"] for r in batch_ack(client, [item(got[2])])] == ["completed"]

@@ -14,7 +14,14 @@ from queen.api import validation as v
 from queen.api.messages import message_json, messages_json, push_json
 from queen.errors import InvalidInput
 from queen.models import Popped, PushResult, iso
-from queen.store.messages import _popped_of_pops, _push_results, _push_rows, message_uuid
+from queen.store.db import text_array
+from queen.store.messages import (
+    _popped_of_pops,
+    _push_results,
+    _push_rows,
+    ack_columns,
+    message_uuid,
+)
 
 EAST = dt.timezone(dt.timedelta(hours=5, minutes=30))
 
@@ -143,3 +150,23 @@ def test_a_compact_push_answer_makes_each_items_api_id_and_transaction_id() -> N
         PushResult(k, str(message_uuid(i, created)), str(message_uuid(i, created)), "queued")
         for k, i in ((1, 7), (2, 2**40 + 5))
     ]
+
+
+def test_ack_columns_send_one_value_a_request_when_its_items_agree() -> None:
+    lease = "0190a1b2-0000-7000-8000-000000000001"
+    alike = [{"transactionId": f"t{i}", "status": "completed", "leaseId": lease}
+             for i in range(3)]
+    failed = {"transactionId": "u", "status": "failed", "error": "e"}
+    shared = ack_columns([*alike, failed], [3, 1])
+    assert shared["per_request"] is True
+    assert shared["txids"] == text_array(["t0", "t1", "t2", "u"])
+    assert shared["statuses"] == text_array(["completed", "failed"])
+    assert shared["leases"] == text_array([lease, None])
+    assert shared["errors"] == text_array([None, "e"])
+    assert shared["groups"] is None
+    # Items of one request that differ in anything but their transactionIds: one an item.
+    mixed = ack_columns([*alike[:2], {**alike[2], "leaseId": None}])
+    assert mixed["per_request"] is False
+    assert mixed["leases"] == text_array([lease, lease, None])
+    # Requests of one item each: nothing to share.
+    assert ack_columns(alike, [1, 1, 1])["per_request"] is False
