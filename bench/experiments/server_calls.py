@@ -7,9 +7,11 @@ On a cluster of the bench's own (pg_stat_statements preloaded), a database migra
 `queen migrate`'s code is seeded with one queue of --partitions partitions; then one
 session pops --batch by queue with the server's own statement (`pop_one`, or `pop_many`
 for --fused pops a call) and acks what it got with the server's `ack` statement (the
-leases' messages, as popped: the whole-lease path), --cycles times a round. Reported:
-PostgreSQL's mean time a pop call and an ack call (pg_stat_statements, server side: no
-client, no network), the median of the rounds. --push measures the server's push
+leases' messages, as popped: the whole-lease path), --cycles times a round. Reported,
+the median of the rounds: PostgreSQL's mean time a pop call and an ack call
+(pg_stat_statements, server side: no client, no network), and the median CPU time the
+session's backend used a call (/proc/<pid>/schedstat), which also counts what
+pg_stat_statements leaves out: the parameters parsed, the transaction begun and ended. --push measures the server's push
 statement instead: pushes of --batch items into the queue's partitions in turn.
 
 Each --variant is measured beside the code as it is, in turns within every round: a
@@ -26,6 +28,7 @@ import argparse
 import contextlib
 import statistics
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +68,38 @@ def pop_params(batch: int) -> dict[str, Any]:
             "worker": "bench", "lease": str(uuid.uuid4()), "prefer": None}
 
 
+class BackendCpu:
+    """The CPU time a session's backend has used (ns; /proc/<pid>/schedstat, so the cluster
+    runs on this machine), by kind of call: what pg_stat_statements leaves out, too (the
+    parameters parsed, the transaction begun and committed)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.path = Path(f"/proc/{conn.info.backend_pid}/schedstat")
+        self.spent: dict[str, list[int]] = {}
+
+    def now(self) -> int:
+        return int(self.path.read_text().split()[0])
+
+    @contextlib.contextmanager
+    def call(self, kind: str) -> Iterator[None]:
+        start = self.now()
+        yield
+        self.spent.setdefault(kind, []).append(self.now() - start)
+
+    def median_us(self, kind: str) -> float:
+        return statistics.median(self.spent.get(kind) or [0]) / 1000
+
+
 def cycle(conn: psycopg.Connection[Any], statements: dict[str, str], batch: int,
-          fused: int) -> None:
+          fused: int, cpu: BackendCpu) -> None:
     """Pop (fused pops a call), then ack every lease popped, as its consumer would."""
     if fused > 1:
         pops = orjson.dumps([pop_params(batch) for _ in range(fused)]).decode()
-        rows = conn.execute(statements["pop_many"], {"pops": pops}).fetchall()
+        with cpu.call("pop"):
+            rows = conn.execute(statements["pop_many"], {"pops": pops}).fetchall()
     else:
-        rows = conn.execute(statements["pop_one"], pop_params(batch)).fetchall()
+        with cpu.call("pop"):
+            rows = conn.execute(statements["pop_one"], pop_params(batch)).fetchall()
     requests: dict[int, list[dict[str, Any]]] = {}
     lease = None
     for row in rows:  # (position, id, transactionId, ..., leaseId on a pop's first row)
@@ -82,16 +109,19 @@ def cycle(conn: psycopg.Connection[Any], statements: dict[str, str], batch: int,
     acks = [item for request in requests.values() for item in request]
     if not acks:
         raise SystemExit("the queue ran dry: seed more (--cycles, --rounds)")
-    conn.execute(statements["ack"], ack_columns(acks, [len(r) for r in requests.values()]))
+    columns = ack_columns(acks, [len(r) for r in requests.values()])
+    with cpu.call("ack"):
+        conn.execute(statements["ack"], columns)
 
 
 def push(conn: psycopg.Connection[Any], statements: dict[str, str], batch: int,
-         partitions: int, number: int) -> None:
+         partitions: int, number: int, cpu: BackendCpu) -> None:
     """A push of batch items into one partition, as the server sends a lone request's."""
     items = [{"queue": "bench", "partition": f"p{number % partitions}",
               "payload": {"kind": "bench", "n": n}} for n in range(batch)]
     bodies = orjson.dumps([{"items": items}]).decode()
-    conn.execute(statements["push"], {"bodies": bodies, "producer": None}).fetchall()
+    with cpu.call("pop"):  # (the first column of the report)
+        conn.execute(statements["push"], {"bodies": bodies, "producer": None}).fetchall()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     variants: list[tuple[str, list[Path]]] = [("as is", [])]
     variants += [(v, [Path(f) for f in v.split("+")]) for v in args.variant]
     functions = "\n".join(f.read_text() for f in function_files())
-    spent: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in variants}
+    spent: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, _ in variants}
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(cluster.bench_cluster(preload="pg_stat_statements"))
         dsn = fresh_database(server.dsn, "queen_server_calls")
@@ -141,25 +171,31 @@ def main(argv: list[str] | None = None) -> int:
                         conn.execute("SET pg_stat_statements.track = 'all'")
                     for _warm_then_measured in range(2):
                         admin.execute("SELECT pg_stat_statements_reset()")
+                        cpu = BackendCpu(conn)
                         for n in range(args.cycles):
                             if args.push:
-                                push(conn, statements, args.batch, args.partitions, n)
+                                push(conn, statements, args.batch, args.partitions, n, cpu)
                             else:
-                                cycle(conn, statements, args.batch, args.fused)
+                                cycle(conn, statements, args.batch, args.fused, cpu)
                 times: dict[str, float] = dict(admin.execute(SPENT).fetchall())
-                spent[name].append((times.get("pop", 0.0), times.get("ack", 0.0)))
+                spent[name].append((times.get("pop", 0.0), times.get("ack", 0.0),
+                                    cpu.median_us("pop"), cpu.median_us("ack")))
                 print(f"round {number}/{args.rounds}, {name}: pop {times.get('pop', 0):.0f} us,"
-                      f" ack {times.get('ack', 0):.0f} us", flush=True)
+                      f" ack {times.get('ack', 0):.0f} us; backend CPU {cpu.median_us('pop'):.0f}"
+                      f" and {cpu.median_us('ack'):.0f} us", flush=True)
                 if args.nested:
                     for calls, us, query in admin.execute(NESTED, (args.cycles,)).fetchall():
                         print(f"    {calls / args.cycles:5.2f} a cycle {us:8.1f} us  {query}")
     calls = "a push" if args.push else f"{args.fused} pop(s) a call"
-    print(f"\nbatch {args.batch}, {calls}, {args.cycles} cycles a round;"
-          " PostgreSQL's µs a call, median of the rounds")
-    print(f"| code | {'push' if args.push else 'pop'} | ack |\n|---|---:|---:|")
+    print(f"\nbatch {args.batch}, {calls}, {args.cycles} cycles a round; PostgreSQL's µs a"
+          " call (statements: pg_stat_statements' mean; CPU: the backend's median), median"
+          " of the rounds")
+    kind = "push" if args.push else "pop"
+    print(f"| code | {kind} statement | ack statement | {kind} CPU | ack CPU |\n"
+          "|---|---:|---:|---:|---:|")
     for name, values in spent.items():
-        print(f"| {name} | {statistics.median(v[0] for v in values):.0f}"
-              f" | {statistics.median(v[1] for v in values):.0f} |")
+        print(f"| {name} | " + " | ".join(
+            f"{statistics.median(v[k] for v in values):.0f}" for k in range(4)) + " |")
     return 0
 
 
