@@ -156,17 +156,17 @@ $$;
 -- queen.settle_row does for such a lease. p_complete: the completions are written in the
 -- same statement, one a lease, from its row (the lease holds every message past the
 -- cursor up to its last: its first is the first past the cursor, a probe of the key; the
--- statement's parts share one snapshot, so they read the rows as they were). Returns the
--- wake-ups of the pairs with messages past the cursor, for the caller to send
--- (queen.wakes_if_work).
+-- statement's parts share one snapshot, so they read the rows as they were). Returns,
+-- from the same statement, the wake-ups of the pairs with messages past the cursor, for
+-- the caller to send (as queen.wake_group_if_work's: none while no worker has polls
+-- parked, and then no probe either; a message committed after the statement's snapshot
+-- has its push's wake-up).
 DROP FUNCTION IF EXISTS queen.end_done_leases(tid[]);  -- (an earlier build's: it sent them)
 CREATE OR REPLACE FUNCTION queen.end_done_leases(p_locked tid[], p_complete boolean)
 RETURNS text[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    parts   uuid[];
-    groups  text[];
-    cursors bigint[];
+    woken text[];
 BEGIN
     WITH done AS (
         INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
@@ -186,12 +186,24 @@ BEGIN
         WHERE x.ctid = ANY (p_locked)
         RETURNING x.partition_id, x.consumer_group, x.cursor_id
     )
-    SELECT array_agg(e.partition_id), array_agg(e.consumer_group), array_agg(e.cursor_id)
-    INTO parts, groups, cursors
-    FROM ended e;
-    RETURN queen.wakes_if_work(parts, groups, cursors);
+    -- (The data-modifying parts run to completion whatever this part reads of them.)
+    SELECT array_agg(queen.wake_payload(w.queue, w.partition, w.namespace, w.task,
+                                        e.consumer_group))
+    INTO woken
+    FROM ended e
+    CROSS JOIN LATERAL (SELECT q.name AS queue, p.name AS partition, q.namespace, q.task
+                        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+                        WHERE p.id = e.partition_id) w
+    WHERE EXISTS (SELECT 1 FROM queen.waiting_workers v WHERE v.until > now())
+      AND (SELECT m.id FROM queen.messages m
+           WHERE m.partition_id = e.partition_id AND m.id > e.cursor_id
+           ORDER BY m.id LIMIT 1) IS NOT NULL;
+    RETURN coalesce(woken, '{}');
 END
 $$;
+
+-- (An earlier build's end_done_leases called this one.)
+DROP FUNCTION IF EXISTS queen.wakes_if_work(uuid[], text[], bigint[]);
 
 -- The fused call, decided as a set: items of several (partition, group) pairs (p_parts,
 -- p_groups, with the message ids p_ids the caller looked up; NULL part: not found, left
@@ -278,7 +290,7 @@ $$;
 -- retry count is 0). The rows are locked in key order; when every request fits, the
 -- completions are recorded and the leases ended (queen.end_done_leases), and the
 -- wake-ups of the groups whose partitions have more work are returned, for the
--- caller to send (queen.wakes_if_work; none: an empty array); otherwise nothing is
+-- caller to send (none: an empty array); otherwise nothing is
 -- written, NULL is returned and the caller decides the items one way or another
 -- (queen.ack_apply).
 -- p_groups and p_leases name each item's, or with p_per_request each request's (one value

@@ -54,29 +54,6 @@ BEGIN
 END
 $$;
 
--- The wake-up payloads of queen.wake_group_if_work for several (partition, group)
--- pairs at once (p_parts, p_groups, p_after: parallel arrays), in one statement: none
--- while no worker has polls parked.
-CREATE OR REPLACE FUNCTION queen.wakes_if_work(p_parts uuid[], p_groups text[],
-                                               p_after bigint[])
-RETURNS text[]
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now()) THEN
-        RETURN '{}';
-    END IF;
-    RETURN ARRAY(
-        SELECT queen.wake_payload(w.queue, w.partition, w.namespace, w.task, k.grp)
-        FROM unnest(p_parts, p_groups, p_after) k(part, grp, moved_to)
-        CROSS JOIN LATERAL (SELECT q.name AS queue, p.name AS partition, q.namespace, q.task
-                            FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-                            WHERE p.id = k.part) w
-        WHERE (SELECT m.id FROM queen.messages m
-               WHERE m.partition_id = k.part AND m.id > k.moved_to
-               ORDER BY m.id LIMIT 1) IS NOT NULL);
-END
-$$;
-
 -- (An earlier build sent those wake-ups by this one.)
 DROP FUNCTION IF EXISTS queen.wake_groups_if_work(uuid[], text[], bigint[]);
 
