@@ -11,8 +11,9 @@ leases' messages, as popped: the whole-lease path), --cycles times a round. Repo
 the median of the rounds: PostgreSQL's mean time a pop call and an ack call
 (pg_stat_statements, server side: no client, no network), and the median CPU time the
 session's backend used a call (/proc/<pid>/schedstat), which also counts what
-pg_stat_statements leaves out: the parameters parsed, the transaction begun and ended. --push measures the server's push
-statement instead: pushes of --batch items into the queue's partitions in turn.
+pg_stat_statements leaves out: the parameters parsed, the transaction begun and ended.
+--push measures the server's push statement instead: pushes of --batch items into the
+queue's partitions in turn.
 
 Each --variant is measured beside the code as it is, in turns within every round: a
 `.sql` file is run after the functions are installed (a changed function), a `.pop`,

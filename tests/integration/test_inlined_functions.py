@@ -5,8 +5,8 @@ every transaction that calls it (from PL/pgSQL, its cached state lives no longer
 With track_functions = 'all', PostgreSQL counts a call of each function that runs as a
 function; an inlined one is never counted. A function that is only folded into a plan
 as a constant runs once, when the plan is made: so the server's push, pop and ack
-statements run once to make their plans, and then again, and the second round must
-count no call of any SQL function."""
+statements and the maintenance after them run once to make their plans, and then again,
+and the second round must count no call of any SQL function."""
 
 from __future__ import annotations
 
