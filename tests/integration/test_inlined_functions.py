@@ -10,7 +10,6 @@ and the second round must count no call of any SQL function."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import orjson
@@ -19,6 +18,7 @@ import pytest
 
 from queen.store.db import QUERIES
 from queen.store.messages import ack_columns
+from tests.integration.test_query_plans import pop_params, pops_param
 
 CALLS = (
     "SELECT p.oid::regprocedure::text, f.calls FROM pg_stat_xact_user_functions f"
@@ -27,11 +27,8 @@ CALLS = (
 )
 
 
-def pop(kind: str = "queue", partition: str | None = None, prefer: str | None = None,
-        batch: int = 5) -> dict[str, Any]:
-    return {"kind": kind, "queue": "inl", "partition": partition, "namespace": None,
-            "task": None, "group": "__queue__", "mode": None, "since": None, "batch": batch,
-            "worker": "w", "lease": str(uuid.uuid4()), "prefer": prefer}
+def pop(**route: Any) -> dict[str, Any]:
+    return pop_params(queue="inl", batch=5, **route)
 
 
 def round_of_calls(conn: psycopg.Connection[Any]) -> None:
@@ -42,9 +39,9 @@ def round_of_calls(conn: psycopg.Connection[Any]) -> None:
         conn.execute(QUERIES["push"], {"bodies": orjson.dumps([{"items": items}]).decode(),
                                        "producer": None}).fetchall()
     rows = conn.execute(QUERIES["pop_one"], pop()).fetchall()
-    rows += conn.execute(QUERIES["pop_one"], pop("partition", "b")).fetchall()
-    pops = orjson.dumps([pop(), pop(), pop(prefer="d")]).decode()
-    rows += conn.execute(QUERIES["pop_many"], {"pops": pops}).fetchall()
+    rows += conn.execute(QUERIES["pop_one"], pop(kind="partition", partition="b")).fetchall()
+    rows += conn.execute(QUERIES["pop_many"],
+                         pops_param(pop(), pop(), pop(prefer="d"))).fetchall()
     assert len(rows) >= 10, "the pops found the messages pushed"
     # (Each pop's rows: its leaseId on the first. A whole lease acked as popped, and one
     # lease's messages acked failed, which takes the items path.)
