@@ -6,8 +6,10 @@
 On a cluster of the bench's own (pg_stat_statements preloaded), a database migrated by
 `queen migrate`'s code is seeded with one queue of --partitions partitions; then one
 session pops --batch by queue with the server's own statement (`pop_one`, or `pop_many`
-for --fused pops a call) and acks what it got with the server's `ack` statement (the
-leases' messages, as popped: the whole-lease path), --cycles times a round. Reported,
+for --fused pops a call) and acks what it got as the server does (the leases' messages,
+as popped: the statement `ack_whole`; with --items, the `ack` statement the server sends
+for other acks, queen.ack_items, which tries whole leases first too), --cycles times a
+round. Reported,
 the median of the rounds: PostgreSQL's mean time a pop call and an ack call
 (pg_stat_statements, server side: no client, no network), and the median CPU time the
 session's backend used a call (/proc/<pid>/schedstat), which also counts what
@@ -17,8 +19,8 @@ queue's partitions in turn.
 
 Each --variant is measured beside the code as it is, in turns within every round: a
 `.sql` file is run after the functions are installed (a changed function), a `.pop`,
-`.many`, `.ack` or `.push` file replaces that statement of the server's (pop_one,
-pop_many, ack, push); files joined by + make one variant. --parked lists a worker with
+`.many`, `.whole`, `.ack` or `.push` file replaces that statement of the server's (pop_one,
+pop_many, ack_whole, ack, push); files joined by + make one variant. --parked lists a worker with
 parked polls, so that acks make their wake-ups. --nested prints, after each run, the
 statements inside the functions (pg_stat_statements.track = all) by time a cycle.
 """
@@ -44,18 +46,21 @@ from queen.store.messages import ack_columns
 from queen.store.migrate import function_files, migrate
 
 # A variant's files that replace one of the server's statements, by suffix.
-STATEMENTS = {".pop": "pop_one", ".many": "pop_many", ".ack": "ack", ".push": "push"}
+STATEMENTS = {".pop": "pop_one", ".many": "pop_many", ".whole": "ack_whole", ".ack": "ack",
+              ".push": "push"}
 SEED = (
     "SELECT count(*) FROM queen.push((SELECT jsonb_agg(jsonb_build_object("
     "'queue', 'bench', 'partition', 'p' || (i %% %s::integer),"
     " 'payload', jsonb_build_object('kind', 'bench', 'n', i)))"
     " FROM generate_series(%s::integer, %s::integer) i), NULL)"
 )
-SPENT = (
-    "SELECT CASE WHEN query LIKE '%%ack_items%%' THEN 'ack' ELSE 'pop' END,"
+SPENT = (  # (ack_whole: the statement that updates the consumer rows itself)
+    "SELECT CASE WHEN query LIKE '%%ack_items%%' OR query LIKE '%%UPDATE queen.consumers%%'"
+    " THEN 'ack' ELSE 'pop' END,"
     " sum(total_exec_time) * 1000 / sum(calls) FROM pg_stat_statements"
     " WHERE toplevel AND (query LIKE '%%queen.pop(%%' OR query LIKE '%%queen.pop_many(%%'"
-    " OR query LIKE '%%queen.ack_items(%%' OR query LIKE '%%queen.push%%(%%') GROUP BY 1"
+    " OR query LIKE '%%queen.ack_items(%%' OR query LIKE '%%UPDATE queen.consumers%%'"
+    " OR query LIKE '%%queen.push%%(%%') GROUP BY 1"
 )
 NESTED = (
     "SELECT calls, total_exec_time * 1000 / %s, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
@@ -92,7 +97,7 @@ class BackendCpu:
 
 
 def cycle(conn: psycopg.Connection[Any], statements: dict[str, str], batch: int,
-          fused: int, cpu: BackendCpu) -> None:
+          fused: int, cpu: BackendCpu, ack: str = "ack_whole") -> None:
     """Pop (fused pops a call), then ack every lease popped, as its consumer would."""
     if fused > 1:
         pops = orjson.dumps([pop_params(batch) for _ in range(fused)]).decode()
@@ -112,7 +117,7 @@ def cycle(conn: psycopg.Connection[Any], statements: dict[str, str], batch: int,
         raise SystemExit("the queue ran dry: seed more (--cycles, --rounds)")
     columns = ack_columns(acks, [len(r) for r in requests.values()])
     with cpu.call("ack"):
-        conn.execute(statements["ack"], columns)
+        conn.execute(statements[ack], columns)
 
 
 def push(conn: psycopg.Connection[Any], statements: dict[str, str], batch: int,
@@ -134,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fused", type=int, default=1, help="pops a call (pop_many above 1)")
     parser.add_argument("--parked", action="store_true", help="a worker has polls parked")
     parser.add_argument("--nested", action="store_true")
+    parser.add_argument("--items", action="store_true",
+                        help="ack through the ack statement (queen.ack_items), not ack_whole")
     parser.add_argument("--push", action="store_true",
                         help="measure the server's push statement instead")
     parser.add_argument("--variant", action="append", default=[],
@@ -177,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                             if args.push:
                                 push(conn, statements, args.batch, args.partitions, n, cpu)
                             else:
-                                cycle(conn, statements, args.batch, args.fused, cpu)
+                                cycle(conn, statements, args.batch, args.fused, cpu,
+                                      "ack" if args.items else "ack_whole")
                 times: dict[str, float] = dict(admin.execute(SPENT).fetchall())
                 spent[name].append((times.get("pop", 0.0), times.get("ack", 0.0),
                                     cpu.median_us("pop"), cpu.median_us("ack")))

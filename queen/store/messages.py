@@ -385,6 +385,41 @@ class Messages:
                 except QueenError as exc:
                     results += [exc] * len(part)
             return results
+        # Requests completing all they name: first as whole leases (ack_whole), one
+        # statement for the common call; what that does not end, item by item (ack).
+        whole = [k for k, r in enumerate(requests) if all(a["status"] == "completed" for a in r)]
+        if not whole:
+            return self._ack_items(requests)
+        tried = [requests[k] for k in whole]
+        acks = tried[0] if len(tried) == 1 else [a for r in tried for a in r]
+        try:
+            columns = ack_columns(acks, [len(r) for r in tried])
+            ((fit, wakes, at),) = self.db.fetch("ack_whole", columns)
+        except InvalidInput:
+            if len(requests) == 1:
+                raise
+            return self._alone(self._ack_call, requests)
+        if wakes:
+            self.after_ack(wakes)
+        ended = {whole[k - 1] for k in fit or ()}
+        answers: dict[int, list[AckResult] | BaseException] = {
+            k: [AckResult(n, a["transactionId"], "completed", 0, at)
+                for n, a in enumerate(requests[k], 1)]
+            for k in ended
+        }
+        rest = [k for k in range(len(requests)) if k not in ended]
+        if rest:
+            try:
+                decided = self._ack_items([requests[k] for k in rest])
+            except QueenError as exc:  # (the leases ended above stay ended: answered so)
+                decided = [exc] * len(rest)
+            answers.update(zip(rest, decided, strict=True))
+        return [answers[k] for k in range(len(requests))]
+
+    def _ack_items(
+        self, requests: list[list[dict[str, Any]]]
+    ) -> list[list[AckResult] | BaseException]:
+        """The acknowledgments of requests decided item by item where they must be."""
         acks = requests[0] if len(requests) == 1 else [a for r in requests for a in r]
         try:
             columns = ack_columns(acks, [len(r) for r in requests])
@@ -392,7 +427,7 @@ class Messages:
         except InvalidInput:
             if len(requests) == 1:
                 raise
-            return self._alone(self._ack_call, requests)
+            return self._alone(self._ack_items, requests)
         if rows and rows[0][1]:
             self.after_ack(rows[0][1])
         if rows and rows[0][0].position == 0:  # (every item completed a whole lease)

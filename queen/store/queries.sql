@@ -73,6 +73,73 @@ SELECT payload FROM queen.ready_partitions(
     %(queues)s::text[], %(partition_queues)s::text[], %(partitions)s::text[],
     %(namespaces)s::text[], %(tasks)s::text[], %(limit)s) AS payload
 
+-- ack_whole: the common ack, in one statement: each request completing every message of one live lease as popped (the transactionIds' digest, its leaseId where named) ends that lease and writes its completion, as queen.ack_whole_leases with queen.end_done_leases does, request by request (parameters as ack's, every status completed); fit: the requests that did (1-based), their items all completed now; wakes: the wake-ups to send once committed (notify_wakes). The other requests go to ack, which decides them item by item --
+-- Its commit does not wait for the disk, as queen.ack_items's. Each request's message and
+-- row are found by a probe of their keys (a LATERAL with a LIMIT: never a join, which the
+-- planner may make a scan of the table), the row updated by its ctid (a TID scan), its
+-- checks in the UPDATE's own WHERE, so that a row another transaction changed meanwhile
+-- is checked again as it now is. generate_subscripts, not unnest: its row estimate does not
+-- depend on the array, so the generic plan costs what custom ones do and is kept.
+WITH a AS (
+    SELECT %(txids)s::text[] AS txids, %(groups)s::text[] AS groups,
+           %(statuses)s::text[] AS statuses, %(leases)s::text[] AS leases,
+           %(sizes)s::integer[] AS sizes, %(per_request)s::boolean AS per_request
+), s AS MATERIALIZED (  -- each request: its items' first and last positions
+    SELECT a.txids, a.groups, a.leases, a.per_request, k, a.sizes[k] AS size,
+           (sum(a.sizes[k]) OVER w - a.sizes[k] + 1)::integer AS first,
+           (sum(a.sizes[k]) OVER w)::integer AS last
+    FROM a CROSS JOIN LATERAL generate_subscripts(a.sizes, 1) k
+    WHERE 'completed' = ALL (a.statuses)
+    WINDOW w AS (ORDER BY k)
+), r AS MATERIALIZED (  -- its pair (the first message's partition), lease and digest
+    SELECT s.k, s.size, f.part, f.first_id,
+           coalesce(s.groups[CASE WHEN s.per_request THEN s.k ELSE s.first END], '__queue__')
+             AS grp,
+           s.leases[CASE WHEN s.per_request THEN s.k ELSE s.first END]::uuid AS lease,
+           hashtextextended(array_to_string(s.txids[s.first:s.last], E'\x1f'), 0) AS digest
+    FROM s
+    CROSS JOIN LATERAL (SELECT m.partition_id AS part, m.id AS first_id FROM queen.messages m
+                        WHERE m.transaction_id = s.txids[s.first] LIMIT 1) f
+    WHERE s.per_request  -- (else one group and one leaseId for all of a request's items)
+       OR ((s.groups IS NULL
+            OR s.groups[s.first:s.last] = array_fill(s.groups[s.first], ARRAY[s.size]))
+           AND (s.leases IS NULL
+                OR s.leases[s.first:s.last] = array_fill(s.leases[s.first], ARRAY[s.size])))
+), t AS MATERIALIZED (
+    SELECT r.*, c.row FROM r
+    CROSS JOIN LATERAL (SELECT x.ctid AS row FROM queen.consumers x
+                        WHERE x.partition_id = r.part AND x.consumer_group = r.grp
+                        LIMIT 1) c
+), ended AS (
+    UPDATE queen.consumers x SET
+        cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
+        lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
+        lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
+    FROM t
+    WHERE x.ctid = ANY (ARRAY(SELECT t.row FROM t))
+      AND x.partition_id = t.part AND x.consumer_group = t.grp
+      AND x.lease_id = coalesce(t.lease, x.lease_id) AND x.lease_size = t.size
+      AND x.lease_digest = t.digest AND cardinality(x.lease_acked) = 0
+      AND cardinality(x.done_ids) = 0 AND x.retried_max <= x.cursor_id
+    RETURNING t.k, x.partition_id, x.consumer_group, x.cursor_id, t.first_id, t.size
+), done AS (
+    INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
+    SELECT e.partition_id, e.consumer_group, e.first_id, e.cursor_id, e.size
+    FROM ended e ORDER BY 1, 2
+)
+SELECT (SELECT array_agg(e.k ORDER BY e.k) FROM ended e) AS fit,
+       (SELECT array_agg(queen.wake_payload(q.name, p.name, q.namespace, q.task,
+                                            e.consumer_group))
+        FROM ended e
+        JOIN queen.partitions p ON p.id = e.partition_id
+        JOIN queen.queues q ON q.id = p.queue_id
+        WHERE EXISTS (SELECT 1 FROM queen.waiting_workers v WHERE v.until > now())
+          AND (SELECT m.id FROM queen.messages m
+               WHERE m.partition_id = e.partition_id AND m.id > e.cursor_id
+               ORDER BY m.id LIMIT 1) IS NOT NULL) AS wakes,
+       now() AS acknowledged_at
+FROM (SELECT set_config('synchronous_commit', 'off', true)) setting
+
 -- ack: acknowledge a batch (its items as parallel arrays: ack_columns; sizes: how many are each request's; per_request: the arrays but the transactionIds hold one value a request), one row per acknowledgment in request order (reason: why it changed nothing), or one row of position 0 when every item completed a whole lease (each item's made from it: Messages); the first carries the wake-ups to send once committed (notify_wakes) --
 SELECT idx, transaction_id, status, retry_count, acknowledged_at, reason, wakes
 FROM queen.ack_items(%(txids)s::text[], %(groups)s::text[], %(statuses)s::text[],

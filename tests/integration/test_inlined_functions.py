@@ -43,16 +43,18 @@ def round_of_calls(conn: psycopg.Connection[Any]) -> None:
     rows += conn.execute(QUERIES["pop_many"],
                          pops_param(pop(), pop(), pop(prefer="d"))).fetchall()
     assert len(rows) >= 10, "the pops found the messages pushed"
-    # (Each pop's rows: its leaseId on the first. A whole lease acked as popped, and one
-    # lease's messages acked failed, which takes the items path.)
+    # (Each pop's rows: its leaseId on the first. Whole leases acked as popped, as the
+    # server sends them and through queen.ack_items, and the others' messages acked
+    # failed, which takes the items path.)
     leases: list[tuple[str, list[str]]] = []
     for row in rows:
         if row[11] is not None:
             leases.append((str(row[11]), []))
         leases[-1][1].append(row[2])
-    whole, *rest = leases
-    acks = [{"transactionId": t, "status": "completed", "leaseId": whole[0]} for t in whole[1]]
-    conn.execute(QUERIES["ack"], ack_columns(acks)).fetchall()
+    *rest, whole, items = leases
+    for name, (lease, txids) in (("ack_whole", whole), ("ack", items)):
+        acks = [{"transactionId": t, "status": "completed", "leaseId": lease} for t in txids]
+        conn.execute(QUERIES[name], ack_columns(acks)).fetchall()
     for lease, txids in rest:
         acks = [{"transactionId": t, "status": "failed", "error": "x", "leaseId": lease}
                 for t in txids]

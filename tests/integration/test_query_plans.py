@@ -319,6 +319,30 @@ def test_pop_by_queue_reads_a_bounded_number_of_partitions(wide: str) -> None:
         explained.close()
 
 
+
+def test_the_whole_lease_ack_reads_its_own_rows_and_keeps_a_generic_plan(wide: str) -> None:
+    """ack_whole, a statement of its own rather than a function, probes each request's
+    first message and consumer row by key and updates the row by its ctid: with a cursor
+    row for every one of the queue's partitions, no node reads the others. Once the driver
+    has prepared it, PostgreSQL keeps one generic plan for it (no planning each call)."""
+    with psycopg.connect(wide, autocommit=True) as conn:
+        lifecycle.seek(conn, "big", lifecycle.QUEUE_MODE, "beginning")  # WIDE cursor rows
+    explained = Explained(wide)
+    try:
+        for n in range(RUNS + 6):  # (prepared at its sixth run, then five custom plans)
+            rows, _ = explained.run("pop_one", pop_params(kind="partition", partition=f"p{n}",
+                                                          batch=1))
+            ((fit, _, at),), plans = explained.run("ack_whole", ack_params(rows))
+            assert fit == [1] and at is not None
+        check("ack_whole over many cursor rows", plans)
+        (kept,) = explained.conn.execute(
+            "SELECT generic_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%x.lease_digest = t.digest%%'").fetchone()
+        assert kept >= 1
+    finally:
+        explained.close()
+
+
 # A statement nested in a PL/pgSQL function is planned with its variables as parameters
 # ($n): a generic plan, kept for the session. A custom plan has their values folded in
 # instead, and is made afresh at every call: PostgreSQL uses custom plans for the first

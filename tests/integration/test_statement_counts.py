@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from queen.models import PopRoute
 from queen.store import Store
 from tests.integration.helpers import push
 from tests.integration.test_fusion import fstore, fused, pusher  # noqa: F401 - fixture
@@ -55,3 +56,57 @@ def test_fused_pushes_share_one_statement_and_commit(fstore: Store) -> None:  # 
     pushes = [s for s in seen if s[0] == "push"]
     # the held first request alone, then the four that queued behind it together
     assert pushes == [("push", True, True)] * 2
+
+
+def acks(popped: list[Any], status: str = "completed") -> list[dict[str, Any]]:
+    return [{"transactionId": m.transaction_id, "status": status, "error": None,
+             "leaseId": str(m.lease_id)} for m in popped]
+
+
+def test_an_ack_of_a_whole_lease_is_one_statement_and_any_other_goes_item_by_item(
+    store: Any,
+) -> None:
+    push(store, [{"queue": "w", "partition": p, "payload": n} for p in "ab" for n in range(2)])
+    a = store.messages.pop(PopRoute(queue="w", partition="a"), 2, "w")
+    b = store.messages.pop(PopRoute(queue="w", partition="b"), 2, "w")
+    seen = counting(store)
+    assert [r.status for r in store.messages.ack(acks(a))] == ["completed"] * 2
+    assert [s[0] for s in seen] == ["ack_whole"]
+    del seen[:]
+    assert [r.status for r in store.messages.ack(acks(b[:1]))] == ["completed"]  # half of it
+    assert [s[0] for s in seen] == ["ack_whole", "ack"]
+    del seen[:]
+    assert [r.status for r in store.messages.ack(acks(b[1:], "failed"))] == ["retry_scheduled"]
+    assert [s[0] for s in seen] == ["ack"]
+
+
+def test_fused_acks_end_the_whole_leases_at_once_and_decide_the_rest_item_by_item(
+    fstore: Store,  # noqa: F811
+) -> None:
+    push(fstore, [{"queue": "m", "partition": f"p{n % 3}", "payload": n} for n in range(6)])
+    a, b, c = (fstore.messages.pop(PopRoute(queue="m", partition=f"p{n}"), 2, "w")
+               for n in range(3))
+    requests = [
+        acks(a),  # a whole lease
+        acks(b[:1]),  # half of one
+        [*acks(c[:1], "failed"), *acks(c[1:])],  # a failure among them
+        acks(b[1:]) + [{"transactionId": "nope", "status": "completed", "error": None}],
+    ]
+    seen = counting(fstore)
+    first, *rest = (lambda r=r: fstore.messages.ack(r) for r in requests)
+    outcomes = fused(fstore.messages._acks, first, rest)
+    assert [[(r.position, r.transaction_id, r.status, r.reason) for r in results]
+            for results in outcomes] == [
+        [(1, a[0].transaction_id, "completed", None), (2, a[1].transaction_id, "completed", None)],
+        [(1, b[0].transaction_id, "completed", None)],
+        [(1, c[0].transaction_id, "retry_scheduled", None),
+         (2, c[1].transaction_id, "completed", None)],
+        [(1, b[1].transaction_id, "completed", None), (2, "nope", "not_found", "not_found")],
+    ]
+    assert all(r.acknowledged_at is not None for r in outcomes[0])
+    # The first call held alone, then the three behind it: whole leases first, then the rest.
+    assert [s[0] for s in seen if s[0].startswith("ack")] == ["ack_whole", "ack_whole", "ack"]
+    # a's lease ended with its cursor past it, c's first message is back for a retry.
+    assert fstore.messages.pop(PopRoute(queue="m", partition="p0"), 2, "w") == []
+    (retried,) = fstore.messages.pop(PopRoute(queue="m", partition="p2"), 2, "w")
+    assert retried.transaction_id == c[0].transaction_id and retried.retry_count == 1
