@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 from psycopg import Cursor
+from psycopg import errors as pg_errors
 from psycopg.rows import RowMaker
 
 from queen import crypto
@@ -258,17 +259,38 @@ class Messages:
     def _push_call(
         self, producer: str | None, pushes: list[_Push]
     ) -> list[list[PushResult] | BaseException]:
-        """One push statement for pushes; their items are numbered across them."""
+        """One push statement for pushes; their items are numbered across them.
+
+        Items naming no transactionId go first to push_new, the common push in one
+        statement; what it does not store (a queue or partition to make, maxSize, a
+        client's transactionId equal to one it makes) goes to push.
+        """
         try:
             bodies = pushes[0].body if len(pushes) == 1 else ",".join(p.body for p in pushes)
             params = {"bodies": f"[{bodies}]", "producer": producer}
-            rows = _push_results(self.db.fetch("push", params, _push_rows))
+            rows = None
+            if not any("transactionId" in item for p in pushes for item in p.items):
+                rows = self._push_new(params)
+            if rows is None:
+                rows = _push_results(self.db.fetch("push", params, _push_rows))
         except InvalidInput:
             if len(pushes) == 1:
                 raise
             return self._alone(functools.partial(self._push_call, producer), pushes)
         self.after_push([item for p in pushes for item in p.items])
         return _renumber(rows, [len(p.items) for p in pushes])
+
+    def _push_new(self, params: dict[str, Any]) -> list[PushResult] | None:
+        """The results of push_new, one an item in order; None when it stored nothing."""
+        try:
+            ((fits, prefix, ids, txids),) = self.db.fetch("push_new", params)
+        except pg_errors.UniqueViolation:
+            return None
+        if not fits:
+            return None
+        idents = txids or [f"{prefix}{message_id:012x}" for message_id in ids]
+        make = functools.partial(tuple.__new__, PushResult)
+        return [make((k, ident, ident, "queued")) for k, ident in enumerate(idents, 1)]
 
     @staticmethod
     def _alone(run: Any, requests: list[Any]) -> list[Any]:

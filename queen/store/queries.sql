@@ -10,6 +10,53 @@ CROSS JOIN LATERAL queen.push_batch(
          ELSE jsonb_path_query_array(x.b, '$[*].items[*]') END,
     %(producer)s, true) p
 
+-- push_new: the common push in one statement: items naming no transactionId into existing partitions of queues without maxSize (bodies and producer as push's), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), each's API id its transactionId; one row: fits (false: nothing was stored, the call goes to push), the ids' prefix (queen.uuid_prefix) and the ids in item order, with the transactionIds only when an id is 2^48 or more (the server makes the others from the prefix: Messages) --
+-- A client's transactionId equal to one of these fails the insert (unique_violation):
+-- the call then goes to push, which stores such a batch as any other. Each name is
+-- found by a probe of its key (a LATERAL with a LIMIT, whatever the statistics); the
+-- conditions are checked before the locks are taken, and the insert runs only when all
+-- hold. No wake-up here: the server's sessions send theirs once the push committed.
+WITH b AS (SELECT %(bodies)s::jsonb AS b),
+items AS MATERIALIZED (
+    SELECT x.ord, x.i, x.i ->> 'queue' AS queue,
+           coalesce(x.i ->> 'partition', queen.default_partition()) AS partition
+    FROM b CROSS JOIN LATERAL jsonb_array_elements(
+        CASE WHEN jsonb_array_length(b.b) = 1 THEN b.b -> 0 -> 'items'
+             ELSE jsonb_path_query_array(b.b, '$[*].items[*]') END) WITH ORDINALITY x(i, ord)
+), targets AS MATERIALIZED (
+    SELECT n.queue, n.partition, q.max_size, p.id AS partition_id
+    FROM (SELECT DISTINCT i.queue, i.partition FROM items i) n
+    LEFT JOIN LATERAL (SELECT q.id, q.max_size FROM queen.queues q
+                       WHERE q.name = n.queue LIMIT 1) q ON true
+    LEFT JOIN LATERAL (SELECT p.id FROM queen.partitions p
+                       WHERE p.queue_id = q.id AND p.name = n.partition LIMIT 1) p ON true
+), fit AS MATERIALIZED (  -- (evaluated in order: the locks only when the rest holds)
+    SELECT NOT EXISTS (SELECT 1 FROM items i WHERE i.i ? 'transactionId')
+           AND NOT EXISTS (SELECT 1 FROM targets t
+                           WHERE t.partition_id IS NULL OR t.max_size > 0)
+           AND queen.push_locks(ARRAY(SELECT t.partition_id FROM targets t)) AS fits,
+           queen.uuid_prefix(now()) AS prefix
+), stored AS (
+    INSERT INTO queen.messages
+        (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
+    OVERRIDING SYSTEM VALUE
+    SELECT n.id, n.partition_id, queen.message_uuid_text(n.id, n.prefix, now()),
+           n.i -> 'payload', coalesce((n.i ->> 'encrypted')::boolean, false),
+           %(producer)s, n.i ->> 'traceId'
+    FROM (SELECT r.*, nextval('queen.messages_id_seq'::regclass) AS id
+          FROM (SELECT i.ord, i.i, t.partition_id, f.prefix
+                FROM fit f, items i
+                JOIN targets t ON t.queue = i.queue AND t.partition = i.partition
+                WHERE f.fits
+                ORDER BY i.ord) r) n
+    RETURNING id, transaction_id
+)
+SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS ids,
+       CASE WHEN (SELECT max(s.id) FROM stored s) >= 281474976710656
+            THEN (SELECT array_agg(s.transaction_id ORDER BY s.id) FROM stored s) END
+         AS transaction_ids
+FROM fit f
+
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped, id the message's bigint id --
 -- The API id is the server's to make (Messages: cheaper there than queen.message_uuid in SQL).
 -- What the messages of one pop share (queue, partition, its id, priority, lockedAt, the lease, the options) comes on its first row only, NULL on the others: formatting and loading those nine values again on every row is a large share of what psycopg spends loading a row.

@@ -53,6 +53,21 @@ BEGIN
 END
 $$;
 
+-- Take the push locks of partitions p_partitions (queen.push_lock_key), in order, as
+-- queen.push_targets does for the partitions it found: whether all of them are still
+-- there once locked (a statement of its own, so it sees a removal committed while it
+-- waited: queen.cleanup_partitions takes the same locks). The server's push of items
+-- without transactionIds (query push_new) calls it from its one statement.
+CREATE OR REPLACE FUNCTION queen.push_locks(p_partitions uuid[]) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(queen.push_lock_key(x))
+    FROM unnest(p_partitions) x ORDER BY x;
+    RETURN (SELECT count(*) FROM queen.partitions p WHERE p.id = ANY (p_partitions))
+           = cardinality(p_partitions);
+END
+$$;
+
 -- Messages of a queue pending for queue mode (not consumed, not under its live lease:
 -- maxSize caps pending messages), counted up to p_cap.
 CREATE OR REPLACE FUNCTION queen.pending_count(p_queue uuid, p_cap integer) RETURNS integer

@@ -64,8 +64,11 @@ def test_totals_and_prometheus_agree_across_workers(db_dsn):
             assert sample(text, 'queen_queue_partitions{queue="counted"}') == 2
             assert sample(text, 'queen_fused_call_requests_sum{kind="push"}') == 7
             calls = sample(text, 'queen_fused_call_requests_count{kind="push"}')
-            assert sample(text, 'queen_db_statements_total{query="push"}') == calls
-            assert sample(text, 'queen_db_commits_total{query="push"}') == calls
+            # (each call tries push_new; the two that made a partition then push)
+            assert sample(text, 'queen_db_statements_total{query="push_new"}') == calls
+            assert sample(text, 'queen_db_commits_total{query="push_new"}') == calls
+            assert sample(text, 'queen_db_statements_total{query="push"}') == 2
+            assert sample(text, 'queen_db_commits_total{query="push"}') == 2
             assert sample(text, 'queen_fused_call_requests_bucket{kind="push",le="+Inf"}') >= 1
             assert sample(text, 'queen_http_requests_total{method="POST",route="/api/v1/push",'
                                 'status="201"}') == 7

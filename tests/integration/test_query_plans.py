@@ -239,6 +239,17 @@ def test_push_into_existing_partitions(explained: Explained) -> None:
         rows, plans = explained.run("push", {"bodies": f"[{body}]", "producer": None})
         assert {r[3] for r in rows} == {"queued"}
     check("push", plans)
+    # The server's push of such items, one statement (prepared at its sixth run, then
+    # five custom plans): on its keys, and its generic plan kept.
+    for _ in range(RUNS + 6):
+        ((fits, _, ids, _),), plans = explained.run("push_new", {"bodies": f"[{body}]",
+                                                                 "producer": None})
+        assert fits and len(ids) == 100
+    check("push_new", plans)
+    (kept,) = explained.conn.execute(
+        "SELECT generic_plans FROM pg_prepared_statements"
+        " WHERE statement LIKE '%%queen.push_locks(%%'").fetchone()
+    assert kept >= 1
 
 
 BACKLOG = 1_250  # pending in one partition: a size at which, asked for a batch's items

@@ -53,9 +53,9 @@ def test_fused_pushes_share_one_statement_and_commit(fstore: Store) -> None:  # 
     requests = [[{"queue": "s", "payload": n}] for n in range(5)]
     first, *rest = (pusher(fstore, items) for items in requests)
     fused(fstore.messages._push_fusers[None], first, rest)
-    pushes = [s for s in seen if s[0] == "push"]
+    pushes = [s for s in seen if s[0].startswith("push")]
     # the held first request alone, then the four that queued behind it together
-    assert pushes == [("push", True, True)] * 2
+    assert pushes == [("push_new", True, True)] * 2
 
 
 def acks(popped: list[Any], status: str = "completed") -> list[dict[str, Any]]:
@@ -110,3 +110,15 @@ def test_fused_acks_end_the_whole_leases_at_once_and_decide_the_rest_item_by_ite
     assert fstore.messages.pop(PopRoute(queue="m", partition="p0"), 2, "w") == []
     (retried,) = fstore.messages.pop(PopRoute(queue="m", partition="p2"), 2, "w")
     assert retried.transaction_id == c[0].transaction_id and retried.retry_count == 1
+
+
+def test_a_push_is_one_statement_unless_it_names_transaction_ids_or_a_new_partition(
+    store: Any,
+) -> None:
+    seen = counting(store)
+    push(store, [{"queue": "n", "partition": "a", "payload": 1}])  # the queue made
+    push(store, [{"queue": "n", "partition": "a", "payload": 2}])
+    push(store, [{"queue": "n", "partition": "b", "payload": 3}])  # a partition made
+    push(store, [{"queue": "n", "partition": "b", "payload": 4, "transactionId": "t4"}])
+    assert [s[0] for s in seen if s[0].startswith("push")] == [
+        "push_new", "push", "push_new", "push_new", "push", "push"]
