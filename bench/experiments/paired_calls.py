@@ -4,7 +4,8 @@ they go before, call by call in one session.
     python -m bench.experiments.paired_calls [--dsn DSN | --cluster] [--batch 1]
         [--cycles 600] [--runs 3]
 
-A fresh database migrated by `queen migrate`'s code holds one queue of 8 partitions.
+A fresh database migrated by `queen migrate`'s code holds one queue of 8 partitions,
+50,000 messages in them, ANALYZEd (as maintenance leaves a table that grew).
 One session, with the server's settings, pushes --batch items without transactionIds
 into a partition at a time, by `push_new` and by `push` (queen.push_batch) in turn;
 then pops --batch by queue (`pop_one`) and acks the lease as popped, by `ack_whole`
@@ -33,6 +34,7 @@ DB_NAME = "queen_bench_paired_calls"
 PARTITIONS = 8
 PAIRS = (("push_new", "push"), ("ack_whole", "ack"))
 WARM = 20  # calls of each statement left out: the driver prepares it, five custom plans
+SEEDED = 50_000  # messages pushed and ANALYZEd before the runs
 
 
 def run(conn: psycopg.Connection[Any], batch: int, cycles: int) -> dict[str, float]:
@@ -70,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.adapters.register_loader("jsonb", TextLoader)
             conn.execute("SET queen.push_notify = 'after_commit'")  # (as the server's pool)
-            seed = [{"queue": "bench", "partition": f"p{p}", "payload": 0}
-                    for p in range(PARTITIONS)]
-            conn.execute(QUERIES["push"], {"bodies": orjson.dumps([{"items": seed}]).decode(),
-                                           "producer": None}).fetchall()
+            seed = [{"queue": "bench", "partition": f"p{n % PARTITIONS}", "payload": n}
+                    for n in range(1000)]
+            for _ in range(SEEDED // len(seed)):
+                conn.execute(QUERIES["push"], {"bodies": orjson.dumps([{"items": seed}]).decode(),
+                                               "producer": None}).fetchall()
+            conn.execute("ANALYZE")  # (as maintenance does once a table has grown)
             for number in range(1, args.runs + 1):
                 runs.append(run(conn, args.batch, args.cycles))
                 print(f"run {number}/{args.runs}: " + ", ".join(
