@@ -18,7 +18,8 @@ import psycopg
 import pytest
 
 from queen.store import Store, lifecycle
-from queen.store.db import Database
+from queen.store.db import QUERIES, Database
+from queen.store.messages import ack_columns
 from tests import storage
 from tests.integration.helpers import ack, ack_all, data, pop, push, rows, scalar
 
@@ -560,6 +561,107 @@ def test_an_ack_racing_an_operator_change_decides_on_what_was_committed(
                 conn, [{"transactionId": "r1", "status": "completed"}])] == ["completed"]
             assert conn.execute(QUEUE_MODE_STATUSES).fetchall() == [("r1", "completed")]
 
+
+@pytest.mark.parametrize(
+    ("change", "fit", "answers", "final"),
+    [
+        # the lease extended: still the lease popped, ended (by ack_whole where it found the
+        # row by a TID scan; on a table this small by a scan whose ctid check fails on the
+        # row's new version, so queen.ack_items ends it, in its one row for whole leases)
+        ("extend", [1], ["completed"], [("r0", "completed"), ("r1", "completed")]),
+        # a message of it deleted: no longer the lease popped, decided item by item
+        ("delete", None, ["not_found", "completed"], [("r1", "completed")]),
+        ("expire", None, ["dead_letter", "dead_letter"],
+         [("r0", "dead_letter"), ("r1", "dead_letter")]),
+        ("give back", None, ["not_leased", "not_leased"], [("r0", "pending"), ("r1", "pending")]),
+    ],
+)
+def test_a_whole_lease_ack_racing_an_operator_change_checks_the_row_as_committed(
+    db_dsn: str, change: str, fit: list[int] | None, answers: list[str],
+    final: list[tuple[str, str]],
+) -> None:
+    """The server's one-statement ack of a whole lease (ack_whole) checks the lease in its
+    UPDATE: when another transaction holds the consumer row, the ack waits for it and
+    checks the row as that transaction left it; what it did not end, the server's ack
+    (queen.ack_items) then decides item by item."""
+    app = "queen-race-whole"
+    results: list[Any] = []
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queen.queues (name, retry_limit) VALUES ('race', 0)")
+        lifecycle.push(conn, [{"queue": "race", "payload": n, "transactionId": f"r{n}"}
+                            for n in range(2)])
+        leased = lifecycle.pop(conn, "race", batch=2)
+    with psycopg.connect(db_dsn) as mover:
+        if change == "extend":
+            assert mover.execute("SELECT queen.extend_lease(%s, 600)",
+                                 (leased[0].lease_id,)).fetchone() != (None,)
+        elif change == "delete":
+            assert mover.execute("SELECT queen.delete_message('r0')").fetchone() == (
+                "processing",)
+        elif change == "expire":
+            mover.execute("UPDATE queen.consumers"
+                          " SET lease_expires_at = now() - interval '1 second'")
+            assert mover.execute("SELECT queen.expire_leases(10)").fetchone() == (1,)
+        else:
+            assert mover.execute("SELECT queen.give_back(%s)",
+                                 (leased[0].lease_id,)).fetchone() == (2,)
+
+        def acker() -> None:
+            columns = ack_columns([{"transactionId": f"r{n}", "status": "completed"}
+                                   for n in range(2)])
+            with psycopg.connect(db_dsn, autocommit=True, application_name=app) as conn:
+                ((ended, _, _),) = conn.execute(QUERIES["ack_whole"], columns).fetchall()
+                results.append(ended)
+                if ended is None:
+                    results.append([r[2] for r in conn.execute(QUERIES["ack"], columns)])
+
+        thread = threading.Thread(target=acker)
+        thread.start()
+        _wait_for_lock_wait(db_dsn, app)  # the ack waits on the consumer row
+        mover.commit()
+        thread.join(10)
+        assert not thread.is_alive()
+    assert results == [None, answers] or (fit and results == [fit])
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        assert conn.execute(QUEUE_MODE_STATUSES).fetchall() == final
+
+def test_a_push_into_a_partition_removed_while_it_waited_for_the_lock_stores_nothing(
+    db_dsn: str,
+) -> None:
+    """The server's one-statement push (push_new) finds its partition, then waits for
+    the partition's push lock, which a removal holds (as queen.cleanup_partitions does):
+    once the removal commits, queen.push_locks' own statement sees the partition gone, and
+    nothing is stored; the server's push (queen.push_batch) then makes it again."""
+    app = "queen-race-push"
+    results: list[Any] = []
+    body = orjson.dumps([{"items": [{"queue": "gone", "partition": "p", "payload": 1}]}])
+    params = {"bodies": body.decode(), "producer": None}
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        lifecycle.push(conn, [{"queue": "gone", "partition": "p", "payload": 0}])
+        conn.execute("DELETE FROM queen.messages")
+    with psycopg.connect(db_dsn) as remover:
+        (partition,) = remover.execute("SELECT id FROM queen.partitions").fetchone()
+        remover.execute("SELECT pg_advisory_xact_lock(queen.push_lock_key(%s))", (partition,))
+        remover.execute("DELETE FROM queen.partitions WHERE id = %s", (partition,))
+
+        def pusher() -> None:
+            with psycopg.connect(db_dsn, autocommit=True, application_name=app) as conn:
+                ((fits, _, ids, _),) = conn.execute(QUERIES["push_new"], params).fetchall()
+                results.append((fits, ids))
+                if not fits:
+                    conn.execute(QUERIES["push"], params).fetchall()
+
+        thread = threading.Thread(target=pusher)
+        thread.start()
+        _wait_for_lock_wait(db_dsn, app)  # push_new found the partition, waits on its lock
+        remover.commit()
+        thread.join(10)
+        assert not thread.is_alive()
+    assert results == [(False, None)]
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        stored = conn.execute("SELECT p.name, m.payload FROM queen.messages m"
+                              " JOIN queen.partitions p ON p.id = m.partition_id").fetchall()
+        assert stored == [("p", 1)]  # in the partition made again, none orphaned
 
 @pytest.mark.parametrize("mover_commits", [True, False], ids=["moved", "rolled-back"])
 def test_a_pop_passes_over_a_partition_whose_head_is_being_changed_and_keeps_fifo(
