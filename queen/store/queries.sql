@@ -175,15 +175,9 @@ WITH a AS (
     FROM ended e ORDER BY 1, 2
 )
 SELECT (SELECT array_agg(e.k ORDER BY e.k) FROM ended e) AS fit,
-       (SELECT array_agg(queen.wake_payload(q.name, p.name, q.namespace, q.task,
-                                            e.consumer_group))
-        FROM ended e
-        JOIN queen.partitions p ON p.id = e.partition_id
-        JOIN queen.queues q ON q.id = p.queue_id
-        WHERE EXISTS (SELECT 1 FROM queen.waiting_workers v WHERE v.until > now())
-          AND (SELECT m.id FROM queen.messages m
-               WHERE m.partition_id = e.partition_id AND m.id > e.cursor_id
-               ORDER BY m.id LIMIT 1) IS NOT NULL) AS wakes,
+       (SELECT array_agg(w) FROM ended e
+        CROSS JOIN LATERAL queen.group_wakes(e.partition_id, e.consumer_group, e.cursor_id) w)
+         AS wakes,
        now() AS acknowledged_at
 FROM (SELECT set_config('synchronous_commit', 'off', true)) setting
 

@@ -158,9 +158,8 @@ $$;
 -- cursor up to its last: its first is the first past the cursor, a probe of the key; the
 -- statement's parts share one snapshot, so they read the rows as they were). Returns,
 -- from the same statement, the wake-ups of the pairs with messages past the cursor, for
--- the caller to send (as queen.wake_group_if_work's: none while no worker has polls
--- parked, and then no probe either; a message committed after the statement's snapshot
--- has its push's wake-up).
+-- the caller to send (queen.group_wakes; a message committed after the statement's
+-- snapshot has its push's wake-up).
 DROP FUNCTION IF EXISTS queen.end_done_leases(tid[]);  -- (an earlier build's: it sent them)
 CREATE OR REPLACE FUNCTION queen.end_done_leases(p_locked tid[], p_complete boolean)
 RETURNS text[]
@@ -187,17 +186,10 @@ BEGIN
         RETURNING x.partition_id, x.consumer_group, x.cursor_id
     )
     -- (The data-modifying parts run to completion whatever this part reads of them.)
-    SELECT array_agg(queen.wake_payload(w.queue, w.partition, w.namespace, w.task,
-                                        e.consumer_group))
+    SELECT array_agg(w)
     INTO woken
     FROM ended e
-    CROSS JOIN LATERAL (SELECT q.name AS queue, p.name AS partition, q.namespace, q.task
-                        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
-                        WHERE p.id = e.partition_id) w
-    WHERE EXISTS (SELECT 1 FROM queen.waiting_workers v WHERE v.until > now())
-      AND (SELECT m.id FROM queen.messages m
-           WHERE m.partition_id = e.partition_id AND m.id > e.cursor_id
-           ORDER BY m.id LIMIT 1) IS NOT NULL;
+    CROSS JOIN LATERAL queen.group_wakes(e.partition_id, e.consumer_group, e.cursor_id) w;
     RETURN coalesce(woken, '{}');
 END
 $$;

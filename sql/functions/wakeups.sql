@@ -35,22 +35,35 @@ BEGIN
 END
 $$;
 
--- Wake long polls of a group for its partition when a message lies past p_after (where
--- its cursor now stands, the lease ended): nobody to wake while no worker has a poll
--- parked, and then no probe either. (Past the cursor, the first message is one not done,
--- if there is any. The probe walks the key in order: as an EXISTS, a generic plan may
--- scan the table from its start through every consumed message still kept.)
+-- The wake-up (as queen.wake_group's) of a group's polls for its partition when a
+-- message lies past p_after (where its cursor now stands, the lease ended): none while no
+-- worker has a poll parked, and then no probe either. (Past the cursor, the first message
+-- is one not done, if there is any. The probe walks the key in order: as an EXISTS, a
+-- generic plan may scan the table from its start through every consumed message still
+-- kept.) A set-returning SQL function, inlined where it is called in FROM, so that the
+-- statements ending leases (queen.end_done_leases, the server's ack_whole) make their
+-- wake-ups by this one rule without a call of their own.
+CREATE OR REPLACE FUNCTION queen.group_wakes(p_partition uuid, p_group text, p_after bigint)
+RETURNS SETOF text
+LANGUAGE sql STABLE AS $$
+    SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task, p_group)
+    FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+    WHERE p.id = p_partition
+      AND EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())
+      AND (SELECT m.id FROM queen.messages m
+           WHERE m.partition_id = p_partition AND m.id > p_after
+           ORDER BY m.id LIMIT 1) IS NOT NULL
+$$;
+
+-- Wake long polls of a group for its partition when a message lies past p_after
+-- (queen.group_wakes).
 CREATE OR REPLACE FUNCTION queen.wake_group_if_work(p_partition uuid, p_group text,
                                                     p_after bigint)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM queen.waiting_workers w WHERE w.until > now())
-       AND (SELECT m.id FROM queen.messages m
-            WHERE m.partition_id = p_partition AND m.id > p_after
-            ORDER BY m.id LIMIT 1) IS NOT NULL THEN
-        PERFORM queen.wake_group(p_partition, p_group);
-    END IF;
+    PERFORM queen.send_wakes(ARRAY(
+        SELECT w FROM queen.group_wakes(p_partition, p_group, p_after) w));
 END
 $$;
 
