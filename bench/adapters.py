@@ -40,7 +40,8 @@ class QueenClient:
     """Queen over HTTP/1.1 keep-alive (bench.http1: a client that costs the machine little).
 
     A consumer acks each batch and pops the next in one request (an ack batch's "next", as
-    the SDK's consumers do), and pop() hands out what that brought before it asks again;
+    the SDK's consumers do), naming each message's lease as the SDK does (its handles:
+    (transactionId, leaseId)), and pop() hands out what that brought before it asks again;
     system queen3 and the latency probe (which pushes between an ack and the next pop)
     send the pop and the ack each in a request of their own.
     """
@@ -58,7 +59,7 @@ class QueenClient:
         self._next_partition = int(spec.get("client_index", 0))
         self.paired = spec.get("system") == "queen" and spec.get("workload") != "latency"
         self._pop_size = 0  # the batch of the last pop: what an ack's next pop asks for
-        self._in_hand: list[str] = []  # what the last ack's next pop brought
+        self._in_hand: list[tuple[str, str | None]] = []  # what the last ack's next pop brought
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         try:
@@ -82,7 +83,7 @@ class QueenClient:
                 raise RuntimeError(f"push answered {status}: {body[:200]!r}")
         return n
 
-    def pop(self, n: int) -> list[str]:
+    def pop(self, n: int) -> list[tuple[str, str | None]]:
         self._pop_size = n
         if self._in_hand:
             handles, self._in_hand = self._in_hand, []
@@ -97,44 +98,48 @@ class QueenClient:
             raise EmptyPop
         if status != 200:
             raise RuntimeError(f"pop answered {status}: {body[:200]!r}")
-        return [m["transactionId"] for m in orjson.loads(body)["messages"]]
+        return _handles(body)
 
-    def ack(self, handles: list[str]) -> None:
+    def ack(self, handles: list[tuple[str, str | None]]) -> None:
         group = {"consumerGroup": self.group} if self.group else {}
         if self.paired:
             self._ack_and_pop(handles, group)
             return
-        if len(handles) == 1:
-            doc: dict[str, Any] = {"transactionId": handles[0], "status": "completed", **group}
+        acks = [{"transactionId": txid, "status": "completed", "leaseId": lease, **group}
+                for txid, lease in handles]
+        if len(acks) == 1:
+            doc: dict[str, Any] = acks[0]
             path = "/api/v1/ack"
         else:
-            doc = {
-                "acknowledgments": [
-                    {"transactionId": h, "status": "completed", **group} for h in handles
-                ]
-            }
+            doc = {"acknowledgments": acks}
             path = "/api/v1/ack/batch"
         status, body = self._request("POST", path, orjson.dumps(doc))
         if status != 200:
             raise RuntimeError(f"ack answered {status}: {body[:200]!r}")
 
-    def _ack_and_pop(self, handles: list[str], group: dict[str, str]) -> None:
+    def _ack_and_pop(self, handles: list[tuple[str, str | None]], group: dict[str, str]) -> None:
         then: dict[str, Any] = {"queue": self.queue, "batch": self._pop_size or len(handles)}
         if self.group:
             then["consumerGroup"] = self.group
         if self.wait_ms:
             then.update(wait=True, timeout=self.wait_ms)
         doc = {
-            "acknowledgments": [{"transactionId": h, "status": "completed", **group} for h in handles],
+            "acknowledgments": [{"transactionId": txid, "status": "completed", "leaseId": lease,
+                                 **group} for txid, lease in handles],
             "next": then,
         }
         status, body = self._request("POST", "/api/v1/ack/batch", orjson.dumps(doc))
         if status != 200:
             raise RuntimeError(f"ack answered {status}: {body[:200]!r}")
-        self._in_hand = [m["transactionId"] for m in orjson.loads(body)["messages"]]
+        self._in_hand = _handles(body)
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _handles(body: bytes) -> list[tuple[str, str | None]]:
+    """(transactionId, leaseId) of each message a pop answered."""
+    return [(m["transactionId"], m.get("leaseId")) for m in orjson.loads(body)["messages"]]
 
 
 # --------------------------------------------------------------------------- Queen's SQL, no HTTP

@@ -7,9 +7,9 @@ backends forked later inherit it. The server and the load generators stay outsid
 quota, not the request tier, bounds the rates. Root is needed to make the group; where it
 cannot be made the phase is skipped with the reason (`unavailable`).
 
-`PgMeter` reads, at a window's edges: the group's CPU time, the cluster's commits and tuples
-fetched (pg_stat_database), its statements (pg_stat_statements, when preloaded) and the
-group's throttled periods. Backends report their database counters at most once a second,
+`PgMeter` reads, at a window's edges: the group's CPU time, and each of its processes'
+by role (`by_role`), the cluster's commits and tuples fetched (pg_stat_database), its
+statements (pg_stat_statements, when preloaded) and the group's throttled periods. Backends report their database counters at most once a second,
 so over a window of several seconds those two are good to a few percent; CPU time,
 statements and WAL (the runner's own meter) are exact.
 """
@@ -155,13 +155,44 @@ SELECT schemaname || '.' || relname,
 FROM pg_stat_user_tables
 """
 TOP_STATEMENTS = 6
+# What each of the cluster's processes is: a client backend by its application name (Queen's
+# pool "queen", its listener, its maintenance; the bench's own meter), any other by its type.
+ROLES = """
+SELECT pid, CASE WHEN backend_type <> 'client backend' THEN backend_type
+                 WHEN application_name LIKE 'queen-maintenance%' THEN 'queen-maintenance'
+                 ELSE coalesce(nullif(application_name, ''), 'client') END
+FROM pg_stat_activity
+"""
+METER_NAME = "bench-meter"
+EXITED = "exited in the window"
+
+
+def backend_ns(pid: int) -> int | None:
+    """CPU time a process has used (ns, /proc/<pid>/schedstat); None once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def by_role(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+            total_s: float) -> dict[str, float]:
+    """CPU seconds a role's processes used between two readings of (role, ns) by pid: a
+    process first seen in the second counts whole (it started in the window); what the
+    group used beyond the processes still there at the end went to those that exited."""
+    spent: dict[str, float] = {}
+    for pid, (role, ns) in after.items():
+        start = before.get(pid, (role, 0))[1]
+        spent[role] = spent.get(role, 0.0) + max(0, ns - start) / 1e9
+    spent[EXITED] = max(0.0, total_s - sum(spent.values()))
+    return spent
 
 
 class PgMeter:
     """What the cluster did over a window: read() at each edge, then per_message(n)."""
 
     def __init__(self, dsn: str, quota: CpuQuota | None) -> None:
-        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.conn = psycopg.connect(dsn, autocommit=True, application_name=METER_NAME)
         self.quota = quota
         self.statements = bool(
             self.conn.execute(
@@ -171,13 +202,14 @@ class PgMeter:
         self.edges: list[dict[str, float]] = []
         self.statement_edges: list[dict[int, tuple[int, float, int, str]]] = []
         self.table_edges: list[dict[str, int]] = []
+        self.process_edges: list[dict[int, tuple[str, int]]] = []
         # One connection per database, opened before the window: table statistics are
         # per database.
         names = [r[0] for r in self.conn.execute(
             "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate")]
         self.db_conns = {
             name: psycopg.connect(psycopg.conninfo.make_conninfo(dsn, dbname=name),
-                                  autocommit=True)
+                                  autocommit=True, application_name=METER_NAME)
             for name in names
         }
 
@@ -194,6 +226,7 @@ class PgMeter:
             )
         self.table_edges.append(self._tables())
         if self.quota is not None:
+            self.process_edges.append(self._processes(self.quota.pids()))
             edge["cpu_s"] = self.quota.usage_s()
             edge["periods"], edge["throttled"] = self.quota.throttled()
         self.edges.append(edge)
@@ -217,6 +250,13 @@ class PgMeter:
             out["pg_cores"] = delta["cpu_s"] / seconds if seconds else 0.0
             periods = delta["periods"]
             out["pg_throttled_share"] = delta["throttled"] / periods if periods else 0.0
+        if "cpu_s" in delta and len(self.process_edges) == 2:
+            first, last = self.process_edges
+            spent = by_role(first, last, delta["cpu_s"])
+            out["pg_cpu_us_per_msg_by_role"] = {
+                role: round(s * 1e6 / per, 1)
+                for role, s in sorted(spent.items(), key=lambda kv: -kv[1])
+            }
         if len(self.statement_edges) == 2:
             out["pg_top_statements"] = self._top(per)
         if len(self.table_edges) == 2:
@@ -226,6 +266,17 @@ class PgMeter:
                 k: round(v, 2) for k, v in sorted(reads.items(), key=lambda kv: -kv[1]) if v > 0
             }
         return out
+
+    def _processes(self, pids: list[int]) -> dict[int, tuple[str, int]]:
+        """(role, CPU ns) of each of the group's processes now; the postmaster is not in
+        pg_stat_activity."""
+        roles = {int(pid): role for pid, role in self.conn.execute(ROLES)}
+        found: dict[int, tuple[str, int]] = {}
+        for pid in pids:
+            ns = backend_ns(pid)
+            if ns is not None:
+                found[pid] = (roles.get(pid, "postmaster"), ns)
+        return found
 
     def _tables(self) -> dict[str, int]:
         """Tuples read so far per table, of every database."""

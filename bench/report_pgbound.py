@@ -164,6 +164,7 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
             f" | {fmt(_value(r, 'pg_cores'), 2)} | {fmt(_value(r, 'pg_throttled_share'), 2)}"
             f" | {fmt(_value(r.get('cpu'), 'idle'), 2)} |"
         )
+    out += _by_role(shown)
     counted = [r for r in shown if r.get("server")]
     if counted:
         out += [
@@ -208,6 +209,34 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
             tables = list(r.get("pg_tuples_read_per_msg_by_table", {}).items())[:5]
             listed = ", ".join(f"{name.split(':', 1)[-1]} {fmt(v, 1)}" for name, v in tables)
             out.append(f"| {r['case']} | {listed or '–'} |")
+    return out
+
+
+def _by_role(shown: list[dict[str, Any]]) -> list[str]:
+    """PostgreSQL's CPU a message by the role of the process that spent it."""
+    rows = [r for r in shown if r.get("pg_cpu_us_per_msg_by_role")]
+    if not rows:
+        return []
+    totals: dict[str, float] = {}
+    for r in rows:
+        for role, us in r["pg_cpu_us_per_msg_by_role"].items():
+            totals[role] = totals.get(role, 0.0) + us
+    roles = sorted(totals, key=lambda role: -totals[role])
+    out = [
+        "",
+        "Where that CPU went, µs a message by process (/proc/<pid>/schedstat at the "
+        "window's edges): client backends by application name (queen: the server's pool; "
+        "client: the baselines' load connections; bench-meter: these readings), the others "
+        "by type; exited: what processes that ended in the window used (autovacuum workers, "
+        "mostly).",
+        "",
+        "| case | " + " | ".join(roles) + " |",
+        "|---|" + "---:|" * len(roles),
+    ]
+    for r in rows:
+        spent = r["pg_cpu_us_per_msg_by_role"]
+        out.append(f"| {r['case']} | "
+                   + " | ".join(fmt(spent.get(role, 0.0), 1) for role in roles) + " |")
     return out
 
 

@@ -1,5 +1,5 @@
-"""What the server's one-statement push and ack save PostgreSQL against the functions
-they go before, call by call in one session.
+"""What the server's one-statement push and acks save PostgreSQL against what they go
+before, call by call in one session.
 
     python -m bench.experiments.paired_calls [--dsn DSN | --cluster] [--batch 1]
         [--cycles 600] [--runs 3]
@@ -8,8 +8,8 @@ A fresh database migrated by `queen migrate`'s code holds one queue of 8 partiti
 50,000 messages in them, ANALYZEd (as maintenance leaves a table that grew).
 One session, with the server's settings, pushes --batch items without transactionIds
 into a partition at a time, by `push_new` and by `push` (queen.push_batch) in turn;
-then pops --batch by queue (`pop_one`) and acks the lease as popped, by `ack_whole`
-and by `ack` (queen.ack_items) in turn. Alternating call by call, the two of a pair see
+then pops --batch by queue (`pop_one`) and acks the lease as popped, by `ack_lease`,
+`ack_whole` and `ack` (queen.ack_items) in turn. Alternating call by call, the two of a pair see
 the same machine and the same tables. Reported: the median CPU time the session's
 backend spent a call (/proc/<pid>/schedstat: parameters, execution and commit), each
 run's and their median, the first 20 calls of each left out (plans being made).
@@ -28,11 +28,12 @@ from psycopg.types.string import TextLoader
 from bench.experiments import add_server_arguments, migrated_database
 from bench.experiments.server_calls import BackendCpu, pop_params
 from queen.store.db import QUERIES
-from queen.store.messages import ack_columns
+from queen.store.messages import ack_columns, ack_lease_params
 
 DB_NAME = "queen_bench_paired_calls"
 PARTITIONS = 8
-PAIRS = (("push_new", "push"), ("ack_whole", "ack"))
+PAIRS = (("push_new", "push"), ("ack_whole", "ack"), ("ack_lease", "ack_whole"))
+ACKS = ("ack_lease", "ack_whole", "ack")  # taken in turn
 WARM = 20  # calls of each statement left out: the driver prepares it, five custom plans
 SEEDED = 50_000  # messages pushed and ANALYZEd before the runs
 
@@ -40,7 +41,7 @@ SEEDED = 50_000  # messages pushed and ANALYZEd before the runs
 def run(conn: psycopg.Connection[Any], batch: int, cycles: int) -> dict[str, float]:
     """One run: pushes, then pops and acks, the statements of each pair in turn."""
     cpu = BackendCpu(conn)
-    for n in range(cycles * 2):
+    for n in range(cycles * len(ACKS)):  # (as many pushed as the acks below take)
         items = [{"queue": "bench", "partition": f"p{n % PARTITIONS}", "payload": {"n": k}}
                  for k in range(batch)]
         name = PAIRS[0][n % 2]
@@ -49,13 +50,14 @@ def run(conn: psycopg.Connection[Any], batch: int, cycles: int) -> dict[str, flo
             rows = conn.execute(QUERIES[name], params).fetchall()
         if name == "push_new" and not rows[0][0]:
             raise SystemExit("push_new stored nothing")
-    for n in range(cycles * 2):
+    for n in range(cycles * len(ACKS)):
         rows = conn.execute(QUERIES["pop_one"], pop_params(batch)).fetchall()
         lease = str(rows[0][11])
         acks = [{"transactionId": r[2], "status": "completed", "leaseId": lease} for r in rows]
-        name = PAIRS[1][n % 2]
+        name = ACKS[n % len(ACKS)]
+        params = ack_lease_params(acks) if name == "ack_lease" else ack_columns(acks)
         with cpu.call(name):
-            conn.execute(QUERIES[name], ack_columns(acks)).fetchall()
+            conn.execute(QUERIES[name], params).fetchall()
     return {name: statistics.median(cpu.spent[name][WARM:]) / 1000
             for pair in PAIRS for name in pair}
 
@@ -63,7 +65,8 @@ def run(conn: psycopg.Connection[Any], batch: int, cycles: int) -> dict[str, flo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.experiments.paired_calls")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--cycles", type=int, default=600, help="calls of each statement a run")
+    parser.add_argument("--cycles", type=int, default=600,
+                        help="calls of each ack statement a run (of each push, 1.5 times that)")
     parser.add_argument("--runs", type=int, default=3)
     add_server_arguments(parser)
     args = parser.parse_args(argv)
@@ -83,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run {number}/{args.runs}: " + ", ".join(
                     f"{name} {us:.0f} us" for name, us in runs[-1].items()), flush=True)
         print(f"\n{server}")
-    print(f"batch {args.batch}, {args.cycles} calls of each a run; the backend's CPU µs a call"
+    print(f"batch {args.batch}, {args.cycles} acks of each statement a run; the backend's CPU µs a call"
           " (median of the calls; each run's, then the median of the runs)")
-    print("| statement | the function it goes before | one statement | function | saved |\n"
+    print("| statement | what it goes before | the statement | that | saved |\n"
           "|---|---|---:|---:|---:|")
     for one, function in PAIRS:
         a = statistics.median(r[one] for r in runs)

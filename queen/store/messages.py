@@ -415,8 +415,13 @@ class Messages:
         tried = [requests[k] for k in whole]
         acks = tried[0] if len(tried) == 1 else [a for r in tried for a in r]
         try:
-            columns = ack_columns(acks, [len(r) for r in tried])
-            ((fit, wakes, at),) = self.db.fetch("ack_whole", columns)
+            if len(requests) == 1 and (params := ack_lease_params(acks)) is not None:
+                ((fit, wakes, at),) = self.db.fetch("ack_lease", params)
+                if not fit:  # (not that lease whole as popped: no other statement ends it)
+                    return self._ack_items(requests)
+            else:
+                columns = ack_columns(acks, [len(r) for r in tried])
+                ((fit, wakes, at),) = self.db.fetch("ack_whole", columns)
         except InvalidInput:
             if len(requests) == 1:
                 raise
@@ -495,6 +500,19 @@ def ack_columns(
         "sizes": "{" + ",".join(str(n) for n in sizes) + "}",
         "per_request": per_request,
     }
+
+
+def ack_lease_params(acks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The parameters of ack_lease for one request's acknowledgments, all completed, when
+    they name one leaseId and one consumer group; else None."""
+    lease, group = acks[0].get("leaseId"), acks[0].get("consumerGroup")
+    if lease is None or any(
+        a.get("leaseId") != lease or a.get("consumerGroup") != group for a in acks
+    ):
+        return None
+    txids = [a["transactionId"] for a in acks]
+    return {"lease": lease, "grp": QUEUE_MODE if group is None else group, "size": len(txids),
+            "joined": "\x1f".join(txids), "first": txids[0]}
 
 
 def _disjoint(requests: list[list[dict[str, Any]]]) -> list[list[list[dict[str, Any]]]]:

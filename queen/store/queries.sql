@@ -181,6 +181,36 @@ SELECT (SELECT array_agg(e.k ORDER BY e.k) FROM ended e) AS fit,
        now() AS acknowledged_at
 FROM (SELECT set_config('synchronous_commit', 'off', true)) setting
 
+-- ack_lease: the most common ack, one request completing every message of the live lease it names, as popped (joined: its transactionIds joined by U+001F in delivery order; first: the first of them; size: how many; lease: its leaseId; grp: its consumer group, '__queue__' for queue mode): ends that lease and writes its completion, as ack_whole does (for a call of several requests, or without a leaseId); fit: {1} when it did, else empty (the request goes to ack); wakes: the wake-ups to send once committed (notify_wakes) --
+-- One UPDATE of the group's consumer row in the first message's partition (a probe of
+-- its key, as ack_whole's), its checks in its WHERE as ack_whole's: none of the steps per
+-- request that a call of several needs materialized (what that saves: docs/PERFORMANCE.md).
+WITH ended AS (
+    UPDATE queen.consumers x SET
+        cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
+        lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
+        lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
+    FROM (SELECT m.partition_id, m.id FROM queen.messages m
+          WHERE m.transaction_id = %(first)s::text LIMIT 1) f
+    WHERE x.partition_id = f.partition_id AND x.consumer_group = %(grp)s::text
+      AND x.lease_id = %(lease)s::uuid
+      AND x.lease_size = %(size)s::integer
+      AND x.lease_digest = hashtextextended(%(joined)s::text, 0)
+      AND cardinality(x.lease_acked) = 0 AND cardinality(x.done_ids) = 0
+      AND x.retried_max <= x.cursor_id
+    RETURNING x.partition_id, x.consumer_group, x.cursor_id, f.id AS first_id
+), done AS (
+    INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
+    SELECT e.partition_id, e.consumer_group, e.first_id, e.cursor_id, %(size)s::integer
+    FROM ended e
+)
+SELECT ARRAY(SELECT 1 FROM ended) AS fit,
+       (SELECT array_agg(w) FROM ended e
+        CROSS JOIN LATERAL queen.group_wakes(e.partition_id, e.consumer_group, e.cursor_id) w)
+         AS wakes,
+       now() AS acknowledged_at
+FROM (SELECT set_config('synchronous_commit', 'off', true)) setting
+
 -- ack: acknowledge a batch (its items as parallel arrays: ack_columns; sizes: how many are each request's; per_request: the arrays but the transactionIds hold one value a request), one row per acknowledgment in request order (reason: why it changed nothing), or one row of position 0 when every item completed a whole lease (each item's made from it: Messages); the first carries the wake-ups to send once committed (notify_wakes) --
 SELECT idx, transaction_id, status, retry_count, acknowledged_at, reason, wakes
 FROM queen.ack_items(%(txids)s::text[], %(groups)s::text[], %(statuses)s::text[],

@@ -19,7 +19,7 @@ import pytest
 
 from queen.store import Store, lifecycle
 from queen.store.db import QUERIES, Database
-from queen.store.messages import ack_columns
+from queen.store.messages import ack_columns, ack_lease_params
 from tests import storage
 from tests.integration.helpers import ack, ack_all, data, pop, push, rows, scalar
 
@@ -573,17 +573,21 @@ def test_an_ack_racing_an_operator_change_decides_on_what_was_committed(
         ("delete", None, ["not_found", "completed"], [("r1", "completed")]),
         ("expire", None, ["dead_letter", "dead_letter"],
          [("r0", "dead_letter"), ("r1", "dead_letter")]),
-        ("give back", None, ["not_leased", "not_leased"], [("r0", "pending"), ("r1", "pending")]),
+        # (the acks name the lease popped, which is no longer live)
+        ("give back", None, ["lease_expired", "lease_expired"],
+         [("r0", "pending"), ("r1", "pending")]),
     ],
 )
+@pytest.mark.parametrize("statement", ["ack_whole", "ack_lease"])
 def test_a_whole_lease_ack_racing_an_operator_change_checks_the_row_as_committed(
     db_dsn: str, change: str, fit: list[int] | None, answers: list[str],
-    final: list[tuple[str, str]],
+    final: list[tuple[str, str]], statement: str,
 ) -> None:
-    """The server's one-statement ack of a whole lease (ack_whole) checks the lease in its
-    UPDATE: when another transaction holds the consumer row, the ack waits for it and
-    checks the row as that transaction left it; what it did not end, the server's ack
-    (queen.ack_items) then decides item by item."""
+    """The server's one-statement acks of a whole lease (ack_whole; ack_lease, for one
+    request naming its lease) check the lease in their UPDATE: when another transaction
+    holds the consumer row, the ack waits for it and checks the row as that transaction
+    left it; what it did not end, the server's ack (queen.ack_items) then decides item by
+    item."""
     app = "queen-race-whole"
     results: list[Any] = []
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -607,12 +611,14 @@ def test_a_whole_lease_ack_racing_an_operator_change_checks_the_row_as_committed
                                  (leased[0].lease_id,)).fetchone() == (2,)
 
         def acker() -> None:
-            columns = ack_columns([{"transactionId": f"r{n}", "status": "completed"}
-                                   for n in range(2)])
+            acks = [{"transactionId": f"r{n}", "status": "completed",
+                     "leaseId": str(leased[0].lease_id)} for n in range(2)]
+            columns = ack_columns(acks)
+            params = columns if statement == "ack_whole" else ack_lease_params(acks)
             with psycopg.connect(db_dsn, autocommit=True, application_name=app) as conn:
-                ((ended, _, _),) = conn.execute(QUERIES["ack_whole"], columns).fetchall()
-                results.append(ended)
-                if ended is None:
+                ((ended, _, _),) = conn.execute(QUERIES[statement], params).fetchall()
+                results.append(ended or None)
+                if not ended:
                     results.append([r[2] for r in conn.execute(QUERIES["ack"], columns)])
 
         thread = threading.Thread(target=acker)

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from queen.store.db import QUERIES
-from queen.store.messages import ack_columns
+from queen.store.messages import ack_columns, ack_lease_params
 from tests.integration.test_query_plans import pop_params, pops_param
 
 CALLS = (
@@ -55,10 +55,12 @@ def round_of_calls(conn: psycopg.Connection[Any]) -> None:
         if row[11] is not None:
             leases.append((str(row[11]), []))
         leases[-1][1].append(row[2])
-    *rest, whole, items = leases
-    for name, (lease, txids) in (("ack_whole", whole), ("ack", items)):
+    *rest, lone, whole, items = leases
+    for name, (lease, txids) in (("ack_lease", lone), ("ack_whole", whole), ("ack", items)):
         acks = [{"transactionId": t, "status": "completed", "leaseId": lease} for t in txids]
-        conn.execute(QUERIES[name], ack_columns(acks)).fetchall()
+        params = ack_lease_params(acks) if name == "ack_lease" else ack_columns(acks)
+        ((fit, *_),) = conn.execute(QUERIES[name], params).fetchall()[:1]
+        assert name == "ack" or fit == [1]
     for lease, txids in rest:
         acks = [{"transactionId": t, "status": "failed", "error": "x", "leaseId": lease}
                 for t in txids]

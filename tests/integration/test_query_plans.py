@@ -25,7 +25,7 @@ import pytest
 
 from queen.store import lifecycle
 from queen.store.db import QUERIES
-from queen.store.messages import ack_columns
+from queen.store.messages import ack_columns, ack_lease_params
 
 PARTITIONS = 8
 CONSUMED = 20_000  # per partition, queue mode's cursor past them
@@ -158,11 +158,12 @@ def pops_param(*pops: dict[str, Any]) -> dict[str, Any]:
     return {"pops": orjson.dumps(pops).decode()}
 
 
-def ack_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """Acks of one pop's rows (its lease is named on its first row only)."""
+def ack_params(rows: list[tuple[Any, ...]], statement: str = "ack") -> dict[str, Any]:
+    """Acks of one pop's rows (its lease is named on its first row only), as the
+    statement takes them (ack_lease's, or the columns of the others)."""
     lease = str(rows[0][11])
-    return ack_columns([{"transactionId": r[2], "status": "completed", "leaseId": lease}
-                        for r in rows])
+    acks = [{"transactionId": r[2], "status": "completed", "leaseId": lease} for r in rows]
+    return (ack_lease_params(acks) or {}) if statement == "ack_lease" else ack_columns(acks)
 
 
 def test_the_seed_is_what_the_plans_are_measured_against(seeded: str) -> None:
@@ -331,11 +332,19 @@ def test_pop_by_queue_reads_a_bounded_number_of_partitions(wide: str) -> None:
 
 
 
-def test_the_whole_lease_ack_reads_its_own_rows_and_keeps_a_generic_plan(wide: str) -> None:
+@pytest.mark.parametrize(("statement", "marker"), [
+    ("ack_whole", "x.lease_digest = t.digest"),
+    ("ack_lease", "x.lease_digest = hashtextextended("),
+])
+def test_the_whole_lease_ack_reads_its_own_rows_and_keeps_a_generic_plan(
+    wide: str, statement: str, marker: str,
+) -> None:
     """ack_whole, a statement of its own rather than a function, probes each request's
-    first message and consumer row by key and updates the row by its ctid: with a cursor
-    row for every one of the queue's partitions, no node reads the others. Once the driver
-    has prepared it, PostgreSQL keeps one generic plan for it (no planning each call)."""
+    first message and consumer row by key and updates the row by its ctid; ack_lease
+    probes the first message and updates the group's row in its partition: with
+    a cursor row for every one of the queue's partitions, no node reads the others. Once
+    the driver has prepared one, PostgreSQL keeps one generic plan for it (no planning
+    each call)."""
     with psycopg.connect(wide, autocommit=True) as conn:
         lifecycle.seek(conn, "big", lifecycle.QUEUE_MODE, "beginning")  # WIDE cursor rows
     explained = Explained(wide)
@@ -343,12 +352,12 @@ def test_the_whole_lease_ack_reads_its_own_rows_and_keeps_a_generic_plan(wide: s
         for n in range(RUNS + 6):  # (prepared at its sixth run, then five custom plans)
             rows, _ = explained.run("pop_one", pop_params(kind="partition", partition=f"p{n}",
                                                           batch=1))
-            ((fit, _, at),), plans = explained.run("ack_whole", ack_params(rows))
+            ((fit, _, at),), plans = explained.run(statement, ack_params(rows, statement))
             assert fit == [1] and at is not None
-        check("ack_whole over many cursor rows", plans)
+        check(f"{statement} over many cursor rows", plans)
         (kept,) = explained.conn.execute(
-            "SELECT generic_plans FROM pg_prepared_statements"
-            " WHERE statement LIKE '%%x.lease_digest = t.digest%%'").fetchone()
+            "SELECT generic_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+            (f"%{marker}%",)).fetchone()
         assert kept >= 1
     finally:
         explained.close()

@@ -66,15 +66,18 @@ def acks(popped: list[Any], status: str = "completed") -> list[dict[str, Any]]:
 def test_an_ack_of_a_whole_lease_is_one_statement_and_any_other_goes_item_by_item(
     store: Any,
 ) -> None:
-    push(store, [{"queue": "w", "partition": p, "payload": n} for p in "ab" for n in range(2)])
-    a = store.messages.pop(PopRoute(queue="w", partition="a"), 2, "w")
-    b = store.messages.pop(PopRoute(queue="w", partition="b"), 2, "w")
+    push(store, [{"queue": "w", "partition": p, "payload": n} for p in "abc" for n in range(2)])
+    a, b, c = (store.messages.pop(PopRoute(queue="w", partition=p), 2, "w") for p in "abc")
     seen = counting(store)
     assert [r.status for r in store.messages.ack(acks(a))] == ["completed"] * 2
-    assert [s[0] for s in seen] == ["ack_whole"]
+    assert [s[0] for s in seen] == ["ack_lease"]  # one request naming its lease
+    del seen[:]
+    unnamed = [{**ack, "leaseId": None} for ack in acks(c)]
+    assert [r.status for r in store.messages.ack(unnamed)] == ["completed"] * 2
+    assert [s[0] for s in seen] == ["ack_whole"]  # no leaseId: found by its messages
     del seen[:]
     assert [r.status for r in store.messages.ack(acks(b[:1]))] == ["completed"]  # half of it
-    assert [s[0] for s in seen] == ["ack_whole", "ack"]
+    assert [s[0] for s in seen] == ["ack_lease", "ack"]
     del seen[:]
     assert [r.status for r in store.messages.ack(acks(b[1:], "failed"))] == ["retry_scheduled"]
     assert [s[0] for s in seen] == ["ack"]
@@ -105,7 +108,7 @@ def test_fused_acks_end_the_whole_leases_at_once_and_decide_the_rest_item_by_ite
     ]
     assert all(r.acknowledged_at is not None for r in outcomes[0])
     # The first call held alone, then the three behind it: whole leases first, then the rest.
-    assert [s[0] for s in seen if s[0].startswith("ack")] == ["ack_whole", "ack_whole", "ack"]
+    assert [s[0] for s in seen if s[0].startswith("ack")] == ["ack_lease", "ack_whole", "ack"]
     # a's lease ended with its cursor past it, c's first message is back for a retry.
     assert fstore.messages.pop(PopRoute(queue="m", partition="p0"), 2, "w") == []
     (retried,) = fstore.messages.pop(PopRoute(queue="m", partition="p2"), 2, "w")

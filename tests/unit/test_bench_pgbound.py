@@ -4,9 +4,11 @@ place in a report."""
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,11 +82,13 @@ RESULTS = [
     window("queen", "e2e", 100, 30_000, wal_bytes_per_msg=400, pg_tuples_fetched_per_msg=2.5,
            counts={"pushed": 150_000, "acked": 150_000},
            pg_cpu_us_per_msg=15.0, pg_cores=0.5, pg_throttled_share=0.98,
+           pg_cpu_us_per_msg_by_role={"queen": 11.0, "autovacuum worker": 2.5, "walwriter": 1.5},
            pg_top_statements=[{"query": "SELECT x.pop FROM queen.pop_many($1)",
                                "calls_per_msg": 0.01, "exec_us_per_msg": 6.5}],
            server={"statements_per_msg": 0.061, "commits_per_msg": 0.07,
                    "requests_per_call": {"push": 1.5, "pop": 2.25}}),
     window("raw", "e2e", 100, 12_000, wal_bytes_per_msg=1_000, pg_cpu_us_per_msg=40.0,
+           pg_cpu_us_per_msg_by_role={"client": 38.0, "walwriter": 2.0},
            counts={"pushed": 90_000, "acked": 60_000}),
     window("minimal", "e2e", 100, 32_000, wal_bytes_per_msg=380),
     window("queen", "push", 1, 1_000),
@@ -143,3 +147,29 @@ def test_top_statements_are_the_window_s_busiest_per_message():
     assert top[0] == {
         "query": "pop", "calls_per_msg": 0.5, "exec_us_per_msg": 400.0, "blocks_per_msg": 5.0
     }
+
+
+def test_cpu_by_role_counts_new_processes_whole_and_the_rest_as_exited():
+    before = {10: ("queen", 1_000_000_000), 11: ("walwriter", 0), 12: ("queen", 500_000_000)}
+    after = {10: ("queen", 1_600_000_000), 11: ("walwriter", 100_000_000),
+             13: ("autovacuum worker", 200_000_000)}  # 12 exited, 13 started
+    spent = pgquota.by_role(before, after, total_s=1.0)
+    assert spent == pytest.approx(
+        {"queen": 0.6, "walwriter": 0.1, "autovacuum worker": 0.2, pgquota.EXITED: 0.1})
+
+
+def test_a_report_shows_where_each_case_s_cpu_went_by_role():
+    text = report.markdown("t", RESULTS, {"pg_quota": {"cpus": 0.5, "period_ms": 20.0}})
+    assert "| case | client | queen | walwriter | autovacuum worker |" in text  # costliest first
+    assert "| queen/e2e/b100 | 0.0 | 11.0 | 1.5 | 2.5 |" in text
+    assert "| raw/e2e/b100 | 38.0 | 0.0 | 2.0 | 0.0 |" in text
+
+
+@pytest.mark.skipif(not (Path("/proc/self/schedstat").exists()), reason="no schedstat")
+def test_a_process_s_cpu_is_read_in_nanoseconds():
+    spinning = pgquota.backend_ns(os.getpid())
+    deadline = time.monotonic() + 0.05
+    while time.monotonic() < deadline:
+        pass
+    assert spinning is not None and pgquota.backend_ns(os.getpid()) - spinning >= 20_000_000
+    assert pgquota.backend_ns(2**22 + 1) is None  # beyond any pid: gone
