@@ -164,7 +164,7 @@ SELECT pid, CASE WHEN backend_type <> 'client backend' THEN backend_type
 FROM pg_stat_activity
 """
 METER_NAME = "bench-meter"
-EXITED = "exited in the window"
+EXITED = "exited"
 
 
 def backend_ns(pid: int) -> int | None:

@@ -227,8 +227,9 @@ def _by_role(shown: list[dict[str, Any]]) -> list[str]:
         "Where that CPU went, µs a message by process (/proc/<pid>/schedstat at the "
         "window's edges): client backends by application name (queen: the server's pool; "
         "client: the baselines' load connections; bench-meter: these readings), the others "
-        "by type; exited: what processes that ended in the window used (autovacuum workers, "
-        "mostly).",
+        "by type; exited: what processes that ended before the window's last reading used "
+        "(the baselines' load connections, closed as their clients end; autovacuum "
+        "workers).",
         "",
         "| case | " + " | ".join(roles) + " |",
         "|---|" + "---:|" * len(roles),
