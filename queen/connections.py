@@ -76,6 +76,7 @@ class Registry:
         self._heading: dict[Any, float] = {}  # for the rest of the headers
         self._evicted: set[Any] = set()  # closed to make room, not yet gone
         self._sweeper: Any = None  # the greenlet, started with the first request
+        self.closing = False  # the worker is stopping: no connection waits for a request
 
     def admit(self) -> bool:
         """Take a new connection, closing the one idle longest if at the cap."""
@@ -99,7 +100,10 @@ class Registry:
             self.open -= 1
 
     def read_request_line(self, conn: Any, read: Callable[[], bytes]) -> bytes:
-        """Wait up to idle_s for a request line; b"" (close) when none came."""
+        """Wait up to idle_s for a request line; b"" (close) when none came, and at once
+        once the worker is closing."""
+        if self.closing:
+            return b""
         if self._sweeper is None:
             self._sweeper = gevent.spawn(self._sweep_forever)
         idle = self._idle
@@ -131,6 +135,18 @@ class Registry:
 
     def _late(self) -> HeaderTimeout:
         return HeaderTimeout(f"request headers took longer than {self.limits.header_s:g} s")
+
+    def close_idle(self) -> int:
+        """The worker is stopping: end every connection waiting for a request (kept alive
+        between requests), and each that comes to wait after its answer, so that the worker
+        waits only for requests in flight, not for idle clients; how many were waiting.
+        (A request being read or handled is answered.)"""
+        self.closing = True
+        waiting = list(self._idle)
+        self._idle.clear()  # (in place: each waiting read holds this dict)
+        for conn in waiting:
+            _shutdown(getattr(conn, "socket", None))
+        return len(waiting)
 
     def sweep(self, now: float) -> int:
         """Cut the connections whose deadline is before now; how many were cut."""

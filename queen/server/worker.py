@@ -2,8 +2,9 @@
 
 - Each request's environ carries its client socket as `gunicorn.socket`, so a long
   poll can tell that its client has gone before it claims anything.
-- SIGTERM releases parked long polls (and dashboard sockets) at once instead of
-  letting them run into graceful_timeout.
+- SIGTERM releases parked long polls (and dashboard sockets) and closes connections
+  kept alive between requests at once, instead of letting them run into
+  graceful_timeout.
 - Request headers are parsed by queen.headers (the same result as gevent's parser,
   without the email package for the usual lines).
 - Client connections are bounded (queen.connections): idle keep-alive and slow headers
@@ -127,3 +128,5 @@ def _drain() -> None:
     from queen import wsgi
 
     wsgi.shutdown()
+    if _connections is not None:  # (kept-alive clients would hold it to graceful_timeout)
+        _connections.close_idle()

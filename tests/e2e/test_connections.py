@@ -150,3 +150,27 @@ def test_a_request_line_then_silence_is_cut_by_the_header_deadline(bounded: Serv
         assert time.monotonic() < deadline, "the late headers were not logged"
         time.sleep(0.1)
     assert "Traceback" not in log
+
+
+def test_a_stopping_worker_closes_kept_alive_connections_instead_of_waiting_for_them(
+    db_dsn: str,
+) -> None:
+    """A client keeping its connection open between requests (as load balancers and most
+    HTTP clients do) does not hold a stopping worker until graceful_timeout (10 s): the
+    worker closes it, and exits once the requests in flight are answered."""
+    srv = Server(db_dsn).start()
+    try:
+        with connect(srv) as sock:
+            sock.sendall(REQUEST)
+            answer = b""
+            while b"\r\n\r\n" not in answer:  # the answer's head; the connection stays open
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200")
+            assert srv.proc is not None
+            srv.proc.terminate()
+            started = time.monotonic()
+            read_all(sock)  # (its body, then the close)
+            assert srv.proc.wait(CLOSED_WITHIN) == 0
+            assert time.monotonic() - started < 8.0  # graceful_timeout is 10 s
+    finally:
+        srv.stop()

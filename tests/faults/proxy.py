@@ -105,4 +105,5 @@ class AnswerDropper(Proxy):
         for sock in (dst, src):  # the client gets a RST, not an answer
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.shutdown(socket.SHUT_RD)  # (wakes the other pipe's recv: as reset())
                 sock.close()

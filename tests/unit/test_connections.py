@@ -173,3 +173,21 @@ def test_evicting_to_make_room_closes_the_idle_connection(pairs) -> None:
 def test_the_sweep_interval_is_at_most_a_quarter_of_each_deadline() -> None:
     assert Limits(cap=1, idle_s=75, header_s=10).sweep_s == 1.0
     assert Limits(cap=1, idle_s=75, header_s=2).sweep_s == 0.5
+
+
+def test_closing_ends_the_connections_waiting_for_a_request_and_any_that_come_to_wait(
+    pairs,
+) -> None:
+    reg = registry()
+    waiting, peer = pair(pairs)
+    heading, _ = pair(pairs)
+    later, _ = pair(pairs)
+    waiter = wait_line(reg, waiting)
+    reg._heading[heading] = LATER  # (a request whose headers are being read)
+    assert reg.close_idle() == 1
+    assert waiter.get(timeout=WAIT_S) == b""
+    assert peer.recv(64) == b""
+    assert heading in reg._heading  # a request in flight is left to be answered
+    started = time.monotonic()
+    assert reg.read_request_line(later, lambda: later.rfile.readline(65536)) == b""
+    assert time.monotonic() - started < WAIT_S  # at once, not after idle_s (60 s)
