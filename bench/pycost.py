@@ -62,7 +62,7 @@ class Driver:
 
     def __init__(self, client: falcon.testing.TestClient) -> None:
         self.client = client
-        self.handles: list[str] = []
+        self.handles: list[tuple[str, str]] = []  # (transactionId, leaseId), as the SDK acks
 
     def push(self, n: int) -> int:
         resp = self.client.simulate_post(
@@ -74,11 +74,13 @@ class Driver:
     def pop(self, n: int) -> int:
         resp = self.client.simulate_get(f"/api/v1/pop/queue/{adapters.QUEUE}?batch={n}")
         assert resp.status_code == 200, resp.text[:200]
-        self.handles = [m["transactionId"] for m in orjson.loads(resp.content)["messages"]]
+        self.handles = [(m["transactionId"], m["leaseId"])
+                        for m in orjson.loads(resp.content)["messages"]]
         return len(self.handles)
 
     def ack(self) -> int:
-        acks = [{"transactionId": t, "status": "completed"} for t in self.handles]
+        acks = [{"transactionId": t, "status": "completed", "leaseId": lease}
+                for t, lease in self.handles]
         body = orjson.dumps({"acknowledgments": acks})
         resp = self.client.simulate_post(
             "/api/v1/ack/batch", body=body, content_type="application/json"
@@ -177,7 +179,7 @@ def http_load(url: str, connections: int, spread: int, pipe: Connection) -> None
     """
     where = urlsplit(url)
     conns = [http.client.HTTPConnection(where.hostname, where.port) for _ in range(connections)]
-    popped: list[str] = []
+    popped: list[tuple[str, str]] = []
     pushed = 0
     while (job := pipe.recv()) is not None:
         operation, count = job
@@ -185,8 +187,9 @@ def http_load(url: str, connections: int, spread: int, pipe: Connection) -> None
         if operation == "push":
             pushed += count
         elif operation == "ack":
-            tasks = [
-                orjson.dumps({"transactionId": t, "status": "completed"}) for t in popped[:count]
+            tasks = [  # (each naming its lease, as the SDK's acks do)
+                orjson.dumps({"transactionId": t, "status": "completed", "leaseId": lease})
+                for t, lease in popped[:count]
             ]
             del popped[:count]
         load = LoadPhase(operation, tasks)
@@ -208,7 +211,7 @@ class LoadPhase:
         self.tasks = iter(tasks)
         self.lock = threading.Lock()
         self.statuses: collections.Counter[int] = collections.Counter()
-        self.popped: list[str] = []
+        self.popped: list[tuple[str, str]] = []  # (transactionId, leaseId)
 
     def drive(self, conn: http.client.HTTPConnection) -> None:
         while True:
@@ -232,7 +235,8 @@ class LoadPhase:
             with self.lock:
                 self.statuses[resp.status] += 1
                 if self.operation == "pop" and resp.status == 200:
-                    self.popped.extend(m["transactionId"] for m in orjson.loads(data)["messages"])
+                    self.popped.extend((m["transactionId"], m["leaseId"])
+                                       for m in orjson.loads(data)["messages"])
 
 
 class TreeServer:
