@@ -213,8 +213,10 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
 
 
 def _by_role(shown: list[dict[str, Any]]) -> list[str]:
-    """PostgreSQL's CPU a message by the role of the process that spent it."""
-    rows = [r for r in shown if r.get("pg_cpu_us_per_msg_by_role")]
+    """PostgreSQL's CPU a message by the role of the process that spent it, for Queen's
+    windows (a baseline's load connections close as its clients end, before the window's
+    last reading: they would show as exited)."""
+    rows = [r for r in shown if r["system"] == "queen" and r.get("pg_cpu_us_per_msg_by_role")]
     if not rows:
         return []
     totals: dict[str, float] = {}
@@ -224,12 +226,10 @@ def _by_role(shown: list[dict[str, Any]]) -> list[str]:
     roles = sorted(totals, key=lambda role: -totals[role])
     out = [
         "",
-        "Where that CPU went, µs a message by process (/proc/<pid>/schedstat at the "
+        "Where Queen's CPU went, µs a message by process (/proc/<pid>/schedstat at the "
         "window's edges): client backends by application name (queen: the server's pool; "
-        "client: the baselines' load connections; bench-meter: these readings), the others "
-        "by type; exited: what processes that ended before the window's last reading used "
-        "(the baselines' load connections, closed as their clients end; autovacuum "
-        "workers).",
+        "bench-meter: these readings), the others by type; exited: what processes that "
+        "ended before the window's last reading used (autovacuum workers, mostly).",
         "",
         "| case | " + " | ".join(roles) + " |",
         "|---|" + "---:|" * len(roles),
