@@ -33,12 +33,7 @@ BEGIN
         CROSS JOIN LATERAL (SELECT p.id FROM queen.partitions p
                             WHERE p.queue_id = q.id AND p.name = n.partition) p;
         IF cardinality(targets) = cardinality(names) THEN
-            PERFORM pg_advisory_xact_lock(queen.push_lock_key(t.partition_id))
-            FROM unnest(targets) t ORDER BY t.partition_id;
-            -- (A statement of its own: it sees a removal committed while it waited.)
-            IF (SELECT count(*) FROM queen.partitions p
-                WHERE p.id = ANY (ARRAY(SELECT t.partition_id FROM unnest(targets) t)))
-               = cardinality(targets) THEN
+            IF queen.push_locks(ARRAY(SELECT t.partition_id FROM unnest(targets) t)) THEN
                 RETURN targets;
             END IF;
         END IF;
@@ -53,11 +48,11 @@ BEGIN
 END
 $$;
 
--- Take the push locks of partitions p_partitions (queen.push_lock_key), in order, as
--- queen.push_targets does for the partitions it found: whether all of them are still
--- there once locked (a statement of its own, so it sees a removal committed while it
--- waited: queen.cleanup_partitions takes the same locks). The server's push of items
--- without transactionIds (query push_new) calls it from its one statement.
+-- Take the push locks of partitions p_partitions (queen.push_lock_key), in order:
+-- whether all of them are still there once locked (a statement of its own, so it sees a
+-- removal committed while it waited: queen.cleanup_partitions takes the same locks).
+-- queen.push_targets takes them so for the partitions it found, and the server's push of
+-- items without transactionIds (query push_new) from its one statement.
 CREATE OR REPLACE FUNCTION queen.push_locks(p_partitions uuid[]) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
