@@ -144,7 +144,7 @@ STATEMENTS = "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements"
 # Top-level statements (pg_stat_statements.track = top): a function call's time includes
 # what it runs, so each of Queen's entry points is one line.
 BY_STATEMENT = """
-SELECT queryid, calls, total_exec_time, shared_blks_hit + shared_blks_read,
+SELECT queryid, calls, total_exec_time, shared_blks_hit + shared_blks_read, rows,
        left(regexp_replace(regexp_replace(query, '^(\\s*--[^\\n]*\\n)+', ''), '\\s+', ' ', 'g'), 200)
 FROM pg_stat_statements WHERE queryid IS NOT NULL
 """
@@ -222,7 +222,7 @@ class PgMeter:
         if self.statements:
             (edge["statements"],) = self.conn.execute(STATEMENTS).fetchone() or (0,)
             self.statement_edges.append(
-                {r[0]: (r[1], r[2], r[3], r[4]) for r in self.conn.execute(BY_STATEMENT)}
+                {r[0]: tuple(r[1:]) for r in self.conn.execute(BY_STATEMENT)}
             )
         self.table_edges.append(self._tables())
         if self.quota is not None:
@@ -290,14 +290,15 @@ class PgMeter:
         """The statements that took most of the window's execution time, per message."""
         before, after = self.statement_edges
         rows: list[dict[str, Any]] = []
-        for queryid, (calls, ms, blocks, text) in after.items():
-            calls0, ms0, blocks0, _ = before.get(queryid, (0, 0.0, 0, text))
+        for queryid, (calls, ms, blocks, returned, text) in after.items():
+            calls0, ms0, blocks0, returned0, _ = before.get(queryid, (0, 0.0, 0, 0, text))
             if calls > calls0:
                 rows.append({
                     "query": text,
                     "calls_per_msg": (calls - calls0) / messages,
                     "exec_us_per_msg": (ms - ms0) * 1000 / messages,
                     "blocks_per_msg": (blocks - blocks0) / messages,
+                    "rows_per_call": (returned - returned0) / (calls - calls0),
                 })
         rows.sort(key=lambda r: -float(r["exec_us_per_msg"]))
         return rows[:TOP_STATEMENTS]

@@ -195,13 +195,14 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
             "included); then the tuples the whole cluster read a message, by table "
             "(maintenance included):",
             "",
-            "| case | statement | calls/msg | exec µs/msg | blocks/msg |",
-            "|---|---|---:|---:|---:|",
+            "| case | statement | calls/msg | rows/call | exec µs/msg | blocks/msg |",
+            "|---|---|---:|---:|---:|---:|",
         ]
         for r in top:
             for s in r["pg_top_statements"]:
                 text = s["query"].replace("|", "\\|")[:90]
                 out.append(f"| {r['case']} | `{text}` | {fmt(s['calls_per_msg'], 2)}"
+                           f" | {fmt(s.get('rows_per_call', math.nan), 1)}"
                            f" | {fmt(s['exec_us_per_msg'], 1)}"
                            f" | {fmt(s.get('blocks_per_msg', math.nan), 1)} |")
         out += ["", "| case | tuples read a message, by table |", "|---|---|"]

@@ -120,7 +120,7 @@ def test_a_report_shows_the_phase_first_and_keeps_it_out_of_the_whole_machine_ta
     assert "| queen/e2e/b100 | 30,000 | 1.00 | 15.0 | 2.5 | 400 |" in text
     assert "| raw/e2e/b100 | 12,000 | 1.50 | 40.0 |" in text  # producers ahead
     assert "| queen/push/b1 | 1,000 | – |" in text
-    assert "| queen/e2e/b100 | `SELECT x.pop FROM queen.pop_many($1)` | 0.01 | 6.5 | – |" in text
+    assert "| queen/e2e/b100 | `SELECT x.pop FROM queen.pop_many($1)` | 0.01 | – | 6.5 | – |" in text
     assert "| queen/e2e/b100 | 0.06 | 0.07 | 1.50 | 2.25 | – |" in text  # the server's count
     assert "## Push only" not in text and "## End to end" not in text
     assert "e2e batch 100 (p16) / raw ceiling" not in text  # whole-machine goals left out
@@ -139,13 +139,15 @@ def test_the_server_s_counts_of_a_window_are_per_message_and_per_call():
 def test_top_statements_are_the_window_s_busiest_per_message():
     meter = pgquota.PgMeter.__new__(pgquota.PgMeter)
     meter.statement_edges = [
-        {1: (10, 5.0, 30, "push"), 2: (4, 1.0, 8, "pop")},
-        {1: (110, 25.0, 330, "push"), 2: (54, 41.0, 508, "pop"), 3: (1, 0.1, 1, "new")},
+        {1: (10, 5.0, 30, 10, "push"), 2: (4, 1.0, 8, 300, "pop")},
+        {1: (110, 25.0, 330, 110, "push"), 2: (54, 41.0, 508, 3300, "pop"),
+         3: (1, 0.1, 1, 0, "new")},
     ]
     top = meter._top(100)
     assert [s["query"] for s in top] == ["pop", "push", "new"]
     assert top[0] == {
-        "query": "pop", "calls_per_msg": 0.5, "exec_us_per_msg": 400.0, "blocks_per_msg": 5.0
+        "query": "pop", "calls_per_msg": 0.5, "exec_us_per_msg": 400.0, "blocks_per_msg": 5.0,
+        "rows_per_call": 60.0,
     }
 
 
