@@ -429,12 +429,16 @@ SELECT queen.analyze_tables(%(min_changes)s)
 -- maintenance_refresh_counts: bring the count rows of some partitions up to date, a bounded step each; how many are behind --
 SELECT queen.count_refresh(%(partitions)s, %(step)s)
 
--- maintenance_vacuum_candidates: Queen's tables holding many dead row versions that no vacuum has cleaned for a while, smallest first, and whether autovacuum runs at all --
+-- maintenance_vacuum_candidates: Queen's tables holding many dead row versions that no vacuum has cleaned for a while, and the few-row tables of names with rows added since their last vacuum; smallest first, and whether autovacuum runs at all --
+-- (A pop reads a queue's partitions by an index alone, and a page of new rows is read
+-- too until a vacuum marks it all-visible; autovacuum does not come for a few inserts.)
 SELECT s.schemaname || '.' || s.relname AS name, pg_table_size(s.relid) AS bytes,
        current_setting('autovacuum')::boolean AS autovacuum
 FROM pg_stat_user_tables s
 WHERE s.schemaname = 'queen'
-  AND s.n_dead_tup > greatest(%(min_dead)s, %(dead_ratio)s * s.n_live_tup)
+  AND (s.n_dead_tup > greatest(%(min_dead)s, %(dead_ratio)s * s.n_live_tup)
+       OR (s.relname IN ('queues', 'partitions', 'consumer_groups')
+           AND s.n_ins_since_vacuum > 0))
   AND coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')
       < now() - make_interval(secs => %(quiet_s)s)
 ORDER BY bytes

@@ -6,6 +6,10 @@
 -- (Builds of one day walked the passed window by these; the walks below cost less CPU.)
 DROP FUNCTION IF EXISTS queen.window_ends(uuid, bigint, bigint[], timestamptz[]);
 DROP FUNCTION IF EXISTS queen.window_ends(uuid, bigint, bigint);
+-- (Builds before the arrivals were counted in the passed window's walk: the arrivals'
+-- own walk, and the passed window's without p_counted.)
+DROP FUNCTION IF EXISTS queen.arrived(uuid, bigint, integer);
+DROP FUNCTION IF EXISTS queen.passed_ends(uuid, bigint, bigint, integer);
 
 -- Bucket of a created -> completed time (ms) in the lag histograms (64 buckets).
 CREATE OR REPLACE FUNCTION queen.lag_bucket(p_ms double precision) RETURNS integer
@@ -33,46 +37,47 @@ CREATE OR REPLACE AGGREGATE queen.hist_sum(integer[]) (
     SFUNC = queen.hist_add, STYPE = integer[]
 );
 
--- Messages of a partition that arrived after id p_after: up to p_step, in id order,
--- with the minute they were created.
-CREATE OR REPLACE FUNCTION queen.arrived(p_partition uuid, p_after bigint, p_step integer)
-RETURNS TABLE (id bigint, minute timestamptz)
-LANGUAGE sql STABLE AS $$
-    SELECT m.id, date_trunc('minute', m.created_at) FROM queen.messages m
-    WHERE m.partition_id = p_partition AND m.id > p_after
-    ORDER BY m.id LIMIT p_step
-$$;
-
 -- What queue mode's cursor passed from p_after to p_upto (up to p_step messages, in id
--- order), in groups of n messages that ended alike: completed (final NULL) at the time
--- of the ack that completed them, ms from push to ack; or failed / dead_letter at the
--- time of their failure record. A message's ack is the completion with the lowest
--- last_id at or above its id (when that one's first_id is not above it; none: at now()).
--- So the window is cut at the completions' last ids into spans, each one completion's,
--- and each span's messages are grouped by their push (one created_at): a range scan per
--- completion, no lookup per message. A message with a failure record is counted in its
+-- order, or a short window whole: below), in groups of n messages that ended alike:
+-- completed (final NULL) at the time of the ack that completed them, ms from push to
+-- ack; or failed / dead_letter at the time of their failure record. A message's ack is
+-- the completion with the lowest last_id at or above its id (when that one's first_id is
+-- not above it; none: at now()). So the window is cut at the completions' last ids into
+-- spans, each one completion's, and each span's messages are grouped by their push (one
+-- created_at): a range scan per completion, no lookup per message. A message with a failure record is counted in its
 -- span's group like the others, then taken out of it (n -1) and counted as failed:
 -- failure records are few, and a walk with none reads none of them.
+-- With p_counted, the window's messages after it are also counted as arrivals (final
+-- 'arrived', at the minute they were pushed; reached: the highest id), so that the
+-- arrivals' own walk (queen.activity_walk) need not read them again. A window no wider
+-- in ids than 4 * p_step holds no more messages than that (ids are unique): it is walked
+-- whole, with no walk first to find where a step ends (a refresh's window under a steady
+-- load, whose ids the partition shares with the others).
 CREATE OR REPLACE FUNCTION queen.passed_ends(p_partition uuid, p_after bigint,
-                                             p_upto bigint, p_step integer)
+                                             p_upto bigint, p_step integer,
+                                             p_counted bigint DEFAULT NULL)
 RETURNS TABLE (minute timestamptz, final text, ms double precision, n bigint, reached bigint)
 LANGUAGE sql STABLE AS $$
-    WITH bound AS MATERIALIZED (  -- the window's last message
-        SELECT coalesce(
+    WITH bound AS MATERIALIZED (  -- the window's last message, or an id past it
+        SELECT CASE WHEN p_upto - p_after <= 4 * p_step THEN p_upto ELSE coalesce(
             (SELECT m.id FROM queen.messages m
              WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
              ORDER BY m.id OFFSET p_step - 1 LIMIT 1),
             (SELECT max(m.id) FROM queen.messages m
-             WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto)) AS last
+             WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto)) END
+            AS last
     ), acks AS MATERIALIZED (  -- the completions ending inside the window, and the next one
         SELECT c.first_id, c.last_id, c.acked_at FROM queen.completions c, bound b
         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
           AND c.last_id > p_after AND c.last_id < b.last
         UNION ALL
-        (SELECT c.first_id, c.last_id, c.acked_at FROM queen.completions c, bound b
-         WHERE c.partition_id = p_partition AND c.consumer_group = '__queue__'
-           AND c.last_id >= b.last
-         ORDER BY c.last_id LIMIT 1)
+        -- (A probe of the key from the bound: as a join, the plan may read the
+        -- partition's completions from its first one up to the bound.)
+        SELECT c.first_id, c.last_id, c.acked_at FROM bound b
+        CROSS JOIN LATERAL (SELECT c.first_id, c.last_id, c.acked_at FROM queen.completions c
+                            WHERE c.partition_id = p_partition
+                              AND c.consumer_group = '__queue__' AND c.last_id >= b.last
+                            ORDER BY c.last_id LIMIT 1) c
     ), spans AS MATERIALIZED (  -- (lo, hi]: one completion's; past the last one, none's
         SELECT lag(a.last_id, 1, p_after) OVER (ORDER BY a.last_id) AS lo,
                least(a.last_id, b.last) AS hi, a.first_id, a.acked_at
@@ -83,14 +88,16 @@ LANGUAGE sql STABLE AS $$
         GROUP BY b.last HAVING coalesce(max(a.last_id), p_after) < b.last
     ), groups AS (
         SELECT CASE WHEN m.id >= s.first_id THEN s.acked_at END AS acked_at, m.created_at,
-               count(*) AS n, max(m.id) AS reached
+               count(*) AS n, max(m.id) AS reached,
+               count(*) FILTER (WHERE m.id > p_counted) AS arrived,
+               max(m.id) FILTER (WHERE m.id > p_counted) AS newest
         FROM spans s
         -- (LIMIT: a scan of the key per span; as a join, the planner may compare every
         -- message of the window with every span.)
         CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.messages m
                             WHERE m.partition_id = p_partition AND m.id > s.lo
                               AND m.id <= s.hi
-                            LIMIT p_step) m
+                            LIMIT 4 * p_step) m
         GROUP BY 1, 2
     ), failed AS (  -- the final failure records of the window's messages, in their spans
         SELECT f.message_id, f.status, f.failed_at, m.created_at,
@@ -107,8 +114,14 @@ LANGUAGE sql STABLE AS $$
         SELECT x.acked_at, x.created_at, NULL, -1, NULL FROM failed x
         UNION ALL
         SELECT x.failed_at, NULL, x.status, 1, x.message_id FROM failed x
+        UNION ALL
+        SELECT NULL, date_trunc('minute', g.created_at), 'arrived', sum(g.arrived),
+               max(g.newest)
+        FROM groups g WHERE g.arrived > 0 GROUP BY 2
     )
-    SELECT date_trunc('minute', coalesce(e.acked_at, now())), e.final,
+    SELECT date_trunc('minute', CASE WHEN e.final = 'arrived' THEN e.created_at
+                                     ELSE coalesce(e.acked_at, now()) END),
+           e.final,
            CASE WHEN e.final IS NULL THEN
                greatest(extract(epoch FROM coalesce(e.acked_at, now()) - e.created_at) * 1000, 0)
            END,
@@ -118,12 +131,14 @@ LANGUAGE sql STABLE AS $$
     HAVING sum(e.n) > 0
 $$;
 
--- (An earlier build answered the same without the highest ids walked.)
 -- Activity per minute of a partition past its watermarks (p_counted: arrivals counted
 -- up to there; p_cursor_counted: the cursor's last counted position; p_cursor: where it
--- stands), each walk up to p_step messages, with the highest id each walk reached in
--- that minute (newest: arrived; reached: passed). Maintenance adds it to
--- queen.metrics_minute and moves the watermarks; reads add it to what
+-- stands), with the highest id counted in that minute (newest: arrived; reached: passed).
+-- The passed window is walked up to p_step messages (queen.passed_ends); when it starts
+-- at or below p_counted, its messages after p_counted are counted as arrivals there, and
+-- the arrivals' own walk goes on from the last of them, up to p_step more: each message
+-- is read once for both where the cursor follows the pushes closely. Maintenance adds
+-- this to queen.metrics_minute and moves the watermarks; reads add it to what
 -- maintenance added.
 CREATE OR REPLACE FUNCTION queen.activity_walk(p_partition uuid, p_counted bigint,
                                                p_cursor_counted bigint, p_cursor bigint,
@@ -132,7 +147,11 @@ RETURNS TABLE (minute timestamptz, incoming bigint, completed bigint, failed big
                dead_letter bigint, lag_ms bigint, lag_hist integer[], newest bigint,
                reached bigint)
 LANGUAGE sql STABLE AS $$
-    WITH ends AS (  -- one row per minute and lag bucket (NULL: failures)
+    WITH walked AS MATERIALIZED (
+        SELECT x.* FROM queen.passed_ends(p_partition, p_cursor_counted, p_cursor, p_step,
+                                          CASE WHEN p_cursor_counted <= p_counted
+                                               THEN p_counted END) x
+    ), ends AS (  -- one row per minute and lag bucket (NULL: failures)
         SELECT x.minute,
                CASE WHEN x.final IS NULL THEN queen.lag_bucket(x.ms) END AS bucket,
                sum(x.n) FILTER (WHERE x.final IS NULL) AS completed,
@@ -140,7 +159,7 @@ LANGUAGE sql STABLE AS $$
                sum(x.n) FILTER (WHERE x.final = 'dead_letter') AS dead_letter,
                sum(x.ms * x.n) FILTER (WHERE x.final IS NULL) AS lag_ms,
                max(x.reached) AS reached
-        FROM queen.passed_ends(p_partition, p_cursor_counted, p_cursor, p_step) x
+        FROM walked x WHERE x.final IS DISTINCT FROM 'arrived'
         GROUP BY 1, 2
     ), passed AS (
         SELECT e.minute, sum(e.completed) AS completed, sum(e.failed) AS failed,
@@ -151,8 +170,17 @@ LANGUAGE sql STABLE AS $$
                max(e.reached) AS reached
         FROM ends e GROUP BY e.minute
     ), arrived AS (
-        SELECT a.minute, count(*) AS incoming, max(a.id) AS newest
-        FROM queen.arrived(p_partition, p_counted, p_step) a GROUP BY a.minute
+        SELECT a.minute, sum(a.n) AS incoming, max(a.id) AS newest
+        FROM (SELECT x.minute, x.n, x.reached AS id FROM walked x WHERE x.final = 'arrived'
+              UNION ALL
+              SELECT date_trunc('minute', m.created_at), 1, m.id
+              FROM (SELECT greatest(p_counted, max(x.reached)) AS after FROM walked x
+                    WHERE x.final = 'arrived') s
+              CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.messages m
+                                  WHERE m.partition_id = p_partition
+                                    AND m.id > coalesce(s.after, p_counted)
+                                  ORDER BY m.id LIMIT p_step) m) a
+        GROUP BY a.minute
     )
     SELECT coalesce(a.minute, x.minute), coalesce(a.incoming, 0),
            coalesce(x.completed, 0)::bigint, coalesce(x.failed, 0)::bigint,
@@ -243,7 +271,13 @@ BEGIN
         failed = x.failed + n_failed, dead_letter = x.dead_letter + n_dead,
         refreshed_at = now()
     WHERE x.partition_id = p_partition;
-    RETURN arrived < p_step AND coalesce(reached, k.cursor_counted) >= target;
+    -- (Arrivals counted in the passed window come on top of their own walk's p_step.
+    -- The probe is ordered by the key: as an EXISTS, a generic plan may scan the table.)
+    RETURN (arrived < p_step
+            OR (SELECT m.id FROM queen.messages m
+                WHERE m.partition_id = p_partition AND m.id > coalesce(newest, k.counted_id)
+                ORDER BY m.id LIMIT 1) IS NULL)
+       AND coalesce(reached, k.cursor_counted) >= target;
 END
 $$;
 
