@@ -349,7 +349,9 @@ $$;
 
 -- After a delete of messages: their failure records go (nothing can act on them any
 -- more), and the counts forget those they held. Locks the count rows first, in order,
--- so that a refresh running meanwhile is seen whole.
+-- so that a refresh running meanwhile is seen whole. The completions that covered only
+-- deleted messages go too (every read of one starts from a message): a partition's ack
+-- history would otherwise grow for as long as the partition lives.
 CREATE OR REPLACE FUNCTION queen.messages_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -383,6 +385,15 @@ BEGIN
         dead_letter = k.dead_letter - coalesce(f.dead_letter, 0)
     FROM messages m LEFT JOIN failures f ON f.partition_id = m.partition_id
     WHERE k.partition_id = m.partition_id;
+    -- (Below the oldest message left, and not past the last deleted: a push committing
+    -- meanwhile draws ids above both.)
+    DELETE FROM queen.completions k
+    USING (SELECT g.partition_id, max(g.id) AS last,
+                  (SELECT m.id FROM queen.messages m WHERE m.partition_id = g.partition_id
+                   ORDER BY m.id LIMIT 1) AS oldest
+           FROM gone g GROUP BY g.partition_id) d
+    WHERE k.partition_id = d.partition_id AND k.last_id <= d.last
+      AND (d.oldest IS NULL OR k.last_id < d.oldest);
     RETURN NULL;
 END
 $$;

@@ -339,6 +339,26 @@ def test_retention_deletes_old_messages_and_consumed_ones(conn: Conn) -> None:
         "SELECT transaction_id FROM queen.messages").fetchall() == [("kept-Default-0",)]
 
 
+def test_completions_of_deleted_messages_go_with_them(conn: Conn) -> None:
+    """An ack's completion record goes once every message it covered is deleted, and
+    not before: the history of acks is as long as the messages kept."""
+    make_queue(conn, "q", retention_enabled=True, retention_seconds=60)
+    push_n(conn, "q", 6)
+    for size in (2, 1, 3):
+        ack_all(conn, lifecycle.pop(conn, "q", batch=size))
+    ack_all(conn, lifecycle.pop(conn, "q", group="g", batch=6))
+    ids = [r[0] for r in conn.execute("SELECT id FROM queen.messages ORDER BY id")]
+    completions = ("SELECT consumer_group, first_id, last_id FROM queen.completions"
+                   " ORDER BY consumer_group, last_id")
+    assert len(conn.execute(completions).fetchall()) == 4
+    conn.execute("DELETE FROM queen.messages WHERE id <= %s", (ids[2],))  # half of the 3
+    assert conn.execute(completions).fetchall() == [
+        ("__queue__", ids[3], ids[5]), ("g", ids[0], ids[5])]
+    conn.execute("UPDATE queen.messages SET created_at = now() - interval '1 hour'")
+    assert lifecycle.retention(conn) == 3
+    assert conn.execute(completions).fetchall() == []
+
+
 def test_a_group_idle_past_retention_no_longer_holds_messages(conn: Conn) -> None:
     make_queue(conn, "q", retention_enabled=True, retention_seconds=7200,
                completed_retention_seconds=60)
