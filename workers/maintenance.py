@@ -61,7 +61,10 @@ log = logging.getLogger("queen.maintenance")
 LEASE_BATCH = 100  # leases ended per statement (their acks wait while it runs)
 PRUNE_EVERY = 300.0  # seconds between metric pruning runs
 COUNT_PARTITIONS = 200  # partitions whose count rows one counts step refreshes
-COUNT_STEP = 5000  # messages a counts step walks per partition and watermark, at most
+# Messages a counts step walks per partition and watermark, at most; a window no wider
+# in ids is walked whole, without a walk to find where the step ends (under a steady load,
+# a partition's window between two refreshes, its ids shared with the others).
+COUNT_STEP = 20_000
 MORE_DELAY = 0.02  # seconds before the next batch of a task that filled its batch
 MIN_DELAY = 0.05  # seconds: the soonest the lease task looks again at a lease it skipped
 DUE_MARGIN = 0.002  # seconds past a due time before the scan that wakes it

@@ -38,28 +38,27 @@ CREATE OR REPLACE AGGREGATE queen.hist_sum(integer[]) (
 );
 
 -- What queue mode's cursor passed from p_after to p_upto (up to p_step messages, in id
--- order, or a short window whole: below), in groups of n messages that ended alike:
--- completed (final NULL) at the time of the ack that completed them, ms from push to
--- ack; or failed / dead_letter at the time of their failure record. A message's ack is
--- the completion with the lowest last_id at or above its id (when that one's first_id is
--- not above it; none: at now()). So the window is cut at the completions' last ids into
--- spans, each one completion's, and each span's messages are grouped by their push (one
--- created_at): a range scan per completion, no lookup per message. A message with a failure record is counted in its
+-- order), in groups of n messages that ended alike: completed (final NULL) at the time
+-- of the ack that completed them, ms from push to ack; or failed / dead_letter at the
+-- time of their failure record. A message's ack is the completion with the lowest
+-- last_id at or above its id (when that one's first_id is not above it; none: at now()).
+-- So the window is cut at the completions' last ids into spans, each one completion's,
+-- and each span's messages are grouped by their push (one created_at): a range scan per
+-- completion, no lookup per message. A message with a failure record is counted in its
 -- span's group like the others, then taken out of it (n -1) and counted as failed:
 -- failure records are few, and a walk with none reads none of them.
 -- With p_counted, the window's messages after it are also counted as arrivals (final
 -- 'arrived', at the minute they were pushed; reached: the highest id), so that the
 -- arrivals' own walk (queen.activity_walk) need not read them again. A window no wider
--- in ids than 4 * p_step holds no more messages than that (ids are unique): it is walked
--- whole, with no walk first to find where a step ends (a refresh's window under a steady
--- load, whose ids the partition shares with the others).
+-- in ids than p_step holds no more messages than that (ids are unique): it is walked
+-- whole, with no walk first to find where a step ends.
 CREATE OR REPLACE FUNCTION queen.passed_ends(p_partition uuid, p_after bigint,
                                              p_upto bigint, p_step integer,
                                              p_counted bigint DEFAULT NULL)
 RETURNS TABLE (minute timestamptz, final text, ms double precision, n bigint, reached bigint)
 LANGUAGE sql STABLE AS $$
     WITH bound AS MATERIALIZED (  -- the window's last message, or an id past it
-        SELECT CASE WHEN p_upto - p_after <= 4 * p_step THEN p_upto ELSE coalesce(
+        SELECT CASE WHEN p_upto - p_after <= p_step THEN p_upto ELSE coalesce(
             (SELECT m.id FROM queen.messages m
              WHERE m.partition_id = p_partition AND m.id > p_after AND m.id <= p_upto
              ORDER BY m.id OFFSET p_step - 1 LIMIT 1),
@@ -97,7 +96,7 @@ LANGUAGE sql STABLE AS $$
         CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.messages m
                             WHERE m.partition_id = p_partition AND m.id > s.lo
                               AND m.id <= s.hi
-                            LIMIT 4 * p_step) m
+                            LIMIT p_step) m
         GROUP BY 1, 2
     ), failed AS (  -- the final failure records of the window's messages, in their spans
         SELECT f.message_id, f.status, f.failed_at, m.created_at,

@@ -519,11 +519,10 @@ def test_the_counts_walk_ends_every_passed_message_once(conn: Conn) -> None:
 
 
 ORACLE = """
-WITH w AS (  -- (a window no wider in ids than 4 steps: whole)
+WITH w AS (
     SELECT m.id, m.created_at FROM queen.messages m
     WHERE m.partition_id = %(p)s AND m.id > %(after)s AND m.id <= %(upto)s
-    ORDER BY m.id
-    LIMIT CASE WHEN %(upto)s - %(after)s <= 4 * %(step)s THEN NULL ELSE %(step)s END
+    ORDER BY m.id LIMIT %(step)s
 ), each AS (
     SELECT w.id, w.created_at, f.status, f.failed_at,
            (SELECT CASE WHEN c.first_id <= w.id THEN c.acked_at END FROM queen.completions c
@@ -550,7 +549,7 @@ def test_the_walk_of_what_the_cursor_passed_agrees_with_a_lookup_message_by_mess
     """Acks of several sizes and orders, failures retried and dead-lettered, a seek past
     messages never acked: for windows of several steps and starts, queen.passed_ends says
     what a lookup message by message says (its completion: the lowest last_id at or past
-    it; else its failure record), over a step of messages or a window of 4 steps of ids."""
+    it; else its failure record)."""
     make_queue(conn, "q", retry_limit=1)
     push_n(conn, "q", 60)
     for size, failing in ((10, 0), (7, 3), (1, 0), (6, 2), (8, 8), (4, 1), (9, 0), (3, 3)):
