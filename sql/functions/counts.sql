@@ -385,14 +385,20 @@ BEGIN
     FROM messages m LEFT JOIN failures f ON f.partition_id = m.partition_id
     WHERE k.partition_id = m.partition_id;
     -- (Below the oldest message left, and not past the last deleted: a push committing
-    -- meanwhile draws ids above both.)
+    -- meanwhile draws ids above both. At most as many a partition as messages went, and
+    -- 10,000 more: a history left from before is taken a delete at a time, not at once.)
     DELETE FROM queen.completions k
-    USING (SELECT g.partition_id, max(g.id) AS last,
-                  (SELECT m.id FROM queen.messages m WHERE m.partition_id = g.partition_id
-                   ORDER BY m.id LIMIT 1) AS oldest
-           FROM gone g GROUP BY g.partition_id) d
-    WHERE k.partition_id = d.partition_id AND k.last_id <= d.last
-      AND (d.oldest IS NULL OR k.last_id < d.oldest);
+    WHERE k.ctid = ANY (ARRAY(
+        SELECT c.ctid
+        FROM (SELECT g.partition_id, max(g.id) AS last, count(*) AS n,
+                     (SELECT m.id FROM queen.messages m
+                      WHERE m.partition_id = g.partition_id
+                      ORDER BY m.id LIMIT 1) AS oldest
+              FROM gone g GROUP BY g.partition_id) d
+        CROSS JOIN LATERAL (SELECT c.ctid FROM queen.completions c
+                            WHERE c.partition_id = d.partition_id AND c.last_id <= d.last
+                              AND (d.oldest IS NULL OR c.last_id < d.oldest)
+                            LIMIT d.n + 10000) c));
     RETURN NULL;
 END
 $$;
