@@ -333,7 +333,9 @@ class Maintenance:
         """VACUUM the tables that churn when nothing else has lately.
 
         Small tables (consumer rows, partitions, counts: rewritten by every batch) are
-        vacuumed here, since autovacuum comes by at most once a minute. A large one
+        vacuumed here, since autovacuum comes by at most once a minute, and the tables of
+        names once rows were added (their new pages all-visible, for index-only reads;
+        autovacuum never comes for a few inserts). A large one
         (messages) is left to autovacuum and its per-table settings, unless autovacuum is off: then it
         is vacuumed on a thread and connection of its own, one at a time, so the
         timing-sensitive tasks keep running meanwhile.
