@@ -203,6 +203,14 @@ def names(candidates: list) -> list[str]:
     return [c.name for c in candidates]
 
 
+def wait_for_candidate(session, table: str) -> None:
+    """Until maintenance lists table for a vacuum (statistics reach it within a moment)."""
+    deadline = time.monotonic() + 5
+    while table not in (found := names(session.vacuum_candidates(1000, 0.2, 10))):
+        assert time.monotonic() < deadline, found
+        time.sleep(0.1)
+
+
 def test_tables_full_of_dead_rows_are_vacuumed(store: Store, session, db_dsn) -> None:
     push(store, [{"queue": "churn", "partition": f"p{n}", "payload": n} for n in range(4)])
     with psycopg.connect(db_dsn, autocommit=True) as conn:
@@ -212,10 +220,7 @@ def test_tables_full_of_dead_rows_are_vacuumed(store: Store, session, db_dsn) ->
                 " ELSE 'x' || name END"
             )
         conn.execute("SELECT pg_stat_force_next_flush()")
-    deadline = time.monotonic() + 5
-    while "queen.partitions" not in (found := names(session.vacuum_candidates(1000, 0.2, 10))):
-        assert time.monotonic() < deadline, found
-        time.sleep(0.1)
+    wait_for_candidate(session, "queen.partitions")
     session.vacuum("queen.partitions")
     vacuumed = "SELECT last_vacuum IS NOT NULL FROM pg_stat_user_tables WHERE relid = 'queen.partitions'::regclass"
     deadline = time.monotonic() + 5
@@ -225,17 +230,13 @@ def test_tables_full_of_dead_rows_are_vacuumed(store: Store, session, db_dsn) ->
     assert "queen.partitions" not in names(session.vacuum_candidates(1000, 0.2, 10))
 
 
-
 def test_tables_of_names_with_new_rows_are_vacuumed(store: Store, session, db_dsn) -> None:
     """A new partition's page is marked all-visible by maintenance, not left to an
     autovacuum that a few inserts never bring: a pop reads partitions by an index alone."""
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         lifecycle.push(conn, [{"queue": "fresh", "partition": "p1", "payload": 1}])
         conn.execute("SELECT pg_stat_force_next_flush()")
-    deadline = time.monotonic() + 5
-    while "queen.partitions" not in (found := names(session.vacuum_candidates(1000, 0.2, 10))):
-        assert time.monotonic() < deadline, found
-        time.sleep(0.1)
+    wait_for_candidate(session, "queen.partitions")
     session.vacuum("queen.partitions")
     visible = ("SELECT relallvisible = relpages AND relpages > 0 FROM pg_class"
                " WHERE oid = 'queen.partitions'::regclass")
