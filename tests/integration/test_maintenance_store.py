@@ -649,3 +649,38 @@ def test_the_activity_walk_is_its_two_walks_from_watermarks_in_either_order(
                 assert walked is not None
                 expected = (arrivals[0] or None, arrivals[1], passed[0], passed[1])
                 assert walked == expected, args
+
+
+@pytest.mark.parametrize("step", [3, 7, 5000])
+def test_refreshes_between_pushes_and_acks_count_each_message_once(
+    conn: Conn, step: int
+) -> None:
+    """Pushes, pops, acks and failures interleaved with refreshes of small steps (the
+    cursor ahead of the counted arrivals, level with them, behind them): the rollup
+    counts every arrival and every end once, as the messages and their records say."""
+    make_queue(conn, "q", retry_limit=0, dlq_after_max_retries=True)
+    pushed = 0
+    for burst, (size, failing) in enumerate(((4, 0), (9, 1), (2, 0), (6, 2), (1, 0), (8, 3))):
+        push_n(conn, "q", 5 + burst, start=pushed)
+        pushed += 5 + burst
+        if burst % 2:
+            conn.execute("SELECT queen.count_refresh(10, %s)", (step,))
+        got = lifecycle.pop(conn, "q", batch=size)
+        ack_all(conn, got[failing:])
+        ack_all(conn, got[:failing], "failed")
+        conn.execute("SELECT queen.count_refresh(10, %s)", (step,))
+    def one(query: str, *params: Any) -> Any:
+        return (conn.execute(query, params).fetchone() or (None,))[0]
+
+    while one("SELECT queen.count_refresh(10, %s)", step):
+        pass
+    cursor = one("SELECT cursor_id FROM queen.consumers WHERE consumer_group = '__queue__'")
+    passed = one("SELECT count(*) FROM queen.messages WHERE id <= %s", cursor)
+    dead = one("SELECT count(*) FROM queen.failures WHERE status = 'dead_letter'")
+    assert conn.execute(
+        "SELECT total, below, dead_letter FROM queen.partition_counts").fetchall() == [
+        (pushed, passed, dead)]
+    assert conn.execute(
+        "SELECT sum(incoming)::int, sum(completed)::int, sum(dead_letter)::int,"
+        " sum((SELECT sum(b) FROM unnest(lag_hist) b))::int FROM queen.metrics_minute"
+    ).fetchone() == (pushed, passed - dead, dead, passed - dead)
