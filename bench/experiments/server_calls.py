@@ -40,6 +40,7 @@ import psycopg
 from psycopg.types.string import TextLoader
 
 from bench import cluster
+from bench.pgquota import backend_ns
 from bench.systems import fresh_database
 from queen.store.db import QUERIES
 from queen.store.messages import ack_columns
@@ -80,11 +81,14 @@ class BackendCpu:
     parameters parsed, the transaction begun and committed)."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.path = Path(f"/proc/{conn.info.backend_pid}/schedstat")
+        self.pid = conn.info.backend_pid
         self.spent: dict[str, list[int]] = {}
 
     def now(self) -> int:
-        return int(self.path.read_text().split()[0])
+        ns = backend_ns(self.pid)
+        if ns is None:
+            raise SystemExit(f"backend {self.pid} is not a process of this machine")
+        return ns
 
     @contextlib.contextmanager
     def call(self, kind: str) -> Iterator[None]:
