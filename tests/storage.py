@@ -16,7 +16,8 @@ MESSAGE_VIEW = """
            coalesce(f.retry_count, 0) AS retry_count,
            CASE WHEN x.leased THEN x.leased_by END AS worker,
            CASE WHEN f.status <> 'retry' THEN f.error END AS error
-    FROM (SELECT m.partition_id, m.id, m.transaction_id, q.name AS queue, c.leased_by,
+    FROM (SELECT m.partition_id, m.id, queen.txid(m.transaction_id, m.partition_id, m.id)
+                   AS transaction_id, q.name AS queue, c.leased_by,
                  coalesce(m.id <= c.cursor_id OR m.id = ANY (c.done_ids), false) AS done,
                  coalesce(c.lease_id IS NOT NULL AND c.lease_expires_at > now()
                           AND m.id > c.cursor_id AND m.id <= c.lease_last_id
@@ -30,6 +31,9 @@ MESSAGE_VIEW = """
            ON f.partition_id = x.partition_id AND f.message_id = x.id
           AND f.consumer_group = '__queue__'
     """
+
+# A message's transactionId (m: a row of queen.messages), its client's or the one made.
+TXID = "queen.txid(m.transaction_id, m.partition_id, m.id)"
 
 # status -> count of every message.
 STATUS_COUNTS = f"SELECT status, count(*) FROM ({MESSAGE_VIEW}) v GROUP BY 1"

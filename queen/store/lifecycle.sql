@@ -64,8 +64,8 @@ SELECT q.name FROM queen.consumer_groups g JOIN queen.queues q ON q.id = g.queue
 WHERE g.consumer_group = %(group)s ORDER BY q.name
 
 -- locate: the queue of each message named by transactionId (unknown ones left out) --
-SELECT m.transaction_id, q.name
-FROM queen.messages m
+SELECT u.txid AS transaction_id, q.name
+FROM unnest(%(transaction_ids)s::text[]) u(txid)
+CROSS JOIN LATERAL queen.named(u.txid) m
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
-WHERE m.transaction_id = ANY (%(transaction_ids)s::text[])

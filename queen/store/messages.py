@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 from psycopg import Cursor
-from psycopg import errors as pg_errors
 from psycopg.rows import RowMaker
 
 from queen import crypto
@@ -78,15 +77,28 @@ def _push_rows(cursor: Cursor[Any]) -> RowMaker[Sequence[Any]]:
 
 def _push_results(rows: list[Sequence[Any]]) -> list[PushResult]:
     """The results of a push call, one an item: a PushResult of each row, or the items'
-    made from a compact answer (one row of position 0: the API ids' prefix, then the
-    messages' ids in item order; an item's transactionId is its API id, the prefix and
-    its id in 12 hex digits)."""
+    made from a compact answer (one row of position 0: the API ids' prefix, the made
+    transactionIds' prefix, then the messages' ids in item order: made_txids)."""
     make = functools.partial(tuple.__new__, PushResult)
     if len(rows) != 1 or rows[0][0] != 0:
         return [make(row[:-1]) for row in rows]
-    prefix, ids = rows[0][1], rows[0][-1]
-    idents = [f"{prefix}{message_id:012x}" for message_id in ids]
-    return [make((position, ident, ident, "queued")) for position, ident in enumerate(idents, 1)]
+    prefix, made, ids = rows[0][1], rows[0][2], rows[0][-1]
+    txids = made_txids([made], ids)
+    return [
+        make((k, f"{prefix}{message_id:012x}", txid, "queued"))
+        for k, (message_id, txid) in enumerate(zip(ids, txids, strict=True), 1)
+    ]
+
+
+def made_txids(prefixes: list[str], ids: list[int]) -> list[str]:
+    """The transactionIds made of messages' ids, as queen.made_txid makes them: prefixes
+    (queen.made_prefix of their partitions) one for all, or one an id."""
+    if len(prefixes) == 1:
+        prefixes = prefixes * len(ids)
+    return [
+        f"{p}{0x8000 | (i >> 48) & 0x3FFF:04x}-{i & 0xFFFFFFFFFFFF:012x}"
+        for p, i in zip(prefixes, ids, strict=True)
+    ]
 
 
 def _ack_results(cursor: Cursor[Any]) -> RowMaker[tuple[AckResult, list[str] | None]]:
@@ -262,8 +274,8 @@ class Messages:
         """One push statement for pushes; their items are numbered across them.
 
         Items naming no transactionId go first to push_new, the common push in one
-        statement; what it does not store (a queue or partition to make, maxSize, a
-        client's transactionId equal to one it makes) goes to push.
+        statement; what it does not store (a queue or partition to make, maxSize) goes to
+        push.
         """
         try:
             bodies = pushes[0].body if len(pushes) == 1 else ",".join(p.body for p in pushes)
@@ -282,15 +294,16 @@ class Messages:
 
     def _push_new(self, params: dict[str, Any]) -> list[PushResult] | None:
         """The results of push_new, one an item in order; None when it stored nothing."""
-        try:
-            ((fits, prefix, ids, txids),) = self.db.fetch("push_new", params)
-        except pg_errors.UniqueViolation:
-            return None
+        ((fits, prefix, ids, made, api_ids),) = self.db.fetch("push_new", params)
         if not fits:
             return None
-        idents = txids or [f"{prefix}{message_id:012x}" for message_id in ids]
+        idents = api_ids or [f"{prefix}{message_id:012x}" for message_id in ids]
+        txids = made_txids(made, ids)
         make = functools.partial(tuple.__new__, PushResult)
-        return [make((k, ident, ident, "queued")) for k, ident in enumerate(idents, 1)]
+        return [
+            make((k, ident, txid, "queued"))
+            for k, (ident, txid) in enumerate(zip(idents, txids, strict=True), 1)
+        ]
 
     @staticmethod
     def _alone(run: Any, requests: list[Any]) -> list[Any]:

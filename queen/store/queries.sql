@@ -10,12 +10,10 @@ CROSS JOIN LATERAL queen.push_batch(
          ELSE jsonb_path_query_array(x.b, '$[*].items[*]') END,
     %(producer)s, true) p
 
--- push_new: the common push in one statement: items naming no transactionId into existing partitions of queues without maxSize (bodies and producer as push's), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), each's API id its transactionId; one row: fits (false: nothing was stored, the call goes to push), the ids' prefix (queen.uuid_prefix) and the ids in item order, with the transactionIds only when an id is 2^48 or more (the server makes the others from the prefix: Messages) --
--- A client's transactionId equal to one of these fails the insert (unique_violation):
--- the call then goes to push, which stores such a batch as any other. Each name is
--- found by a probe of its key (a LATERAL with a LIMIT, whatever the statistics); the
--- conditions are checked before the locks are taken, and the insert runs only when all
--- hold. No wake-up here: the server's sessions send theirs once the push committed.
+-- push_new: the common push in one statement: items naming no transactionId into existing partitions of queues without maxSize (bodies and producer as push's), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), none storing a transactionId (each's is made of its partition's id and its own: queen.made_txid); one row: fits (false: nothing was stored, the call goes to push), the API ids' prefix (queen.uuid_prefix), the ids in item order, the made transactionIds' prefixes (queen.made_prefix: one when the items share a partition, else one an item) and the API ids only when an id is 2^48 or more (the server makes the rest: Messages) --
+-- Each name is found by a probe of its key (a LATERAL with a LIMIT, whatever the
+-- statistics); the conditions are checked before the locks are taken, and the insert
+-- runs only when all hold. No wake-up here: the server's sessions send theirs once the push committed.
 WITH b AS (SELECT %(bodies)s::jsonb AS b),
 items AS MATERIALIZED (
     SELECT x.ord, x.i, x.i ->> 'queue' AS queue,
@@ -38,10 +36,9 @@ items AS MATERIALIZED (
            queen.uuid_prefix(now()) AS prefix
 ), stored AS (
     INSERT INTO queen.messages
-        (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
+        (id, partition_id, payload, encrypted, producer, trace_id)
     OVERRIDING SYSTEM VALUE
-    SELECT n.id, n.partition_id, queen.message_uuid_text(n.id, n.prefix, now()),
-           n.i -> 'payload', coalesce((n.i ->> 'encrypted')::boolean, false),
+    SELECT n.id, n.partition_id, n.i -> 'payload', coalesce((n.i ->> 'encrypted')::boolean, false),
            %(producer)s, n.i ->> 'traceId'
     FROM (SELECT r.*, nextval('queen.messages_id_seq'::regclass) AS id
           FROM (SELECT i.ord, i.i, t.partition_id, f.prefix
@@ -49,12 +46,16 @@ items AS MATERIALIZED (
                 JOIN targets t ON t.queue = i.queue AND t.partition = i.partition
                 WHERE f.fits
                 ORDER BY i.ord) r) n
-    RETURNING id, transaction_id
+    RETURNING id, partition_id
 )
 SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS ids,
+       CASE WHEN (SELECT count(*) FROM targets) = 1
+            THEN ARRAY(SELECT queen.made_prefix(t.partition_id) FROM targets t)
+            ELSE (SELECT array_agg(queen.made_prefix(s.partition_id) ORDER BY s.id)
+                  FROM stored s) END AS made,
        CASE WHEN (SELECT max(s.id) FROM stored s) >= 281474976710656
-            THEN (SELECT array_agg(s.transaction_id ORDER BY s.id) FROM stored s) END
-         AS transaction_ids
+            THEN (SELECT array_agg(queen.message_uuid_text(s.id, f.prefix, now()) ORDER BY s.id)
+                  FROM stored s) END AS api_ids
 FROM fit f
 
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped, id the message's bigint id --
@@ -145,8 +146,8 @@ WITH a AS (
            s.leases[CASE WHEN s.per_request THEN s.k ELSE s.first END]::uuid AS lease,
            hashtextextended(array_to_string(s.txids[s.first:s.last], E'\x1f'), 0) AS digest
     FROM s
-    CROSS JOIN LATERAL (SELECT m.partition_id AS part, m.id AS first_id FROM queen.messages m
-                        WHERE m.transaction_id = s.txids[s.first] LIMIT 1) f
+    CROSS JOIN LATERAL (SELECT n.partition_id AS part, n.id AS first_id
+                        FROM queen.named(s.txids[s.first]) n) f
     WHERE s.per_request  -- (else one group and one leaseId for all of a request's items)
        OR ((s.groups IS NULL
             OR s.groups[s.first:s.last] = array_fill(s.groups[s.first], ARRAY[s.size]))
@@ -190,8 +191,7 @@ WITH ended AS (
         cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
         lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
         lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
-    FROM (SELECT m.partition_id, m.id FROM queen.messages m
-          WHERE m.transaction_id = %(first)s::text LIMIT 1) f
+    FROM queen.named(%(first)s::text) f
     WHERE x.partition_id = f.partition_id AND x.consumer_group = %(grp)s::text
       AND x.lease_id = %(lease)s::uuid
       AND x.lease_size = %(size)s::integer
@@ -277,11 +277,11 @@ FROM queen.metrics_minute
 WHERE minute = date_trunc('minute', now()) - interval '1 minute'
 
 -- dashboard_locate: queue and partition of messages named by transactionId --
-SELECT m.transaction_id, q.name AS queue, p.name AS partition
-FROM queen.messages m
+SELECT u.txid AS transaction_id, q.name AS queue, p.name AS partition
+FROM unnest(%(ids)s::text[]) u(txid)
+CROSS JOIN LATERAL queen.named(u.txid) m
 JOIN queen.partitions p ON p.id = m.partition_id
 JOIN queen.queues q ON q.id = p.queue_id
-WHERE m.transaction_id = ANY (%(ids)s::text[])
 
 -- dashboard_rates: activity per queue and minute over the last hour (minute NULL: a queue without any; queue NULL: every queue), what maintenance counted plus what lies past its watermarks --
 WITH picked AS (
@@ -628,10 +628,9 @@ SELECT r.*, q.lease_time, q.retry_limit, q.priority, q.max_size, q.ttl, q.dlq_af
        q.delayed_processing, q.window_buffer, q.retention_seconds,
        q.completed_retention_seconds, q.retention_enabled, q.encryption_enabled,
        q.max_wait_time_seconds, q.retry_delay
-FROM queen.messages m
+FROM queen.named(%(transaction_id)s) m
 CROSS JOIN LATERAL queen.message_rows(ARRAY[m.partition_id], ARRAY[m.id]) r
 JOIN queen.queues q ON q.name = r.queue
-WHERE m.transaction_id = %(transaction_id)s
 
 -- read_related: the messages of the same partition nearest in time (within 1 h either side) to one message; a first row with NULL related fields when it has none; no row when it does not exist --
 WITH near AS (
@@ -695,7 +694,8 @@ WHERE f.status = 'dead_letter'
   AND (%(group)s::text IS NULL OR f.consumer_group = %(group)s)
 
 -- read_dead_letters: one page of dead-lettered messages, most recently dead-lettered first, with their group, error and retries --
-SELECT queen.message_uuid(m.id, m.created_at) AS id, m.transaction_id, q.name AS queue,
+SELECT queen.message_uuid(m.id, m.created_at) AS id,
+       queen.txid(m.transaction_id, m.partition_id, m.id) AS transaction_id, q.name AS queue,
        p.name AS partition, p.id AS partition_id, f.consumer_group, m.payload, m.encrypted,
        f.error, f.retry_count, f.failed_at, m.created_at
 FROM queen.failures f

@@ -118,10 +118,11 @@ BEGIN
     WITH l AS MATERIALIZED (
         SELECT i.idx, i.txid, i.error, m.id
         FROM unnest(p_idx, p_txids, p_errors) i(idx, txid, error)
-        JOIN (SELECT m.id, m.transaction_id FROM queen.messages m
+        JOIN (SELECT m.id, queen.txid(m.transaction_id, m.partition_id, m.id) AS txid
+              FROM queen.messages m
               WHERE m.partition_id = p_partition AND m.id > c.cursor_id
                 AND m.id <= c.lease_last_id AND m.id <> ALL (c.done_ids)) m
-          ON m.transaction_id = i.txid
+          ON m.txid = i.txid
     ), fit AS MATERIALIZED (  -- one row when every item matched a message of its own
         SELECT min(l.id) AS lo, max(l.id) AS hi, count(*)::integer AS n FROM l
         HAVING count(DISTINCT l.id) = cardinality(p_txids)
@@ -304,8 +305,7 @@ BEGIN
     -- order, each checked against its request. (A request mixing groups or leases is not
     -- one lease's. Slices and comparisons of the arrays: no pass per item in SQL.)
     WITH r AS MATERIALIZED (
-        SELECT (SELECT m.partition_id FROM queen.messages m
-                WHERE m.transaction_id = p_txids[s.first]) AS part,
+        SELECT (SELECT n.partition_id FROM queen.named(p_txids[s.first]) n) AS part,
                coalesce(p_groups[s.one], '__queue__') AS grp,
                p_leases[s.one]::uuid AS lease, s.size, s.last,
                array_to_string(p_txids[s.first:s.last], E'\x1f') AS joined,
@@ -438,7 +438,7 @@ LANGUAGE sql STABLE AS $$
              WHERE f.partition_id = m.partition_id AND f.consumer_group = p_group
                AND f.message_id = m.id)
         END
-    FROM queen.messages m WHERE m.transaction_id = p_txid
+    FROM queen.named(p_txid) m
 $$;
 
 -- Whether a transaction's acknowledgments (messages p_txids, for groups p_groups: NULL
@@ -455,7 +455,7 @@ LANGUAGE sql STABLE AS $$
     WITH acked AS (
         SELECT u.k, m.partition_id, m.id, coalesce(u.grp, '__queue__') AS grp
         FROM unnest(p_txids, p_groups) WITH ORDINALITY u(txid, grp, k)
-        JOIN queen.messages m ON m.transaction_id = u.txid
+        CROSS JOIN LATERAL queen.named(u.txid) m
     ), recorded AS (
         SELECT a.k, r.at FROM acked a CROSS JOIN LATERAL (
             SELECT k.acked_at AS at
@@ -470,7 +470,8 @@ LANGUAGE sql STABLE AS $$
               AND f.message_id = a.id) r
     ), pushed AS (
         SELECT m.created_at FROM unnest(p_pushed) p(txid)
-        JOIN queen.messages m ON m.transaction_id = p.txid
+        CROSS JOIN LATERAL queen.named(p.txid) n
+        JOIN queen.messages m ON m.partition_id = n.partition_id AND m.id = n.id
     )
     SELECT (SELECT count(*) FROM acked) = cardinality(p_txids)
        AND (SELECT count(*) FROM pushed) = coalesce(cardinality(p_pushed), 0)
@@ -529,7 +530,7 @@ BEGIN
     IF (leases[1] = ALL (leases) OR cardinality(array_remove(leases, NULL)) = 0)
        AND groups[1] = ALL (groups) AND 'completed' = ALL (p_wanted) THEN
         outcomes := queen.ack_lease(
-            (SELECT m.partition_id FROM queen.messages m WHERE m.transaction_id = p_txids[1]),
+            (SELECT n.partition_id FROM queen.named(p_txids[1]) n),
             groups[1], leases[1]::uuid, idxs, p_txids, errors);
         IF outcomes IS NOT NULL THEN
             RETURN outcomes;
@@ -539,8 +540,7 @@ BEGIN
     SELECT array_agg(m.partition_id ORDER BY u.k), array_agg(m.id ORDER BY u.k)
     INTO parts, ids
     FROM unnest(p_txids) WITH ORDINALITY u(txid, k)
-    LEFT JOIN LATERAL (SELECT m.partition_id, m.id FROM queen.messages m
-                       WHERE m.transaction_id = u.txid LIMIT 1) m ON true;
+    LEFT JOIN LATERAL queen.named(u.txid) m ON true;
     IF array_position(parts, NULL) IS NULL AND parts[1] = ALL (parts)
        AND groups[1] = ALL (groups) THEN
         outcomes := queen.ack_consumer(parts[1], groups[1], idxs, p_txids, ids, p_wanted,

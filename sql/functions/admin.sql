@@ -42,7 +42,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     m queen.messages;
 BEGIN
-    SELECT * INTO m FROM queen.messages x WHERE x.transaction_id = p_txid;
+    SELECT x.* INTO m FROM queen.named(p_txid) n
+    JOIN queen.messages x ON x.partition_id = n.partition_id AND x.id = n.id;
     IF FOUND THEN
         PERFORM 1 FROM queen.consumers c WHERE c.partition_id = m.partition_id
         ORDER BY c.consumer_group FOR UPDATE;
@@ -146,8 +147,8 @@ BEGIN
     DELETE FROM queen.messages x WHERE x.partition_id = m.partition_id AND x.id = m.id;
     INSERT INTO queen.messages
         (partition_id, transaction_id, payload, encrypted, producer, trace_id, created_at)
-    VALUES (m.partition_id, m.transaction_id, m.payload, m.encrypted, m.producer, m.trace_id,
-            m.created_at)
+    VALUES (m.partition_id, queen.txid(m.transaction_id, m.partition_id, m.id), m.payload,
+            m.encrypted, m.producer, m.trace_id, m.created_at)
     RETURNING id INTO fresh;
     INSERT INTO queen.failures
         (partition_id, consumer_group, message_id, status, retry_count, error, failed_at)
@@ -206,7 +207,8 @@ DECLARE
     queue  uuid;
     status text;
 BEGIN
-    SELECT * INTO m FROM queen.messages x WHERE x.transaction_id = p_txid;
+    SELECT x.* INTO m FROM queen.named(p_txid) n
+    JOIN queen.messages x ON x.partition_id = n.partition_id AND x.id = n.id;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;

@@ -101,3 +101,74 @@ CREATE OR REPLACE FUNCTION queen.lease_high(p_lease uuid) RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT queen.lease_bound(p_lease, '\xffffffffffffffffffffffffffffffff')
 $$;
+
+-- The transactionId a message gets when its push names none: made of its partition's id
+-- and its own, so it is stored nowhere (no column value, no index entry) and still names
+-- the message alone. A version 8 UUID (RFC 9562's vendor layout), as lowercase text:
+-- the partition id's first 60 bits after its version (its first 13 characters and the
+-- 3 after its version digit), then the variant and the message id's 62 bits. The text
+-- is queen.made_prefix(partition) and the id's part (queen.made_txid; the server makes
+-- it the same way). A stored transactionId, a client's, wins: queen.txid.
+CREATE OR REPLACE FUNCTION queen.made_prefix(p_partition uuid) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT left(p_partition::text, 14) || '8' || substr(p_partition::text, 16, 3) || '-'
+$$;
+
+CREATE OR REPLACE FUNCTION queen.made_txid(p_partition uuid, p_id bigint) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT queen.made_prefix(p_partition) || to_hex(32768 | ((p_id >> 48) & 16383)) || '-'
+           || lpad(to_hex(p_id & 281474976710655), 12, '0')
+$$;
+
+-- A message's transactionId: the one stored (a client's), or the one made of its ids.
+CREATE OR REPLACE FUNCTION queen.txid(p_stored text, p_partition uuid, p_id bigint)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(p_stored, queen.made_txid(p_partition, p_id))
+$$;
+
+-- Whether a transactionId has the form queen.made_txid makes.
+CREATE OR REPLACE FUNCTION queen.made_form(p_txid text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_txid ~ '^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$'
+$$;
+
+-- The message id a made transactionId names (NULL for any other), and the lowest and
+-- highest partition ids it may name (those sharing its first 48 bits). (Each names its
+-- argument once, so that it is inlined whatever the argument is; STABLE, so that a
+-- constant argument is not evaluated by a call of its own at planning.)
+CREATE OR REPLACE FUNCTION queen.made_id(p_txid text) RETURNS bigint
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT ('x' || replace(substring(p_txid FROM '^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-'
+                                                  '([89ab][0-9a-f]{3}-[0-9a-f]{12})$'),
+                           '-', ''))::bit(64)::bigint & 4611686018427387903
+$$;
+
+CREATE OR REPLACE FUNCTION queen.made_low(p_txid text) RETURNS uuid
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT (substring(p_txid FROM '^([0-9a-f]{8}-[0-9a-f]{4}-)8[0-9a-f]{3}-[89ab][0-9a-f]{3}-'
+                                  '[0-9a-f]{12}$') || '0000-0000-000000000000')::uuid
+$$;
+
+CREATE OR REPLACE FUNCTION queen.made_high(p_txid text) RETURNS uuid
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT (substring(p_txid FROM '^([0-9a-f]{8}-[0-9a-f]{4}-)8[0-9a-f]{3}-[89ab][0-9a-f]{3}-'
+                                  '[0-9a-f]{12}$') || 'ffff-ffff-ffffffffffff')::uuid
+$$;
+
+-- The message a transactionId names, if any: a client's by the unique index of stored
+-- ones, a made one by its partition (found by its id's prefix: one probe of the key) and
+-- id (one probe of the messages' key). A made transactionId names only a message that
+-- stores none; a client's is never of the made form (queen.store_messages).
+CREATE OR REPLACE FUNCTION queen.named(p_txid text)
+RETURNS TABLE (partition_id uuid, id bigint)
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT m.partition_id, m.id FROM queen.messages m WHERE m.transaction_id = p_txid
+    UNION ALL
+    SELECT m.partition_id, m.id
+    FROM queen.partitions p
+    JOIN queen.messages m ON m.partition_id = p.id AND m.id = queen.made_id(p_txid)
+    WHERE p.id BETWEEN queen.made_low(p_txid) AND queen.made_high(p_txid)
+      AND m.transaction_id IS NULL AND queen.made_txid(p.id, m.id) = p_txid
+    LIMIT 1
+$$;

@@ -373,8 +373,8 @@ BEGIN
         expires := now() + make_interval(secs => q.lease_time);
         RETURN QUERY
         WITH batch AS MATERIALIZED (
-            SELECT m.id, m.transaction_id, m.payload, m.encrypted, m.producer, m.trace_id,
-                   m.created_at
+            SELECT m.id, queen.txid(m.transaction_id, candidate, m.id) AS transaction_id,
+                   m.payload, m.encrypted, m.producer, m.trace_id, m.created_at
             FROM queen.messages m
             WHERE m.partition_id = candidate AND m.id > c.cursor_id
               AND m.id <> ALL (c.done_ids)
@@ -629,8 +629,10 @@ BEGIN
                     THEN queen.retries_of(k.partition_id, p_group, m.id, k.retried_max)
                     ELSE 0 END AS retries
         FROM picked k
-        CROSS JOIN LATERAL (SELECT m.id, m.transaction_id, m.payload, m.encrypted,
-                                   m.created_at, m.trace_id
+        CROSS JOIN LATERAL (SELECT m.id,
+                                   queen.txid(m.transaction_id, m.partition_id, m.id)
+                                     AS transaction_id,
+                                   m.payload, m.encrypted, m.created_at, m.trace_id
                             FROM queen.messages m
                             WHERE m.partition_id = k.partition_id AND m.id > k.cursor_id
                               AND m.id <> ALL (k.done_ids)

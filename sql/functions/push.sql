@@ -111,22 +111,22 @@ BEGIN
 END
 $$;
 
--- (An earlier build of these two made the UUID prefix itself; their caller needs it too.)
+-- (Earlier builds of these two took the API ids' prefix: an item naming no transactionId
+-- was stored with its API id as its transactionId.)
+DROP FUNCTION IF EXISTS queen.number_messages(jsonb, queen.push_target[], integer[], text);
+DROP FUNCTION IF EXISTS queen.store_messages(jsonb, text, text);
 -- The accepted items with their ids, drawn in item order (the caller holds the push
--- locks of their partitions). An item without a transactionId gets its message's API id
--- (of the id and now(), the created_at it is stored with; p_prefix is
--- queen.uuid_prefix(now())): the id a client is answered is the one it acks with.
--- (PL/pgSQL, not SQL: PostgreSQL plans a SQL function's statement again at every call it
--- cannot inline; PL/pgSQL keeps the plan for the session.)
+-- locks of their partitions); an item naming no transactionId gets none stored (its own
+-- is made of its ids: queen.made_txid). (PL/pgSQL, not SQL: PostgreSQL plans a SQL
+-- function's statement again at every call it cannot inline; PL/pgSQL keeps the plan for
+-- the session.)
 CREATE OR REPLACE FUNCTION queen.number_messages(p_items jsonb, p_targets queen.push_target[],
-                                                 p_rejected integer[], p_prefix text)
+                                                 p_rejected integer[])
 RETURNS queen.push_item[]
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN (
-    SELECT coalesce(array_agg(ROW(n.idx, n.id,
-                                  coalesce(n.i ->> 'transactionId',
-                                           queen.message_uuid_text(n.id, p_prefix, now())),
+    SELECT coalesce(array_agg(ROW(n.idx, n.id, n.i ->> 'transactionId',
                                   n.partition_id, n.queue_id, n.i -> 'payload',
                                   coalesce((n.i ->> 'encrypted')::boolean, false),
                                   n.i ->> 'traceId')::queen.push_item ORDER BY n.idx), '{}')
@@ -140,35 +140,59 @@ BEGIN
 END
 $$;
 
+-- A client's transactionIds of the form Queen makes (queen.made_form) must each name a
+-- stored message, whose duplicates they are; any other is refused (invalid_parameter_value,
+-- nothing stored), so a client's own never equals one made later.
+CREATE OR REPLACE FUNCTION queen.check_made_txids(p_items jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    unknown text;
+BEGIN
+    SELECT x.i ->> 'transactionId' INTO unknown
+    FROM jsonb_array_elements(p_items) x(i)
+    WHERE queen.made_form(x.i ->> 'transactionId')
+      AND NOT EXISTS (SELECT 1 FROM queen.named(x.i ->> 'transactionId'))
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = format('transactionId %s has the form of those Queen makes and names no'
+                             ' stored message', unknown);
+    END IF;
+END
+$$;
+
 -- Store a batch (the body's "items" array): its partitions locked (queen.push_targets),
 -- maxSize applied (rejected: the positions past a queue's room), ids drawn (accepted, in
 -- item order) and the messages inserted in transactionId order, so that pushes sharing
 -- ids wait for each other and never deadlock (stored: the ids that were not duplicates).
 -- One wake-up per queue, sent at commit, while polls are parked; none from a session
 -- with queen.push_notify = 'after_commit' (Queen's own pool), which sends them itself
--- once the push committed (queen.notify_pushed: see there why). p_prefix: as
--- queen.number_messages's.
-CREATE OR REPLACE FUNCTION queen.store_messages(p_items jsonb, p_producer text, p_prefix text,
+-- once the push committed (queen.notify_pushed: see there why). An item naming a
+-- transactionId of the form Queen makes (queen.check_made_txids) is a duplicate.
+CREATE OR REPLACE FUNCTION queen.store_messages(p_items jsonb, p_producer text,
                                                 OUT accepted queen.push_item[],
                                                 OUT stored bigint[], OUT rejected integer[])
 LANGUAGE plpgsql AS $$
 DECLARE
     targets queen.push_target[];
 BEGIN
+    PERFORM queen.check_made_txids(p_items);
     targets := queen.push_targets(p_items);
     rejected := '{}';
     IF EXISTS (SELECT 1 FROM unnest(targets) t JOIN queen.queues q ON q.id = t.queue_id
                WHERE q.max_size > 0) THEN
         rejected := queen.push_rejected(p_items, targets);
     END IF;
-    accepted := queen.number_messages(p_items, targets, rejected, p_prefix);
+    accepted := queen.number_messages(p_items, targets, rejected);
     WITH inserted AS (
         INSERT INTO queen.messages
             (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
         OVERRIDING SYSTEM VALUE
         SELECT a.id, a.partition_id, a.transaction_id, a.payload, a.encrypted, p_producer, a.trace_id
-        FROM unnest(accepted) a ORDER BY a.transaction_id COLLATE "C", a.idx
-        ON CONFLICT (transaction_id) DO NOTHING
+        FROM unnest(accepted) a
+        WHERE NOT coalesce(queen.made_form(a.transaction_id), false)
+        ORDER BY a.transaction_id COLLATE "C", a.idx
+        ON CONFLICT (transaction_id) WHERE transaction_id IS NOT NULL DO NOTHING
         RETURNING id
     )
     SELECT coalesce(array_agg(i.id), '{}') INTO stored FROM inserted i;
@@ -179,18 +203,17 @@ BEGIN
 END
 $$;
 
--- (An earlier build made the UUID prefix itself; its caller needs the prefix too.)
+-- (An earlier build took the API ids' prefix and stored each message's API id as its
+-- transactionId.)
+DROP FUNCTION IF EXISTS queen.store_new_messages(jsonb, queen.push_target[], text, text);
 -- Store a batch none of whose items names a transactionId, into queues without maxSize
 -- (the caller holds the push locks of targets, queen.push_targets): every item is
--- stored, with an id drawn in item order and its API id as its transactionId (made from
--- p_prefix, queen.uuid_prefix(now()): queen.message_uuid_text). Returns
--- the ids in item order. None of those transactionIds can be stored already, so the
+-- stored, with an id drawn in item order and no transactionId (its own is made of its
+-- ids: queen.made_txid). Returns the ids in item order. Nothing can conflict, so the
 -- insert is a plain one, not a speculative one (ON CONFLICT writes a second WAL record
--- per row to confirm it), and nothing passes through arrays
--- of rows. A client may have stored one of them as its own transactionId: the insert
--- then fails (unique_violation) and the caller stores the batch as any other.
+-- per row to confirm it), and nothing passes through arrays of rows.
 CREATE OR REPLACE FUNCTION queen.store_new_messages(p_items jsonb, p_targets queen.push_target[],
-                                                    p_producer text, p_prefix text)
+                                                    p_producer text)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -198,9 +221,9 @@ DECLARE
 BEGIN
     WITH stored AS (
         INSERT INTO queen.messages
-            (id, partition_id, transaction_id, payload, encrypted, producer, trace_id)
+            (id, partition_id, payload, encrypted, producer, trace_id)
         OVERRIDING SYSTEM VALUE
-        SELECT n.id, n.partition_id, queen.message_uuid_text(n.id, p_prefix, now()),
+        SELECT n.id, n.partition_id,
                n.i -> 'payload', coalesce((n.i ->> 'encrypted')::boolean, false), p_producer,
                n.i ->> 'traceId'
         FROM (SELECT r.*, nextval('queen.messages_id_seq'::regclass) AS id
@@ -220,8 +243,8 @@ BEGIN
 END
 $$;
 
--- Push a batch in one call: queued / duplicate (its transactionId is stored already, or
--- earlier in the batch) / rejected (maxSize), one row per item in item order, with the
+-- Push a batch in one call: queued / duplicate (its transactionId names a stored message,
+-- or one earlier in the batch) / rejected (maxSize), one row per item in item order, with the
 -- message's API id (a queued one was created now(); a duplicate's is the stored
 -- message's, looked up after the insert, in a statement that sees what this push and
 -- those it waited for stored). A batch naming no transactionId into queues without
@@ -233,9 +256,10 @@ $$;
 -- points of the hot path (pop, ack, lease extension, wake-ups);
 -- tests/integration/test_query_plans.py checks that their plans are generic. The API
 -- ids come as text. p_compact (the server's push): a batch stored whole by
--- queen.store_new_messages answers one row instead of one an item: idx 0, message_id the
--- ids' prefix (queen.uuid_prefix) and ids the messages' ids in item order, from which
--- the server makes each item's answer (its API id is its transactionId).
+-- queen.store_new_messages into one partition answers one row instead of one an item:
+-- idx 0, message_id the API ids' prefix (queen.uuid_prefix), transaction_id the made
+-- transactionIds' (queen.made_prefix) and ids the messages' ids in item order, from
+-- which the server makes each item's answer.
 CREATE OR REPLACE FUNCTION queen.push_batch(p_items jsonb, p_producer text,
                                             p_compact boolean)
 RETURNS TABLE (idx integer, message_id text, transaction_id text, status text,
@@ -255,32 +279,32 @@ BEGIN
         targets := queen.push_targets(p_items);
         IF NOT EXISTS (SELECT 1 FROM unnest(targets) t JOIN queen.queues q ON q.id = t.queue_id
                        WHERE q.max_size > 0) THEN
-            BEGIN
-                ids := queen.store_new_messages(p_items, targets, p_producer, prefix);
-            EXCEPTION WHEN unique_violation THEN
-                ids := NULL;  -- (stored as any other batch below)
-            END;
-            IF ids IS NOT NULL AND p_compact AND 281474976710656 > ALL (ids) THEN
-                RETURN QUERY SELECT 0, prefix, NULL::text, 'queued', ids;
+            ids := queen.store_new_messages(p_items, targets, p_producer);
+            IF p_compact AND cardinality(targets) = 1 AND 281474976710656 > ALL (ids) THEN
+                RETURN QUERY SELECT 0, prefix, queen.made_prefix(targets[1].partition_id),
+                                    'queued', ids;
                 RETURN;  -- (each id below 2^48: its API id is the prefix and its hex)
             END IF;
-            IF ids IS NOT NULL THEN
-                RETURN QUERY
-                SELECT k.n::integer, u.id, u.id, 'queued', NULL::bigint[]  -- (its transactionId)
-                FROM unnest(ids) WITH ORDINALITY k(id, n)
-                CROSS JOIN LATERAL (SELECT queen.message_uuid_text(k.id, prefix, now())
-                                    AS id) u
-                ORDER BY k.n;
-                RETURN;
-            END IF;
+            RETURN QUERY
+            SELECT k.n::integer, queen.message_uuid_text(k.id, prefix, now()),
+                   queen.made_txid(t.partition_id, k.id), 'queued', NULL::bigint[]
+            FROM unnest(ids) WITH ORDINALITY k(id, n)
+            JOIN (SELECT x.ord, t.partition_id
+                  FROM jsonb_array_elements(p_items) WITH ORDINALITY x(i, ord)
+                  JOIN unnest(targets) t
+                    ON t.queue = x.i ->> 'queue'
+                   AND t.partition = coalesce(x.i ->> 'partition', queen.default_partition())) t
+              ON t.ord = k.n
+            ORDER BY k.n;
+            RETURN;
         END IF;
     END IF;
-    s := queen.store_messages(p_items, p_producer, prefix);
+    s := queen.store_messages(p_items, p_producer);
     IF cardinality(s.stored) = cardinality(s.accepted) THEN
         -- Every item stored (the common case): nothing to look up.
         RETURN QUERY
-        SELECT a.idx, queen.message_uuid_text(a.id, prefix, now()), a.transaction_id,
-               'queued', NULL::bigint[]
+        SELECT a.idx, queen.message_uuid_text(a.id, prefix, now()),
+               queen.txid(a.transaction_id, a.partition_id, a.id), 'queued', NULL::bigint[]
         FROM unnest(s.accepted) a
         UNION ALL
         SELECT r, NULL, NULL, 'rejected', NULL FROM unnest(s.rejected) r
@@ -292,13 +316,14 @@ BEGIN
            CASE WHEN a.id = ANY (s.stored)
                 THEN queen.message_uuid_text(a.id, prefix, now())
                 ELSE m.uuid END,
-           a.transaction_id,
+           queen.txid(a.transaction_id, a.partition_id, a.id),
            CASE WHEN a.id = ANY (s.stored) THEN 'queued' ELSE 'duplicate' END,
            NULL::bigint[]
     FROM unnest(s.accepted) a
     LEFT JOIN LATERAL (SELECT queen.message_uuid(m.id, m.created_at)::text AS uuid
-                       FROM queen.messages m
-                       WHERE m.transaction_id = a.transaction_id AND NOT a.id = ANY (s.stored)
+                       FROM queen.named(a.transaction_id) n
+                       JOIN queen.messages m ON m.partition_id = n.partition_id AND m.id = n.id
+                       WHERE NOT a.id = ANY (s.stored)
                        LIMIT 1) m ON true
     UNION ALL
     SELECT r, NULL, NULL, 'rejected', NULL FROM unnest(s.rejected) r

@@ -185,7 +185,8 @@ RETURNS TABLE (id uuid, message_id bigint, transaction_id text, queue text, part
                retry_count integer, lease_expires_at timestamptz, producer text,
                partition_id uuid)
 LANGUAGE sql STABLE AS $$
-    SELECT queen.message_uuid(m.id, m.created_at), m.id, m.transaction_id, q.name,
+    SELECT queen.message_uuid(m.id, m.created_at), m.id,
+           queen.txid(m.transaction_id, m.partition_id, m.id), q.name,
            p.name, q.namespace, q.task, m.payload, m.encrypted, s.status,
            CASE WHEN s.status = 'processing' THEN c.leased_by END, m.created_at,
            CASE WHEN s.status = 'processing'
@@ -223,8 +224,8 @@ CREATE OR REPLACE FUNCTION queen.related_messages(p_txid text, p_limit integer)
 RETURNS TABLE (partition_id uuid, id bigint)
 LANGUAGE sql STABLE AS $$
     WITH anchor AS (
-        SELECT m.partition_id, m.id, m.created_at FROM queen.messages m
-        WHERE m.transaction_id = p_txid
+        SELECT m.partition_id, m.id, m.created_at FROM queen.named(p_txid) n
+        JOIN queen.messages m ON m.partition_id = n.partition_id AND m.id = n.id
     ), near AS (
         SELECT r.* FROM anchor a CROSS JOIN LATERAL (
             SELECT x.id, x.created_at FROM queen.messages x

@@ -128,9 +128,8 @@ def lease_state(conn: psycopg.Connection[Any], txid: str) -> tuple[Any, ...]:
     """(cursor_id, lease_acked, lease live) of the queue-mode row of txid's partition."""
     row = conn.execute(
         "SELECT c.cursor_id, c.lease_acked, c.lease_expires_at > now()"
-        " FROM queen.consumers c JOIN queen.messages m"
-        " ON m.partition_id = c.partition_id WHERE m.transaction_id = %s"
-        " AND c.consumer_group = '__queue__'",
+        " FROM queen.consumers c JOIN queen.named(%s) m"
+        " ON m.partition_id = c.partition_id WHERE c.consumer_group = '__queue__'",
         (txid,),
     ).fetchone()
     assert row is not None

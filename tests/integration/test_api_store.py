@@ -125,14 +125,29 @@ def test_a_push_answered_compactly_names_each_message_as_stored(cstore, db_dsn):
     A batch naming a transactionId is answered one row an item, as before."""
     items = [{"queue": "compact", "partition": "p", "payload": {"n": n}} for n in range(3)]
     results = cstore.messages.push(orjson.dumps({"items": items}), items)
-    stored = sql(db_dsn, "SELECT m.id, m.created_at, m.transaction_id FROM queen.messages m"
+    stored = sql(db_dsn, "SELECT m.id, m.created_at,"
+                         " queen.txid(m.transaction_id, m.partition_id, m.id)"
+                         " FROM queen.messages m"
                          " JOIN queen.partitions p ON p.id = m.partition_id"
                          " JOIN queen.queues q ON q.id = p.queue_id"
                          " WHERE q.name = 'compact' ORDER BY m.id")
     assert [(r.position, r.id, r.transaction_id, r.status) for r in results] == [
         (k, str(message_uuid(i, t)), txid, "queued") for k, (i, t, txid) in enumerate(stored, 1)
     ]
-    assert all(r.id == r.transaction_id for r in results)
+    # Into several partitions, each its own prefix (one an item from push_new).
+    spread = [{"queue": "compact", "partition": f"s{n % 2}", "payload": {"n": n}}
+              for n in range(4)]
+    # (The first makes the partitions: queen.push_batch's rows; then push_new's.)
+    results = [r for _ in range(2)
+               for r in cstore.messages.push(orjson.dumps({"items": spread}), spread)]
+    assert len({r.transaction_id for r in results}) == 8
+    named = {txid: i for txid, i in sql(
+        db_dsn, "SELECT u.txid, a.id FROM unnest(%s::text[]) u(txid),"
+                " LATERAL (SELECT queen.message_uuid(m.id, m.created_at)::text AS id"
+                "          FROM queen.named(u.txid) x JOIN queen.messages m"
+                "          ON m.partition_id = x.partition_id AND m.id = x.id) a",
+        ([r.transaction_id for r in results],))}
+    assert [named.get(r.transaction_id) for r in results] == [r.id for r in results]
     named = [*items[:1], {**items[0], "transactionId": "mine"}]
     again = cstore.messages.push(orjson.dumps({"items": named}), named)
     assert [(r.position, r.status) for r in again] == [(1, "queued"), (2, "queued")]

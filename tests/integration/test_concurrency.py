@@ -19,13 +19,13 @@ import pytest
 
 from queen.store import Store, lifecycle
 from queen.store.db import QUERIES, Database
-from queen.store.messages import ack_columns, ack_lease_params
+from queen.store.messages import ack_columns, ack_lease_params, message_id_of
 from tests import storage
 from tests.integration.helpers import ack, ack_all, data, pop, push, rows, scalar
 
 THREADS = 8
 # A stored message's id as the API answers it.
-API_ID = "queen.message_uuid(id, created_at)"
+API_ID = "queen.message_uuid(m.id, m.created_at)"
 
 
 @pytest.fixture
@@ -242,7 +242,7 @@ def test_concurrent_duplicate_pushes_store_each_id_once(
         outcomes = [row for per_thread in run_together(THREADS, pusher) for row in per_thread]
     assert [r.message for r in caplog.records] == [], "pushes deadlocked and were retried"
     dsn = big_store.db.dsn
-    stored = dict(rows(dsn, f"SELECT transaction_id, {API_ID} FROM {storage.MESSAGES}"))
+    stored = dict(rows(dsn, f"SELECT {storage.TXID}, {API_ID} FROM {storage.MESSAGES} m"))
     assert sorted(t for t in stored if t.startswith("tx-")) == ids
     assert len(stored) == len(ids) + 3
     queued = Counter(t for t, status, _ in outcomes if status == "queued")
@@ -277,12 +277,21 @@ def test_duplicates_within_one_batch_and_across_batches(store: Store) -> None:
     assert [data(m) for m in msgs] == [1, 3, 5]
 
 
+def made_for(result: Any) -> bool:
+    """Whether a push result's transactionId is one made for its message: a version 8
+    UUID carrying the message's id (queen.made_txid)."""
+    txid = uuid.UUID(result.transaction_id)
+    return (str(txid) == result.transaction_id and txid.version == 8
+            and txid.int & (2**62 - 1) == message_id_of(uuid.UUID(str(result.id))))
+
+
 def test_pushes_with_and_without_chosen_ids_keep_item_order(store: Store) -> None:
     """Without any transactionId a push takes the plain insert; with some, the checked
-    one: either way ids made by the server are the message ids, and FIFO is item order."""
+    one: either way the transactionIds made by the server name the messages, and FIFO is
+    item order."""
     plain = push(store, [{"queue": "q", "payload": n} for n in (1, 2, 3)])
     assert [r.status for r in plain] == ["queued"] * 3
-    assert all(r.transaction_id == str(r.id) for r in plain)
+    assert all(made_for(r) for r in plain)
     mixed = push(
         store,
         [
@@ -294,7 +303,7 @@ def test_pushes_with_and_without_chosen_ids_keep_item_order(store: Store) -> Non
     )
     assert [r.status for r in mixed] == ["queued", "duplicate", "queued", "queued"]
     assert mixed[1].id == plain[1].id
-    assert mixed[0].transaction_id == str(mixed[0].id)
+    assert made_for(mixed[0]) and made_for(mixed[3])
     msgs = pop(store, "q", "Default", batch=10)
     assert [data(m) for m in msgs] == [1, 2, 3, 4, 6, 7]
 
@@ -316,7 +325,7 @@ def test_ids_made_for_a_push_are_uuid_v7_unique_and_in_item_order(store: Store) 
         assert ids == sorted(ids), "ids not in item order"
         assert all(before_ms - 5 <= (i.int >> 80) <= after_ms + 5 for i in ids)
         made = [r for r in results if r.transaction_id != "mine"]
-        assert all(r.transaction_id == r.id for r in made)
+        assert all(made_for(r) for r in made)
     everything = [r.id for r in first + second]
     assert len(set(everything)) == len(everything) == 306
     stored = rows(store.db.dsn, f"SELECT count(DISTINCT id), count(*) FROM {storage.MESSAGES}")
@@ -652,7 +661,7 @@ def test_a_push_into_a_partition_removed_while_it_waited_for_the_lock_stores_not
 
         def pusher() -> None:
             with psycopg.connect(db_dsn, autocommit=True, application_name=app) as conn:
-                ((fits, _, ids, _),) = conn.execute(QUERIES["push_new"], params).fetchall()
+                ((fits, _, ids, _, _),) = conn.execute(QUERIES["push_new"], params).fetchall()
                 results.append((fits, ids))
                 if not fits:
                     conn.execute(QUERIES["push"], params).fetchall()

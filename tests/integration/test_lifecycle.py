@@ -8,7 +8,9 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
+from queen.errors import InvalidInput
 from queen.store import lifecycle
 from queen.store.db import QUERIES
 from tests.integration.helpers import (
@@ -65,24 +67,43 @@ def test_duplicates_by_transaction_id_store_nothing(conn: Conn) -> None:
     assert numbers(lifecycle.pop(conn, "other", batch=10)) == [8]
 
 
-def test_a_drawn_transaction_id_a_client_stored_already_is_drawn_again(conn: Conn) -> None:
-    # Items without a transactionId are stored by a plain insert (no ON CONFLICT): when a
-    # client pushed the id one of them draws as its own, the batch is stored again, with
-    # new ids and conflicts checked; nothing is lost or taken for a duplicate.
-    with conn.transaction():  # (one now(): the id the next push draws is known)
-        (next_id,) = conn.execute(
-            "SELECT last_value + CASE WHEN is_called THEN 2 ELSE 1 END"
-            " FROM queen.messages_id_seq").fetchone() or (None,)
-        (taken,) = conn.execute(
-            "SELECT queen.message_uuid(%s, now())::text", (next_id,)).fetchone() or (None,)
-        (own,) = lifecycle.push(conn, [{"queue": "q", "payload": {"n": 0}, "transactionId": taken}])
-        drawn = lifecycle.push(conn, [{"queue": "q", "payload": {"n": 1}},
-                                    {"queue": "q", "payload": {"n": 2}}])
-    assert own.status == "queued"
-    assert [r.status for r in drawn] == ["queued", "queued"]
-    assert next_id < drawn[0].id < drawn[1].id  # next_id was drawn first, and collided
-    assert taken not in {r.transaction_id for r in drawn}
-    assert numbers(lifecycle.pop(conn, "q", batch=10)) == [0, 1, 2]
+def test_a_made_transaction_id_is_stored_nowhere_and_names_its_message(conn: Conn) -> None:
+    # An item naming no transactionId gets one made of its partition's id and its own:
+    # no column value, no entry in the unique index; it finds the message all the same.
+    (made,) = lifecycle.push(conn, [{"queue": "q", "payload": {"n": 0}}])
+    assert uuid.UUID(made.transaction_id).version == 8
+    assert conn.execute("SELECT transaction_id FROM queen.messages").fetchall() == [(None,)]
+    (size,) = conn.execute(
+        "SELECT count(*) FROM queen.messages m"
+        " WHERE m.transaction_id IS NOT NULL").fetchone() or (None,)
+    assert size == 0
+    assert conn.execute("SELECT id FROM queen.named(%s)", (made.transaction_id,)).fetchall() == [
+        (made.id,)]
+    (popped,) = lifecycle.pop(conn, "q")
+    assert popped.transaction_id == made.transaction_id
+    assert [r.status for r in lifecycle.ack(conn, [{"transactionId": made.transaction_id,
+                                                    "status": "completed"}])] == ["completed"]
+
+
+def test_a_clients_transaction_id_of_the_made_form_is_a_duplicate_or_refused(
+        conn: Conn) -> None:
+    # Sent again as a client's own, a made transactionId is its message's duplicate; one
+    # of that form naming no stored message is refused (a 400), nothing stored, so that a
+    # client's never equals one made later.
+    (made,) = lifecycle.push(conn, [{"queue": "q", "payload": {"n": 0}}])
+    again = lifecycle.push(conn, [{"queue": "q", "payload": {"n": 1},
+                                   "transactionId": made.transaction_id},
+                                  {"queue": "q", "payload": {"n": 2}, "transactionId": "own"}])
+    assert [(r.status, r.id) for r in again] == [("duplicate", made.id), ("queued", again[1].id)]
+    future = made.transaction_id[:-12] + f"{made.id + 1000:012x}"
+    with pytest.raises(InvalidInput, match="has the form"), conn.transaction():
+        lifecycle.push(conn, [{"queue": "q", "payload": {"n": 3}},
+                              {"queue": "q", "payload": {"n": 4}, "transactionId": future}])
+    assert numbers(lifecycle.pop(conn, "q", batch=10)) == [0, 2]
+    # Another case, or a version 7 UUID, is a client's like any other.
+    upper = lifecycle.push(conn, [{"queue": "q", "payload": {"n": 5},
+                                   "transactionId": future.upper()}])
+    assert [r.status for r in upper] == ["queued"]
 
 
 def test_two_pushes_racing_with_one_transaction_id_store_one_message(db_dsn: str) -> None:

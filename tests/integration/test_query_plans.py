@@ -243,7 +243,7 @@ def test_push_into_existing_partitions(explained: Explained) -> None:
     # The server's push of such items, one statement (prepared at its sixth run, then
     # five custom plans): on its keys, and its generic plan kept.
     for _ in range(RUNS + 6):
-        ((fits, _, ids, _),), plans = explained.run("push_new", {"bodies": f"[{body}]",
+        ((fits, _, ids, _, _),), plans = explained.run("push_new", {"bodies": f"[{body}]",
                                                                  "producer": None})
         assert fits and len(ids) == 100
     check("push_new", plans)

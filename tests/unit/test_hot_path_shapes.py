@@ -20,6 +20,7 @@ from queen.store.messages import (
     _push_results,
     _push_rows,
     ack_columns,
+    made_txids,
     message_uuid,
 )
 
@@ -145,11 +146,26 @@ def test_push_rows_refuse_a_query_of_another_width_and_make_results() -> None:
 def test_a_compact_push_answer_makes_each_items_api_id_and_transaction_id() -> None:
     created = dt.datetime(2026, 12, 6, 11, 40, 5, 123456, tzinfo=dt.UTC)
     prefix = str(message_uuid(0, created))[:24]
-    made = _push_results([(0, prefix, None, "queued", [7, 2**40 + 5])])
-    assert made == [
-        PushResult(k, str(message_uuid(i, created)), str(message_uuid(i, created)), "queued")
-        for k, i in ((1, 7), (2, 2**40 + 5))
+    partition = uuid.UUID("0f8e1d2c-3b4a-4596-a7b8-c9d0e1f2a3b4")
+    made = _push_results([(0, prefix, "0f8e1d2c-3b4a-8596-", "queued", [7, 2**40 + 5])])
+    assert [(r.position, r.id, r.status) for r in made] == [
+        (k, str(message_uuid(i, created)), "queued") for k, i in ((1, 7), (2, 2**40 + 5))
     ]
+    for r, i in zip(made, (7, 2**40 + 5), strict=True):
+        txid = uuid.UUID(r.transaction_id)
+        assert str(txid) == r.transaction_id  # (canonical: as SQL makes it)
+        assert txid.version == 8 and txid.variant == uuid.RFC_4122
+        assert txid.int >> 80 == partition.int >> 80  # the partition's first 48 bits
+        assert (txid.int >> 64) & 0xFFF == (partition.int >> 64) & 0xFFF  # and its next 12
+        assert txid.int & (2**62 - 1) == i
+
+
+def test_made_transaction_ids_carry_an_id_of_any_size() -> None:
+    for i in (1, 2**48 - 1, 2**48, 2**62 - 1):
+        (txid,) = made_txids(["ffffffff-ffff-8fff-"], [i])
+        assert uuid.UUID(txid).int & (2**62 - 1) == i and uuid.UUID(txid).version == 8
+    assert made_txids(["00000000-0000-8000-", "11111111-1111-8111-"], [1, 2]) == [
+        "00000000-0000-8000-8000-000000000001", "11111111-1111-8111-8000-000000000002"]
 
 
 def test_ack_columns_send_one_value_a_request_when_its_items_agree() -> None:
