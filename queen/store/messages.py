@@ -525,7 +525,7 @@ def ack_lease_params(acks: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     txids = [a["transactionId"] for a in acks]
     return {"lease": lease, "grp": QUEUE_MODE if group is None else group, "size": len(txids),
-            "joined": "\x1f".join(txids), "first": txids[0]}
+            "joined": "\x1f".join(txids)}
 
 
 def _disjoint(requests: list[list[dict[str, Any]]]) -> list[list[list[dict[str, Any]]]]:

@@ -77,15 +77,16 @@ $$;
 
 -- Whether a lease id is of queen.lease_in's making (version 8).
 CREATE OR REPLACE FUNCTION queen.lease_placed(p_lease uuid) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT get_byte(uuid_send(p_lease), 6) >> 4 = 8
 $$;
 
 -- The lowest or highest partition id a lease may be on (p_fill: 16 bytes of 00, or of
 -- ff): those sharing its first 6 bytes; for an id of another making (a caller's own, or
 -- one made before leases named their partition) every partition.
+-- (These and queen.lease_placed are STABLE for the reason queen.made_id is.)
 CREATE OR REPLACE FUNCTION queen.lease_bound(p_lease uuid, p_fill bytea) RETURNS uuid
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT encode(CASE WHEN queen.lease_placed(p_lease)
                        THEN substring(uuid_send(p_lease) FROM 1 FOR 6)
                        ELSE substring(p_fill FROM 1 FOR 6) END
@@ -93,12 +94,12 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION queen.lease_low(p_lease uuid) RETURNS uuid
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT queen.lease_bound(p_lease, '\x00000000000000000000000000000000')
 $$;
 
 CREATE OR REPLACE FUNCTION queen.lease_high(p_lease uuid) RETURNS uuid
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT queen.lease_bound(p_lease, '\xffffffffffffffffffffffffffffffff')
 $$;
 
@@ -114,10 +115,18 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT left(p_partition::text, 14) || '8' || substr(p_partition::text, 16, 3) || '-'
 $$;
 
+-- (p_prefix: queen.made_prefix of the partition, computed once for many messages.)
+CREATE OR REPLACE FUNCTION queen.made_txid_text(p_prefix text, p_id bigint) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_prefix || CASE WHEN p_id BETWEEN 0 AND 281474976710655
+                            THEN '8000-' || lpad(to_hex(p_id), 12, '0')
+                            ELSE to_hex(32768 | ((p_id >> 48) & 16383)) || '-'
+                                 || lpad(to_hex(p_id & 281474976710655), 12, '0') END
+$$;
+
 CREATE OR REPLACE FUNCTION queen.made_txid(p_partition uuid, p_id bigint) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT queen.made_prefix(p_partition) || to_hex(32768 | ((p_id >> 48) & 16383)) || '-'
-           || lpad(to_hex(p_id & 281474976710655), 12, '0')
+    SELECT queen.made_txid_text(queen.made_prefix(p_partition), p_id)
 $$;
 
 -- A message's transactionId: the one stored (a client's), or the one made of its ids.
@@ -127,48 +136,45 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT coalesce(p_stored, queen.made_txid(p_partition, p_id))
 $$;
 
--- Whether a transactionId has the form queen.made_txid makes.
+-- Whether a transactionId has the form queen.made_txid makes. (STABLE, as
+-- queen.made_id, which calls it.)
 CREATE OR REPLACE FUNCTION queen.made_form(p_txid text) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT p_txid ~ '^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$'
 $$;
 
--- The message id a made transactionId names (NULL for any other), and the lowest and
--- highest partition ids it may name (those sharing its first 48 bits). (Each names its
--- argument once, so that it is inlined whatever the argument is; STABLE, so that a
--- constant argument is not evaluated by a call of its own at planning.)
+-- (Earlier builds found a made transactionId's partition in a range of ids.)
+DROP FUNCTION IF EXISTS queen.made_low(text);
+DROP FUNCTION IF EXISTS queen.made_high(text);
+
+-- The message id a made transactionId names, NULL for any other. (A match, then string
+-- functions: a regular expression with a group to capture costs several times more.
+-- STABLE, not IMMUTABLE: a constant argument would be evaluated at planning, a call of
+-- its own, and a custom plan with a branch of queen.named folded away would look cheaper
+-- than the generic one at every call, so PL/pgSQL would plan each call again.)
 CREATE OR REPLACE FUNCTION queen.made_id(p_txid text) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT ('x' || replace(substring(p_txid FROM '^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-'
-                                                  '([89ab][0-9a-f]{3}-[0-9a-f]{12})$'),
-                           '-', ''))::bit(64)::bigint & 4611686018427387903
-$$;
-
-CREATE OR REPLACE FUNCTION queen.made_low(p_txid text) RETURNS uuid
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT (substring(p_txid FROM '^([0-9a-f]{8}-[0-9a-f]{4}-)8[0-9a-f]{3}-[89ab][0-9a-f]{3}-'
-                                  '[0-9a-f]{12}$') || '0000-0000-000000000000')::uuid
-$$;
-
-CREATE OR REPLACE FUNCTION queen.made_high(p_txid text) RETURNS uuid
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT (substring(p_txid FROM '^([0-9a-f]{8}-[0-9a-f]{4}-)8[0-9a-f]{3}-[89ab][0-9a-f]{3}-'
-                                  '[0-9a-f]{12}$') || 'ffff-ffff-ffffffffffff')::uuid
+    SELECT CASE WHEN queen.made_form(p_txid)
+                THEN ('x' || replace(right(p_txid, 17), '-', ''))::bit(64)::bigint
+                     & 4611686018427387903 END
 $$;
 
 -- The message a transactionId names, if any: a client's by the unique index of stored
--- ones, a made one by its partition (found by its id's prefix: one probe of the key) and
--- id (one probe of the messages' key). A made transactionId names only a message that
--- stores none; a client's is never of the made form (queen.store_messages).
+-- ones, a made one by its partition (the 60 bits of the partition's id it carries, by
+-- the index partitions_made: an array, not a join, which the planner would give a cache
+-- to set up at every call) and id (one probe of the messages' key). A made
+-- transactionId names only a message that stores none; a client's is never of the made
+-- form (queen.store_messages).
 CREATE OR REPLACE FUNCTION queen.named(p_txid text)
 RETURNS TABLE (partition_id uuid, id bigint)
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT m.partition_id, m.id FROM queen.messages m WHERE m.transaction_id = p_txid
     UNION ALL
     SELECT m.partition_id, m.id
-    FROM queen.partitions p
-    JOIN queen.messages m ON m.partition_id = p.id AND m.id = queen.made_id(p_txid)
-    WHERE p.id BETWEEN queen.made_low(p_txid) AND queen.made_high(p_txid)
-      AND m.transaction_id IS NULL AND queen.made_txid(p.id, m.id) = p_txid
+    FROM queen.messages m
+    WHERE m.partition_id = ANY (ARRAY(SELECT p.id FROM queen.partitions p
+                                      WHERE left(p.id::text, 13) || substr(p.id::text, 16, 3)
+                                            = left(p_txid, 13) || substr(p_txid, 16, 3)))
+      AND m.id = queen.made_id(p_txid) AND m.transaction_id IS NULL
     LIMIT 1
 $$;

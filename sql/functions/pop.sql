@@ -232,6 +232,7 @@ DECLARE
     candidate  uuid;
     lease      uuid;
     expires    timestamptz;
+    made       text;  -- (queen.made_prefix of candidate: its messages' made transactionIds)
     matching   text;
 BEGIN
     IF p_kind = 'filter' THEN  -- (each matching queue as by queue, until one gives a batch)
@@ -371,9 +372,11 @@ BEGIN
         lease := coalesce(p_lease, queen.uuid_v7());
         lease := queen.lease_in(candidate, lease);
         expires := now() + make_interval(secs => q.lease_time);
+        made := queen.made_prefix(candidate);
         RETURN QUERY
         WITH batch AS MATERIALIZED (
-            SELECT m.id, queen.txid(m.transaction_id, candidate, m.id) AS transaction_id,
+            SELECT m.id,
+                   coalesce(m.transaction_id, queen.made_txid_text(made, m.id)) AS transaction_id,
                    m.payload, m.encrypted, m.producer, m.trace_id, m.created_at
             FROM queen.messages m
             WHERE m.partition_id = candidate AND m.id > c.cursor_id
@@ -614,7 +617,8 @@ BEGIN
     -- scan of the whole table.)
     WITH picked AS MATERIALIZED (
         SELECT k.*, row_number() OVER ()::integer AS j,
-               (SELECT p.name FROM queen.partitions p WHERE p.id = k.partition_id) AS name
+               (SELECT p.name FROM queen.partitions p WHERE p.id = k.partition_id) AS name,
+               queen.made_prefix(k.partition_id) AS made
         FROM (SELECT x.* FROM unnest(p_candidates) u
               CROSS JOIN LATERAL (SELECT * FROM queen.consumers x
                                   WHERE x.partition_id = u AND x.consumer_group = p_group
@@ -630,7 +634,8 @@ BEGIN
                     ELSE 0 END AS retries
         FROM picked k
         CROSS JOIN LATERAL (SELECT m.id,
-                                   queen.txid(m.transaction_id, m.partition_id, m.id)
+                                   coalesce(m.transaction_id,
+                                            queen.made_txid_text(k.made, m.id))
                                      AS transaction_id,
                                    m.payload, m.encrypted, m.created_at, m.trace_id
                             FROM queen.messages m
