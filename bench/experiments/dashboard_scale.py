@@ -47,13 +47,13 @@ def seed_database(dsn: str, messages: int) -> None:
 # A pending message (past queue mode's cursor), a dead letter and a completed one (behind
 # the cursor, with no failure record), in queue mode's terms.
 SAMPLE_MESSAGES = """
-SELECT (SELECT m.transaction_id FROM queen.consumers c
+SELECT (SELECT queen.txid(m.transaction_id, m.partition_id, m.id) FROM queen.consumers c
         JOIN queen.messages m ON m.partition_id = c.partition_id AND m.id > c.cursor_id
         WHERE c.consumer_group = '__queue__' LIMIT 1),
-       (SELECT m.transaction_id FROM queen.failures f
+       (SELECT queen.txid(m.transaction_id, m.partition_id, m.id) FROM queen.failures f
         JOIN queen.messages m ON m.partition_id = f.partition_id AND m.id = f.message_id
         WHERE f.consumer_group = '__queue__' AND f.status = 'dead_letter' LIMIT 1),
-       (SELECT m.transaction_id FROM queen.consumers c
+       (SELECT queen.txid(m.transaction_id, m.partition_id, m.id) FROM queen.consumers c
         JOIN queen.messages m ON m.partition_id = c.partition_id AND m.id <= c.cursor_id
         WHERE c.consumer_group = '__queue__' AND NOT EXISTS (
             SELECT 1 FROM queen.failures f WHERE f.partition_id = m.partition_id

@@ -82,7 +82,8 @@ BEGIN
                             FOR UPDATE SKIP LOCKED) x
         LIMIT 1
     ), batch AS MATERIALIZED (
-        SELECT k.partition_id, k.name, k.retried_max, m.id, m.transaction_id, m.payload,
+        SELECT k.partition_id, k.name, k.retried_max, m.id,
+               queen.txid(m.transaction_id, m.partition_id, m.id) AS transaction_id, m.payload,
                m.encrypted, m.producer, m.trace_id, m.created_at
         FROM picked k
         CROSS JOIN LATERAL (SELECT m.* FROM queen.messages m
