@@ -420,9 +420,13 @@ class Messages:
                 except QueenError as exc:
                     results += [exc] * len(part)
             return results
-        # Requests completing all they name: first as whole leases (ack_whole), one
-        # statement for the common call; what that does not end, item by item (ack).
-        whole = [k for k, r in enumerate(requests) if all(a["status"] == "completed" for a in r)]
+        # Requests completing all they name under the leases they name: first as whole
+        # leases (ack_whole), one statement for the common call; what that does not end,
+        # and requests naming no lease, item by item (ack).
+        whole = [
+            k for k, r in enumerate(requests)
+            if all(a["status"] == "completed" and a.get("leaseId") for a in r)
+        ]
         if not whole:
             return self._ack_items(requests)
         tried = [requests[k] for k in whole]
@@ -504,6 +508,8 @@ def ack_columns(
         values = [a.get(key) for a in rows]
         return text_array(values) if any(v is not None for v in values) else None
 
+    leases = [a.get("leaseId") for a in rows]
+    ranges = [lease_range(lease) for lease in leases] if all(leases) else None
     return {
         "txids": text_array([a["transactionId"] for a in acks]),
         "groups": column("consumerGroup"),
@@ -512,7 +518,20 @@ def ack_columns(
         "leases": column("leaseId"),
         "sizes": "{" + ",".join(str(n) for n in sizes) + "}",
         "per_request": per_request,
+        "lows": text_array([low for low, _ in ranges]) if ranges else None,
+        "highs": text_array([high for _, high in ranges]) if ranges else None,
     }
+
+
+def lease_range(lease: str) -> tuple[str, str]:
+    """The lowest and highest partition ids a lease id names (queen.lease_low and
+    queen.lease_high): those sharing its first 6 bytes when it is of queen.lease_in's
+    making (version 8), else every partition."""
+    value = uuid.UUID(lease).int
+    if (value >> 76) & 0xF != 8:
+        return str(uuid.UUID(int=0)), str(uuid.UUID(int=2**128 - 1))
+    first = value >> 80 << 80
+    return str(uuid.UUID(int=first)), str(uuid.UUID(int=first | (2**80 - 1)))
 
 
 def ack_lease_params(acks: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -524,8 +543,9 @@ def ack_lease_params(acks: list[dict[str, Any]]) -> dict[str, Any] | None:
     ):
         return None
     txids = [a["transactionId"] for a in acks]
+    low, high = lease_range(lease)
     return {"lease": lease, "grp": QUEUE_MODE if group is None else group, "size": len(txids),
-            "joined": "\x1f".join(txids)}
+            "joined": "\x1f".join(txids), "low": low, "high": high}
 
 
 def _disjoint(requests: list[list[dict[str, Any]]]) -> list[list[list[dict[str, Any]]]]:

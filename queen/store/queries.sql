@@ -121,61 +121,56 @@ SELECT payload FROM queen.ready_partitions(
     %(queues)s::text[], %(partition_queues)s::text[], %(partitions)s::text[],
     %(namespaces)s::text[], %(tasks)s::text[], %(limit)s) AS payload
 
--- ack_whole: the common ack, in one statement: each request completing every message of one live lease as popped (the transactionIds' digest, its leaseId where named) ends that lease and writes its completion, as queen.ack_whole_leases with queen.end_done_leases does, request by request (parameters as ack's, every status completed); fit: the requests that did (1-based), their items all completed now; wakes: the wake-ups to send once committed (notify_wakes). The other requests go to ack, which decides them item by item --
+-- ack_whole: the common ack, in one statement: each request naming one leaseId and completing every message of that live lease as popped (the transactionIds' digest) ends that lease and writes its completion, as queen.ack_whole_leases with queen.end_done_leases does, request by request (parameters as ack's, every status completed, each item naming its leaseId; lows and highs: the key range each leaseId names, lease_range); fit: the requests that did (1-based), their items all completed now; wakes: the wake-ups to send once committed (notify_wakes). The other requests go to ack, which decides them item by item --
 -- Its commit does not wait for the disk, as queen.ack_items's. Each request's row is found
--- by the key range its leaseId names (queen.lease_row), or, naming none, by its first
--- message (queen.named) and a probe of its key (a LATERAL with a LIMIT: never a join,
--- which the planner may make a scan of the table), the row updated by its ctid (a TID
--- scan), its checks in the UPDATE's own WHERE, so that a row another transaction changed
--- meanwhile is checked again as it now is. generate_subscripts, not unnest: its row estimate does not
--- depend on the array, so the generic plan costs what custom ones do and is kept.
+-- in the key range its leaseId names (a LATERAL with a LIMIT: never a join, which the
+-- planner may make a scan of the table); its transactionIds are checked against the
+-- lease's digest, not looked up, and its completion starts past the cursor (no message
+-- lies between the cursor and a lease whole as popped). The row is updated by its ctid
+-- (a TID scan), its checks in the UPDATE's own WHERE, so that a row another transaction
+-- changed meanwhile is checked again as it now is. Its lookups call no SQL function (one
+-- inlined is parsed again at each planning, and the range is the server's to compute).
+-- generate_subscripts, not unnest: its row estimate does not depend on the array, so the
+-- generic plan costs what custom ones do and is kept.
 WITH a AS (
     SELECT %(txids)s::text[] AS txids, %(groups)s::text[] AS groups,
            %(statuses)s::text[] AS statuses, %(leases)s::text[] AS leases,
-           %(sizes)s::integer[] AS sizes, %(per_request)s::boolean AS per_request
+           %(sizes)s::integer[] AS sizes, %(per_request)s::boolean AS per_request,
+           %(lows)s::uuid[] AS lows, %(highs)s::uuid[] AS highs
 ), s AS MATERIALIZED (  -- each request: its items' first and last positions
-    SELECT a.txids, a.groups, a.leases, a.per_request, k, a.sizes[k] AS size,
+    SELECT a.txids, a.groups, a.leases, a.lows, a.highs, a.per_request, k, a.sizes[k] AS size,
            (sum(a.sizes[k]) OVER w - a.sizes[k] + 1)::integer AS first,
            (sum(a.sizes[k]) OVER w)::integer AS last
     FROM a CROSS JOIN LATERAL generate_subscripts(a.sizes, 1) k
     WHERE 'completed' = ALL (a.statuses)
     WINDOW w AS (ORDER BY k)
-), r AS MATERIALIZED (  -- its pair, lease and digest
-    SELECT s.k, s.size, f.part, f.first_id, f.row_at, g.grp, g.lease,
+), r AS MATERIALIZED (  -- its pair, row, lease and digest
+    SELECT s.k, s.size, f.part, f.first_id, f.row, g.grp, g.lease,
            hashtextextended(array_to_string(s.txids[s.first:s.last], E'\x1f'), 0) AS digest
     FROM s
     CROSS JOIN LATERAL (
-        SELECT coalesce(s.groups[CASE WHEN s.per_request THEN s.k ELSE s.first END],
-                        '__queue__') AS grp,
-               s.leases[CASE WHEN s.per_request THEN s.k ELSE s.first END]::uuid AS lease) g
-    CROSS JOIN LATERAL (  -- the row its leaseId names, else its first message's partition
-        SELECT c.partition_id AS part, c.first_id, c.row_at
-        FROM queen.lease_row(g.lease, g.grp) c
-        WHERE g.lease IS NOT NULL
-        UNION ALL
-        SELECT n.partition_id, n.id, NULL FROM queen.named(s.txids[s.first]) n
-        WHERE g.lease IS NULL
-        LIMIT 1) f
+        SELECT coalesce(s.groups[j.at], '__queue__') AS grp, s.leases[j.at]::uuid AS lease,
+               s.lows[j.at] AS low, s.highs[j.at] AS high
+        FROM (SELECT CASE WHEN s.per_request THEN s.k ELSE s.first END AS at) j) g
+    CROSS JOIN LATERAL (SELECT c.partition_id AS part, c.cursor_id + 1 AS first_id,
+                               c.ctid AS row
+                        FROM queen.consumers c
+                        WHERE c.partition_id BETWEEN g.low AND g.high
+                          AND c.consumer_group = g.grp AND c.lease_id = g.lease
+                        LIMIT 1) f
     WHERE s.per_request  -- (else one group and one leaseId for all of a request's items)
        OR ((s.groups IS NULL
             OR s.groups[s.first:s.last] = array_fill(s.groups[s.first], ARRAY[s.size]))
-           AND (s.leases IS NULL
-                OR s.leases[s.first:s.last] = array_fill(s.leases[s.first], ARRAY[s.size])))
-), t AS MATERIALIZED (  -- its row (found already when its leaseId named it)
-    SELECT r.k, r.size, r.part, r.first_id, r.grp, r.lease, r.digest,
-           coalesce(r.row_at, (SELECT x.ctid FROM queen.consumers x
-                               WHERE x.partition_id = r.part AND x.consumer_group = r.grp
-                               LIMIT 1)) AS row
-    FROM r
+           AND s.leases[s.first:s.last] = array_fill(s.leases[s.first], ARRAY[s.size]))
 ), ended AS (
     UPDATE queen.consumers x SET
         cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
         lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
         lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
-    FROM t
-    WHERE x.ctid = ANY (ARRAY(SELECT t.row FROM t))
+    FROM r t
+    WHERE x.ctid = ANY (ARRAY(SELECT t.row FROM r t))
       AND x.partition_id = t.part AND x.consumer_group = t.grp
-      AND x.lease_id = coalesce(t.lease, x.lease_id) AND x.lease_size = t.size
+      AND x.lease_id = t.lease AND x.lease_size = t.size
       AND x.lease_digest = t.digest AND t.first_id <= x.lease_last_id
       AND cardinality(x.lease_acked) = 0
       AND cardinality(x.done_ids) = 0 AND x.retried_max <= x.cursor_id
@@ -192,16 +187,19 @@ SELECT (SELECT array_agg(e.k ORDER BY e.k) FROM ended e) AS fit,
        now() AS acknowledged_at
 FROM (SELECT set_config('synchronous_commit', 'off', true)) setting
 
--- ack_lease: the most common ack, one request completing every message of the live lease it names, as popped (joined: its transactionIds joined by U+001F in delivery order; size: how many; lease: its leaseId; grp: its consumer group, '__queue__' for queue mode): ends that lease and writes its completion, as ack_whole does (for a call of several requests, or without a leaseId); fit: {1} when it did, else empty (the request goes to ack); wakes: the wake-ups to send once committed (notify_wakes) --
--- One UPDATE of the group's consumer row that holds the lease (queen.lease_row, as
--- ack_whole's), its checks in its WHERE as ack_whole's: none of the steps per request that
--- a call of several needs materialized (what that saves: docs/PERFORMANCE.md).
+-- ack_lease: the most common ack, one request completing every message of the live lease it names, as popped (joined: its transactionIds joined by U+001F in delivery order; size: how many; lease: its leaseId; low and high: the key range it names, lease_range; grp: its consumer group, '__queue__' for queue mode): ends that lease and writes its completion, as ack_whole does (for a call of several requests, or without a leaseId); fit: {1} when it did, else empty (the request goes to ack); wakes: the wake-ups to send once committed (notify_wakes) --
+-- One UPDATE of the group's consumer row that holds the lease (found as ack_whole finds
+-- it), its checks in its WHERE as ack_whole's: none of the steps per request that a call
+-- of several needs materialized (what that saves: docs/PERFORMANCE.md).
 WITH ended AS (
     UPDATE queen.consumers x SET
         cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
         lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
         lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
-    FROM queen.lease_row(%(lease)s::uuid, %(grp)s::text) f
+    FROM (SELECT c.partition_id, c.cursor_id + 1 AS first_id FROM queen.consumers c
+          WHERE c.partition_id BETWEEN %(low)s::uuid AND %(high)s::uuid
+            AND c.consumer_group = %(grp)s::text AND c.lease_id = %(lease)s::uuid
+          LIMIT 1) f
     WHERE x.partition_id = f.partition_id AND x.consumer_group = %(grp)s::text
       AND x.lease_id = %(lease)s::uuid
       AND x.lease_size = %(size)s::integer

@@ -77,16 +77,15 @@ $$;
 
 -- Whether a lease id is of queen.lease_in's making (version 8).
 CREATE OR REPLACE FUNCTION queen.lease_placed(p_lease uuid) RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT get_byte(uuid_send(p_lease), 6) >> 4 = 8
 $$;
 
 -- The lowest or highest partition id a lease may be on (p_fill: 16 bytes of 00, or of
 -- ff): those sharing its first 6 bytes; for an id of another making (a caller's own, or
 -- one made before leases named their partition) every partition.
--- (These and queen.lease_placed are STABLE for the reason queen.made_id is.)
 CREATE OR REPLACE FUNCTION queen.lease_bound(p_lease uuid, p_fill bytea) RETURNS uuid
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT encode(CASE WHEN queen.lease_placed(p_lease)
                        THEN substring(uuid_send(p_lease) FROM 1 FOR 6)
                        ELSE substring(p_fill FROM 1 FOR 6) END
@@ -94,12 +93,12 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION queen.lease_low(p_lease uuid) RETURNS uuid
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT queen.lease_bound(p_lease, '\x00000000000000000000000000000000')
 $$;
 
 CREATE OR REPLACE FUNCTION queen.lease_high(p_lease uuid) RETURNS uuid
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT queen.lease_bound(p_lease, '\xffffffffffffffffffffffffffffffff')
 $$;
 
