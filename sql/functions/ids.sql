@@ -135,11 +135,14 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT coalesce(p_stored, queen.made_txid(p_partition, p_id))
 $$;
 
--- Whether a transactionId has the form queen.made_txid makes. (STABLE, as
+-- Whether a transactionId has the form queen.made_txid makes. (Its version digit first:
+-- a client's UUIDs of other versions skip the regular expression. STABLE, as
 -- queen.made_id, which calls it.)
 CREATE OR REPLACE FUNCTION queen.made_form(p_txid text) RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT p_txid ~ '^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$'
+    SELECT CASE WHEN substr(p_txid, 15, 1) <> '8' THEN false
+                ELSE p_txid ~ ('^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-'
+                               '[89ab][0-9a-f]{3}-[0-9a-f]{12}$') END
 $$;
 
 -- (Earlier builds found a made transactionId's partition in a range of ids.)
@@ -162,8 +165,9 @@ $$;
 -- ones, a made one by its partition (the 60 bits of the partition's id it carries, by
 -- the index partitions_made: an array, not a join, which the planner would give a cache
 -- to set up at every call) and id (one probe of the messages' key). A made
--- transactionId names only a message that stores none; a client's is never of the made
--- form (queen.store_messages).
+-- transactionId names only a message that stores none; a stored one of that form (a
+-- message written again at its partition's tail keeps its own) is found by the index
+-- first. A client's is never of that form (queen.check_made_txids).
 CREATE OR REPLACE FUNCTION queen.named(p_txid text)
 RETURNS TABLE (partition_id uuid, id bigint)
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
