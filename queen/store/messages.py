@@ -40,6 +40,7 @@ from queen.store.giveback import GiveBacks
 from queen.store.lifecycle import QUEUE_MODE
 from queen.store.polling import Wakeups
 from queen.store.queues import Queues
+from queen.wakeup import DEFAULT_PARTITION
 
 AfterExecute = Callable[[psycopg.Connection[Any]], None]
 
@@ -273,16 +274,18 @@ class Messages:
     ) -> list[list[PushResult] | BaseException]:
         """One push statement for pushes; their items are numbered across them.
 
-        Items naming no transactionId go first to push_new, the common push in one
-        statement; what it does not store (a queue or partition to make, maxSize) goes to
-        push.
+        Items naming no transactionId go first to push_new (push_one when they share a
+        partition), the common push in one statement; what it does not store (a queue or
+        partition to make, maxSize) goes to push.
         """
         try:
             bodies = pushes[0].body if len(pushes) == 1 else ",".join(p.body for p in pushes)
             params = {"bodies": f"[{bodies}]", "producer": producer}
             rows = None
             if not any("transactionId" in item for p in pushes for item in p.items):
-                rows = self._push_new(params)
+                rows = self._push_new(params, {
+                    (item["queue"], item.get("partition") or DEFAULT_PARTITION)
+                    for p in pushes for item in p.items})
             if rows is None:
                 rows = _push_results(self.db.fetch("push", params, _push_rows))
         except InvalidInput:
@@ -292,9 +295,18 @@ class Messages:
         self.after_push([item for p in pushes for item in p.items])
         return _renumber(rows, [len(p.items) for p in pushes])
 
-    def _push_new(self, params: dict[str, Any]) -> list[PushResult] | None:
-        """The results of push_new, one an item in order; None when it stored nothing."""
-        ((fits, prefix, ids, made, api_ids),) = self.db.fetch("push_new", params)
+    def _push_new(
+        self, params: dict[str, Any], targets: set[tuple[str, str]]
+    ) -> list[PushResult] | None:
+        """The results of push_new (push_one when the items share their partition,
+        targets: their queues and partitions), one an item in order; None when it stored
+        nothing."""
+        if len(targets) == 1:
+            ((queue, partition),) = targets
+            one = {**params, "queue": queue, "partition": partition}
+            ((fits, prefix, ids, made, api_ids),) = self.db.fetch("push_one", one)
+        else:
+            ((fits, prefix, ids, made, api_ids),) = self.db.fetch("push_new", params)
         if not fits:
             return None
         idents = api_ids or [f"{prefix}{message_id:012x}" for message_id in ids]

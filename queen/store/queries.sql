@@ -58,6 +58,38 @@ SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS
                   FROM stored s) END AS api_ids
 FROM fit f
 
+-- push_one: push_new for items that all go to one partition (queue and partition: its names), with no join of items to targets: the same row as push_new's --
+-- The items are inserted as they come out of the body, in item order; the name lookups
+-- and the push lock as push_new's (a queue or partition to make, or maxSize: fits false).
+WITH fit AS MATERIALIZED (  -- (evaluated in order: the lock only when the rest holds)
+    SELECT p.id AS partition_id,
+           p.id IS NOT NULL AND q.max_size = 0 AND queen.push_locks(ARRAY[p.id]) AS fits,
+           queen.uuid_prefix(now()) AS prefix
+    FROM (SELECT 1) one
+    LEFT JOIN LATERAL (SELECT q.id, q.max_size FROM queen.queues q
+                       WHERE q.name = %(queue)s::text LIMIT 1) q ON true
+    LEFT JOIN LATERAL (SELECT p.id FROM queen.partitions p
+                       WHERE p.queue_id = q.id AND p.name = %(partition)s::text LIMIT 1) p ON true
+), stored AS (
+    INSERT INTO queen.messages (partition_id, payload, encrypted, producer, trace_id)
+    SELECT f.partition_id, x.i -> 'payload', coalesce((x.i ->> 'encrypted')::boolean, false),
+           %(producer)s, x.i ->> 'traceId'
+    FROM fit f
+    CROSS JOIN LATERAL (SELECT %(bodies)s::jsonb AS b) b
+    CROSS JOIN LATERAL jsonb_array_elements(
+        CASE WHEN jsonb_array_length(b.b) = 1 THEN b.b -> 0 -> 'items'
+             ELSE jsonb_path_query_array(b.b, '$[*].items[*]') END) WITH ORDINALITY x(i, ord)
+    WHERE f.fits
+    ORDER BY x.ord
+    RETURNING id
+)
+SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS ids,
+       ARRAY[queen.made_prefix(f.partition_id)] AS made,
+       CASE WHEN (SELECT max(s.id) FROM stored s) >= 281474976710656
+            THEN (SELECT array_agg(queen.message_uuid_text(s.id, f.prefix, now()) ORDER BY s.id)
+                  FROM stored s) END AS api_ids
+FROM fit f
+
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped, id the message's bigint id --
 -- The API id is the server's to make (Messages: cheaper there than queen.message_uuid in SQL).
 -- What the messages of one pop share (queue, partition, its id, priority, lockedAt, the lease, the options) comes on its first row only, NULL on the others: formatting and loading those nine values again on every row is a large share of what psycopg spends loading a row.
