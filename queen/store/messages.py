@@ -506,7 +506,8 @@ def ack_columns(
     (text[] literals), each of the optional fields None (a NULL array) when no item names
     it; sizes: how many of them each fused request has (default: one request). When
     every request's items agree on all but their transactionIds (as a batch acked as
-    popped does), those arrays hold one value a request (per_request), not one an item."""
+    popped does), those arrays hold one value a request (per_request), not one an item.
+    lows and highs: the key range each leaseId names (lease_range), when all name one."""
     sizes = sizes or [len(acks)]
     firsts = [0, *itertools.accumulate(sizes)][:-1]
     per_request = len(sizes) < len(acks) and all(
