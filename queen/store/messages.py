@@ -521,8 +521,8 @@ def ack_columns(
         values = [a.get(key) for a in rows]
         return text_array(values) if any(v is not None for v in values) else None
 
-    leases = [a.get("leaseId") for a in rows]
-    ranges = [lease_range(lease) for lease in leases] if all(leases) else None
+    leases: list[str | None] = [a.get("leaseId") for a in rows]
+    ranges = [lease_range(lease) for lease in leases if lease] if all(leases) else None
     return {
         "txids": text_array([a["transactionId"] for a in acks]),
         "groups": column("consumerGroup"),
