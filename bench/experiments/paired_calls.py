@@ -28,7 +28,7 @@ from psycopg.types.string import TextLoader
 from bench.experiments import add_server_arguments, migrated_database
 from bench.experiments.server_calls import BackendCpu, pop_params
 from queen.store.db import QUERIES
-from queen.store.messages import ack_columns, ack_lease_params
+from queen.store.messages import ack_columns, ack_lease_params, push_new_call
 
 DB_NAME = "queen_bench_paired_calls"
 PARTITIONS = 8
@@ -46,8 +46,12 @@ def run(conn: psycopg.Connection[Any], batch: int, cycles: int) -> dict[str, flo
                  for k in range(batch)]
         name = PAIRS[0][n % 2]
         params = {"bodies": orjson.dumps([{"items": items}]).decode(), "producer": None}
+        statement = QUERIES[name]
+        if name == "push_new":  # (the server's choice: push_one, the items sharing a partition)
+            chosen, params = push_new_call(params, items)
+            statement = QUERIES[chosen]
         with cpu.call(name):
-            rows = conn.execute(QUERIES[name], params).fetchall()
+            rows = conn.execute(statement, params).fetchall()
         if name == "push_new" and not rows[0][0]:
             raise SystemExit("push_new stored nothing")
     for n in range(cycles * len(ACKS)):

@@ -91,6 +91,29 @@ def _push_results(rows: list[Sequence[Any]]) -> list[PushResult]:
     ]
 
 
+def push_new_call(
+    params: dict[str, Any], items: list[dict[str, Any]]
+) -> tuple[str, dict[str, Any]]:
+    """The statement and parameters for items naming no transactionId (params: bodies and
+    producer, items: the bodies' in order): push_one when they share a partition, else
+    push_new, each item's partition given as its slot, its position among the call's
+    distinct (queue, partition) pairs."""
+    pairs: dict[tuple[str, str], int] = {}
+    slots = [
+        pairs.setdefault((i["queue"], i.get("partition") or DEFAULT_PARTITION), len(pairs) + 1)
+        for i in items
+    ]
+    if len(pairs) == 1:
+        ((queue, partition),) = pairs
+        return "push_one", {**params, "queue": queue, "partition": partition}
+    return "push_new", {
+        **params,
+        "queues": text_array([queue for queue, _ in pairs]),
+        "partitions": text_array([partition for _, partition in pairs]),
+        "slots": "{" + ",".join(map(str, slots)) + "}",
+    }
+
+
 def made_txids(prefixes: list[str], ids: list[int]) -> list[str]:
     """The transactionIds made of messages' ids, as queen.made_txid makes them: prefixes
     (queen.made_prefix of their partitions) one for all, or one an id."""
@@ -283,9 +306,7 @@ class Messages:
             params = {"bodies": f"[{bodies}]", "producer": producer}
             rows = None
             if not any("transactionId" in item for p in pushes for item in p.items):
-                rows = self._push_new(params, {
-                    (item["queue"], item.get("partition") or DEFAULT_PARTITION)
-                    for p in pushes for item in p.items})
+                rows = self._push_new(params, [item for p in pushes for item in p.items])
             if rows is None:
                 rows = _push_results(self.db.fetch("push", params, _push_rows))
         except InvalidInput:
@@ -296,17 +317,11 @@ class Messages:
         return _renumber(rows, [len(p.items) for p in pushes])
 
     def _push_new(
-        self, params: dict[str, Any], targets: set[tuple[str, str]]
+        self, params: dict[str, Any], items: list[dict[str, Any]]
     ) -> list[PushResult] | None:
-        """The results of push_new (push_one when the items share their partition,
-        targets: their queues and partitions), one an item in order; None when it stored
-        nothing."""
-        if len(targets) == 1:
-            ((queue, partition),) = targets
-            one = {**params, "queue": queue, "partition": partition}
-            ((fits, prefix, ids, made, api_ids),) = self.db.fetch("push_one", one)
-        else:
-            ((fits, prefix, ids, made, api_ids),) = self.db.fetch("push_new", params)
+        """The results of push_new (push_one when the items share their partition), one
+        an item in order; None when it stored nothing."""
+        ((fits, prefix, ids, made, api_ids),) = self.db.fetch(*push_new_call(params, items))
         if not fits:
             return None
         idents = api_ids or [f"{prefix}{message_id:012x}" for message_id in ids]

@@ -10,47 +10,42 @@ CROSS JOIN LATERAL queen.push_batch(
          ELSE jsonb_path_query_array(x.b, '$[*].items[*]') END,
     %(producer)s, true) p
 
--- push_new: the common push in one statement: items naming no transactionId into existing partitions of queues without maxSize (bodies and producer as push's), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), none storing a transactionId (each's is made of its partition's id and its own: queen.made_txid); one row: fits (false: nothing was stored, the call goes to push), the API ids' prefix (queen.uuid_prefix), the ids in item order, the made transactionIds' prefixes (queen.made_prefix: one when the items share a partition, else one an item) and the API ids only when an id is 2^48 or more (the server makes the rest: Messages) --
+-- push_new: the common push in one statement: items naming no transactionId (the server sends no other) into existing partitions of queues without maxSize (bodies and producer as push's; queues and partitions: the names of the partitions they go to, each once; slots: each item's, in item order across the bodies, as a 1-based position in those), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), none storing a transactionId (each's is made of its partition's id and its own: queen.made_txid); one row: fits (false: nothing was stored, the call goes to push), the API ids' prefix (queen.uuid_prefix), the ids in item order, the made transactionIds' prefixes (queen.made_prefix: one when the items share a partition, else one an item) and the API ids only when an id is 2^48 or more (the server makes the rest: Messages) --
 -- Each name is found by a probe of its key (a LATERAL with a LIMIT, whatever the
 -- statistics); the conditions are checked before the locks are taken, and the insert
--- runs only when all hold. No wake-up here: the server's sessions send theirs once the push committed.
-WITH b AS (SELECT %(bodies)s::jsonb AS b),
-items AS MATERIALIZED (
-    SELECT x.ord, x.i, x.i ->> 'queue' AS queue,
-           coalesce(x.i ->> 'partition', queen.default_partition()) AS partition
-    FROM b CROSS JOIN LATERAL jsonb_array_elements(
-        CASE WHEN jsonb_array_length(b.b) = 1 THEN b.b -> 0 -> 'items'
-             ELSE jsonb_path_query_array(b.b, '$[*].items[*]') END) WITH ORDINALITY x(i, ord)
-), targets AS MATERIALIZED (
-    SELECT n.queue, n.partition, q.max_size, p.id AS partition_id
-    FROM (SELECT DISTINCT i.queue, i.partition FROM items i) n
+-- runs only when all hold. An item's partition is its slot's: no name is read out of an
+-- item, and the items are inserted as they come out of the body. No wake-up here: the
+-- server's sessions send theirs once the push committed.
+WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array leaves alone)
+    SELECT n.k, q.max_size, p.id AS partition_id
+    FROM (SELECT k, (%(queues)s::text[])[k] AS queue, (%(partitions)s::text[])[k] AS partition
+          FROM generate_subscripts(%(queues)s::text[], 1) k) n
     LEFT JOIN LATERAL (SELECT q.id, q.max_size FROM queen.queues q
                        WHERE q.name = n.queue LIMIT 1) q ON true
     LEFT JOIN LATERAL (SELECT p.id FROM queen.partitions p
                        WHERE p.queue_id = q.id AND p.name = n.partition LIMIT 1) p ON true
 ), fit AS MATERIALIZED (  -- (evaluated in order: the locks only when the rest holds)
-    SELECT NOT EXISTS (SELECT 1 FROM items i WHERE i.i ? 'transactionId')
-           AND NOT EXISTS (SELECT 1 FROM targets t
-                           WHERE t.partition_id IS NULL OR t.max_size > 0)
+    SELECT NOT EXISTS (SELECT 1 FROM targets t
+                       WHERE t.partition_id IS NULL OR t.max_size > 0)
            AND queen.push_locks(ARRAY(SELECT t.partition_id FROM targets t)) AS fits,
+           ARRAY(SELECT t.partition_id FROM targets t ORDER BY t.k) AS parts,
+           %(slots)s::integer[] AS slots,  -- (read once here, not at each row)
            queen.uuid_prefix(now()) AS prefix
 ), stored AS (
-    INSERT INTO queen.messages
-        (id, partition_id, payload, encrypted, producer, trace_id)
-    OVERRIDING SYSTEM VALUE
-    SELECT n.id, n.partition_id, n.i -> 'payload', coalesce((n.i ->> 'encrypted')::boolean, false),
-           %(producer)s, n.i ->> 'traceId'
-    FROM (SELECT r.*, nextval('queen.messages_id_seq'::regclass) AS id
-          FROM (SELECT i.ord, i.i, t.partition_id, f.prefix
-                FROM fit f, items i
-                JOIN targets t ON t.queue = i.queue AND t.partition = i.partition
-                WHERE f.fits
-                ORDER BY i.ord) r) n
+    INSERT INTO queen.messages (partition_id, payload, encrypted, producer, trace_id)
+    SELECT f.parts[f.slots[x.ord]], x.i -> 'payload',
+           coalesce((x.i ->> 'encrypted')::boolean, false), %(producer)s, x.i ->> 'traceId'
+    FROM fit f
+    CROSS JOIN LATERAL (SELECT %(bodies)s::jsonb AS b) b
+    CROSS JOIN LATERAL jsonb_array_elements(
+        CASE WHEN jsonb_array_length(b.b) = 1 THEN b.b -> 0 -> 'items'
+             ELSE jsonb_path_query_array(b.b, '$[*].items[*]') END) WITH ORDINALITY x(i, ord)
+    WHERE f.fits
+    ORDER BY x.ord
     RETURNING id, partition_id
 )
 SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS ids,
-       CASE WHEN (SELECT count(*) FROM targets) = 1
-            THEN ARRAY(SELECT queen.made_prefix(t.partition_id) FROM targets t)
+       CASE WHEN cardinality(f.parts) = 1 THEN ARRAY[queen.made_prefix(f.parts[1])]
             ELSE (SELECT array_agg(queen.made_prefix(s.partition_id) ORDER BY s.id)
                   FROM stored s) END AS made,
        CASE WHEN (SELECT max(s.id) FROM stored s) >= 281474976710656
@@ -58,7 +53,7 @@ SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS
                   FROM stored s) END AS api_ids
 FROM fit f
 
--- push_one: push_new for items that all go to one partition (queue and partition: its names), with no join of items to targets: the same row as push_new's --
+-- push_one: push_new for items that all go to one partition (queue and partition: its names; no slots): the same row as push_new's --
 -- The items are inserted as they come out of the body, in item order; the name lookups
 -- and the push lock as push_new's (a queue or partition to make, or maxSize: fits false).
 WITH fit AS MATERIALIZED (  -- (evaluated in order: the lock only when the rest holds)

@@ -651,7 +651,8 @@ def test_a_push_into_a_partition_removed_while_it_waited_for_the_lock_stores_not
     app = "queen-race-push"
     results: list[Any] = []
     body = orjson.dumps([{"items": [{"queue": "gone", "partition": "p", "payload": 1}]}])
-    params = {"bodies": body.decode(), "producer": None, "queue": "gone", "partition": "p"}
+    params = {"bodies": body.decode(), "producer": None, "queue": "gone", "partition": "p",
+              "queues": "{gone}", "partitions": "{p}", "slots": "{1}"}  # (push_one's, push_new's)
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         lifecycle.push(conn, [{"queue": "gone", "partition": "p", "payload": 0}])
         conn.execute("DELETE FROM queen.messages")

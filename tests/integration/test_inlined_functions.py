@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from queen.store.db import QUERIES
-from queen.store.messages import ack_columns, ack_lease_params
+from queen.store.messages import ack_columns, ack_lease_params, push_new_call
 from tests.integration.test_query_plans import pop_params, pops_param
 
 CALLS = (
@@ -29,6 +29,11 @@ CALLS = (
 )
 
 
+def query_of(call: tuple[str, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """A statement of the server's by name, with its parameters."""
+    return QUERIES[call[0]], call[1]
+
+
 def pop(**route: Any) -> dict[str, Any]:
     return pop_params(queue="inl", batch=5, **route)
 
@@ -36,10 +41,12 @@ def pop(**route: Any) -> dict[str, Any]:
 def round_of_calls(conn: psycopg.Connection[Any]) -> None:
     """Push, pop by queue, by partition and as a fused set, ack, and the maintenance that
     follows, as the server and the maintenance process send them."""
-    for part in ("a", "b", "c", "d"):  # (as the server: push_new, push when it did not fit)
-        items = [{"queue": "inl", "partition": part, "payload": {"n": i}} for i in range(5)]
+    # (As the server: push_one or push_new, push when it did not fit.)
+    for parts in ("a", "b", "c", "d", "ab"):
+        items = [{"queue": "inl", "partition": part, "payload": {"n": i}}
+                 for part in parts for i in range(5)]
         params = {"bodies": orjson.dumps([{"items": items}]).decode(), "producer": None}
-        ((fits, *_),) = conn.execute(QUERIES["push_new"], params).fetchall()
+        ((fits, *_),) = conn.execute(*query_of(push_new_call(params, items))).fetchall()
         if not fits:
             conn.execute(QUERIES["push"], params).fetchall()
     rows = conn.execute(QUERIES["pop_one"], pop()).fetchall()
@@ -78,7 +85,7 @@ def test_no_sql_function_runs_uninlined_on_the_hot_path(db_dsn: str) -> None:
             pytest.skip("track_functions needs a superuser")
         conn.execute("INSERT INTO queen.waiting_workers VALUES ('parked', now() + '1 hour')")
         conn.execute("SET LOCAL track_functions = 'all'")
-        for _ in range(3):  # (push_new runs four times a round)
+        for _ in range(6):  # (push_one runs four times a round, push_new once)
             round_of_calls(conn)
         planned = dict(conn.execute(CALLS).fetchall())
         round_of_calls(conn)
