@@ -46,12 +46,10 @@ def run(conn: psycopg.Connection[Any], batch: int, cycles: int) -> dict[str, flo
                  for k in range(batch)]
         name = PAIRS[0][n % 2]
         params = {"bodies": orjson.dumps([{"items": items}]).decode(), "producer": None}
-        statement = QUERIES[name]
-        if name == "push_new":  # (the server's choice: push_one, the items sharing a partition)
-            chosen, params = push_new_call(params, items)
-            statement = QUERIES[chosen]
+        if name == "push_new":  # (with the parameters the server sends it)
+            _, params = push_new_call(params, items)
         with cpu.call(name):
-            rows = conn.execute(statement, params).fetchall()
+            rows = conn.execute(QUERIES[name], params).fetchall()
         if name == "push_new" and not rows[0][0]:
             raise SystemExit("push_new stored nothing")
     for n in range(cycles * len(ACKS)):

@@ -94,18 +94,14 @@ def _push_results(rows: list[Sequence[Any]]) -> list[PushResult]:
 def push_new_call(
     params: dict[str, Any], items: list[dict[str, Any]]
 ) -> tuple[str, dict[str, Any]]:
-    """The statement and parameters for items naming no transactionId (params: bodies and
-    producer, items: the bodies' in order): push_one when they share a partition, else
-    push_new, each item's partition given as its slot, its position among the call's
-    distinct (queue, partition) pairs."""
+    """The statement push_new and its parameters for items naming no transactionId
+    (params: bodies and producer, items: the bodies' in order): each item's partition
+    given as its slot, its position among the call's distinct (queue, partition) pairs."""
     pairs: dict[tuple[str, str], int] = {}
     slots = [
         pairs.setdefault((i["queue"], i.get("partition") or DEFAULT_PARTITION), len(pairs) + 1)
         for i in items
     ]
-    if len(pairs) == 1:
-        ((queue, partition),) = pairs
-        return "push_one", {**params, "queue": queue, "partition": partition}
     return "push_new", {
         **params,
         "queues": text_array([queue for queue, _ in pairs]),
@@ -297,9 +293,9 @@ class Messages:
     ) -> list[list[PushResult] | BaseException]:
         """One push statement for pushes; their items are numbered across them.
 
-        Items naming no transactionId go first to push_new (push_one when they share a
-        partition), the common push in one statement; what it does not store (a queue or
-        partition to make, maxSize) goes to push.
+        Items naming no transactionId go first to push_new, the common push in one
+        statement; what it does not store (a queue or partition to make, maxSize) goes to
+        push.
         """
         try:
             bodies = pushes[0].body if len(pushes) == 1 else ",".join(p.body for p in pushes)
@@ -319,8 +315,7 @@ class Messages:
     def _push_new(
         self, params: dict[str, Any], items: list[dict[str, Any]]
     ) -> list[PushResult] | None:
-        """The results of push_new (push_one when the items share their partition), one
-        an item in order; None when it stored nothing."""
+        """The results of push_new, one an item in order; None when it stored nothing."""
         ((fits, prefix, ids, made, api_ids),) = self.db.fetch(*push_new_call(params, items))
         if not fits:
             return None

@@ -13,9 +13,10 @@ CROSS JOIN LATERAL queen.push_batch(
 -- push_new: the common push in one statement: items naming no transactionId (the server sends no other) into existing partitions of queues without maxSize (bodies and producer as push's; queues and partitions: the names of the partitions they go to, each once; slots: each item's, in item order across the bodies, as a 1-based position in those), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), none storing a transactionId (each's is made of its partition's id and its own: queen.made_txid); one row: fits (false: nothing was stored, the call goes to push), the API ids' prefix (queen.uuid_prefix), the ids in item order, the made transactionIds' prefixes (queen.made_prefix: one when the items share a partition, else one an item) and the API ids only when an id is 2^48 or more (the server makes the rest: Messages) --
 -- Each name is found by a probe of its key (a LATERAL with a LIMIT, whatever the
 -- statistics); the conditions are checked before the locks are taken, and the insert
--- runs only when all hold. An item's partition is its slot's: no name is read out of an
--- item, and the items are inserted as they come out of the body. No wake-up here: the
--- server's sessions send theirs once the push committed.
+-- runs only when all hold. An item's partition is its slot's (ROWS FROM: each item beside
+-- its slot): no name is read out of an item and no item is joined to its partition; the
+-- items are inserted as they come out of the body. No wake-up here: the server's sessions
+-- send theirs once the push committed.
 WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array leaves alone)
     SELECT n.k, q.max_size, p.id AS partition_id
     FROM (SELECT k, (%(queues)s::text[])[k] AS queue, (%(partitions)s::text[])[k] AS partition
@@ -29,17 +30,18 @@ WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array l
                        WHERE t.partition_id IS NULL OR t.max_size > 0)
            AND queen.push_locks(ARRAY(SELECT t.partition_id FROM targets t)) AS fits,
            ARRAY(SELECT t.partition_id FROM targets t ORDER BY t.k) AS parts,
-           %(slots)s::integer[] AS slots,  -- (read once here, not at each row)
            queen.uuid_prefix(now()) AS prefix
 ), stored AS (
     INSERT INTO queen.messages (partition_id, payload, encrypted, producer, trace_id)
-    SELECT f.parts[f.slots[x.ord]], x.i -> 'payload',
+    SELECT f.parts[x.slot], x.i -> 'payload',
            coalesce((x.i ->> 'encrypted')::boolean, false), %(producer)s, x.i ->> 'traceId'
     FROM fit f
     CROSS JOIN LATERAL (SELECT %(bodies)s::jsonb AS b) b
-    CROSS JOIN LATERAL jsonb_array_elements(
-        CASE WHEN jsonb_array_length(b.b) = 1 THEN b.b -> 0 -> 'items'
-             ELSE jsonb_path_query_array(b.b, '$[*].items[*]') END) WITH ORDINALITY x(i, ord)
+    CROSS JOIN LATERAL ROWS FROM (  -- (each item beside its slot)
+        jsonb_array_elements(
+            CASE WHEN jsonb_array_length(b.b) = 1 THEN b.b -> 0 -> 'items'
+                 ELSE jsonb_path_query_array(b.b, '$[*].items[*]') END),
+        unnest(%(slots)s::integer[])) WITH ORDINALITY x(i, slot, ord)
     WHERE f.fits
     ORDER BY x.ord
     RETURNING id, partition_id
@@ -48,38 +50,6 @@ SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS
        CASE WHEN cardinality(f.parts) = 1 THEN ARRAY[queen.made_prefix(f.parts[1])]
             ELSE (SELECT array_agg(queen.made_prefix(s.partition_id) ORDER BY s.id)
                   FROM stored s) END AS made,
-       CASE WHEN (SELECT max(s.id) FROM stored s) >= 281474976710656
-            THEN (SELECT array_agg(queen.message_uuid_text(s.id, f.prefix, now()) ORDER BY s.id)
-                  FROM stored s) END AS api_ids
-FROM fit f
-
--- push_one: push_new for items that all go to one partition (queue and partition: its names; no slots): the same row as push_new's --
--- The items are inserted as they come out of the body, in item order; the name lookups
--- and the push lock as push_new's (a queue or partition to make, or maxSize: fits false).
-WITH fit AS MATERIALIZED (  -- (evaluated in order: the lock only when the rest holds)
-    SELECT p.id AS partition_id,
-           p.id IS NOT NULL AND q.max_size = 0 AND queen.push_locks(ARRAY[p.id]) AS fits,
-           queen.uuid_prefix(now()) AS prefix
-    FROM (SELECT 1) one
-    LEFT JOIN LATERAL (SELECT q.id, q.max_size FROM queen.queues q
-                       WHERE q.name = %(queue)s::text LIMIT 1) q ON true
-    LEFT JOIN LATERAL (SELECT p.id FROM queen.partitions p
-                       WHERE p.queue_id = q.id AND p.name = %(partition)s::text LIMIT 1) p ON true
-), stored AS (
-    INSERT INTO queen.messages (partition_id, payload, encrypted, producer, trace_id)
-    SELECT f.partition_id, x.i -> 'payload', coalesce((x.i ->> 'encrypted')::boolean, false),
-           %(producer)s, x.i ->> 'traceId'
-    FROM fit f
-    CROSS JOIN LATERAL (SELECT %(bodies)s::jsonb AS b) b
-    CROSS JOIN LATERAL jsonb_array_elements(
-        CASE WHEN jsonb_array_length(b.b) = 1 THEN b.b -> 0 -> 'items'
-             ELSE jsonb_path_query_array(b.b, '$[*].items[*]') END) WITH ORDINALITY x(i, ord)
-    WHERE f.fits
-    ORDER BY x.ord
-    RETURNING id
-)
-SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS ids,
-       ARRAY[queen.made_prefix(f.partition_id)] AS made,
        CASE WHEN (SELECT max(s.id) FROM stored s) >= 281474976710656
             THEN (SELECT array_agg(queen.message_uuid_text(s.id, f.prefix, now()) ORDER BY s.id)
                   FROM stored s) END AS api_ids

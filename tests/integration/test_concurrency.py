@@ -640,19 +640,18 @@ def test_a_whole_lease_ack_racing_an_operator_change_checks_the_row_as_committed
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         assert conn.execute(QUEUE_MODE_STATUSES).fetchall() == final
 
-@pytest.mark.parametrize("statement", ["push_new", "push_one"])
 def test_a_push_into_a_partition_removed_while_it_waited_for_the_lock_stores_nothing(
-    db_dsn: str, statement: str
+    db_dsn: str,
 ) -> None:
-    """The server's one-statement push (push_new, push_one) finds its partition, then waits for
+    """The server's one-statement push (push_new) finds its partition, then waits for
     the partition's push lock, which a removal holds (as queen.cleanup_partitions does):
     once the removal commits, queen.push_locks' own statement sees the partition gone, and
     nothing is stored; the server's push (queen.push_batch) then makes it again."""
     app = "queen-race-push"
     results: list[Any] = []
     body = orjson.dumps([{"items": [{"queue": "gone", "partition": "p", "payload": 1}]}])
-    params = {"bodies": body.decode(), "producer": None, "queue": "gone", "partition": "p",
-              "queues": "{gone}", "partitions": "{p}", "slots": "{1}"}  # (push_one's, push_new's)
+    params = {"bodies": body.decode(), "producer": None,
+              "queues": "{gone}", "partitions": "{p}", "slots": "{1}"}
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         lifecycle.push(conn, [{"queue": "gone", "partition": "p", "payload": 0}])
         conn.execute("DELETE FROM queen.messages")
@@ -663,7 +662,7 @@ def test_a_push_into_a_partition_removed_while_it_waited_for_the_lock_stores_not
 
         def pusher() -> None:
             with psycopg.connect(db_dsn, autocommit=True, application_name=app) as conn:
-                ((fits, _, ids, _, _),) = conn.execute(QUERIES[statement], params).fetchall()
+                ((fits, _, ids, _, _),) = conn.execute(QUERIES["push_new"], params).fetchall()
                 results.append((fits, ids))
                 if not fits:
                     conn.execute(QUERIES["push"], params).fetchall()

@@ -41,7 +41,7 @@ def pop(**route: Any) -> dict[str, Any]:
 def round_of_calls(conn: psycopg.Connection[Any]) -> None:
     """Push, pop by queue, by partition and as a fused set, ack, and the maintenance that
     follows, as the server and the maintenance process send them."""
-    # (As the server: push_one or push_new, push when it did not fit.)
+    # (As the server: push_new, push when it did not fit.)
     for parts in ("a", "b", "c", "d", "ab"):
         items = [{"queue": "inl", "partition": part, "payload": {"n": i}}
                  for part in parts for i in range(5)]
@@ -85,7 +85,7 @@ def test_no_sql_function_runs_uninlined_on_the_hot_path(db_dsn: str) -> None:
             pytest.skip("track_functions needs a superuser")
         conn.execute("INSERT INTO queen.waiting_workers VALUES ('parked', now() + '1 hour')")
         conn.execute("SET LOCAL track_functions = 'all'")
-        for _ in range(6):  # (push_one runs four times a round, push_new once)
+        for _ in range(3):  # (push_new runs five times a round)
             round_of_calls(conn)
         planned = dict(conn.execute(CALLS).fetchall())
         round_of_calls(conn)

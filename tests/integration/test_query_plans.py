@@ -248,19 +248,10 @@ def test_push_into_existing_partitions(explained: Explained) -> None:
         ((fits, _, ids, _, _),), plans = explained.run("push_new", params)
         assert fits and len(ids) == 100
     check("push_new", plans)
-    # Items of one partition: push_one, likewise.
-    one = orjson.dumps({"items": [{"queue": "big", "partition": "p1", "payload": n}
-                                  for n in range(100)]}).decode()
-    for _ in range(RUNS + 6):
-        ((fits, _, ids, _, _),), plans = explained.run(
-            "push_one", {"bodies": f"[{one}]", "producer": None, "queue": "big",
-                         "partition": "p1"})
-        assert fits and len(ids) == 100
-    check("push_one", plans)
-    kept = explained.conn.execute(
+    (kept,) = explained.conn.execute(
         "SELECT generic_plans FROM pg_prepared_statements"
-        " WHERE statement LIKE '%%queen.push_locks(%%'").fetchall()
-    assert len(kept) == 2 and min(kept) >= (1,)
+        " WHERE statement LIKE '%%queen.push_locks(%%'").fetchone()
+    assert kept >= 1
 
 
 BACKLOG = 1_250  # pending in one partition: a size at which, asked for a batch's items

@@ -55,7 +55,7 @@ def test_fused_pushes_share_one_statement_and_commit(fstore: Store) -> None:  # 
     fused(fstore.messages._push_fusers[None], first, rest)
     pushes = [s for s in seen if s[0].startswith("push")]
     # the held first request alone, then the four that queued behind it together
-    assert pushes == [("push_one", True, True)] * 2  # (one partition: push_one)
+    assert pushes == [("push_new", True, True)] * 2
 
 
 def acks(popped: list[Any], status: str = "completed") -> list[dict[str, Any]]:
@@ -125,4 +125,4 @@ def test_a_push_is_one_statement_unless_it_names_transaction_ids_or_a_new_partit
     push(store, [{"queue": "n", "partition": "b", "payload": 4, "transactionId": "t4"}])
     push(store, [{"queue": "n", "partition": p, "payload": 5} for p in "ab"])  # two of them
     assert [s[0] for s in seen if s[0].startswith("push")] == [
-        "push_one", "push", "push_one", "push_one", "push", "push", "push_new"]
+        "push_new", "push", "push_new", "push_new", "push", "push", "push_new"]
