@@ -28,7 +28,7 @@ from psycopg.types.string import TextLoader
 from bench.experiments import add_server_arguments, migrated_database
 from bench.experiments.server_calls import BackendCpu, pop_params
 from queen.store.db import QUERIES
-from queen.store.messages import ack_columns, ack_lease_params, push_new_call
+from queen.store.messages import ack_columns, ack_lease_params, push_new_params
 
 DB_NAME = "queen_bench_paired_calls"
 PARTITIONS = 8
@@ -47,7 +47,7 @@ def run(conn: psycopg.Connection[Any], batch: int, cycles: int) -> dict[str, flo
         name = PAIRS[0][n % 2]
         params = {"bodies": orjson.dumps([{"items": items}]).decode(), "producer": None}
         if name == "push_new":  # (with the parameters the server sends it)
-            _, params = push_new_call(params, items)
+            params = push_new_params(params, items)
         with cpu.call(name):
             rows = conn.execute(QUERIES[name], params).fetchall()
         if name == "push_new" and not rows[0][0]:

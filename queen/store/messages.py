@@ -91,18 +91,16 @@ def _push_results(rows: list[Sequence[Any]]) -> list[PushResult]:
     ]
 
 
-def push_new_call(
-    params: dict[str, Any], items: list[dict[str, Any]]
-) -> tuple[str, dict[str, Any]]:
-    """The statement push_new and its parameters for items naming no transactionId
-    (params: bodies and producer, items: the bodies' in order): each item's partition
-    given as its slot, its position among the call's distinct (queue, partition) pairs."""
+def push_new_params(params: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters of push_new for items naming no transactionId (params: bodies and
+    producer, items: the bodies' in order): each item's partition given as its slot, its
+    position among the call's distinct (queue, partition) pairs."""
     pairs: dict[tuple[str, str], int] = {}
     slots = [
         pairs.setdefault((i["queue"], i.get("partition") or DEFAULT_PARTITION), len(pairs) + 1)
         for i in items
     ]
-    return "push_new", {
+    return {
         **params,
         "queues": text_array([queue for queue, _ in pairs]),
         "partitions": text_array([partition for _, partition in pairs]),
@@ -316,7 +314,9 @@ class Messages:
         self, params: dict[str, Any], items: list[dict[str, Any]]
     ) -> list[PushResult] | None:
         """The results of push_new, one an item in order; None when it stored nothing."""
-        ((fits, prefix, ids, made, api_ids),) = self.db.fetch(*push_new_call(params, items))
+        ((fits, prefix, ids, made, api_ids),) = self.db.fetch(
+            "push_new", push_new_params(params, items)
+        )
         if not fits:
             return None
         idents = api_ids or [f"{prefix}{message_id:012x}" for message_id in ids]
@@ -488,7 +488,7 @@ class Messages:
         """The acknowledgments of requests decided item by item where they must be."""
         acks = requests[0] if len(requests) == 1 else [a for r in requests for a in r]
         try:
-            columns = ack_columns(acks, [len(r) for r in requests])
+            columns = ack_columns(acks, [len(r) for r in requests], ranges=False)
             rows = self.db.fetch("ack", columns, _ack_results)
         except InvalidInput:
             if len(requests) == 1:
@@ -510,14 +510,15 @@ ACK_SHARED = ("status", "consumerGroup", "leaseId", "error")
 
 
 def ack_columns(
-    acks: list[dict[str, Any]], sizes: list[int] | None = None
+    acks: list[dict[str, Any]], sizes: list[int] | None = None, ranges: bool = True
 ) -> dict[str, str | bool | None]:
     """The parameters of the ack query: validated acknowledgments as parallel arrays
     (text[] literals), each of the optional fields None (a NULL array) when no item names
     it; sizes: how many of them each fused request has (default: one request). When
     every request's items agree on all but their transactionIds (as a batch acked as
     popped does), those arrays hold one value a request (per_request), not one an item.
-    lows and highs: the key range each leaseId names (lease_range), when all name one."""
+    lows and highs: the key range each leaseId names (lease_range), when all name one
+    (ranges: ack_whole's; the ack statement reads none)."""
     sizes = sizes or [len(acks)]
     firsts = [0, *itertools.accumulate(sizes)][:-1]
     per_request = len(sizes) < len(acks) and all(
@@ -532,7 +533,7 @@ def ack_columns(
         return text_array(values) if any(v is not None for v in values) else None
 
     leases: list[str | None] = [a.get("leaseId") for a in rows]
-    ranges = [lease_range(lease) for lease in leases if lease] if all(leases) else None
+    bounds = [lease_range(lease) for lease in leases if lease] if ranges and all(leases) else None
     return {
         "txids": text_array([a["transactionId"] for a in acks]),
         "groups": column("consumerGroup"),
@@ -541,8 +542,8 @@ def ack_columns(
         "leases": column("leaseId"),
         "sizes": "{" + ",".join(str(n) for n in sizes) + "}",
         "per_request": per_request,
-        "lows": text_array([low for low, _ in ranges]) if ranges else None,
-        "highs": text_array([high for _, high in ranges]) if ranges else None,
+        "lows": text_array([low for low, _ in bounds]) if bounds else None,
+        "highs": text_array([high for _, high in bounds]) if bounds else None,
     }
 
 

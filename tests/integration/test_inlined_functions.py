@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from queen.store.db import QUERIES
-from queen.store.messages import ack_columns, ack_lease_params, push_new_call
+from queen.store.messages import ack_columns, ack_lease_params, push_new_params
 from tests.integration.test_query_plans import pop_params, pops_param
 
 CALLS = (
@@ -27,11 +27,6 @@ CALLS = (
     " JOIN pg_proc p ON p.oid = f.funcid JOIN pg_language l ON l.oid = p.prolang"
     " WHERE l.lanname = 'sql'"
 )
-
-
-def query_of(call: tuple[str, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
-    """A statement of the server's by name, with its parameters."""
-    return QUERIES[call[0]], call[1]
 
 
 def pop(**route: Any) -> dict[str, Any]:
@@ -46,7 +41,8 @@ def round_of_calls(conn: psycopg.Connection[Any]) -> None:
         items = [{"queue": "inl", "partition": part, "payload": {"n": i}}
                  for part in parts for i in range(5)]
         params = {"bodies": orjson.dumps([{"items": items}]).decode(), "producer": None}
-        ((fits, *_),) = conn.execute(*query_of(push_new_call(params, items))).fetchall()
+        ((fits, *_),) = conn.execute(QUERIES["push_new"],
+                                     push_new_params(params, items)).fetchall()
         if not fits:
             conn.execute(QUERIES["push"], params).fetchall()
     rows = conn.execute(QUERIES["pop_one"], pop()).fetchall()

@@ -25,7 +25,7 @@ import pytest
 
 from queen.store import lifecycle
 from queen.store.db import QUERIES
-from queen.store.messages import ack_columns, ack_lease_params, push_new_call
+from queen.store.messages import ack_columns, ack_lease_params, push_new_params
 
 PARTITIONS = 8
 CONSUMED = 20_000  # per partition, queue mode's cursor past them
@@ -242,8 +242,7 @@ def test_push_into_existing_partitions(explained: Explained) -> None:
     check("push", plans)
     # The server's push of such items, one statement (prepared at its sixth run, then
     # five custom plans): on its keys, and its generic plan kept.
-    name, params = push_new_call({"bodies": f"[{body}]", "producer": None}, items)
-    assert name == "push_new"
+    params = push_new_params({"bodies": f"[{body}]", "producer": None}, items)
     for _ in range(RUNS + 6):
         ((fits, _, ids, _, _),), plans = explained.run("push_new", params)
         assert fits and len(ids) == 100

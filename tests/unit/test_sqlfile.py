@@ -82,7 +82,6 @@ def _names_used_in_store() -> set[str]:
     patterns = [  # a name passed to a runner of named queries, or looked up in them
         r"""\.(?:fetch|rows|_rows|_value|_act|_fetch)\(\s*["']([a-z_0-9]+)["']""",
         r"""(?:QUERIES|queries)\[\s*["']([a-z_0-9]+)["']\s*\]""",
-        r"""return\s+["']([a-z_0-9]+)["'],""",  # a name returned with its parameters
     ]
     for path in STORE.glob("*.py"):
         text = path.read_text(encoding="utf-8")
