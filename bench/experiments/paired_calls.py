@@ -47,7 +47,7 @@ def run(conn: psycopg.Connection[Any], batch: int, cycles: int) -> dict[str, flo
         name = PAIRS[0][n % 2]
         params = {"bodies": orjson.dumps([{"items": items}]).decode(), "producer": None}
         if name == "push_new":  # (with the parameters the server sends it)
-            params = push_new_params(params, items)
+            params, _ = push_new_params(params, items)
         with cpu.call(name):
             rows = conn.execute(QUERIES[name], params).fetchall()
         if name == "push_new" and not rows[0][0]:

@@ -91,9 +91,11 @@ def _push_results(rows: list[Sequence[Any]]) -> list[PushResult]:
     ]
 
 
-def push_new_params(params: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
+def push_new_params(
+    params: dict[str, Any], items: list[dict[str, Any]]
+) -> tuple[dict[str, Any], list[int]]:
     """The parameters of push_new for items naming no transactionId (params: bodies and
-    producer, items: the bodies' in order): each item's partition given as its slot, its
+    producer, items: the bodies' in order), and each item's slot: its partition's 1-based
     position among the call's distinct (queue, partition) pairs."""
     pairs: dict[tuple[str, str], int] = {}
     slots = [
@@ -105,7 +107,7 @@ def push_new_params(params: dict[str, Any], items: list[dict[str, Any]]) -> dict
         "queues": text_array([queue for queue, _ in pairs]),
         "partitions": text_array([partition for _, partition in pairs]),
         "slots": "{" + ",".join(map(str, slots)) + "}",
-    }
+    }, slots
 
 
 def made_txids(prefixes: list[str], ids: list[int]) -> list[str]:
@@ -314,13 +316,12 @@ class Messages:
         self, params: dict[str, Any], items: list[dict[str, Any]]
     ) -> list[PushResult] | None:
         """The results of push_new, one an item in order; None when it stored nothing."""
-        ((fits, prefix, ids, made, api_ids),) = self.db.fetch(
-            "push_new", push_new_params(params, items)
-        )
+        params, slots = push_new_params(params, items)
+        ((fits, prefix, ids, made, api_ids),) = self.db.fetch("push_new", params)
         if not fits:
             return None
         idents = api_ids or [f"{prefix}{message_id:012x}" for message_id in ids]
-        txids = made_txids(made, ids)
+        txids = made_txids(made if len(made) == 1 else [made[s - 1] for s in slots], ids)
         make = functools.partial(tuple.__new__, PushResult)
         return [
             make((k, ident, txid, "queued"))

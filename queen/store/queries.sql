@@ -10,13 +10,15 @@ CROSS JOIN LATERAL queen.push_batch(
          ELSE jsonb_path_query_array(x.b, '$[*].items[*]') END,
     %(producer)s, true) p
 
--- push_new: the common push in one statement: items naming no transactionId (the server sends no other) into existing partitions of queues without maxSize (bodies and producer as push's; queues and partitions: the names of the partitions they go to, each once; slots: each item's, in item order across the bodies, as a 1-based position in those), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), none storing a transactionId (each's is made of its partition's id and its own: queen.made_txid); one row: fits (false: nothing was stored, the call goes to push), the API ids' prefix (queen.uuid_prefix), the ids in item order, the made transactionIds' prefixes (queen.made_prefix: one when the items share a partition, else one an item) and the API ids only when an id is 2^48 or more (the server makes the rest: Messages) --
+-- push_new: the common push in one statement: items naming no transactionId (the server sends no other) into existing partitions of queues without maxSize (bodies and producer as push's; queues and partitions: the names of the partitions they go to, each once; slots: each item's, in item order across the bodies, as a 1-based position in those), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), none storing a transactionId (each's is made of its partition's id and its own: queen.made_txid); one row: fits (false: nothing was stored, the call goes to push), the API ids' prefix (queen.uuid_prefix), the ids in item order, the made transactionIds' prefixes (queen.made_prefix), one a slot and the API ids only when an id is 2^48 or more (the server makes the rest: Messages) --
 -- Each name is found by a probe of its key (a LATERAL with a LIMIT, whatever the
 -- statistics); the conditions are checked before the locks are taken, and the insert
 -- runs only when all hold. An item's partition is its slot's (ROWS FROM: each item beside
 -- its slot): no name is read out of an item and no item is joined to its partition; the
--- items are inserted as they come out of the body. No wake-up here: the server's sessions
--- send theirs once the push committed.
+-- items are inserted as they come out of the bodies: a lone body's as they are, those of
+-- several gathered into one array when the bodies are small, else read a body at a time
+-- (queen.push_items; the other function of the two has no argument and gives no row). No
+-- wake-up here: the server's sessions send theirs once the push committed.
 WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array leaves alone)
     SELECT n.k, q.max_size, p.id AS partition_id
     FROM (SELECT k, (%(queues)s::text[])[k] AS queue, (%(partitions)s::text[])[k] AS partition
@@ -33,23 +35,27 @@ WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array l
            queen.uuid_prefix(now()) AS prefix
 ), stored AS (
     INSERT INTO queen.messages (partition_id, payload, encrypted, producer, trace_id)
-    SELECT f.parts[x.slot], x.i -> 'payload',
-           coalesce((x.i ->> 'encrypted')::boolean, false), %(producer)s, x.i ->> 'traceId'
+    SELECT f.parts[x.slot], y.i -> 'payload',
+           coalesce((y.i ->> 'encrypted')::boolean, false), %(producer)s, y.i ->> 'traceId'
     FROM fit f
     CROSS JOIN LATERAL (SELECT %(bodies)s::jsonb AS b) b
+    CROSS JOIN LATERAL (SELECT jsonb_array_length(b.b) = 1
+                               OR pg_column_size(b.b) < 1024 * jsonb_array_length(b.b)
+                               AS gathered) g
     CROSS JOIN LATERAL ROWS FROM (  -- (each item beside its slot)
         jsonb_array_elements(
             CASE WHEN jsonb_array_length(b.b) = 1 THEN b.b -> 0 -> 'items'
-                 ELSE jsonb_path_query_array(b.b, '$[*].items[*]') END),
-        unnest(%(slots)s::integer[])) WITH ORDINALITY x(i, slot, ord)
+                 WHEN g.gathered THEN jsonb_path_query_array(b.b, '$[*].items[*]') END),
+        queen.push_items(CASE WHEN NOT g.gathered THEN b.b END),
+        unnest(%(slots)s::integer[])) WITH ORDINALITY x(gathered, apart, slot, ord)
+    CROSS JOIN LATERAL (SELECT coalesce(x.gathered, x.apart) AS i) y
     WHERE f.fits
     ORDER BY x.ord
     RETURNING id, partition_id
 )
 SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS ids,
-       CASE WHEN cardinality(f.parts) = 1 THEN ARRAY[queen.made_prefix(f.parts[1])]
-            ELSE (SELECT array_agg(queen.made_prefix(s.partition_id) ORDER BY s.id)
-                  FROM stored s) END AS made,
+       ARRAY(SELECT queen.made_prefix(p) FROM unnest(f.parts) WITH ORDINALITY u(p, k)
+             ORDER BY u.k) AS made,
        CASE WHEN (SELECT max(s.id) FROM stored s) >= 281474976710656
             THEN (SELECT array_agg(queen.message_uuid_text(s.id, f.prefix, now()) ORDER BY s.id)
                   FROM stored s) END AS api_ids

@@ -7,6 +7,19 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT hashtextextended(p_partition::text, 23)
 $$;
 
+-- The items of push bodies (a JSON array of {"items": [...]}, one per fused request), in
+-- order, a body at a time: for bodies of some size, where gathering every item into one
+-- array (a path query) copies each item into a new document first. (A statement a body
+-- costs more than that copy when the bodies are small: the server's push gathers those.)
+CREATE OR REPLACE FUNCTION queen.push_items(p_bodies jsonb) RETURNS SETOF jsonb
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
+BEGIN
+    FOR k IN 0 .. jsonb_array_length(p_bodies) - 1 LOOP
+        RETURN QUERY SELECT jsonb_array_elements(p_bodies -> k -> 'items');
+    END LOOP;
+END
+$$;
+
 -- The partitions a push writes to, in (queue, partition) order, with their push locks
 -- (queen.push_lock_key) taken in that order: created as needed (partition
 -- 'Default' when none is named). A partition stays while its lock is held: its removal

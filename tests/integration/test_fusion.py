@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 
 from queen.errors import InvalidInput
@@ -122,6 +123,39 @@ def test_fused_pushes_answer_each_request_its_own_results_in_its_order(fstore: S
     assert outcomes[2][1].id == outcomes[1][0].id == outcomes[3][0].id
     popped = fstore.messages.pop(PopRoute(queue="f"), 100, "w")
     assert [data(m) for m in popped] == ["before", 1, 2, 3, 4, 7]  # arrival order, FIFO
+
+
+@pytest.mark.parametrize("pad", [0, 3000], ids=["small bodies", "large bodies"])
+def test_fused_pushes_into_several_partitions_name_each_item_its_message(
+    fstore: Store, db_dsn: str, pad: int
+) -> None:
+    """The server's one-statement push of several requests, their items gathered (small
+    bodies) or read a body at a time (large ones): each item's answer names its own
+    message by its id and by its transactionId, and each partition keeps arrival order."""
+    queue = f"spread{pad}"
+    push(fstore, [{"queue": queue, "partition": p, "payload": "before"} for p in "ab"])
+    requests = [[{"queue": queue, "partition": "ab"[(r + n) % 2],
+                  "payload": {"r": r, "n": n, "pad": "x" * pad}} for n in range(3)]
+                for r in range(4)]
+    first, *rest = (pusher(fstore, items) for items in requests)
+    outcomes = fused(fstore.messages._push_fusers[None], first, rest)
+    assert fstore.sizes[-2:] == [("push", 1), ("push", 3)]  # type: ignore[attr-defined]
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        for items, results in zip(requests, outcomes, strict=True):
+            assert [r.position for r in results] == [1, 2, 3]
+            for item, r in zip(items, results, strict=True):
+                (by_id,) = conn.execute(
+                    "SELECT p.name, m.payload FROM queen.messages m"
+                    " JOIN queen.partitions p ON p.id = m.partition_id"
+                    " WHERE m.id = queen.message_id_of(%s::uuid)", (r.id,)).fetchall()
+                assert by_id == (item["partition"], item["payload"])
+                assert conn.execute(
+                    "SELECT queen.message_id_of(%s::uuid) IN (SELECT id FROM queen.named(%s))",
+                    (r.id, r.transaction_id)).fetchone() == (True,)
+    for p in "ab":
+        popped = fstore.messages.pop(PopRoute(queue=queue, partition=p), 100, "w")
+        assert [data(m) for m in popped] == ["before"] + [
+            item["payload"] for items in requests for item in items if item["partition"] == p]
 
 
 def test_max_size_counts_across_the_requests_of_a_call(fstore: Store) -> None:

@@ -42,7 +42,7 @@ def round_of_calls(conn: psycopg.Connection[Any]) -> None:
                  for part in parts for i in range(5)]
         params = {"bodies": orjson.dumps([{"items": items}]).decode(), "producer": None}
         ((fits, *_),) = conn.execute(QUERIES["push_new"],
-                                     push_new_params(params, items)).fetchall()
+                                     push_new_params(params, items)[0]).fetchall()
         if not fits:
             conn.execute(QUERIES["push"], params).fetchall()
     rows = conn.execute(QUERIES["pop_one"], pop()).fetchall()

@@ -242,7 +242,7 @@ def test_push_into_existing_partitions(explained: Explained) -> None:
     check("push", plans)
     # The server's push of such items, one statement (prepared at its sixth run, then
     # five custom plans): on its keys, and its generic plan kept.
-    params = push_new_params({"bodies": f"[{body}]", "producer": None}, items)
+    params, _ = push_new_params({"bodies": f"[{body}]", "producer": None}, items)
     for _ in range(RUNS + 6):
         ((fits, _, ids, _, _),), plans = explained.run("push_new", params)
         assert fits and len(ids) == 100
