@@ -182,7 +182,8 @@ class QueenSqlClient:
         ).fetchall()
         # What a worker sends once the push committed (queen.store.polling.Wakeups).
         self.conn.execute(
-            self.queries["notify_pushed"], {"queues": [self.queue], "partitions": [partition]}
+            self.queries["notify_pushed"],
+            {"queues": [self.queue], "partitions": [partition], "handled": None},
         )
         return n
 

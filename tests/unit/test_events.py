@@ -238,3 +238,45 @@ def test_a_wake_up_carries_the_notification_that_caused_it():
         assert a.hint == "q/p7//"
         events.wake_all()
         assert b.hint is None  # woken to re-check, not for a partition
+
+
+def test_a_process_wakes_its_own_polls_first_and_names_the_groups_it_woke():
+    """wake_here, after this process's push: the oldest poll of each group parked here by
+    the partition or its queue (a filter's polls are left to the notification)."""
+    events = Events()
+    with (
+        events.subscribe(BY_QUEUE) as queue_mode,
+        events.subscribe(PopRoute(queue="q", partition="p", consumer_group="a")) as a1,
+        events.subscribe(PopRoute(queue="q", consumer_group="a")) as a2,
+        events.subscribe(PopRoute(queue="q", partition="other", consumer_group="b")) as b,
+        events.subscribe(BY_NAMESPACE) as by_filter,
+    ):
+        assert sorted(events.wake_here("q", "p")) == ["__queue__", "a"]
+        assert queue_mode.event.is_set() and a1.event.is_set()
+        assert not a2.event.is_set() and not b.event.is_set() and not by_filter.event.is_set()
+        assert parse(queue_mode.hint or "") == wakeup.Wake("q", "p")
+        # An ack's wake-up concerns its group alone.
+        assert events.wake_here("q", "p", "a") == ["a"]
+        assert a2.event.is_set()
+        assert events.wake_here("q", "p", "__queue__") == []  # none of it armed now
+
+
+def test_a_notification_wakes_no_poll_of_the_groups_its_sender_woke():
+    events = Events()
+    with (
+        events.subscribe(BY_QUEUE) as queue_mode,
+        events.subscribe(PopRoute(queue="q", consumer_group="a")) as a,
+        events.subscribe(PopRoute(queue="q", consumer_group="b")) as b,
+    ):
+        text = payload() + wakeup.handled_suffix("", ["__queue__", "a"])
+        assert parse(text).handled == ("__queue__", "a")
+        assert events.notify(text)
+        assert b.event.is_set()
+        assert not queue_mode.event.is_set() and not a.event.is_set()
+        assert not events.notify(text)  # b is not armed now; the others were handled
+        # A group's own wake-up (an ack's) that its sender served wakes nobody here.
+        acked = wakeup.payload("q", "p", None, None, "a")
+        assert not events.notify(acked + wakeup.handled_suffix(acked, ["a"]))
+        assert not a.event.is_set()
+        assert events.notify(acked)
+        assert a.event.is_set()
