@@ -182,8 +182,7 @@ class QueenSqlClient:
         ).fetchall()
         # What a worker sends once the push committed (queen.store.polling.Wakeups).
         self.conn.execute(
-            self.queries["notify_pushed"],
-            {"queues": [self.queue], "partitions": [partition], "handled": None},
+            self.queries["notify_pushed"], {"queues": [self.queue], "partitions": [partition]}
         )
         return n
 

@@ -194,8 +194,6 @@ def create_app(
     store = store or Store.from_settings(settings)
     hub = hub or Hub.from_settings(settings, store.dashboard)
     poller = LongPoller(store, events, settings.effective_worker_id, clock)
-    if events is not None:  # this process's pushes and acks wake its own polls first
-        store.polling.wakeups.here = events.wake_here
     measure = MetricsMiddleware(store)
     store.observe_calls(observe_fused)
     store.db.observe = observe_statement

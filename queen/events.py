@@ -16,12 +16,6 @@ lost: it simply re-checks once more. A woken waiter that leaves without re-check
 (deadline, client gone, or it was woken while its own query already found messages)
 passes its wake-up on to the next matching waiter.
 
-A process whose own push or ack made work ready wakes a poll of each group parked here
-for it at once (wake_here), and its notification names those groups: no process wakes
-another poll of them for it, where every process would otherwise wake one and all but
-one of those re-checks find the partition taken (a cost that grew with the number of
-processes). Groups it had no poll of are woken as for any notification.
-
 Notifications are hints. A slow fallback asks the database which free partitions have
 pending work for the routes parked here (one query per period, whatever the number of
 waiters) and dispatches the oldest answers like notifications, a bounded number per
@@ -55,7 +49,6 @@ from queen.wakeup import (
     Wake,
     keys_for,
     parse,
-    payload,
     route_key,
 )
 
@@ -216,40 +209,21 @@ class Events:
         waiter.event.set()
         self.wakeups += 1
 
-    def notify(self, text: str) -> bool:
+    def notify(self, payload: str) -> bool:
         """Dispatch one notification payload to each consumer group parked for it (or to
-        the one group it names) but those its sender woke itself; True when it woke a
-        waiter."""
-        wake = parse(text)
-        handled = frozenset(None if g == QUEUE_MODE else g for g in wake.handled)
-        return bool(self._wake_each_group(keys_for(wake), text, group_of(wake), handled))
-
-    def wake_here(self, queue: str, partition: str, group: str | None = None) -> list[str]:
-        """Wake, for work this process's own push or ack just made ready in a partition,
-        the oldest waiter of each consumer group parked here by that partition or its
-        queue (group: of that group alone, '__queue__' for queue mode); the groups woken,
-        as a payload names them (wakeup.handled_suffix)."""
-        keys = ((BY_PARTITION, queue, partition), (BY_QUEUE, queue, None))
-        only: Group | object = ANY_GROUP
-        if group is not None:
-            only = None if group == QUEUE_MODE else group
-        woken = self._wake_each_group(keys, payload(queue, partition), only)
-        return [QUEUE_MODE if g is None else g for g in woken]
+        the one group it names); True when it woke a waiter."""
+        wake = parse(payload)
+        return self._wake_each_group(keys_for(wake), payload, group_of(wake))
 
     def _wake_each_group(
-        self,
-        keys: tuple[RouteKey, ...],
-        hint: str | None,
-        only: Group | object = ANY_GROUP,
-        handled: frozenset[Group] = frozenset(),
-    ) -> list[Group]:
-        """Wake the oldest waiter matching keys in each group (only: in that group alone)
-        but the handled ones; the groups woken."""
+        self, keys: tuple[RouteKey, ...], hint: str | None, only: Group | object = ANY_GROUP
+    ) -> bool:
+        """Wake the oldest waiter matching keys in each group (only: in that group alone)."""
         with self._lock:
             oldest: dict[Group, Waiter] = {}
             for key in keys:
                 for group, armed in self._armed.get(key, {}).items():
-                    if (only is not ANY_GROUP and group != only) or group in handled:
+                    if only is not ANY_GROUP and group != only:
                         continue
                     first = next(iter(armed))
                     known = oldest.get(group)
@@ -257,7 +231,7 @@ class Events:
                         oldest[group] = first
             for waiter in oldest.values():
                 self._wake(waiter, keys, hint)
-            return list(oldest)
+            return bool(oldest)
 
     def wake_all(self) -> int:
         """Wake every armed waiter once (after a reconnect, or to shut down)."""
@@ -295,7 +269,7 @@ class Events:
         except Exception as exc:  # noqa: BLE001 - the next period tries again
             log.warning("long-poll fallback re-check failed: %s", exc)
             return 0
-        return sum(self.notify(text) for text in payloads)
+        return sum(self.notify(payload) for payload in payloads)
 
     def shutdown(self) -> None:
         """Stop listening and release every parked poll (they answer 204 at once)."""

@@ -7,11 +7,6 @@ group's ack or give-back freed concerns that group alone, and its payload names 
 after the route ('queue/partition/namespace/task/group'). Names cannot contain '/'.
 tests/integration/test_wakeups.py pins payload() and parse() here to the SQL functions.
 
-The server's own wake-ups (after its pushes and acks committed) may end with the groups
-the sending process has already woken a poll of itself, each after a '/' (the group
-field then empty for a push's: 'queue/partition/namespace/task//group/...', queue mode
-as '__queue__'): no process wakes another poll of those groups for it (queen.events).
-
 Parked polls are indexed by route key: (BY_PARTITION, queue, partition),
 (BY_QUEUE, queue, None) or (BY_FILTER, namespace, task), None matching anything.
 
@@ -46,7 +41,6 @@ class Wake:
     namespace: str | None = None
     task: str | None = None
     group: str | None = None  # None: for every group (a push's)
-    handled: tuple[str, ...] = ()  # groups the sender woke a poll of itself
 
 
 def payload(
@@ -63,18 +57,8 @@ def payload(
 
 def parse(text: str) -> Wake:
     """Read a payload back (missing fields are empty, as in a payload cut short)."""
-    queue, partition, namespace, task, group, *handled = [*text.split("/"), "", "", "", ""]
-    return Wake(queue, partition, namespace or None, task or None, group or None,
-                tuple(g for g in handled if g))
-
-
-def handled_suffix(text: str, groups: list[str]) -> str:
-    """What to append to payload text (or, with text '', to a push's payload made in SQL,
-    which names no group) for the groups the sender woke itself ('' for none)."""
-    if not groups:
-        return ""
-    named = text.count("/") >= 4  # (a group's: 'queue/partition/namespace/task/group')
-    return ("/" if named else "//") + "/".join(groups)
+    queue, partition, namespace, task, *rest = [*text.split("/", 4), "", "", "", ""][:5]
+    return Wake(queue, partition, namespace or None, task or None, rest[0] or None)
 
 
 def route_key(route: PopRoute) -> RouteKey:

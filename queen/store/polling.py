@@ -11,7 +11,7 @@ from typing import Any
 
 from queen.errors import QueenError
 from queen.store.db import Database
-from queen.wakeup import DEFAULT_PARTITION, handled_suffix, parse
+from queen.wakeup import DEFAULT_PARTITION
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +75,11 @@ class Wakeups:
     see queen.notify_pushed for why), and acks hand back the wake-ups of the partitions
     they freed (queen.ack). Started, one thread (a greenlet under gevent) per
     process sends every wake-up noted meanwhile in one small transaction per kind, so
-    concurrent calls share it; not started, each call sends its own. Before sending,
-    `here` (queen.events' wake_here, where this process parks polls) wakes a poll of
-    each group parked in this process, and each wake-up names the groups it woke.
+    concurrent calls share it; not started, each call sends its own.
     """
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        # (queue, partition, group or None for every group) -> the groups woken here
-        self.here: Callable[[str, str, str | None], list[str]] | None = None
         self._pending: dict[tuple[str, str], None] = {}
         self._freed: dict[str, None] = {}
         self._lock = threading.Lock()
@@ -131,26 +127,11 @@ class Wakeups:
             self._send(pairs, payloads)
 
     def _send(self, pairs: list[tuple[str, str]], payloads: list[str]) -> None:
-        here = self.here
         if pairs:
-            params = {
-                "queues": [q for q, _ in pairs],
-                "partitions": [p for _, p in pairs],
-                "handled": [handled_suffix("", here(q, p, None)) for q, p in pairs]
-                if here is not None
-                else None,
-            }
+            params = {"queues": [q for q, _ in pairs], "partitions": [p for _, p in pairs]}
             _try_waking(lambda: self.db.fetch("notify_pushed", params))
         if payloads:
-            if here is not None:
-                payloads = [p + handled_suffix(p, _woken_here(here, p)) for p in payloads]
             _try_waking(lambda: self.db.fetch("notify_wakes", {"payloads": payloads}))
-
-
-def _woken_here(here: Callable[[str, str, str | None], list[str]], text: str) -> list[str]:
-    """Wake this process's poll for an ack's wake-up payload (its group's alone)."""
-    wake = parse(text)
-    return here(wake.queue, wake.partition, wake.group)
 
 
 def _try_waking(send: Callable[[], object]) -> None:

@@ -104,8 +104,8 @@ FROM (SELECT p.*, p.ordinality = 1 AS first
           %(mode)s::text, %(since)s::timestamptz, %(lease)s::uuid,
           coalesce(%(prefer)s::text, s.none)) WITH ORDINALITY p) d
 
--- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit); handled: what to append to each pair's payload, the groups this process woke itself (wakeup.handled_suffix), or NULL --
-SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[], %(handled)s::text[])
+-- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
+SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
 
 -- notify_wakes: send the wake-ups that acks collected, once they committed (as notify_pushed) --
 SELECT queen.notify_wakes(%(payloads)s::text[])

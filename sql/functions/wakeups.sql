@@ -162,18 +162,13 @@ $$;
 -- notifying inside the push would line up the WAL flushes of all concurrent pushes one
 -- behind another. Here the commit is asynchronous: a
 -- notification needs no durability, and the lock is held for microseconds. Unknown
--- names are ignored. p_handled: what to append to each payload (the groups the sending
--- process woke a poll of itself: queen/wakeup.py), or NULL.
-DROP FUNCTION IF EXISTS queen.notify_pushed(text[], text[]);  -- (an earlier build's)
-CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[],
-                                               p_handled text[] DEFAULT NULL) RETURNS void
+-- names are ignored.
+CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[]) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM queen.notify_wakes(ARRAY(
         SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task, NULL)
-               || coalesce(n.handled, '')
-        FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions, p_handled))
-             n(queue, partition, handled)
+        FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)
         JOIN queen.queues q ON q.name = n.queue
         JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.partition));
 END

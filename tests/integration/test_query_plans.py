@@ -393,8 +393,7 @@ def test_the_hot_calls_run_generic_plans_from_a_sessions_first_call(seeded: str)
         body = orjson.dumps({"items": [{"queue": "big", "partition": "p1", "payload": 1}]})
         _, plans = explained.run("push", {"bodies": f"[{body.decode()}]", "producer": "plans"})
         assert plans and not _custom(plans), _custom(plans)
-        _, plans = explained.run("notify_pushed", {"queues": ["big"], "partitions": ["p1"],
-                                                    "handled": ["//__queue__"]})
+        _, plans = explained.run("notify_pushed", {"queues": ["big"], "partitions": ["p1"]})
         assert plans and not _custom(plans), _custom(plans)
         rows, plans = explained.run("pop_one", pop_params(kind="partition", partition="p1",
                                                           batch=2))

@@ -485,28 +485,3 @@ def test_a_worker_lists_itself_again_when_its_listener_reconnects_with_no_poll_p
         assert time.monotonic() - started < 15  # a wake-up, not the fallback's 120 s
     finally:
         events.shutdown()
-
-
-def test_pushes_and_acks_wake_this_processs_polls_and_their_notifications_say_so(
-    store: Store, listener
-):
-    """With a registry of parked polls (the server's), a committed push wakes a poll of
-    each group parked here before it notifies, and its notification names those groups;
-    so does an ack's wake-up, for its group."""
-    events = Events()
-    store.polling.wakeups.here = events.wake_here
-    push(store, items("q", "a", 2))
-    assert received(listener) == ["q/a//"]  # nobody parked here: for every group
-    with events.subscribe(PopRoute(queue="q")) as waiter:
-        push(store, items("q", "a", 1))
-        (note,) = received(listener)
-        assert waiter.event.is_set()
-        assert note == "q/a////__queue__"
-        assert wakeup.parse(note) == wakeup.Wake("q", "a", handled=("__queue__",))
-    (first,) = pop(store, "q", "a")
-    with events.subscribe(PopRoute(queue="q")) as waiter:
-        assert ack(store, first.transaction_id).status == "completed"
-        assert waiter.event.is_set()
-        (note,) = received(listener)
-        assert wakeup.parse(note) == wakeup.Wake("q", "a", group="__queue__",
-                                                 handled=("__queue__",))
