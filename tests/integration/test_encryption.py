@@ -61,3 +61,20 @@ def test_encrypted_queue_without_a_key_refuses_the_push(store: Store) -> None:
     with pytest.raises(InvalidInput, match="QUEEN_ENCRYPTION_KEY"):
         push(store, [{"queue": "secret", "payload": 1}])
     assert rows(store.db.dsn, f"SELECT count(*) FROM {MESSAGES}") == [(0,)]
+
+
+@pytest.mark.parametrize("key", ["\\u0065ncrypted", "encr\\u0079pted"])
+def test_client_cannot_mark_its_payload_encrypted_with_an_escaped_key(
+    store: Store, key: str
+) -> None:
+    """The marker written with JSON escapes is the same key once parsed: it counts no more
+    than the plain one (and, not a boolean, it fails nothing)."""
+    for value in ("true", '"yes"', '"maybe"'):
+        item = '{"queue": "q", "payload": {"a": 1}, "' + key + '": ' + value + "}"
+        raw = ('{"items": [' + item + "]}").encode()
+        items = orjson.loads(raw)["items"]
+        assert "encrypted" in items[0]
+        (result,) = store.messages.push(raw, items)
+        assert result.status == "queued"
+    assert rows(store.db.dsn, f"SELECT encrypted FROM {MESSAGES}") == [(False,)] * 3
+    assert [data(m) for m in pop(store, "q", batch=3)] == [{"a": 1}] * 3
