@@ -165,13 +165,17 @@ def _large_payload(rows: list[tuple[int, Popped]]) -> bool:
     return any(len(row.payload) > LARGE_CALL_BYTES for _, row in rows)
 
 
-def _claims_encrypted(items: list[dict[str, Any]]) -> bool:
+def _claims_encrypted(body: bytes | str, items: list[dict[str, Any]]) -> bool:
     """Tell whether a client sent the store's own `encrypted` marker (it must not count).
 
-    Asked of the parsed items, not of the body's text, where the key may be written with
-    JSON escapes (`"\\u0065ncrypted"`) and still be the marker once parsed.
+    The parsed items decide; they are asked only when the body's text holds the key as
+    written or a backslash: the key written with JSON escapes (`"\\u0065ncrypted"`) is
+    the marker once parsed, and any other body cannot hold it.
     """
-    return any("encrypted" in item for item in items)
+    marker, escape = (b'"encrypted"', b"\\") if isinstance(body, bytes) else ('"encrypted"', "\\")
+    return (marker in body or escape in body) and any(  # type: ignore[operator]
+        "encrypted" in item for item in items
+    )
 
 
 def new_lease_id() -> uuid.UUID:
@@ -279,7 +283,7 @@ class Messages:
         one producer fuse (a call stores one producer name).
         """
         secret = self._secret_items(items) if self.queues.any_encrypted() else None
-        if secret is not None or _claims_encrypted(items):
+        if secret is not None or _claims_encrypted(body, items):
             body = self._seal(items, secret)
         text = body if isinstance(body, str) else body.decode()
         fuser = self._push_fusers.get(producer)
