@@ -12,6 +12,7 @@ PostgreSQL at that moment (queue mode's counts, as the analytics read them).
 
 from __future__ import annotations
 
+import glob
 import os
 import resource
 import time
@@ -129,11 +130,30 @@ def uptime_s() -> float:
     return max(0.0, time.time() - started)
 
 
+class _WorkersCollector(multiprocess.MultiProcessCollector):
+    """Every worker's samples, passing over a file its worker is still creating.
+
+    prometheus_client creates a worker's file empty and then sizes it; read in between,
+    the empty file fails the whole scrape (struct.error). It holds no sample yet.
+    """
+
+    def collect(self) -> Iterator[Metric]:
+        files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _has_header(f)]
+        return self.merge(files, accumulate=True)
+
+
+def _has_header(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:  # (removed meanwhile: a worker that ended)
+        return False
+
+
 def _samples_registry() -> CollectorRegistry:
     if not multiprocess_mode():
         return REGISTRY
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    _WorkersCollector(registry)
     return registry
 
 
@@ -385,7 +405,7 @@ class PrometheusResource:
         self.middleware.refresh_pool()
         registry = CollectorRegistry(auto_describe=False)
         if multiprocess_mode():
-            multiprocess.MultiProcessCollector(registry)
+            _WorkersCollector(registry)
         else:
             registry.register(_Forward(REGISTRY))
         registry.register(QueueDepthCollector(self.store))
