@@ -134,7 +134,10 @@ SELECT payload FROM queen.ready_partitions(
 -- changed meanwhile is checked again as it now is. Its lookups call no SQL function (one
 -- inlined is parsed again at each planning, and the range is the server's to compute).
 -- generate_subscripts, not unnest: its row estimate does not depend on the array, so the
--- generic plan costs what custom ones do and is kept.
+-- generic plan costs what custom ones do and is kept. While a worker has polls parked
+-- (the only time a wake-up is sent), each ended row keeps the first message past its new
+-- cursor (next_id, a probe of the key), which decides its wake-up and which a ranking of
+-- the queue reads instead of probing again.
 WITH a AS (
     SELECT %(txids)s::text[] AS txids, %(groups)s::text[] AS groups,
            %(statuses)s::text[] AS statuses, %(leases)s::text[] AS leases,
@@ -169,7 +172,16 @@ WITH a AS (
     UPDATE queen.consumers x SET
         cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
         lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
-        lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
+        lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now(),
+        next_after = CASE WHEN EXISTS (SELECT 1 FROM queen.waiting_workers w
+                                         WHERE w.until > now())
+                           THEN greatest(x.cursor_id, x.lease_last_id) END,
+        next_id = CASE WHEN EXISTS (SELECT 1 FROM queen.waiting_workers w
+                                      WHERE w.until > now())
+                        THEN (SELECT m.id FROM queen.messages m
+                              WHERE m.partition_id = x.partition_id
+                                AND m.id > greatest(x.cursor_id, x.lease_last_id)
+                              ORDER BY m.id LIMIT 1) END
     FROM r t
     WHERE x.ctid = ANY (ARRAY(SELECT t.row FROM r t))
       AND x.partition_id = t.part AND x.consumer_group = t.grp
@@ -177,28 +189,42 @@ WITH a AS (
       AND x.lease_digest = t.digest AND t.first_id <= x.lease_last_id
       AND cardinality(x.lease_acked) = 0
       AND cardinality(x.done_ids) = 0 AND x.retried_max <= x.cursor_id
-    RETURNING t.k, x.partition_id, x.consumer_group, x.cursor_id, t.first_id, t.size
+    RETURNING t.k, x.partition_id, x.consumer_group, x.cursor_id, t.first_id, t.size,
+              x.next_id
 ), done AS (
     INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
     SELECT e.partition_id, e.consumer_group, e.first_id, e.cursor_id, e.size
     FROM ended e ORDER BY 1, 2
 )
 SELECT (SELECT array_agg(e.k ORDER BY e.k) FROM ended e) AS fit,
-       (SELECT array_agg(w) FROM ended e
-        CROSS JOIN LATERAL queen.group_wakes(e.partition_id, e.consumer_group, e.cursor_id) w)
-         AS wakes,
+       (SELECT array_agg(queen.wake_payload(q.name, p.name, q.namespace, q.task,
+                                            e.consumer_group))
+        FROM ended e
+        JOIN queen.partitions p ON p.id = e.partition_id
+        JOIN queen.queues q ON q.id = p.queue_id
+        WHERE e.next_id IS NOT NULL) AS wakes,
        now() AS acknowledged_at
 FROM (SELECT set_config('synchronous_commit', 'off', true)) setting
 
 -- ack_lease: the most common ack, one request completing every message of the live lease it names, as popped (joined: its transactionIds joined by U+001F in delivery order; size: how many; lease: its leaseId; low and high: the key range it names, lease_range; grp: its consumer group, '__queue__' for queue mode): ends that lease and writes its completion, as ack_whole does (for a call of several requests, or without a leaseId); fit: {1} when it did, else empty (the request goes to ack); wakes: the wake-ups to send once committed (notify_wakes) --
 -- One UPDATE of the group's consumer row that holds the lease (found as ack_whole finds
--- it), its checks in its WHERE as ack_whole's: none of the steps per request that a call
--- of several needs materialized (what that saves: docs/PERFORMANCE.md).
+-- it), its checks in its WHERE as ack_whole's, its next message kept as ack_whole keeps
+-- it: none of the steps per request that a call of several needs materialized (what that
+-- saves: docs/PERFORMANCE.md).
 WITH ended AS (
     UPDATE queen.consumers x SET
         cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
         lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
-        lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
+        lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now(),
+        next_after = CASE WHEN EXISTS (SELECT 1 FROM queen.waiting_workers w
+                                         WHERE w.until > now())
+                           THEN greatest(x.cursor_id, x.lease_last_id) END,
+        next_id = CASE WHEN EXISTS (SELECT 1 FROM queen.waiting_workers w
+                                      WHERE w.until > now())
+                        THEN (SELECT m.id FROM queen.messages m
+                              WHERE m.partition_id = x.partition_id
+                                AND m.id > greatest(x.cursor_id, x.lease_last_id)
+                              ORDER BY m.id LIMIT 1) END
     FROM (SELECT c.partition_id, c.cursor_id + 1 AS first_id FROM queen.consumers c
           WHERE c.partition_id BETWEEN %(low)s::uuid AND %(high)s::uuid
             AND c.consumer_group = %(grp)s::text AND c.lease_id = %(lease)s::uuid
@@ -210,16 +236,19 @@ WITH ended AS (
       AND f.first_id <= x.lease_last_id
       AND cardinality(x.lease_acked) = 0 AND cardinality(x.done_ids) = 0
       AND x.retried_max <= x.cursor_id
-    RETURNING x.partition_id, x.consumer_group, x.cursor_id, f.first_id
+    RETURNING x.partition_id, x.consumer_group, x.cursor_id, f.first_id, x.next_id
 ), done AS (
     INSERT INTO queen.completions (partition_id, consumer_group, first_id, last_id, acked)
     SELECT e.partition_id, e.consumer_group, e.first_id, e.cursor_id, %(size)s::integer
     FROM ended e
 )
 SELECT ARRAY(SELECT 1 FROM ended) AS fit,
-       (SELECT array_agg(w) FROM ended e
-        CROSS JOIN LATERAL queen.group_wakes(e.partition_id, e.consumer_group, e.cursor_id) w)
-         AS wakes,
+       (SELECT array_agg(queen.wake_payload(q.name, p.name, q.namespace, q.task,
+                                            e.consumer_group))
+        FROM ended e
+        JOIN queen.partitions p ON p.id = e.partition_id
+        JOIN queen.queues q ON q.id = p.queue_id
+        WHERE e.next_id IS NOT NULL) AS wakes,
        now() AS acknowledged_at
 FROM (SELECT set_config('synchronous_commit', 'off', true)) setting
 

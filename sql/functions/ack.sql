@@ -157,10 +157,11 @@ $$;
 -- queen.settle_row does for such a lease. p_complete: the completions are written in the
 -- same statement, one a lease, from its row (the lease holds every message past the
 -- cursor up to its last: its first is the first past the cursor, a probe of the key; the
--- statement's parts share one snapshot, so they read the rows as they were). Returns,
--- from the same statement, the wake-ups of the pairs with messages past the cursor, for
--- the caller to send (queen.group_wakes; a message committed after the statement's
--- snapshot has its push's wake-up).
+-- statement's parts share one snapshot, so they read the rows as they were). While a
+-- worker has polls parked, each row keeps the first message past its new cursor (next_id,
+-- a probe of the key). Returns, from the same statement, the wake-ups of the pairs with
+-- such a message, for the caller to send (as queen.group_wakes; a message committed after
+-- the statement's snapshot has its push's wake-up).
 DROP FUNCTION IF EXISTS queen.end_done_leases(tid[]);  -- (an earlier build's: it sent them)
 CREATE OR REPLACE FUNCTION queen.end_done_leases(p_locked tid[], p_complete boolean)
 RETURNS text[]
@@ -182,15 +183,27 @@ BEGIN
         UPDATE queen.consumers x SET
             cursor_id = greatest(x.cursor_id, x.lease_last_id), done_ids = '{}',
             lease_acked = '{}', lease_id = NULL, leased_by = NULL, lease_expires_at = NULL,
-            lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now()
+            lease_last_id = NULL, lease_size = NULL, lease_digest = NULL, updated_at = now(),
+            next_after = CASE WHEN EXISTS (SELECT 1 FROM queen.waiting_workers w
+                                             WHERE w.until > now())
+                               THEN greatest(x.cursor_id, x.lease_last_id) END,
+            next_id = CASE WHEN EXISTS (SELECT 1 FROM queen.waiting_workers w
+                                          WHERE w.until > now())
+                            THEN (SELECT m.id FROM queen.messages m
+                                  WHERE m.partition_id = x.partition_id
+                                    AND m.id > greatest(x.cursor_id, x.lease_last_id)
+                                  ORDER BY m.id LIMIT 1) END
         WHERE x.ctid = ANY (p_locked)
-        RETURNING x.partition_id, x.consumer_group, x.cursor_id
+        RETURNING x.partition_id, x.consumer_group, x.cursor_id, x.next_id
     )
     -- (The data-modifying parts run to completion whatever this part reads of them.)
-    SELECT array_agg(w)
+    SELECT array_agg(queen.wake_payload(q.name, p.name, q.namespace, q.task,
+                                        e.consumer_group))
     INTO woken
     FROM ended e
-    CROSS JOIN LATERAL queen.group_wakes(e.partition_id, e.consumer_group, e.cursor_id) w;
+    JOIN queen.partitions p ON p.id = e.partition_id
+    JOIN queen.queues q ON q.id = p.queue_id
+    WHERE e.next_id IS NOT NULL;
     RETURN coalesce(woken, '{}');
 END
 $$;

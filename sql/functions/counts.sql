@@ -384,6 +384,11 @@ BEGIN
         dead_letter = k.dead_letter - coalesce(f.dead_letter, 0)
     FROM messages m LEFT JOIN failures f ON f.partition_id = m.partition_id
     WHERE k.partition_id = m.partition_id;
+    -- A cursor row naming a deleted message as the next past its cursor knows it no more.
+    UPDATE queen.consumers c SET next_id = NULL, next_after = NULL
+    FROM (SELECT g.partition_id, min(g.id) AS lo, max(g.id) AS hi
+          FROM gone g GROUP BY g.partition_id) d
+    WHERE c.partition_id = d.partition_id AND c.next_id BETWEEN d.lo AND d.hi;
     -- (Below the oldest message left, and not past the last deleted: a push committing
     -- meanwhile draws ids above both. At most as many a partition as messages went, and
     -- 10,000 more: a history left from before is taken a delete at a time, not at once.)

@@ -148,7 +148,8 @@ END
 $$;
 
 -- Every partition of queue q a group may pop now ranked by its next message, oldest
--- first, up to p_limit (one probe of the partition's cursor and next message each):
+-- first, up to p_limit (one probe of the partition's cursor and next message each; the
+-- next message is read from the cursor row when the last ack found it, next_id):
 -- queen.candidates for a narrow queue, or when its walk found none.
 CREATE OR REPLACE FUNCTION queen.rank_partitions(q queen.queues, p_group text, p_limit integer)
 RETURNS SETOF uuid
@@ -157,17 +158,20 @@ LANGUAGE sql STABLE AS $$
     FROM queen.partitions p
     LEFT JOIN queen.consumers c
            ON c.partition_id = p.id AND c.consumer_group = p_group
-    CROSS JOIN LATERAL (SELECT m.id FROM queen.messages m
-                        WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
-                        ORDER BY m.id LIMIT 1) m
+    LEFT JOIN LATERAL (SELECT m.id FROM queen.messages m
+                       WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
+                         AND (c.next_id IS NULL  -- (not probed where the row knows it)
+                              OR c.next_after IS DISTINCT FROM c.cursor_id)
+                       ORDER BY m.id LIMIT 1) m ON true
     WHERE p.queue_id = q.id
+      AND coalesce(CASE WHEN c.next_after = c.cursor_id THEN c.next_id END, m.id) IS NOT NULL
       AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
       AND (c.not_before IS NULL OR c.not_before <= now())
       AND (q.window_buffer = 0 OR c.lease_id IS NOT NULL
            OR (SELECT n.created_at FROM queen.messages n
                WHERE n.partition_id = p.id ORDER BY n.id DESC LIMIT 1)
               <= now() - make_interval(secs => q.window_buffer))
-    ORDER BY m.id
+    ORDER BY coalesce(CASE WHEN c.next_after = c.cursor_id THEN c.next_id END, m.id)
     LIMIT p_limit
 $$;
 
@@ -620,14 +624,14 @@ BEGIN
                (SELECT p.name FROM queen.partitions p WHERE p.id = k.partition_id) AS name,
                queen.made_prefix(k.partition_id) AS made
         FROM (SELECT x.* FROM unnest(p_candidates) u
-              CROSS JOIN LATERAL (SELECT * FROM queen.consumers x
+              CROSS JOIN LATERAL (SELECT x.ctid AS row, x.* FROM queen.consumers x
                                   WHERE x.partition_id = u AND x.consumer_group = p_group
                                     AND x.lease_id IS NULL
                                     AND NOT coalesce(x.not_before > now(), false)
                                   FOR UPDATE SKIP LOCKED) x
               LIMIT cardinality(p_positions)) k
     ), batch AS MATERIALIZED (
-        SELECT k.j, k.partition_id, k.name, m.id, m.transaction_id, m.payload, m.encrypted,
+        SELECT k.j, k.partition_id, k.row, k.name, m.id, m.transaction_id, m.payload, m.encrypted,
                m.created_at, m.trace_id,
                CASE WHEN m.id <= k.retried_max  -- (a message of it may have been retried)
                     THEN queen.retries_of(k.partition_id, p_group, m.id, k.retried_max)
@@ -651,11 +655,13 @@ BEGIN
             lease_expires_at = expires,
             lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
             lease_digest = s.digest, not_before = NULL, updated_at = now()
-        FROM (SELECT b.j, b.partition_id, max(b.id) AS last_id, count(*)::integer AS size,
+        FROM (SELECT b.j, b.partition_id, b.row, max(b.id) AS last_id,
+                     count(*)::integer AS size,
                      queen.lease_digest(string_agg(b.transaction_id, E'\x1f' ORDER BY b.id),
                                         count(*)::integer) AS digest
-              FROM batch b GROUP BY b.j, b.partition_id) s
-        WHERE x.partition_id = s.partition_id AND x.consumer_group = p_group
+              FROM batch b GROUP BY b.j, b.partition_id, b.row) s
+        WHERE x.ctid = s.row AND x.partition_id = s.partition_id
+          AND x.consumer_group = p_group
     )
     SELECT array_agg(p_positions[b.j] ORDER BY b.j, b.id),
            array_agg(ROW(CASE WHEN p_api_ids THEN queen.message_uuid(b.id, b.created_at) END,

@@ -8,7 +8,7 @@ import uuid
 import orjson
 import psycopg
 
-from queen.models import PopRoute
+from queen.models import Popped, PopRoute
 from queen.store import Store
 from tests import storage
 from tests.integration.helpers import (
@@ -359,3 +359,78 @@ def test_pops_a_set_did_not_serve_still_take_over_an_expired_lease(store: Store)
     served, called = _pop_many_calling(store, 4, batch=5)
     assert sorted(served.values()) == [["a0", "a1"], ["b0", "b1"], ["c0", "c1"]]
     assert {"pop_set", "pop"} <= called  # the set takes b and c; a pop alone, a's lease
+
+
+NEXT = (
+    "SELECT c.next_after = c.cursor_id, c.next_id FROM queen.consumers c"
+    " JOIN queen.partitions p ON p.id = c.partition_id WHERE p.name = %s"
+)
+MESSAGE_ID = "SELECT id FROM queen.messages WHERE payload = to_jsonb(%s::text)"
+
+
+def _park(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO queen.waiting_workers VALUES ('parked', now() + '1 hour')")
+
+
+def _ack_lease(store: Store, messages: list[Popped]) -> None:
+    results = store.messages.ack(
+        [{"transactionId": m.transaction_id, "status": "completed", "leaseId": str(m.lease_id)}
+         for m in messages]
+    )
+    assert [r.status for r in results] == ["completed"] * len(messages)
+
+
+def test_an_ack_keeps_the_next_message_only_while_polls_are_parked(store: Store) -> None:
+    # (Without a parked poll no wake-up is sent, and the ranking's probe is left to it.)
+    dsn = store.db.dsn
+    push(store, [{"queue": "q", "partition": "a", "payload": p} for p in ("a0", "a1", "a2")])
+    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
+    (m,) = pop(store, "q", "a")
+    _ack_lease(store, [m])
+    assert rows(dsn, NEXT, ("a",)) == [(None, None)]
+    _park(dsn)
+    (m,) = pop(store, "q", "a")
+    _ack_lease(store, [m])
+    assert rows(dsn, NEXT, ("a",)) == [(True, scalar(dsn, MESSAGE_ID, ("a2",)))]
+    (m,) = pop(store, "q", "b")
+    _ack_lease(store, [m])
+    assert rows(dsn, NEXT, ("b",)) == [(True, None)]  # (b has nothing more)
+    assert [data(m) for m in pop(store, "q", batch=5)] == ["a2"]
+
+
+def test_the_ranking_passes_over_a_next_message_kept_for_an_earlier_cursor(
+    store: Store,
+) -> None:
+    # Ids a0 < a1 < b1 < a2. The ack of a0's lease keeps a's next message, a1, older than
+    # b1: a is ranked first. Once a1 is dead-lettered (a path that keeps nothing), what
+    # was kept is for a cursor that moved; a's next is a2, newer than b1: b comes first.
+    dsn = store.db.dsn
+    store.queues.configure("q", None, None, {"retry_limit": 0})
+    push(store, [{"queue": "q", "partition": "a", "payload": p} for p in ("a0", "a1")])
+    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
+    push(store, [{"queue": "q", "partition": "a", "payload": "a2"}])
+    _park(dsn)
+    (m,) = pop(store, "q", "a")
+    _ack_lease(store, [m])
+    assert rows(dsn, NEXT, ("a",)) == [(True, scalar(dsn, MESSAGE_ID, ("a1",)))]
+    (m,) = pop(store, "q")
+    assert data(m) == "a1"
+    assert ack(store, m.transaction_id, "failed").status == "dead_letter"
+    assert rows(dsn, NEXT, ("a",))[0][0] is False
+    assert [data(m) for m in pop(store, "q")] == ["b1"]
+    assert [data(m) for m in pop(store, "q")] == ["a2"]
+
+
+def test_a_deleted_next_message_is_forgotten_by_the_cursor_row(store: Store) -> None:
+    dsn = store.db.dsn
+    push(store, [{"queue": "q", "partition": "a", "payload": p} for p in ("a0", "a1")])
+    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
+    _park(dsn)
+    (m,) = pop(store, "q", "a")
+    _ack_lease(store, [m])
+    assert rows(dsn, NEXT, ("a",)) == [(True, scalar(dsn, MESSAGE_ID, ("a1",)))]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM queen.messages WHERE payload = '\"a1\"'")
+    assert rows(dsn, NEXT, ("a",)) == [(None, None)]
+    assert [data(m) for m in pop(store, "q")] == ["b1"]
