@@ -150,14 +150,19 @@ $$;
 -- Every partition of queue q a group may pop now ranked by its next message, oldest
 -- first, up to p_limit (one probe of the partition's cursor and next message each; the
 -- next message is read from the cursor row when the last ack found it, next_id):
--- queen.candidates for a narrow queue, or when its walk found none.
+-- queen.candidates for a narrow queue, or when its walk found none. The cursor rows are
+-- probed by key, as the walk's are: a join may read every row of the group, in every
+-- queue.
 CREATE OR REPLACE FUNCTION queen.rank_partitions(q queen.queues, p_group text, p_limit integer)
 RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
     SELECT p.id
     FROM queen.partitions p
-    LEFT JOIN queen.consumers c
-           ON c.partition_id = p.id AND c.consumer_group = p_group
+    LEFT JOIN LATERAL (SELECT c.cursor_id, c.lease_id, c.lease_expires_at, c.not_before,
+                              c.next_id, c.next_after
+                       FROM queen.consumers c
+                       WHERE c.partition_id = p.id AND c.consumer_group = p_group
+                       LIMIT 1) c ON true
     LEFT JOIN LATERAL (SELECT m.id FROM queen.messages m
                        WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
                          AND (c.next_id IS NULL  -- (not probed where the row knows it)

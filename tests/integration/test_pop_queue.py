@@ -434,3 +434,26 @@ def test_a_deleted_next_message_is_forgotten_by_the_cursor_row(store: Store) -> 
         conn.execute("DELETE FROM queen.messages WHERE payload = '\"a1\"'")
     assert rows(dsn, NEXT, ("a",)) == [(None, None)]
     assert [data(m) for m in pop(store, "q")] == ["b1"]
+
+
+def test_a_ranking_reads_the_cursor_rows_of_its_own_queue_only(store: Store) -> None:
+    # (A join of the partitions with the group's cursor rows may read the group's rows in
+    # every queue: here 300 queues, each with a cursor row of queue mode.)
+    push(store, [{"queue": f"q{n:03d}", "partition": "p", "payload": n} for n in range(300)]
+         + [{"queue": "q000", "partition": f"x{n}", "payload": n} for n in range(3)])
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        conn.execute("SELECT count(*) FROM generate_series(0, 299) n, queen.pop("
+                     "'queue', 'q' || lpad(n::text, 3, '0'), NULL, NULL, NULL, '__queue__', 1,"
+                     " 'w', NULL, NULL, gen_random_uuid())")
+        conn.execute("ANALYZE queen.consumers")
+    with psycopg.connect(store.db.dsn) as conn:  # (no earlier statement's counts pending)
+        ranked = conn.execute(
+            "SELECT count(*) FROM queen.queues q,"
+            " queen.rank_partitions(q, '__queue__', 32) r WHERE q.name = 'q000'"
+        ).fetchone()
+        read = conn.execute(
+            "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+            " WHERE relid = 'queen.consumers'::regclass"
+        ).fetchone()
+    assert ranked == (3,)  # (p is leased)
+    assert read is not None and read[0] <= 4
