@@ -385,10 +385,17 @@ BEGIN
     FROM messages m LEFT JOIN failures f ON f.partition_id = m.partition_id
     WHERE k.partition_id = m.partition_id;
     -- A cursor row naming a deleted message as the next past its cursor knows it no more.
+    -- (One another transaction holds is passed over, not waited for: whoever holds a
+    -- consumer row may wait for the count rows locked above. A pop that finds such a
+    -- partition empty forgets it then: queen.pop.)
     UPDATE queen.consumers c SET next_id = NULL, next_after = NULL
-    FROM (SELECT g.partition_id, min(g.id) AS lo, max(g.id) AS hi
-          FROM gone g GROUP BY g.partition_id) d
-    WHERE c.partition_id = d.partition_id AND c.next_id BETWEEN d.lo AND d.hi;
+    WHERE c.ctid = ANY (ARRAY(
+        SELECT x.ctid
+        FROM (SELECT g.partition_id, min(g.id) AS lo, max(g.id) AS hi
+              FROM gone g GROUP BY g.partition_id) d
+        JOIN queen.consumers x
+          ON x.partition_id = d.partition_id AND x.next_id BETWEEN d.lo AND d.hi
+        FOR UPDATE OF x SKIP LOCKED));
     -- (Below the oldest message left, and not past the last deleted: a push committing
     -- meanwhile draws ids above both. At most as many a partition as messages went, and
     -- 10,000 more: a history left from before is taken a delete at a time, not at once.)

@@ -417,6 +417,10 @@ BEGIN
         IF FOUND THEN
             RETURN;
         END IF;
+        IF c.next_after = c.cursor_id THEN  -- (the next message kept was not there: forgotten)
+            UPDATE queen.consumers x SET next_id = NULL, next_after = NULL
+            WHERE x.partition_id = candidate AND x.consumer_group = p_group;
+        END IF;
     END LOOP;
 END
 $$;

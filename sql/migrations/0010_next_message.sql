@@ -4,5 +4,6 @@
 -- are drawn in commit order within a partition, so it stays true while the cursor is
 -- there: a ranking of a queue's partitions reads it instead of probing the partition's
 -- key (queen.rank_partitions). Any other move of the cursor leaves it unused (next_after
--- differs); a delete of the message it names clears it (queen.messages_deleted).
+-- differs); a delete of the message it names clears it (queen.messages_deleted), or else
+-- the pop that finds the partition empty (queen.pop).
 ALTER TABLE queen.consumers ADD COLUMN next_id bigint, ADD COLUMN next_after bigint;

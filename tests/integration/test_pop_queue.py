@@ -457,3 +457,20 @@ def test_a_ranking_reads_the_cursor_rows_of_its_own_queue_only(store: Store) -> 
         ).fetchone()
     assert ranked == (3,)  # (p is leased)
     assert read is not None and read[0] <= 4
+
+
+def test_a_pop_forgets_a_next_message_that_is_not_there(store: Store) -> None:
+    # (As where the delete passed over a cursor row another transaction held.)
+    dsn = store.db.dsn
+    push(store, [{"queue": "q", "partition": "a", "payload": p} for p in ("a0", "a1")])
+    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
+    _park(dsn)
+    (m,) = pop(store, "q", "a")
+    _ack_lease(store, [m])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE queen.messages DISABLE TRIGGER messages_deleted")
+        conn.execute("DELETE FROM queen.messages WHERE payload = '\"a1\"'")
+        conn.execute("ALTER TABLE queen.messages ENABLE TRIGGER messages_deleted")
+    assert rows(dsn, NEXT, ("a",))[0][0] is True  # kept, though a1 is gone
+    assert [data(m) for m in pop(store, "q")] == ["b1"]
+    assert rows(dsn, NEXT, ("a",)) == [(None, None)]
