@@ -1,6 +1,15 @@
 -- Pops: lease a partition for a group and read the messages after its cursor, in order;
 -- by partition, by queue, by namespace/task, and in the API's shape (queen.popped).
 
+-- The first message past a cursor row's cursor as the row keeps it (consumers.next_id),
+-- or NULL where it keeps none for that cursor (the cursor moved another way since, or the
+-- ack found none): a ranking probes the partition's key then.
+CREATE OR REPLACE FUNCTION queen.kept_next(p_cursor bigint, p_next bigint, p_after bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_after = p_cursor THEN p_next END
+$$;
+
 -- Dead-letter the leading messages past a group's cursor that are older than the queue's
 -- ttl (never delivered: error 'ttl expired'), up to p_limit of them; the caller holds the
 -- group's row lock. Returns how many.
@@ -99,8 +108,8 @@ BEGIN
     END IF;
     -- The walk: a recursive step per partition, each an index probe for the next id (so
     -- no statistics can turn it into a sort of the whole queue); then the partition's
-    -- cursor and next message, probed by key, and queen.rank_partitions's conditions (there
-    -- a join, which may read every consumer row of the queue at once).
+    -- cursor and next message, probed by key (the next message read from the cursor row
+    -- where an ack kept it), and queen.rank_partitions's conditions.
     RETURN QUERY
     WITH RECURSIVE walk (id, lap) AS (
         SELECT f.id, f.lap FROM (
@@ -124,16 +133,20 @@ BEGIN
             LIMIT 1) n
     )
     SELECT w.id FROM (
-        SELECT p.id, m.id AS next_id
+        SELECT p.id, coalesce(queen.kept_next(c.cursor_id, c.next_id, c.next_after), m.id)
+                       AS next_id
         FROM (SELECT * FROM walk LIMIT 256) p
-        LEFT JOIN LATERAL (SELECT c.cursor_id, c.lease_id, c.lease_expires_at, c.not_before
+        LEFT JOIN LATERAL (SELECT c.cursor_id, c.lease_id, c.lease_expires_at, c.not_before,
+                                  c.next_id, c.next_after
                            FROM queen.consumers c
                            WHERE c.partition_id = p.id AND c.consumer_group = p_group
                            LIMIT 1) c ON true
-        CROSS JOIN LATERAL (SELECT m.id FROM queen.messages m
-                            WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
-                            ORDER BY m.id LIMIT 1) m
-        WHERE (c.lease_id IS NULL OR c.lease_expires_at <= now())
+        LEFT JOIN LATERAL (SELECT m.id FROM queen.messages m
+                           WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
+                             AND queen.kept_next(c.cursor_id, c.next_id, c.next_after) IS NULL
+                           ORDER BY m.id LIMIT 1) m ON true
+        WHERE coalesce(queen.kept_next(c.cursor_id, c.next_id, c.next_after), m.id) IS NOT NULL
+          AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
           AND (c.not_before IS NULL OR c.not_before <= now())
           AND (q.window_buffer = 0 OR c.lease_id IS NOT NULL
                OR (SELECT n.created_at FROM queen.messages n
@@ -165,18 +178,17 @@ LANGUAGE sql STABLE AS $$
                        LIMIT 1) c ON true
     LEFT JOIN LATERAL (SELECT m.id FROM queen.messages m
                        WHERE m.partition_id = p.id AND m.id > coalesce(c.cursor_id, 0)
-                         AND (c.next_id IS NULL  -- (not probed where the row knows it)
-                              OR c.next_after IS DISTINCT FROM c.cursor_id)
+                         AND queen.kept_next(c.cursor_id, c.next_id, c.next_after) IS NULL
                        ORDER BY m.id LIMIT 1) m ON true
     WHERE p.queue_id = q.id
-      AND coalesce(CASE WHEN c.next_after = c.cursor_id THEN c.next_id END, m.id) IS NOT NULL
+      AND coalesce(queen.kept_next(c.cursor_id, c.next_id, c.next_after), m.id) IS NOT NULL
       AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
       AND (c.not_before IS NULL OR c.not_before <= now())
       AND (q.window_buffer = 0 OR c.lease_id IS NOT NULL
            OR (SELECT n.created_at FROM queen.messages n
                WHERE n.partition_id = p.id ORDER BY n.id DESC LIMIT 1)
               <= now() - make_interval(secs => q.window_buffer))
-    ORDER BY coalesce(CASE WHEN c.next_after = c.cursor_id THEN c.next_id END, m.id)
+    ORDER BY coalesce(queen.kept_next(c.cursor_id, c.next_id, c.next_after), m.id)
     LIMIT p_limit
 $$;
 
@@ -253,15 +265,20 @@ BEGIN
             SELECT x.name FROM queen.queues x
             CROSS JOIN LATERAL (
                 SELECT 1 FROM queen.partitions p
-                LEFT JOIN LATERAL (SELECT c.cursor_id, c.lease_id, c.lease_expires_at
+                LEFT JOIN LATERAL (SELECT c.cursor_id, c.lease_id, c.lease_expires_at,
+                                          c.next_id, c.next_after
                                    FROM queen.consumers c
                                    WHERE c.partition_id = p.id AND c.consumer_group = p_group
                                    LIMIT 1) c ON true
-                CROSS JOIN LATERAL (SELECT 1 FROM queen.messages m
-                                    WHERE m.partition_id = p.id
-                                      AND m.id > coalesce(c.cursor_id, 0)
-                                    ORDER BY m.id LIMIT 1) m
+                LEFT JOIN LATERAL (SELECT m.id FROM queen.messages m
+                                   WHERE m.partition_id = p.id
+                                     AND m.id > coalesce(c.cursor_id, 0)
+                                     AND queen.kept_next(c.cursor_id, c.next_id,
+                                                         c.next_after) IS NULL
+                                   ORDER BY m.id LIMIT 1) m ON true
                 WHERE p.queue_id = x.id
+                  AND coalesce(queen.kept_next(c.cursor_id, c.next_id, c.next_after), m.id)
+                      IS NOT NULL
                   AND (c.lease_id IS NULL OR c.lease_expires_at <= now())
                 LIMIT 1) w
             WHERE (p_namespace IS NULL OR x.namespace = p_namespace)
@@ -417,7 +434,9 @@ BEGIN
         IF FOUND THEN
             RETURN;
         END IF;
-        IF c.next_after = c.cursor_id THEN  -- (the next message kept was not there: forgotten)
+        -- Nothing claimed where the row kept a next message (deleted, or not due yet): it
+        -- is forgotten, not ranked first again.
+        IF queen.kept_next(c.cursor_id, c.next_id, c.next_after) IS NOT NULL THEN
             UPDATE queen.consumers x SET next_id = NULL, next_after = NULL
             WHERE x.partition_id = candidate AND x.consumer_group = p_group;
         END IF;
