@@ -136,7 +136,9 @@ $$;
 -- The passed window is walked up to p_step messages (queen.passed_ends); when it starts
 -- at or below p_counted, its messages after p_counted are counted as arrivals there, and
 -- the arrivals' own walk goes on from the last of them, up to p_step more: each message
--- is read once for both where the cursor follows the pushes closely. Maintenance adds
+-- is read once for both where the cursor follows the pushes closely. The arrivals' walk
+-- groups its messages by their push time before it takes their minute (a push's messages
+-- share one: a minute computed a message cost a third of the walk). Maintenance adds
 -- this to queen.metrics_minute and moves the watermarks; reads add it to what
 -- maintenance added.
 CREATE OR REPLACE FUNCTION queen.activity_walk(p_partition uuid, p_counted bigint,
@@ -172,13 +174,15 @@ LANGUAGE sql STABLE AS $$
         SELECT a.minute, sum(a.n) AS incoming, max(a.id) AS newest
         FROM (SELECT x.minute, x.n, x.reached AS id FROM walked x WHERE x.final = 'arrived'
               UNION ALL
-              SELECT date_trunc('minute', m.created_at), 1, m.id
-              FROM (SELECT greatest(p_counted, max(x.reached)) AS after FROM walked x
-                    WHERE x.final = 'arrived') s
-              CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.messages m
-                                  WHERE m.partition_id = p_partition
-                                    AND m.id > coalesce(s.after, p_counted)
-                                  ORDER BY m.id LIMIT p_step) m) a
+              SELECT date_trunc('minute', g.created_at), g.n, g.id
+              FROM (SELECT m.created_at, count(*) AS n, max(m.id) AS id  -- (a push's alike)
+                    FROM (SELECT greatest(p_counted, max(x.reached)) AS after FROM walked x
+                          WHERE x.final = 'arrived') s
+                    CROSS JOIN LATERAL (SELECT m.id, m.created_at FROM queen.messages m
+                                        WHERE m.partition_id = p_partition
+                                          AND m.id > coalesce(s.after, p_counted)
+                                        ORDER BY m.id LIMIT p_step) m
+                    GROUP BY m.created_at) g) a
         GROUP BY a.minute
     )
     SELECT coalesce(a.minute, x.minute), coalesce(a.incoming, 0),
