@@ -28,7 +28,7 @@ from queen.errors import Unavailable
 from queen.store.bounds import DEADLINE_MARGIN_S, WATCHDOG, bounded_conninfo, call_deadline_s
 from queen.store.db import QUERIES, RETRYABLE, returns_rows, translate_errors
 from queen.store.migrate import migration_files, refuse_earlier
-from queen.wakeup import CHANNEL
+from queen.wakeup import CHANNEL, payloads
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,11 @@ class MaintenanceSession:
             self._rows("ping", deadline_s=IDLE_SESSION_S)
         timeout_s = max(0.0, min(timeout_s, HEARTBEAT_S))
         with translate_errors(), WATCHDOG.guard(self._conn, timeout_s + DEADLINE_MARGIN_S):
-            return [n.payload for n in self._conn.notifies(timeout=timeout_s, stop_after=1)]
+            return [
+                payload
+                for note in self._conn.notifies(timeout=timeout_s, stop_after=1)
+                for payload in payloads(note.payload)
+            ]
 
     # -- work ------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ def listener(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 def received(conn: psycopg.Connection[Any], wait_s: float = 0.3) -> list[str]:
-    return [note.payload for note in conn.notifies(timeout=wait_s)]
+    return [p for note in conn.notifies(timeout=wait_s) for p in wakeup.payloads(note.payload)]
 
 
 def items(queue: str, partition: str, n: int) -> list[dict[str, Any]]:
@@ -485,3 +485,16 @@ def test_a_worker_lists_itself_again_when_its_listener_reconnects_with_no_poll_p
         assert time.monotonic() - started < 15  # a wake-up, not the fallback's 120 s
     finally:
         events.shutdown()
+
+
+def test_the_wake_ups_of_one_send_come_a_few_notifications_in_all(db_dsn, listener):
+    # (Each listening session reads every notification: one a partition cost each of them
+    # a read per partition.)
+    many = [wakeup.payload("q", f"p{n:04d}") for n in range(1500)]  # 15,000 bytes, a line each
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("SELECT queen.list_waiting_worker('w', 30)")
+        conn.execute("SELECT queen.notify_wakes(%s)", (many + many[:10],))
+    notes = [note.payload for note in listener.notifies(timeout=0.5)]
+    assert len(notes) == 3
+    assert all(len(note.encode()) < 8000 for note in notes)
+    assert sorted(p for note in notes for p in wakeup.payloads(note)) == many  # each once
