@@ -74,8 +74,8 @@ class Wakeups:
     Queen's sessions defer the push notifications (`queen.push_notify = after_commit`,
     see queen.notify_pushed for why), and acks hand back the wake-ups of the partitions
     they freed (queen.ack). Started, one thread (a greenlet under gevent) per
-    process sends every wake-up noted meanwhile in one small transaction per kind, so
-    concurrent calls share it; not started, each call sends its own.
+    process sends every wake-up noted meanwhile in one small transaction (queen.notify_sent),
+    so concurrent calls share it; not started, each call sends its own.
     """
 
     def __init__(self, db: Database) -> None:
@@ -127,10 +127,11 @@ class Wakeups:
             self._send(pairs, payloads)
 
     def _send(self, pairs: list[tuple[str, str]], payloads: list[str]) -> None:
-        if pairs:
-            params = {"queues": [q for q, _ in pairs], "partitions": [p for _, p in pairs]}
-            _try_waking(lambda: self.db.fetch("notify_pushed", params))
-        if payloads:
+        if pairs:  # (with the acks' wake-ups: one transaction for both)
+            params = {"queues": [q for q, _ in pairs], "partitions": [p for _, p in pairs],
+                      "wakes": payloads}
+            _try_waking(lambda: self.db.fetch("notify_sent", params))
+        elif payloads:
             _try_waking(lambda: self.db.fetch("notify_wakes", {"payloads": payloads}))
 
 

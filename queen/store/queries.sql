@@ -104,10 +104,10 @@ FROM (SELECT p.*, p.ordinality = 1 AS first
           %(mode)s::text, %(since)s::timestamptz, %(lease)s::uuid,
           coalesce(%(prefer)s::text, s.none)) WITH ORDINALITY p) d
 
--- notify_pushed: wake long polls for pushes that committed (one transaction, asynchronous commit) --
-SELECT queen.notify_pushed(%(queues)s::text[], %(partitions)s::text[])
+-- notify_sent: wake long polls for pushes that committed, with the wake-ups acks collected (one transaction, asynchronous commit) --
+SELECT queen.notify_sent(%(queues)s::text[], %(partitions)s::text[], %(wakes)s::text[])
 
--- notify_wakes: send the wake-ups that acks collected, once they committed (as notify_pushed) --
+-- notify_wakes: send the wake-ups that acks collected, once they committed (as notify_sent) --
 SELECT queen.notify_wakes(%(payloads)s::text[])
 
 -- list_waiting_worker: list this worker as having parked polls, for the next seconds --

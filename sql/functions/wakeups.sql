@@ -180,9 +180,21 @@ $$;
 -- notification needs no durability, and the lock is held for microseconds. Unknown
 -- names are ignored.
 CREATE OR REPLACE FUNCTION queen.notify_pushed(p_queues text[], p_partitions text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM queen.notify_sent(p_queues, p_partitions, '{}');
+END
+$$;
+
+-- A sender's wake-ups of both kinds in one transaction: the pushes' (by queue and
+-- partition name, as queen.notify_pushed) and those acks collected (payloads, as
+-- queen.notify_wakes), sharing its notifications and its commit.
+CREATE OR REPLACE FUNCTION queen.notify_sent(p_queues text[], p_partitions text[],
+                                             p_wakes text[])
+RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
-    PERFORM queen.notify_wakes(ARRAY(
+    PERFORM queen.notify_wakes(p_wakes || ARRAY(
         SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task, NULL)
         FROM (SELECT DISTINCT * FROM unnest(p_queues, p_partitions)) n(queue, partition)
         JOIN queen.queues q ON q.name = n.queue

@@ -383,7 +383,7 @@ def _custom(plans: list[Plan]) -> list[str]:
 
 
 def test_the_hot_calls_run_generic_plans_from_a_sessions_first_call(seeded: str) -> None:
-    """Push, pop, lease extension, ack and the wake-ups after them (queen.notify_pushed,
+    """Push, pop, lease extension, ack and the wake-ups after them (queen.notify_sent,
     notify_wakes) plan the statements they run once per session, not at every call
     (plan_cache_mode)."""
     explained = Explained(seeded)
@@ -393,7 +393,8 @@ def test_the_hot_calls_run_generic_plans_from_a_sessions_first_call(seeded: str)
         body = orjson.dumps({"items": [{"queue": "big", "partition": "p1", "payload": 1}]})
         _, plans = explained.run("push", {"bodies": f"[{body.decode()}]", "producer": "plans"})
         assert plans and not _custom(plans), _custom(plans)
-        _, plans = explained.run("notify_pushed", {"queues": ["big"], "partitions": ["p1"]})
+        _, plans = explained.run("notify_sent", {"queues": ["big"], "partitions": ["p1"],
+                                                 "wakes": ["big/p2//"]})
         assert plans and not _custom(plans), _custom(plans)
         rows, plans = explained.run("pop_one", pop_params(kind="partition", partition="p1",
                                                           batch=2))

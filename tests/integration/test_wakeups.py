@@ -498,3 +498,13 @@ def test_the_wake_ups_of_one_send_come_a_few_notifications_in_all(db_dsn, listen
     assert len(notes) == 3
     assert all(len(note.encode()) < 8000 for note in notes)
     assert sorted(p for note in notes for p in wakeup.payloads(note)) == many  # each once
+
+
+def test_pushes_and_acks_wake_ups_noted_together_go_in_one_notification(store, listener):
+    push(store, items("q", "a", 1) + items("q", "b", 1))
+    store.polling.list_waiting_worker("w1", 30)
+    received(listener)
+    store.polling.wakeups._send([("q", "a")], ["q/b///__queue__"])  # (one round's)
+    notes = [note.payload for note in listener.notifies(timeout=0.5)]
+    assert len(notes) == 1
+    assert sorted(wakeup.payloads(notes[0])) == ["q/a//", "q/b///__queue__"]
