@@ -157,7 +157,7 @@ class QueenSqlClient:
         self.queries = load_queries()
         self.conn = psycopg.connect(target["dsn"], autocommit=True)
         # The session as the server's pool sets it up (queen.store.db): timestamps in
-        # UTC, and a push's wake-up sent after its commit by notify_pushed, not by a
+        # UTC, and a push's wake-up sent after its commit by notify_sent, not by a
         # NOTIFY inside the push (which queues every pushing commit behind one lock).
         self.conn.execute(
             "SELECT set_config('TimeZone', 'UTC', false),"
@@ -182,7 +182,8 @@ class QueenSqlClient:
         ).fetchall()
         # What a worker sends once the push committed (queen.store.polling.Wakeups).
         self.conn.execute(
-            self.queries["notify_pushed"], {"queues": [self.queue], "partitions": [partition]}
+            self.queries["notify_sent"],
+            {"queues": [self.queue], "partitions": [partition], "wakes": []},
         )
         return n
 
