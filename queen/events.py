@@ -49,7 +49,6 @@ from queen.wakeup import (
     Wake,
     keys_for,
     parse,
-    payloads,
     route_key,
 )
 
@@ -133,7 +132,7 @@ class Events:
         self._shutting_down = False
         self.connected = threading.Event()
         self.reconnects = 0
-        self.notifications = 0  # wake-ups received (a notification carries one or more)
+        self.notifications = 0  # received from PostgreSQL
         self.wakeups = 0  # waiters woken, for any reason
 
     # -- waiters -----------------------------------------------------------------
@@ -364,9 +363,8 @@ class Events:
                 if note.channel == DASHBOARD_CHANNEL:
                     self._to_dashboard(note.payload)
                     continue
-                for payload in payloads(note.payload):
-                    self.notifications += 1
-                    self.notify(payload)
+                self.notifications += 1
+                self.notify(note.payload)
             if self._running:  # keepalive: notices a dead server, a killed backend, a stall
                 with WATCHDOG.guard(conn, KEEPALIVE):
                     conn.execute("SELECT 1")

@@ -5,8 +5,6 @@ is 'queue/partition/namespace/task' (namespace and task empty when the queue has
 made by queen.wake_payload in sql/functions/wakeups.sql; a partition that one consumer
 group's ack or give-back freed concerns that group alone, and its payload names the group
 after the route ('queue/partition/namespace/task/group'). Names cannot contain '/'.
-A notification carries one payload or several, one a line (queen.notify_payloads):
-payloads() splits it.
 tests/integration/test_wakeups.py pins payload() and parse() here to the SQL functions.
 
 Parked polls are indexed by route key: (BY_PARTITION, queue, partition),
@@ -55,11 +53,6 @@ def payload(
     """The payload queen.wake_payload makes of these names."""
     route = f"{queue}/{partition}/{namespace or ''}/{task or ''}"
     return route if group is None else f"{route}/{group}"
-
-
-def payloads(text: str) -> list[str]:
-    """The payloads of one notification (one a line; names cannot contain a newline)."""
-    return text.split("\n")
 
 
 def parse(text: str) -> Wake:

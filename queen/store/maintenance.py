@@ -28,7 +28,7 @@ from queen.errors import Unavailable
 from queen.store.bounds import DEADLINE_MARGIN_S, WATCHDOG, bounded_conninfo, call_deadline_s
 from queen.store.db import QUERIES, RETRYABLE, returns_rows, translate_errors
 from queen.store.migrate import migration_files, refuse_earlier
-from queen.wakeup import CHANNEL, payloads
+from queen.wakeup import CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -224,11 +224,7 @@ class MaintenanceSession:
             self._rows("ping", deadline_s=IDLE_SESSION_S)
         timeout_s = max(0.0, min(timeout_s, HEARTBEAT_S))
         with translate_errors(), WATCHDOG.guard(self._conn, timeout_s + DEADLINE_MARGIN_S):
-            return [
-                payload
-                for note in self._conn.notifies(timeout=timeout_s, stop_after=1)
-                for payload in payloads(note.payload)
-            ]
+            return [n.payload for n in self._conn.notifies(timeout=timeout_s, stop_after=1)]
 
     # -- work ------------------------------------------------------------------------
 

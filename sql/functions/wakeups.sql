@@ -70,22 +70,6 @@ $$;
 -- (An earlier build sent those wake-ups by this one.)
 DROP FUNCTION IF EXISTS queen.wake_groups_if_work(uuid[], text[], bigint[]);
 
--- Notify wake-up payloads (queen.wake_payload's), each once, several a notification: one
--- a line, a notification of up to about 7,000 bytes (NOTIFY takes 8,000). Every listening
--- session reads each notification, so one a call costs them less than one a partition.
--- For a transaction that notifies once (queen.notify_wakes): PostgreSQL folds only
--- identical notifications of a transaction, which queen.send_wakes's callers rely on.
--- (PL/pgSQL: a SQL function with an aggregate is planned again at every call.)
-CREATE OR REPLACE FUNCTION queen.notify_payloads(p_payloads text[]) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify(queen.wake_channel(), string_agg(x.w, E'\n'))
-    FROM (SELECT d.w, (sum(octet_length(d.w) + 1) OVER (ORDER BY d.w) - 1) / 7000 AS part
-          FROM (SELECT DISTINCT unnest(p_payloads) AS w) d) x
-    GROUP BY x.part;
-END
-$$;
-
 -- Send wake-up payloads at commit. Inside queen.ack they are collected
 -- instead (in the transaction's setting queen.wakes, a JSON array), for the caller to
 -- send once the acks committed (queen.notify_wakes): a notification inside the ack would
@@ -101,7 +85,7 @@ BEGIN
     END IF;
     IF left(collected, 1) = '[' THEN
         PERFORM set_config('queen.wakes', (collected::jsonb || to_jsonb(p_payloads))::text, true);
-    ELSE  -- (one a payload: PostgreSQL folds a transaction's identical notifications)
+    ELSE
         PERFORM pg_notify(queen.wake_channel(), w) FROM unnest(p_payloads) w;
     END IF;
 END
@@ -213,6 +197,6 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
-    PERFORM queen.notify_payloads(p_payloads);
+    PERFORM pg_notify(queen.wake_channel(), w) FROM (SELECT DISTINCT unnest(p_payloads) AS w) x;
 END
 $$;

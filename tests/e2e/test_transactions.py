@@ -18,7 +18,6 @@ import pytest
 import requests
 from psycopg import sql
 
-from queen import wakeup
 from queen.store import lifecycle
 from queen.wakeup import CHANNEL
 from tests.e2e.servers import (
@@ -332,7 +331,7 @@ def wakeups(listener: psycopg.Connection[Any], timeout: float) -> list[str]:
     seen: list[str] = []
     while time.monotonic() < deadline:
         select.select([listener.fileno()], [], [], max(0.0, deadline - time.monotonic()))
-        seen += [p for n in listener.notifies(timeout=0) for p in wakeup.payloads(n.payload)]
+        seen += [n.payload for n in listener.notifies(timeout=0)]
         if seen:
             return seen
     return seen

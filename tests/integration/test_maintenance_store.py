@@ -16,7 +16,6 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from queen import wakeup
 from queen.store import Store, lifecycle
 from queen.store.maintenance import MaintenanceSession
 from queen.store.migrate import function_files
@@ -57,7 +56,7 @@ def listening(dsn: str) -> Iterator[psycopg.Connection]:
 
 
 def payloads(conn: psycopg.Connection, timeout: float = 0.3) -> set[str]:
-    return {p for n in conn.notifies(timeout=timeout) for p in wakeup.payloads(n.payload)}
+    return {n.payload for n in conn.notifies(timeout=timeout)}
 
 
 def age(dsn: str, seconds: float) -> None:

@@ -35,7 +35,7 @@ def listener(db_dsn: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 def received(conn: psycopg.Connection[Any], wait_s: float = 0.3) -> list[str]:
-    return [p for note in conn.notifies(timeout=wait_s) for p in wakeup.payloads(note.payload)]
+    return [note.payload for note in conn.notifies(timeout=wait_s)]
 
 
 def items(queue: str, partition: str, n: int) -> list[dict[str, Any]]:
@@ -487,24 +487,15 @@ def test_a_worker_lists_itself_again_when_its_listener_reconnects_with_no_poll_p
         events.shutdown()
 
 
-def test_the_wake_ups_of_one_send_come_a_few_notifications_in_all(db_dsn, listener):
-    # (Each listening session reads every notification: one a partition cost each of them
-    # a read per partition.)
-    many = [wakeup.payload("q", f"p{n:04d}") for n in range(1500)]  # 15,000 bytes, a line each
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("SELECT queen.list_waiting_worker('w', 30)")
-        conn.execute("SELECT queen.notify_wakes(%s)", (many + many[:10],))
-    notes = [note.payload for note in listener.notifies(timeout=0.5)]
-    assert len(notes) == 3
-    assert all(len(note.encode()) < 8000 for note in notes)
-    assert sorted(p for note in notes for p in wakeup.payloads(note)) == many  # each once
-
-
-def test_pushes_and_acks_wake_ups_noted_together_go_in_one_notification(store, listener):
+def test_pushes_and_acks_wake_ups_noted_together_go_in_one_transaction(store, listener):
     push(store, items("q", "a", 1) + items("q", "b", 1))
     store.polling.list_waiting_worker("w1", 30)
     received(listener)
-    store.polling.wakeups._send([("q", "a")], ["q/b///__queue__"])  # (one round's)
-    notes = [note.payload for note in listener.notifies(timeout=0.5)]
-    assert len(notes) == 1
-    assert sorted(wakeup.payloads(notes[0])) == ["q/a//", "q/b///__queue__"]
+    ran: list[tuple[str, bool]] = []
+    store.db.observe = lambda name, statement, committed: ran.append((name, committed))
+    try:
+        store.polling.wakeups._send([("q", "a")], ["q/b///__queue__"])  # (one round's)
+    finally:
+        store.db.observe = None
+    assert ran == [("notify_sent", True)]
+    assert sorted(received(listener)) == ["q/a//", "q/b///__queue__"]
