@@ -197,12 +197,9 @@ WITH a AS (
     FROM ended e ORDER BY 1, 2
 )
 SELECT (SELECT array_agg(e.k ORDER BY e.k) FROM ended e) AS fit,
-       (SELECT array_agg(queen.wake_payload(q.name, p.name, q.namespace, q.task,
-                                            e.consumer_group))
-        FROM ended e
-        JOIN queen.partitions p ON p.id = e.partition_id
-        JOIN queen.queues q ON q.id = p.queue_id
-        WHERE e.next_id IS NOT NULL) AS wakes,
+       (SELECT array_agg(w) FROM ended e
+        CROSS JOIN LATERAL queen.kept_wakes(e.partition_id, e.consumer_group, e.next_id) w)
+         AS wakes,
        now() AS acknowledged_at
 FROM (SELECT set_config('synchronous_commit', 'off', true)) setting
 
@@ -243,12 +240,9 @@ WITH ended AS (
     FROM ended e
 )
 SELECT ARRAY(SELECT 1 FROM ended) AS fit,
-       (SELECT array_agg(queen.wake_payload(q.name, p.name, q.namespace, q.task,
-                                            e.consumer_group))
-        FROM ended e
-        JOIN queen.partitions p ON p.id = e.partition_id
-        JOIN queen.queues q ON q.id = p.queue_id
-        WHERE e.next_id IS NOT NULL) AS wakes,
+       (SELECT array_agg(w) FROM ended e
+        CROSS JOIN LATERAL queen.kept_wakes(e.partition_id, e.consumer_group, e.next_id) w)
+         AS wakes,
        now() AS acknowledged_at
 FROM (SELECT set_config('synchronous_commit', 'off', true)) setting
 

@@ -160,7 +160,7 @@ $$;
 -- statement's parts share one snapshot, so they read the rows as they were). While a
 -- worker has polls parked, each row keeps the first message past its new cursor (next_id,
 -- a probe of the key). Returns, from the same statement, the wake-ups of the pairs with
--- such a message, for the caller to send (as queen.group_wakes; a message committed after
+-- such a message, for the caller to send (queen.kept_wakes; a message committed after
 -- the statement's snapshot has its push's wake-up).
 DROP FUNCTION IF EXISTS queen.end_done_leases(tid[]);  -- (an earlier build's: it sent them)
 CREATE OR REPLACE FUNCTION queen.end_done_leases(p_locked tid[], p_complete boolean)
@@ -197,13 +197,10 @@ BEGIN
         RETURNING x.partition_id, x.consumer_group, x.cursor_id, x.next_id
     )
     -- (The data-modifying parts run to completion whatever this part reads of them.)
-    SELECT array_agg(queen.wake_payload(q.name, p.name, q.namespace, q.task,
-                                        e.consumer_group))
+    SELECT array_agg(w)
     INTO woken
     FROM ended e
-    JOIN queen.partitions p ON p.id = e.partition_id
-    JOIN queen.queues q ON q.id = p.queue_id
-    WHERE e.next_id IS NOT NULL;
+    CROSS JOIN LATERAL queen.kept_wakes(e.partition_id, e.consumer_group, e.next_id) w;
     RETURN coalesce(woken, '{}');
 END
 $$;

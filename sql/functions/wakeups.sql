@@ -40,9 +40,9 @@ $$;
 -- worker has a poll parked, and then no probe either. (Past the cursor, the first message
 -- is one not done, if there is any. The probe walks the key in order: as an EXISTS, a
 -- generic plan may scan the table from its start through every consumed message still
--- kept.) A set-returning SQL function, inlined where it is called in FROM, so that the
--- statements ending leases (queen.end_done_leases, the server's ack_whole) make their
--- wake-ups by this one rule without a call of their own.
+-- kept.) A set-returning SQL function, inlined where it is called in FROM, without a
+-- call of its own. (The statements ending leases probe once, for the row's next message,
+-- and wake by it: queen.kept_wakes.)
 CREATE OR REPLACE FUNCTION queen.group_wakes(p_partition uuid, p_group text, p_after bigint)
 RETURNS SETOF text
 LANGUAGE sql STABLE AS $$
@@ -53,6 +53,19 @@ LANGUAGE sql STABLE AS $$
       AND (SELECT m.id FROM queen.messages m
            WHERE m.partition_id = p_partition AND m.id > p_after
            ORDER BY m.id LIMIT 1) IS NOT NULL
+$$;
+
+-- The wake-up of a group for its partition where the statement ending its lease kept the
+-- first message past the new cursor (p_next, consumers.next_id: kept only while a worker
+-- has a poll parked; NULL, none). Inlined in FROM, as queen.group_wakes: the lease-ending
+-- statements (queen.end_done_leases, the server's ack_whole and ack_lease) make their
+-- wake-ups by this rule.
+CREATE OR REPLACE FUNCTION queen.kept_wakes(p_partition uuid, p_group text, p_next bigint)
+RETURNS SETOF text
+LANGUAGE sql STABLE AS $$
+    SELECT queen.wake_payload(q.name, p.name, q.namespace, q.task, p_group)
+    FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+    WHERE p.id = p_partition AND p_next IS NOT NULL
 $$;
 
 -- Wake long polls of a group for its partition when a message lies past p_after

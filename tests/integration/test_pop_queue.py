@@ -381,6 +381,16 @@ def _ack_lease(store: Store, messages: list[Popped]) -> None:
     assert [r.status for r in results] == ["completed"] * len(messages)
 
 
+def _a_acked_with_a1_kept(store: Store) -> None:
+    """a0 and a1 pushed into a, then b1 into b; a poll parked; a0 popped and its lease
+    acked whole: a's cursor row keeps a1."""
+    push(store, [{"queue": "q", "partition": "a", "payload": p} for p in ("a0", "a1")])
+    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
+    _park(store.db.dsn)
+    (m,) = pop(store, "q", "a")
+    _ack_lease(store, [m])
+
+
 def test_an_ack_keeps_the_next_message_only_while_polls_are_parked(store: Store) -> None:
     # (Without a parked poll no wake-up is sent, and the ranking's probe is left to it.)
     dsn = store.db.dsn
@@ -424,11 +434,7 @@ def test_the_ranking_passes_over_a_next_message_kept_for_an_earlier_cursor(
 
 def test_a_deleted_next_message_is_forgotten_by_the_cursor_row(store: Store) -> None:
     dsn = store.db.dsn
-    push(store, [{"queue": "q", "partition": "a", "payload": p} for p in ("a0", "a1")])
-    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
-    _park(dsn)
-    (m,) = pop(store, "q", "a")
-    _ack_lease(store, [m])
+    _a_acked_with_a1_kept(store)
     assert rows(dsn, NEXT, ("a",)) == [(True, scalar(dsn, MESSAGE_ID, ("a1",)))]
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM queen.messages WHERE payload = '\"a1\"'")
@@ -462,11 +468,7 @@ def test_a_ranking_reads_the_cursor_rows_of_its_own_queue_only(store: Store) -> 
 def test_a_pop_forgets_a_next_message_that_is_not_there(store: Store) -> None:
     # (As where the delete passed over a cursor row another transaction held.)
     dsn = store.db.dsn
-    push(store, [{"queue": "q", "partition": "a", "payload": p} for p in ("a0", "a1")])
-    push(store, [{"queue": "q", "partition": "b", "payload": "b1"}])
-    _park(dsn)
-    (m,) = pop(store, "q", "a")
-    _ack_lease(store, [m])
+    _a_acked_with_a1_kept(store)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ALTER TABLE queen.messages DISABLE TRIGGER messages_deleted")
         conn.execute("DELETE FROM queen.messages WHERE payload = '\"a1\"'")
