@@ -476,10 +476,12 @@ $$;
 -- (p_api_ids false) only their bigint ids (message_id), from which the server makes
 -- the API id itself, for less than queen.message_uuid costs here.
 -- Two or more pops by queue of one queue, group and batch, none naming a partition to
--- prefer, are claimed as a set (queen.pop_set): one ranking of the queue's partitions
+-- prefer, are claimed as a set (queen.claim_set): one ranking of the queue's partitions
 -- (queen.candidates), one statement locking the first free ones in rank order and
--- leasing each its batch. The pops it could not serve, and all others, go one by one
--- through queen.pop, in order, each seeing the leases of those before it; those of a
+-- leasing each its batch. When it took every free one it ranked, the route's pops it
+-- left get nothing (a walk would find the same partitions leased); the pops it could
+-- not serve otherwise, and all others, go one by one through queen.pop, in order, each
+-- seeing the leases of those before it; those of a
 -- queue and group share one ranking (a pop walks it past the partitions those before it
 -- leased, and one that finds none left gets nothing rather than ranking again, since a
 -- ranking made in the same call would find the same ones leased: when more consumers
@@ -516,6 +518,8 @@ DECLARE
     pass    integer;
     got     integer[];
     rows    queen.popped[];
+    done    boolean;
+    exhausted text[] := '{}';  -- routes whose set claim left nothing in their ranking
 BEGIN
     ignored := set_config('synchronous_commit', 'off', true);
     IF jsonb_array_length(p_pops) > 1 THEN
@@ -556,9 +560,12 @@ BEGIN
                     ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
                     preferred := ranking;
                 END IF;
-                SELECT s.pops, s.messages INTO got, rows
-                FROM queen.pop_set(q, g."group", g.batch, preferred, g.positions, g.workers,
-                                   g.leases, p_api_ids) s;
+                SELECT s.pops, s.messages, s.exhausted INTO got, rows, done
+                FROM queen.claim_set(q, g."group", g.batch, preferred, g.positions,
+                                     g.workers, g.leases, p_api_ids) s;
+                IF pass = 2 AND done THEN
+                    exhausted := exhausted || ranked;
+                END IF;
                 IF got IS NOT NULL THEN
                     served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
                     RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
@@ -581,6 +588,7 @@ BEGIN
     LOOP
         route := CASE WHEN r.kind = 'queue' THEN r.queue || E'\n' || r."group" END;
         prefer := CASE WHEN r.ordinality::integer = ANY (woken) THEN NULL ELSE r.prefer END;
+        CONTINUE WHEN route = ANY (exhausted) AND prefer IS NULL;
         LOOP  -- (twice for a pop whose named partition gave nothing before any ranking)
             -- The ranking spent, a pop by queue gets nothing: a pop before it walked
             -- every partition in it and found each leased or being claimed.
@@ -624,23 +632,31 @@ $$;
 -- with no cursor yet and a queue with a window or ttl are queen.pop's, where the pops
 -- this leaves go); a partition found empty is left as it was. pops: the positions
 -- served, one per message, with messages (in order; API ids as queen.pop_many's).
-DROP FUNCTION IF EXISTS queen.pop_set(queen.queues, text, integer, uuid[], integer[],
-                                       text[], uuid[]);  -- (an earlier build's: no p_api_ids)
-CREATE OR REPLACE FUNCTION queen.pop_set(q queen.queues, p_group text, p_batch integer,
-                                         p_candidates uuid[], p_positions integer[],
-                                         p_workers text[], p_leases uuid[],
-                                         p_api_ids boolean,
-                                         OUT pops integer[], OUT messages queen.popped[])
+-- exhausted: the pops it left would find nothing in p_candidates either: it took every
+-- free one and each gave a batch, and none holds an expired lease (the others are
+-- leased, held back, or being claimed by another call).
+CREATE OR REPLACE FUNCTION queen.claim_set(q queen.queues, p_group text, p_batch integer,
+                                           p_candidates uuid[], p_positions integer[],
+                                           p_workers text[], p_leases uuid[],
+                                           p_api_ids boolean,
+                                           OUT pops integer[], OUT messages queen.popped[],
+                                           OUT exhausted boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     expires timestamptz := now() + make_interval(secs => q.lease_time);
+    missing boolean;  -- a candidate has no cursor row yet
+    expired boolean;  -- a candidate's lease expired
+    picked  integer;  -- partitions locked
 BEGIN
+    exhausted := false;
     -- A candidate with no cursor row yet: none served here (queen.pop makes it, in turn).
-    IF EXISTS (SELECT 1 FROM unnest(p_candidates) u
-               LEFT JOIN LATERAL (SELECT true AS found FROM queen.consumers x
-                                  WHERE x.partition_id = u
-                                    AND x.consumer_group = p_group) x ON true
-               WHERE x.found IS NULL) THEN
+    SELECT bool_or(x.found IS NULL), bool_or(x.expired) INTO missing, expired
+    FROM unnest(p_candidates) u
+    LEFT JOIN LATERAL (SELECT true AS found,
+                              x.lease_id IS NOT NULL AND x.lease_expires_at <= now() AS expired
+                       FROM queen.consumers x
+                       WHERE x.partition_id = u AND x.consumer_group = p_group) x ON true;
+    IF missing THEN
         RETURN;
     END IF;
     -- (The LATERAL probes the key of each candidate in the list's order, whatever the
@@ -698,8 +714,27 @@ BEGIN
                          b.created_at, now(), queen.lease_in(b.partition_id, p_leases[b.j]),
                          expires, q.lease_time,
                          q.retry_limit, b.trace_id, b.partition_id, b.id)::queen.popped
-                     ORDER BY b.j, b.id)
-    INTO pops, messages
+                     ORDER BY b.j, b.id),
+           (SELECT count(*)::integer FROM picked)
+    INTO pops, messages, picked
     FROM batch b;
+    IF picked < cardinality(p_positions) AND NOT coalesce(expired, false) THEN
+        exhausted := picked = (SELECT count(DISTINCT p) FROM unnest(pops) p);
+    END IF;
 END
+$$;
+
+-- queen.claim_set without exhausted: an earlier build's pop_many calls it, and that
+-- build installs its own in its place, while hosts are replaced one at a time.
+DROP FUNCTION IF EXISTS queen.pop_set(queen.queues, text, integer, uuid[], integer[],
+                                       text[], uuid[]);  -- (an earlier build's: no p_api_ids)
+CREATE OR REPLACE FUNCTION queen.pop_set(q queen.queues, p_group text, p_batch integer,
+                                         p_candidates uuid[], p_positions integer[],
+                                         p_workers text[], p_leases uuid[],
+                                         p_api_ids boolean,
+                                         OUT pops integer[], OUT messages queen.popped[])
+LANGUAGE sql AS $$
+    SELECT s.pops, s.messages
+    FROM queen.claim_set(q, p_group, p_batch, p_candidates, p_positions, p_workers,
+                         p_leases, p_api_ids) s
 $$;

@@ -199,6 +199,25 @@ def test_preferring_a_partition_of_another_queue_pops_nothing_from_it(store: Sto
                 ("other",)) == [("pending",)]
 
 
+def test_pops_a_set_left_after_an_empty_partition_still_walk_the_ranking(
+    store: Store,
+) -> None:
+    # a keeps a1, gone: the set takes a (empty) and b; the pop left walks the ranking,
+    # finds a empty again and forgets what it kept.
+    dsn = store.db.dsn
+    _a_acked_with_a1_kept(store)
+    (m,) = pop(store, "q", "b")
+    store.polling.unclaim(m.lease_id)  # (b has a cursor row, nothing consumed)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE queen.messages DISABLE TRIGGER messages_deleted")
+        conn.execute("DELETE FROM queen.messages WHERE payload = '\"a1\"'")
+        conn.execute("ALTER TABLE queen.messages ENABLE TRIGGER messages_deleted")
+    served, called = _fused_pops(store, 3)
+    assert served == {2: ["b1"]}
+    assert called["claim_set"] == 1 and called["pop"] == 1
+    assert rows(dsn, NEXT, ("a",)) == [(None, None)]
+
+
 def test_every_partition_of_a_wide_queue_is_reached(store: Store) -> None:
     # More partitions with work than a pop ranks: pops lease them one after the other,
     # from wherever each pop's scan starts, until none is left free.
@@ -282,13 +301,13 @@ def test_woken_pops_of_a_route_are_claimed_as_a_set_over_their_partitions(
     _partitions_with_cursors(store, 2)
     served, called = _pop_many_preferring(store, ["c", "b"])
     assert served == {1: ["c0"], 2: ["b0"]}
-    assert called["pop_set"] == 1 and "pop" not in called  # one statement for both
+    assert called["claim_set"] == 1 and "pop" not in called  # one statement for both
     # b and c are leased now: the first pop woken for a takes it; the others, with the pop
-    # not woken, are a set over the queue's ranking, which has nothing left (one walk
-    # follows, for leases to take over)
+    # not woken, are a set over the queue's ranking, which has nothing left and no lease
+    # to take over: no walk follows
     served, called = _pop_many_preferring(store, ["a", "a", "b", None])
     assert served == {1: ["a0"]}
-    assert called["pop_set"] == 2 and called["pop"] == 1
+    assert called["claim_set"] == 2 and "pop" not in called
 
 
 def _pop_many(store: Store, pops: int, batch: int = 1) -> dict[int, list[str]]:
@@ -312,14 +331,14 @@ def test_fused_pops_take_the_oldest_free_partitions_one_each(store: Store) -> No
     assert _pop_many(store, 3, batch=5) == {1: ["c0", "c1"]}  # two left with nothing
 
 
-def test_pops_after_one_that_found_the_ranking_spent_get_nothing_at_once(
+def test_pops_a_set_left_with_no_free_partition_get_nothing_at_once(
     store: Store,
 ) -> None:
     _partitions_with_cursors(store, 2)
     _pop_many(store, 2, batch=5)  # a and b leased
     served, calls = _fused_pops(store, 4, batch=5)
-    assert served == {1: ["c0", "c1"]}  # the set takes c
-    assert calls["pop"] == 1  # the first pop left walks the ranking; the others need not
+    assert served == {1: ["c0", "c1"]}  # the set takes c, the only free partition
+    assert "pop" not in calls  # the others get nothing without a walk of the ranking
 
 
 def test_pops_claimed_as_a_set_name_each_message_s_partition(store: Store) -> None:
@@ -358,7 +377,7 @@ def test_pops_a_set_did_not_serve_still_take_over_an_expired_lease(store: Store)
         expire_leases_now(conn)
     served, called = _pop_many_calling(store, 4, batch=5)
     assert sorted(served.values()) == [["a0", "a1"], ["b0", "b1"], ["c0", "c1"]]
-    assert {"pop_set", "pop"} <= called  # the set takes b and c; a pop alone, a's lease
+    assert {"claim_set", "pop"} <= called  # the set takes b and c; a pop alone, a's lease
 
 
 NEXT = (
@@ -476,3 +495,17 @@ def test_a_pop_forgets_a_next_message_that_is_not_there(store: Store) -> None:
     assert rows(dsn, NEXT, ("a",))[0][0] is True  # kept, though a1 is gone
     assert [data(m) for m in pop(store, "q")] == ["b1"]
     assert rows(dsn, NEXT, ("a",)) == [(None, None)]
+
+
+def test_an_earlier_build_s_set_claim_still_serves(store: Store) -> None:
+    # (queen.pop_set: what an earlier build's pop_many calls while hosts are replaced.)
+    _partitions_with_cursors(store, 2)
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        ((pops, payloads),) = conn.execute(
+            "SELECT s.pops, ARRAY(SELECT (m).payload #>> '{}' FROM unnest(s.messages) m)"
+            " FROM queen.queues q, queen.pop_set(q, '__queue__', 1,"
+            " ARRAY(SELECT x FROM queen.candidates(q, '__queue__', 32) x),"
+            " '{7,8}', '{w,w}', ARRAY[gen_random_uuid(), gen_random_uuid()], false) s"
+            " WHERE q.name = 'q'"
+        ).fetchall()
+    assert pops == [7, 8] and payloads == ["a0", "b0"]

@@ -184,6 +184,11 @@ def test_a_fresh_migrate_defines_every_name_the_code_uses(db_dsn: str) -> None:
     assert names_in_code() - defined == set()
 
 
+# Functions only an earlier build's statements call, kept while hosts are replaced one at
+# a time (each delegates to its successor).
+KEPT_FOR_EARLIER_BUILDS = {"pop_set"}
+
+
 def test_the_baseline_holds_nothing_the_code_does_not_use(db_dsn: str) -> None:
     """Every table, type and function of schema queen is used somewhere in the code."""
     described = describe(db_dsn)
@@ -191,7 +196,7 @@ def test_the_baseline_holds_nothing_the_code_does_not_use(db_dsn: str) -> None:
     made |= {row[0] for row in described["types"]}
     # (A trigger's function is used by its trigger, in the baseline.)
     made |= {row[0] for row in described["functions"] if "RETURNS trigger" not in (row[3] or "")}
-    assert made - names_in_code(uses_only=True) == set()
+    assert made - names_in_code(uses_only=True) - KEPT_FOR_EARLIER_BUILDS == set()
 
 
 def test_migrate_reinstalls_changed_functions(empty_dsn: str) -> None:
