@@ -17,8 +17,11 @@ CROSS JOIN LATERAL queen.push_batch(
 -- its slot): no name is read out of an item and no item is joined to its partition; the
 -- items are inserted as they come out of the bodies: a lone body's as they are, those of
 -- several gathered into one array when the bodies are small, else read a body at a time
--- (queen.push_items; the other function of the two has no argument and gives no row). No
--- wake-up here: the server's sessions send theirs once the push committed.
+-- (queen.push_items; the other function of the two has no argument and gives no row).
+-- Their ids are drawn in item order with no sort: the items' scan is the only source of
+-- more than one row, joined to one-row sources with no join clause, so every plan keeps
+-- its order (a sort copied each payload once more). No wake-up here: the server's
+-- sessions send theirs once the push committed.
 WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array leaves alone)
     SELECT n.k, q.max_size, p.id AS partition_id
     FROM (SELECT k, (%(queues)s::text[])[k] AS queue, (%(partitions)s::text[])[k] AS partition
@@ -47,10 +50,9 @@ WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array l
             CASE WHEN jsonb_array_length(b.b) = 1 THEN b.b -> 0 -> 'items'
                  WHEN g.gathered THEN jsonb_path_query_array(b.b, '$[*].items[*]') END),
         queen.push_items(CASE WHEN NOT g.gathered THEN b.b END),
-        unnest(%(slots)s::integer[])) WITH ORDINALITY x(gathered, apart, slot, ord)
+        unnest(%(slots)s::integer[])) x(gathered, apart, slot)
     CROSS JOIN LATERAL (SELECT coalesce(x.gathered, x.apart) AS i) y
     WHERE f.fits
-    ORDER BY x.ord
     RETURNING id, partition_id
 )
 SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS ids,
