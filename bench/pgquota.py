@@ -148,11 +148,12 @@ SELECT queryid, calls, total_exec_time, shared_blks_hit + shared_blks_read, rows
        left(regexp_replace(regexp_replace(query, '^(\\s*--[^\\n]*\\n)+', ''), '\\s+', ' ', 'g'), 200)
 FROM pg_stat_statements WHERE queryid IS NOT NULL
 """
-# Tuples read per table (index fetches and sequential reads), in the bench's databases.
+# Tuples read per table, in the bench's databases: index fetches under the table's name,
+# sequential reads under its name and "seq" (a scan reads every live row of the table).
 BY_TABLE = """
-SELECT schemaname || '.' || relname,
-       coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)
-FROM pg_stat_user_tables
+SELECT schemaname || '.' || relname, coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables
+UNION ALL
+SELECT schemaname || '.' || relname || ' seq', coalesce(seq_tup_read, 0) FROM pg_stat_user_tables
 """
 TOP_STATEMENTS = 6
 # What each of the cluster's processes is: a client backend by its application name (Queen's

@@ -193,7 +193,8 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
             "(pg_stat_statements, top level: a function's time and blocks include what it "
             "runs; time is wall time in the statement, waits for locks and for the quota "
             "included); then the tuples the whole cluster read a message, by table "
-            "(maintenance included):",
+            "(maintenance included; index fetches under a table's name, sequential reads "
+            "under its name and \"seq\"):",
             "",
             "| case | statement | calls/msg | rows/call | exec µs/msg | blocks/msg |",
             "|---|---|---:|---:|---:|---:|",
@@ -207,7 +208,7 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
                            f" | {fmt(s.get('blocks_per_msg', math.nan), 1)} |")
         out += ["", "| case | tuples read a message, by table |", "|---|---|"]
         for r in top:
-            tables = list(r.get("pg_tuples_read_per_msg_by_table", {}).items())[:5]
+            tables = list(r.get("pg_tuples_read_per_msg_by_table", {}).items())[:6]
             listed = ", ".join(f"{name.split(':', 1)[-1]} {fmt(v, 1)}" for name, v in tables)
             out.append(f"| {r['case']} | {listed or '–'} |")
     return out
