@@ -512,14 +512,13 @@ DECLARE
     spent   boolean := false;  -- a pop found nothing in the ranking
     route   text;   -- a pop by queue's queue and group
     prefer  text;
-    served  integer[] := '{}';  -- positions the set claims served
+    served  integer[] := '{}';  -- positions the set claims are done with (below)
     woken   integer[] := '{}';  -- positions of woken pops a set claim tried
     preferred uuid[];           -- the partitions a set claim tries, in order
     pass    integer;
     got     integer[];
     rows    queen.popped[];
     done    boolean;
-    exhausted text[] := '{}';  -- routes whose set claim left nothing in their ranking
 BEGIN
     ignored := set_config('synchronous_commit', 'off', true);
     IF jsonb_array_length(p_pops) > 1 THEN
@@ -563,17 +562,20 @@ BEGIN
                 SELECT s.pops, s.messages, s.exhausted INTO got, rows, done
                 FROM queen.claim_set(q, g."group", g.batch, preferred, g.positions,
                                      g.workers, g.leases, p_api_ids) s;
-                IF pass = 2 AND done THEN
-                    exhausted := exhausted || ranked;
-                END IF;
                 IF got IS NOT NULL THEN
-                    served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
                     RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
+                END IF;
+                -- Done: the pops served, or all of the set when it took every free
+                -- partition of the ranking (those it left would find them leased).
+                IF pass = 2 AND done THEN
+                    served := served || g.positions;
+                ELSIF got IS NOT NULL THEN
+                    served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
                 END IF;
             END LOOP;
         END LOOP;
         IF cardinality(served) = jsonb_array_length(p_pops) THEN
-            RETURN;  -- (every pop served as a set)
+            RETURN;  -- (every pop done as a set)
         END IF;
     END IF;
     FOR r IN
@@ -588,7 +590,6 @@ BEGIN
     LOOP
         route := CASE WHEN r.kind = 'queue' THEN r.queue || E'\n' || r."group" END;
         prefer := CASE WHEN r.ordinality::integer = ANY (woken) THEN NULL ELSE r.prefer END;
-        CONTINUE WHEN route = ANY (exhausted) AND prefer IS NULL;
         LOOP  -- (twice for a pop whose named partition gave nothing before any ranking)
             -- The ranking spent, a pop by queue gets nothing: a pop before it walked
             -- every partition in it and found each leased or being claimed.
@@ -634,7 +635,7 @@ $$;
 -- served, one per message, with messages (in order; API ids as queen.pop_many's).
 -- exhausted: the pops it left would find nothing in p_candidates either: it took every
 -- free one and each gave a batch, and none holds an expired lease (the others are
--- leased, held back, or being claimed by another call).
+-- leased, held back, or being claimed by another call); asked only when it left some.
 CREATE OR REPLACE FUNCTION queen.claim_set(q queen.queues, p_group text, p_batch integer,
                                            p_candidates uuid[], p_positions integer[],
                                            p_workers text[], p_leases uuid[],
@@ -644,19 +645,15 @@ CREATE OR REPLACE FUNCTION queen.claim_set(q queen.queues, p_group text, p_batch
 LANGUAGE plpgsql AS $$
 DECLARE
     expires timestamptz := now() + make_interval(secs => q.lease_time);
-    missing boolean;  -- a candidate has no cursor row yet
-    expired boolean;  -- a candidate's lease expired
     picked  integer;  -- partitions locked
 BEGIN
     exhausted := false;
     -- A candidate with no cursor row yet: none served here (queen.pop makes it, in turn).
-    SELECT bool_or(x.found IS NULL), bool_or(x.expired) INTO missing, expired
-    FROM unnest(p_candidates) u
-    LEFT JOIN LATERAL (SELECT true AS found,
-                              x.lease_id IS NOT NULL AND x.lease_expires_at <= now() AS expired
-                       FROM queen.consumers x
-                       WHERE x.partition_id = u AND x.consumer_group = p_group) x ON true;
-    IF missing THEN
+    IF EXISTS (SELECT 1 FROM unnest(p_candidates) u
+               LEFT JOIN LATERAL (SELECT true AS found FROM queen.consumers x
+                                  WHERE x.partition_id = u
+                                    AND x.consumer_group = p_group) x ON true
+               WHERE x.found IS NULL) THEN
         RETURN;
     END IF;
     -- (The LATERAL probes the key of each candidate in the list's order, whatever the
@@ -718,8 +715,15 @@ BEGIN
            (SELECT count(*)::integer FROM picked)
     INTO pops, messages, picked
     FROM batch b;
-    IF picked < cardinality(p_positions) AND NOT coalesce(expired, false) THEN
-        exhausted := picked = (SELECT count(DISTINCT p) FROM unnest(pops) p);
+    IF picked < cardinality(p_positions) THEN  -- (it passed every candidate)
+        exhausted := picked = (SELECT count(DISTINCT p) FROM unnest(pops) p)
+                     AND NOT EXISTS (  -- (each candidate's row probed by key)
+                         SELECT 1 FROM unnest(p_candidates) u
+                         CROSS JOIN LATERAL (SELECT 1 FROM queen.consumers x
+                                             WHERE x.partition_id = u
+                                               AND x.consumer_group = p_group
+                                               AND x.lease_id IS NOT NULL
+                                               AND x.lease_expires_at <= now()) x);
     END IF;
 END
 $$;
