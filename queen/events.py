@@ -16,6 +16,11 @@ lost: it simply re-checks once more. A woken waiter that leaves without re-check
 (deadline, client gone, or it was woken while its own query already found messages)
 passes its wake-up on to the next matching waiter.
 
+A partition this process's own ack freed wakes a poll parked here, if one matches, with
+no notification at all (the other processes' polls would find it taken); only when none
+does is it notified. A poll woken so that leaves it unused, with no other poll here to
+take it, has it notified then.
+
 Notifications are hints. A slow fallback asks the database which free partitions have
 pending work for the routes parked here (one query per period, whatever the number of
 waiters) and dispatches the oldest answers like notifications, a bounded number per
@@ -83,7 +88,9 @@ def group_of(wake: Wake) -> Group | object:
 class Waiter:
     """One parked poll's place in the registry."""
 
-    __slots__ = ("_events", "armed_at", "event", "group", "hint", "key", "wake_keys", "woken")
+    __slots__ = (
+        "_events", "armed_at", "event", "group", "hint", "key", "local", "wake_keys", "woken",
+    )
 
     def __init__(self, events: Events, key: RouteKey, group: Group = None) -> None:
         self._events = events
@@ -94,6 +101,7 @@ class Waiter:
         self.woken = False  # woken and not yet back to checking the database
         self.wake_keys: tuple[RouteKey, ...] = (key,)  # what the last wake-up was for
         self.hint: str | None = None  # its notification payload (None: just re-check)
+        self.local = False  # woken for this process's own ack, with no notification sent
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep until woken or timeout_s passed; True when woken (the waiter is re-armed)."""
@@ -123,6 +131,9 @@ class Events:
         self.while_waiting: Callable[[], None] | None = None
         # Receives every notification on the dashboard channel (the dashboard hub's batches).
         self.on_dashboard: Callable[[str], None] | None = None
+        # Notifies an own ack's wake-up that a poll woken for it here left unused, when no
+        # other poll here takes it (the store's wake-up sender).
+        self.notify_unused: Callable[[str], None] | None = None
         # per route, then per consumer group, oldest first
         self._armed: dict[RouteKey, dict[Group, dict[Waiter, None]]] = {}
         self._registered = 0
@@ -161,7 +172,7 @@ class Events:
                 self._registered -= 1
                 unused, waiter.woken = waiter.woken, False
             if unused and not self._shutting_down:
-                self._wake_each_group(waiter.wake_keys, waiter.hint, waiter.group)
+                self._pass_on(waiter)
 
     def _arm(self, waiter: Waiter) -> None:
         waiter.armed_at = next(self._seq)
@@ -198,14 +209,25 @@ class Events:
             self._disarm(waiter)
             waiter.woken = False
         if not self._shutting_down:
-            self._wake_each_group(waiter.wake_keys, waiter.hint, waiter.group)
+            self._pass_on(waiter)
 
-    def _wake(self, waiter: Waiter, keys: tuple[RouteKey, ...], hint: str | None) -> None:
+    def _pass_on(self, waiter: Waiter) -> None:
+        """Hand a wake-up a waiter left unused to the next waiter of its group here; one of
+        an own ack's that none takes is notified, for the other processes' polls."""
+        taken = self._wake_each_group(waiter.wake_keys, waiter.hint, waiter.group,
+                                      local=waiter.local)
+        if not taken and waiter.local and waiter.hint and self.notify_unused is not None:
+            self.notify_unused(waiter.hint)
+
+    def _wake(
+        self, waiter: Waiter, keys: tuple[RouteKey, ...], hint: str | None, local: bool = False
+    ) -> None:
         """Wake an armed waiter (the caller holds the lock)."""
         self._disarm(waiter)
         waiter.woken = True
         waiter.wake_keys = keys
         waiter.hint = hint
+        waiter.local = local
         waiter.event.set()
         self.wakeups += 1
 
@@ -215,8 +237,21 @@ class Events:
         wake = parse(payload)
         return self._wake_each_group(keys_for(wake), payload, group_of(wake))
 
+    def wake_here(self, payload: str) -> bool:
+        """Wake a poll parked here for a wake-up of this process's own ack (a payload naming
+        its group); True when one was woken, and no notification is needed."""
+        wake = parse(payload)
+        only = group_of(wake)
+        if only is ANY_GROUP:
+            return False
+        return self._wake_each_group(keys_for(wake), payload, only, local=True)
+
     def _wake_each_group(
-        self, keys: tuple[RouteKey, ...], hint: str | None, only: Group | object = ANY_GROUP
+        self,
+        keys: tuple[RouteKey, ...],
+        hint: str | None,
+        only: Group | object = ANY_GROUP,
+        local: bool = False,
     ) -> bool:
         """Wake the oldest waiter matching keys in each group (only: in that group alone)."""
         with self._lock:
@@ -230,7 +265,7 @@ class Events:
                     if known is None or first.armed_at < known.armed_at:
                         oldest[group] = first
             for waiter in oldest.values():
-                self._wake(waiter, keys, hint)
+                self._wake(waiter, keys, hint, local)
             return bool(oldest)
 
     def wake_all(self) -> int:

@@ -58,6 +58,10 @@ class LongPoller:
         self.presence = Presence(store, worker_id, clock)
         if events is not None:
             events.while_waiting = self.presence.refresh
+            # An ack's wake-up wakes a poll parked here first, with no notification.
+            wakeups = store.polling.wakeups
+            wakeups.here = events.wake_here
+            events.notify_unused = lambda payload: wakeups.send_freed([payload])
 
     @property
     def shutting_down(self) -> bool:

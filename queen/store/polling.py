@@ -75,7 +75,8 @@ class Wakeups:
     see queen.notify_pushed for why), and acks hand back the wake-ups of the partitions
     they freed (queen.ack). Started, one thread (a greenlet under gevent) per
     process sends every wake-up noted meanwhile in one small transaction (queen.notify_sent),
-    so concurrent calls share it; not started, each call sends its own.
+    so concurrent calls share it; not started, each call sends its own. An ack's wake-up
+    that wakes a poll parked in this process (here) is not sent at all.
     """
 
     def __init__(self, db: Database) -> None:
@@ -85,6 +86,8 @@ class Wakeups:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._running = False
+        # Wakes a poll parked in this process for an ack's wake-up; True when one was.
+        self.here: Callable[[str], bool] | None = None
 
     def pushed(self, items: Iterable[dict[str, Any]]) -> None:
         """Note the partitions of items that were just stored (the push has committed)."""
@@ -97,7 +100,15 @@ class Wakeups:
         self._wake_sender()
 
     def freed(self, payloads: Iterable[str]) -> None:
-        """Note the wake-up payloads of partitions committed acks freed with work left."""
+        """Note the wake-up payloads of partitions committed acks freed with work left:
+        woken here when a poll parked here takes them, else sent."""
+        here = self.here
+        self.send_freed([p for p in dict.fromkeys(payloads) if here is None or not here(p)])
+
+    def send_freed(self, payloads: list[str]) -> None:
+        """Send the wake-ups of partitions committed acks freed (no poll here woken)."""
+        if not payloads:
+            return
         if not self._running:
             self._send([], list(dict.fromkeys(payloads)))
             return

@@ -349,6 +349,45 @@ def test_a_poll_woken_again_while_waiting_for_its_turn_first_tries_what_woke_it(
     assert [m.partition for m in got] == ["first"]
 
 
+def test_an_ack_wakes_a_poll_parked_here_first_and_notifies_nobody(store: Store, listener):
+    events = Events()  # not started: only what this process does wakes its polls
+    poller = LongPoller(store, events, "test")
+    push(store, items("q", "a", 3))
+    received(listener)
+    (first,) = pop(store, "q", "a")
+    assert ack(store, first.transaction_id).status == "completed"
+    assert received(listener) == ["q/a///__queue__"]  # no poll parked here: notified
+    (second,) = pop(store, "q", "a")
+    got: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: got.extend(poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=10))
+    )
+    thread.start()
+    deadline = time.monotonic() + 5
+    while events.waiting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # (its first check found a leased)
+    assert ack(store, second.transaction_id).status == "completed"
+    thread.join(5)
+    assert [data["i"] for data in (orjson.loads(m.payload) for m in got)] == [2]
+    assert received(listener) == []  # the poll here took it: nobody else to wake
+
+
+def test_a_poll_woken_here_that_leaves_the_wake_up_unused_has_it_notified(
+    store: Store, listener
+):
+    events = Events()
+    LongPoller(store, events, "test")  # (joins the registry to the store's wake-ups)
+    assert not events.wake_here("q/a//")  # a push's wake-up is every process's
+    with events.subscribe(PopRoute(queue="q")) as waiter:
+        assert events.wake_here("q/a///__queue__")
+        assert waiter.event.is_set()
+    assert received(listener) == ["q/a///__queue__"]  # (left unused, none here to take it)
+    with events.subscribe(PopRoute(queue="q")) as waiter:
+        assert events.notify("q/b///__queue__")  # a notification: the others had it too
+    assert received(listener) == []
+
+
 def test_a_plain_session_notifies_inside_the_push_and_a_deferring_one_after(db_dsn, listener):
     body = '[{"queue": "q", "partition": "a", "payload": 1}]'
     with psycopg.connect(db_dsn, autocommit=True) as conn:
