@@ -522,7 +522,9 @@ DECLARE
 BEGIN
     ignored := set_config('synchronous_commit', 'off', true);
     IF jsonb_array_length(p_pops) > 1 THEN
-        FOR pass IN 1..2 LOOP  -- woken pops, to their partitions; then the rest, ranked
+        -- Woken pops, to their partitions (when there are any); then the rest, ranked.
+        FOR pass IN CASE WHEN jsonb_path_exists(p_pops, '$[*].prefer ? (@ != null)') THEN 1
+                         ELSE 2 END..2 LOOP
             FOR g IN
                 SELECT x.queue, x."group", x.batch, min(x.mode) AS mode,
                        min(x.since) AS since,
