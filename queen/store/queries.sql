@@ -55,13 +55,13 @@ WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array l
     WHERE f.fits
     RETURNING id, partition_id
 )
-SELECT f.fits, f.prefix, (SELECT array_agg(s.id ORDER BY s.id) FROM stored s) AS ids,
+SELECT f.fits, f.prefix, a.ids,
        ARRAY(SELECT queen.made_prefix(p) FROM unnest(f.parts) WITH ORDINALITY u(p, k)
              ORDER BY u.k) AS made,
-       CASE WHEN (SELECT max(s.id) FROM stored s) >= 281474976710656
+       CASE WHEN a.ids[cardinality(a.ids)] >= 281474976710656
             THEN (SELECT array_agg(queen.message_uuid_text(s.id, f.prefix, now()) ORDER BY s.id)
                   FROM stored s) END AS api_ids
-FROM fit f
+FROM fit f, (SELECT array_agg(s.id) AS ids FROM stored s) a  -- (as inserted: in id order)
 
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped, id the message's bigint id --
 -- The API id is the server's to make (Messages: cheaper there than queen.message_uuid in SQL).

@@ -154,6 +154,18 @@ def test_a_push_answered_compactly_names_each_message_as_stored(cstore, db_dsn):
     assert again[1].transaction_id == "mine" and again[1].id != "mine"
 
 
+def test_a_push_past_2_48_ids_names_each_message_as_stored(cstore, db_dsn):
+    # (From 2^48 on an id reaches the API id's time bits: the statement makes those.)
+    items = [{"queue": "wide", "partition": "p", "payload": {"n": n}} for n in range(3)]
+    cstore.messages.push(orjson.dumps({"items": items[:1]}), items[:1])  # (makes p)
+    sql(db_dsn, "ALTER TABLE queen.messages ALTER COLUMN id RESTART WITH 281474976710655")
+    results = cstore.messages.push(orjson.dumps({"items": items}), items)
+    stored = sql(db_dsn, "SELECT m.id, m.created_at, m.payload ->> 'n' FROM queen.messages m"
+                         " WHERE m.id >= 281474976710655 ORDER BY m.id")
+    assert [n for _, _, n in stored] == ["0", "1", "2"]  # ids in item order
+    assert [r.id for r in results] == [str(message_uuid(i, t)) for i, t, _ in stored]
+
+
 def test_maintenance_expires_leases_and_counts_an_attempt(cstore, session, db_dsn):
     cstore.queues.configure("exp", None, None, {"retry_limit": 3})
     push(cstore, "exp", 2)
