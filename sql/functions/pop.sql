@@ -481,13 +481,12 @@ $$;
 -- leasing each its batch. When it took every free one it ranked, the route's pops it
 -- left get nothing (a walk would find the same partitions leased); the pops it could
 -- not serve otherwise, and all others, go one by one through queen.pop, in order, each
--- seeing the leases of those before it; those of a
--- queue and group share one ranking (a pop walks it past the partitions those before it
--- leased, and one that finds none left gets nothing rather than ranking again, since a
--- ranking made in the same call would find the same ones leased: when more consumers
--- poll than there are partitions, most pops end so, and ranking was most of their cost;
--- once one has walked the ranking and found nothing, those after it get nothing without a
--- walk of their own).
+-- seeing the leases of those before it; those of a queue and group share one ranking (a
+-- pop walks it past the partitions those before it leased, and one that finds none left
+-- gets nothing rather than ranking again, since a ranking made in the same call would
+-- find the same ones leased: when more consumers poll than there are partitions, most
+-- pops end so, and ranking was most of their cost; once one has walked the ranking and
+-- found nothing, those after it get nothing without a walk of their own).
 -- A pop naming a partition to prefer (a poll woken for it) tries that one first, and the
 -- queue is ranked only when it gave nothing: about half such pops find their partition
 -- free, and need no ranking. Two or more such pops of one queue, group and batch are
