@@ -214,18 +214,27 @@ def test_a_pop_response_the_server_could_not_send_gives_its_messages_back(store,
     assert scalar(db_dsn, f"SELECT max(retry_count) FROM ({storage.MESSAGE_VIEW}) v") == 0
 
 
-def test_a_long_poll_claims_when_woken_and_holds_no_connection_while_parked(store: Store):
-    events = Events()
-    poller = LongPoller(store, events, "test")
+def _parked_poll(
+    poller: LongPoller, events: Events, timeout_s: float
+) -> tuple[threading.Thread, list[Any]]:
+    """A long poll by queue of q in a thread of its own, parked once its first check is done
+    (give or take a moment): the thread, and the list its messages will be in."""
     got: list[Any] = []
     thread = threading.Thread(
-        target=lambda: got.extend(poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=5))
+        target=lambda: got.extend(
+            poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=timeout_s))
     )
     thread.start()
     deadline = time.monotonic() + 5
     while events.waiting == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    time.sleep(0.1)
+    time.sleep(0.2)
+    return thread, got
+
+
+def test_a_long_poll_claims_when_woken_and_holds_no_connection_while_parked(store: Store):
+    events = Events()
+    thread, got = _parked_poll(LongPoller(store, events, "test"), events, timeout_s=5)
     stats = store.db.stats()
     assert stats["size"] == stats["idle"]  # parked without holding a connection
     push(store, items("q", "a", 1))
@@ -358,15 +367,7 @@ def test_an_ack_wakes_a_poll_parked_here_first_and_notifies_nobody(store: Store,
     assert ack(store, first.transaction_id).status == "completed"
     assert received(listener) == ["q/a///__queue__"]  # no poll parked here: notified
     (second,) = pop(store, "q", "a")
-    got: list[Any] = []
-    thread = threading.Thread(
-        target=lambda: got.extend(poller.pop(PopRoute(queue="q"), 1, wait=True, timeout_s=10))
-    )
-    thread.start()
-    deadline = time.monotonic() + 5
-    while events.waiting == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # (its first check found a leased)
+    thread, got = _parked_poll(poller, events, timeout_s=10)  # (its first check: a leased)
     assert ack(store, second.transaction_id).status == "completed"
     thread.join(5)
     assert [data["i"] for data in (orjson.loads(m.payload) for m in got)] == [2]
