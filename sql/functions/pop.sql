@@ -489,10 +489,11 @@ $$;
 -- found nothing, those after it get nothing without a walk of their own).
 -- A pop naming a partition to prefer (a poll woken for it) tries that one first, and the
 -- queue is ranked only when it gave nothing: about half such pops find their partition
--- free, and need no ranking. Two or more such pops of one queue, group and batch are
--- claimed as a set first, over the partitions they name (in their order; a pop may get
--- another's, all being polls of one route); those it could not serve join the route's
--- other pops in the set claim over its ranking.
+-- free, and need no ranking. Two or more such pops of one queue, group and batch, and no
+-- other, are claimed as a set first, over the partitions they name (in their order; a
+-- pop may get another's, all being polls of one route); those it could not serve are a
+-- set over its ranking. Beside pops of their route that were not woken, they are one
+-- set with those: over the partitions they name first, then the ranking (one claim).
 -- The pops' commit does not wait for the disk (synchronous_commit off for the
 -- transaction): a claim a crash forgets leaves its messages to be delivered again, as
 -- at-least-once allows. One plan per session (plan_cache_mode), as queen.pop.
@@ -537,10 +538,8 @@ BEGIN
                                     prefer text))
                      WITH ORDINALITY x
                 WHERE x.kind = 'queue' AND NOT x.ordinality::integer = ANY (served)
-                  AND CASE WHEN pass = 1 THEN x.prefer IS NOT NULL
-                           ELSE x.prefer IS NULL OR x.ordinality::integer = ANY (woken) END
                 GROUP BY x.queue, x."group", x.batch
-                HAVING count(*) > 1
+                HAVING count(*) > 1 AND (pass = 2 OR bool_and(x.prefer IS NOT NULL))
             LOOP
                 SELECT * INTO q FROM queen.queues x WHERE x.name = g.queue;
                 CONTINUE WHEN NOT FOUND OR q.window_buffer > 0 OR q.ttl > 0;
@@ -559,6 +558,20 @@ BEGIN
                     ranked := g.queue || E'\n' || g."group";
                     ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
                     preferred := ranking;
+                    IF NOT g.positions <@ woken AND array_remove(g.prefers, NULL) <> '{}' THEN
+                        -- Woken pops beside others of their route: the partitions they
+                        -- were woken for first, then the ranking, in one claim.
+                        preferred := ARRAY(
+                            SELECT p.id FROM unnest(g.prefers, g.positions)
+                                             WITH ORDINALITY n(name, pos, k)
+                            JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.name
+                            WHERE NOT n.pos = ANY (woken)
+                            GROUP BY p.id ORDER BY min(n.k));
+                        preferred := preferred || ARRAY(
+                            SELECT u.x FROM unnest(ranking) WITH ORDINALITY u(x, k)
+                            WHERE u.x <> ALL (preferred) ORDER BY u.k);
+                        woken := woken || g.positions;
+                    END IF;
                 END IF;
                 SELECT s.pops, s.messages, s.exhausted INTO got, rows, done
                 FROM queen.claim_set(q, g."group", g.batch, preferred, g.positions,

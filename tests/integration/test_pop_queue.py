@@ -302,12 +302,23 @@ def test_woken_pops_of_a_route_are_claimed_as_a_set_over_their_partitions(
     served, called = _pop_many_preferring(store, ["c", "b"])
     assert served == {1: ["c0"], 2: ["b0"]}
     assert called["claim_set"] == 1 and "pop" not in called  # one statement for both
-    # b and c are leased now: the first pop woken for a takes it; the others, with the pop
-    # not woken, are a set over the queue's ranking, which has nothing left and no lease
-    # to take over: no walk follows
+    # b and c are leased now. Woken pops beside one that was not are one set, over the
+    # partitions they were woken for, then the ranking: the first takes a, and nothing
+    # is left, nor a lease to take over: no walk follows
     served, called = _pop_many_preferring(store, ["a", "a", "b", None])
     assert served == {1: ["a0"]}
-    assert called["claim_set"] == 2 and "pop" not in called
+    assert called["claim_set"] == 1 and "pop" not in called
+
+
+def test_woken_pops_alone_whose_partitions_are_taken_are_a_set_over_the_ranking(
+    store: Store,
+) -> None:
+    _partitions_with_cursors(store, 2)
+    for name in ("b", "c"):
+        pop(store, "q", name)
+    served, called = _pop_many_preferring(store, ["b", "c"])
+    assert served == {1: ["a0"]}  # (their partitions first, as a set; then the ranking's)
+    assert called["claim_set"] == 2 and called["candidates"] == 1
 
 
 def _pop_many(store: Store, pops: int, batch: int = 1) -> dict[int, list[str]]:
