@@ -106,11 +106,12 @@ class Wakeups:
         self.send_freed([p for p in dict.fromkeys(payloads) if here is None or not here(p)])
 
     def send_freed(self, payloads: list[str]) -> None:
-        """Send the wake-ups of partitions committed acks freed (no poll here woken)."""
+        """Send the wake-ups of partitions committed acks freed, each once (no poll here
+        woken)."""
         if not payloads:
             return
         if not self._running:
-            self._send([], list(dict.fromkeys(payloads)))
+            self._send([], payloads)
             return
         with self._lock:
             self._freed.update(dict.fromkeys(payloads))
