@@ -294,8 +294,8 @@ SELECT name, encryption_enabled, max_wait_time_seconds FROM queen.queues
 -- ping: cheapest round trip, for health checks: whether this server takes writes --
 SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'
 
--- transaction_statement_timeout: a call's own statement timeout (its transaction only): short for the dashboard, long for admin actions --
-SELECT set_config('statement_timeout', %(ms)s, true)
+-- transaction_statement_timeout: a call's own statement timeout (its transaction only): short for the dashboard, long for admin actions; its plans chosen for its values, off the hot path's one plan per session --
+SELECT set_config('statement_timeout', %(ms)s, true), set_config('plan_cache_mode', 'auto', true)
 
 -- dashboard_depths: current counts of every partition with its queue; queues without partitions too --
 SELECT q.name AS queue, q.namespace, q.task, p.name AS partition,
@@ -483,8 +483,9 @@ ORDER BY bytes
 -- maintenance_prune_metrics: delete per-minute activity older than the retention, at most limit rows --
 SELECT queen.metrics_prune(%(days)s, %(limit)s)
 
--- read_session: settings of an analytics or browsing read, for its transaction only: a short statement timeout, and no JIT (compiling costs more than these queries take) --
-SELECT set_config('statement_timeout', %(ms)s, true), set_config('jit', 'off', true)
+-- read_session: settings of an analytics or browsing read, for its transaction only: a short statement timeout, no JIT (compiling costs more than these queries take), and plans chosen for its values (off the hot path's one plan per session) --
+SELECT set_config('statement_timeout', %(ms)s, true), set_config('jit', 'off', true),
+       set_config('plan_cache_mode', 'auto', true)
 
 -- read_queues: the queues matching the filters (NULL: any) with their options, by name --
 SELECT q.id, q.name, q.namespace, q.task, q.created_at,
