@@ -4,9 +4,9 @@ Every system runs in this one invocation on the same PostgreSQL server (one fres
 database each), with the same workload shapes, so the ratios are comparable: the server
 of --dsn, or with --cluster one the bench starts with default settings (autovacuum on)
 and removes at the end. Queen is started here (gunicorn -c gunicorn.conf.py,
-QUEEN_WORKERS=2: one per core of the 2-core machine; DB_POOL_SIZE enough for a
-connection per concurrent client of the busiest case, at least the default 10;
-migrations first). Results
+QUEEN_WORKERS=2, one per core of the 2-core machine, or --queen-workers; DB_POOL_SIZE
+enough for a connection per concurrent client of the busiest case, at least the default
+10; migrations first). Results
 go to bench/results/ (or --out): RESULTS-<mode>.md, results-<mode>.json and PNG plots.
 With --pg-cpus N the bench runs on a cluster of its own whose processes share N cores (a
 cgroup, bench/pgquota.py), Queen and the load outside it: the PostgreSQL-bound phase,
@@ -145,11 +145,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "goal is at most half of it (default: the figure is only reported)",
     )
     parser.add_argument(
+        "--queen-workers",
+        type=int,
+        default=QUEEN_WORKERS,
+        metavar="N",
+        help=f"Queen's gunicorn workers (default {QUEEN_WORKERS}, one per core): each fuses "
+        "only its own requests into database calls",
+    )
+    parser.add_argument(
         "--queen-pool",
         type=int,
         metavar="N",
         help="Queen's DB_POOL_SIZE, connections per worker (default: enough for the run's "
-        "most concurrent case to have one per client, spread over the 2 workers; at least "
+        "most concurrent case to have one per client, spread over the workers; at least "
         f"Queen's default {QUEEN_DEFAULT_POOL})",
     )
     parser.add_argument(
@@ -638,7 +646,7 @@ def conditions(ctx: Context, started: float) -> dict[str, Any]:
         "postgres_server": cluster.origin(ctx.server_dsn, ctx.own_cluster),
         "versions": ctx.versions,
         "skipped": ctx.skipped,
-        "queen_workers": QUEEN_WORKERS,
+        "queen_workers": int(ctx.queen.env["QUEEN_WORKERS"]) if ctx.queen else None,
         "queen_pool": int(ctx.queen.env["DB_POOL_SIZE"]) if ctx.queen else None,
         "queen_maintenance": bool(ctx.queen and ctx.queen.maintenance),
     }
@@ -648,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rounds < 1:
         print("--rounds must be at least 1", file=sys.stderr)
+        return 2
+    if args.queen_workers < 1:
+        print("--queen-workers must be at least 1", file=sys.stderr)
         return 2
     with contextlib.ExitStack() as stack:
         if args.pg_cpus is None:
@@ -720,9 +731,9 @@ def run(
         fanout = [c for c in fanout if any(w in c.label for w in wanted_labels)]
     setup_databases(ctx)
     if "queen" in ctx.systems:
-        pool = args.queen_pool or queen_pool(cases + fanout)
+        pool = args.queen_pool or queen_pool(cases + fanout, args.queen_workers)
         ctx.queen = QueenServer(
-            ctx.dsns["queen"], workers=QUEEN_WORKERS, extra_env={"DB_POOL_SIZE": str(pool)}
+            ctx.dsns["queen"], workers=args.queen_workers, extra_env={"DB_POOL_SIZE": str(pool)}
         ).start()
     try:
         total = (

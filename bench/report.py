@@ -352,7 +352,7 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
         f"- PostgreSQL {pg.get('server_version')} ({facts.get('postgres_server', '?')}): "
         f"autovacuum {pg.get('autovacuum', '?')}, shared_buffers {pg.get('shared_buffers')}, "
         f"synchronous_commit {pg.get('synchronous_commit')}, fsync {pg.get('fsync')}",
-        f"- Queen: gunicorn, {facts.get('queen_workers', 2)} gevent workers, DB_POOL_SIZE "
+        f"- Queen: gunicorn, {facts.get('queen_workers') or 2} gevent workers, DB_POOL_SIZE "
         f"{facts.get('queen_pool') or 10} per worker, maintenance process "
         f"{'on' if facts.get('queen_maintenance') else 'absent'}; Python {facts.get('python')}",
         f"- versions: {versions}",

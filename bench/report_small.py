@@ -78,7 +78,7 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
         f"(greenlets, or the async drivers' tasks) over {'/'.join(map(str, processes))} "
         "client processes; each call of a baseline is its own transaction. Queen's "
         f"producers spread over {'/'.join(map(str, queen_parts)) or '–'} partitions; it ran "
-        f"{facts.get('queen_workers', 2)} workers with DB_POOL_SIZE {pool or '?'} each.",
+        f"{facts.get('queen_workers') or 2} workers with DB_POOL_SIZE {pool or '?'} each.",
         "",
         "| case | clients | " + " | ".join(systems) + " | queen / raw | queen / pgmq |",
         "|---|---|" + "---:|" * (len(systems) + 2),

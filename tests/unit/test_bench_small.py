@@ -56,6 +56,15 @@ def test_queens_pool_gives_each_client_of_the_busiest_case_a_connection():
     assert max(queen, 64) + 10 < limit
 
 
+def test_fewer_queen_workers_get_a_larger_pool_each():
+    cases = small_cases()
+    assert bench.parse_args(["--queen-workers", "1"]).queen_workers == 1
+    assert bench.parse_args([]).queen_workers == bench.QUEEN_WORKERS
+    assert bench.queen_pool(cases, 1) >= 64
+    assert bench.queen_pool(cases, 4) * 4 >= 64 and bench.queen_pool(cases, 4) < 64
+    assert bench.main(["--queen-workers", "0"]) == 2
+
+
 def test_runs_without_many_clients_keep_queens_default_pool():
     ctx = bench.Context(profiles.FULL, "postgresql://unused", "", "t", systems=SYSTEMS)
     assert bench.queen_pool(bench.plan(ctx, {"push", "e2e"})) == bench.QUEEN_DEFAULT_POOL
