@@ -373,7 +373,7 @@ class Database:
             " set_config('queen.push_notify', 'after_commit', false),"
             # Prepared statements keep one plan per session: left to choose, PostgreSQL
             # may plan a hot call afresh every time (docs/DECISIONS.md). Reads, the
-            # dashboard and admin calls choose again, for their transaction.
+            # dashboard and admin actions choose again, for their transaction.
             " set_config('plan_cache_mode', 'force_generic_plan', false),"
             " pg_postmaster_start_time()",
             (str(self._hot_path_timeout_ms),),

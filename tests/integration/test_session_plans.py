@@ -1,5 +1,5 @@
 """The server's pooled sessions keep one plan per prepared hot call; reads, the dashboard
-and admin calls choose plans for their values."""
+and admin actions choose plans for their values."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_a_hot_call_prepared_on_a_pooled_session_never_plans_for_its_values(
         assert conn.execute(PREPARED).fetchall() == [(0, 7)]
 
 
-def test_reads_the_dashboard_and_admin_calls_plan_for_their_values(store: Store) -> None:
+def test_reads_the_dashboard_and_admin_actions_plan_for_their_values(store: Store) -> None:
     mode = "SELECT current_setting('plan_cache_mode')"
     with store.db.connection() as conn:
         assert conn.execute(mode).fetchone() == ("force_generic_plan",)
