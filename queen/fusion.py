@@ -12,6 +12,10 @@ The call itself (`run`) gets the requests in arrival order and answers one resul
 request, in order; a result that is an exception is raised in that request only. An
 exception from `run` fails every request of that call, and only those.
 
+A fuser given a turn (queen.server.turns: its host's workers take turns at a kind) takes
+it before it gathers a call's requests and gives it back once the call has run, so that
+the requests of every worker of a host that arrive during one call share the next.
+
 Works the same under gevent (monkey-patched threading) and with real threads.
 """
 
@@ -22,7 +26,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from queen.errors import Unavailable
 
@@ -38,6 +42,14 @@ Observe = Callable[[str, int], None]
 # trace(kind, requests): a context manager around each call (a tracing span), or none.
 Trace = Callable[[str, int], AbstractContextManager[object]]
 _NO_SPAN = contextlib.nullcontext()
+
+
+class Turn(Protocol):
+    """Taken around each call, before its requests are gathered (queen.server.turns)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 def untraced(kind: str, requests: int) -> AbstractContextManager[object]:
@@ -68,6 +80,8 @@ class Fuser(Generic[R, T]):
     request of a call always goes, whatever its size.
     observe(kind, requests): told the number of requests of every call made.
     trace(kind, requests): a context manager entered around every call made.
+    turn: taken before a call gathers its requests, given back once it has run (None: no
+    turn to take). Settable later.
     """
 
     def __init__(
@@ -80,6 +94,7 @@ class Fuser(Generic[R, T]):
         size: Callable[[R], int] = lambda request: 1,
         observe: Observe = _ignore,
         trace: Trace = untraced,
+        turn: Turn | None = None,
     ) -> None:
         if max_calls < 0:
             raise ValueError("max_calls must be 0 (no fusion) or more")
@@ -90,6 +105,7 @@ class Fuser(Generic[R, T]):
         self._size = size
         self.observe = observe
         self.trace = trace
+        self.turn = turn
         self._lock = threading.Lock()
         self._running = 0
         self._queued: deque[_Entry[R, T]] = deque()
@@ -113,7 +129,7 @@ class Fuser(Generic[R, T]):
             else:
                 self._queued.append(entry)
         if alone:
-            self._call([entry])
+            self._lead(entry)
         else:
             try:
                 entry.done.wait()
@@ -121,7 +137,7 @@ class Fuser(Generic[R, T]):
                 self._abandon(entry)
                 raise
             if entry.leads:
-                self._call(self._take(entry))
+                self._lead(entry)
         if entry.error is not None:
             raise entry.error
         return entry.result  # type: ignore[return-value]
@@ -137,13 +153,34 @@ class Fuser(Generic[R, T]):
                 total += entry.size
         return batch
 
-    def _call(self, batch: list[_Entry[R, T]], hand_on: bool = True) -> None:
-        """Run one call for batch (this greenlet is batch[0]'s) and hand out its results;
-        hand_on: then let the next queued request lead (not without fusion: no slot taken)."""
+    def _lead(self, leader: _Entry[R, T]) -> None:
+        """Run the next call, led by leader: with the turn taken, if there is one."""
+        turn = self.turn
+        if turn is None:
+            self._call(self._take(leader))
+            return
         try:
-            self.observe(self.kind, len(batch))
-            with self.trace(self.kind, len(batch)):
-                results = self.run([e.request for e in batch])
+            turn.__enter__()
+        except BaseException:  # killed while waiting: the next request leads
+            leader.error = Unavailable("call ended")
+            self._next()
+            raise
+        self._call(self._take(leader), turn=turn)
+
+    def _call(
+        self, batch: list[_Entry[R, T]], hand_on: bool = True, turn: Turn | None = None
+    ) -> None:
+        """Run one call for batch (this greenlet is batch[0]'s) and hand out its results;
+        hand_on: then let the next queued request lead (not without fusion: no slot taken).
+        turn: taken by the caller; given back once run has returned."""
+        try:
+            try:
+                self.observe(self.kind, len(batch))
+                with self.trace(self.kind, len(batch)):
+                    results = self.run([e.request for e in batch])
+            finally:
+                if turn is not None:
+                    turn.__exit__(None, None, None)
             if len(results) != len(batch):
                 raise RuntimeError(f"{self.kind} call answered {len(results)} of {len(batch)}")
             for entry, result in zip(batch, results, strict=True):

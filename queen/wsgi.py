@@ -8,7 +8,7 @@ from typing import Any
 
 from queen import logs
 from queen.config import Settings
-from queen.server import claims
+from queen.server import claims, turns
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ def get_app() -> Any:
         logs.setup("worker", settings.log_level.upper())
     store = Store.from_settings(settings)
     store.messages.claims = claims.for_this_worker()  # for the master, should we die
+    store.take_turns(turns.for_this_worker())  # fused calls shared with the other workers
     store.open()
     events = Events(settings.dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)
     hub = Hub.from_settings(settings, store.dashboard)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from queen.config import Settings
 from queen.errors import Unavailable
 from queen.fusion import FUSED_CALLS, Observe, Trace
+from queen.server.turns import Turns
 from queen.store.admin import Admin
 from queen.store.analytics import Analytics
 from queen.store.dashboard import Dashboard, MessagePlace
@@ -52,6 +53,13 @@ class Store:
             application_name=application_name,
         )
         return cls(db, settings.encryption_key, settings.fused_calls)
+
+    def take_turns(self, turns: Turns) -> None:
+        """Take turns at each kind of fused call with the host's other workers (one call of
+        a kind in flight a worker, the default; queen.server.turns)."""
+        if self.messages.fused_calls == 1:
+            self.messages.take_turns(turns)
+            self.leases.take_turns(turns)
 
     def observe_calls(self, observe: Observe) -> None:
         """Tell observe(kind, requests) of every push, pop, ack and lease-renewal call."""

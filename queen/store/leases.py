@@ -7,6 +7,7 @@ import uuid
 from typing import NamedTuple
 
 from queen.fusion import FUSED_CALLS, Fuser, Observe, Trace, untraced
+from queen.server.turns import Turns
 from queen.store.db import Database
 
 FUSED_EXTENDS = 100  # renewals per fused call
@@ -29,6 +30,9 @@ class Leases:
             observe=lambda kind, requests: self.observe(kind, requests),
             trace=lambda kind, requests: self.trace(kind, requests),
         )
+
+    def take_turns(self, turns: Turns) -> None:
+        self._extends.turn = turns.of("extend")
 
     def extend(self, lease_id: uuid.UUID, seconds: int | None) -> dt.datetime | None:
         """Move a live lease's expiry to now + seconds (None: the queue's leaseTime).

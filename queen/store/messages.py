@@ -35,6 +35,7 @@ from queen.errors import InvalidInput, QueenError
 from queen.fusion import FUSED_CALLS, Fuser, Observe, Trace, split, untraced
 from queen.models import AckResult, Popped, PopRoute, PushResult
 from queen.server.claims import NOWHERE, InFlight
+from queen.server.turns import NO_TURNS, Turns
 from queen.store.db import LARGE_CALL_BYTES, Backend, Database, text_array
 from queen.store.giveback import GiveBacks
 from queen.store.lifecycle import QUEUE_MODE
@@ -253,6 +254,7 @@ class Messages:
         # Told the kind and number of requests of every call (the metrics set it).
         self.observe: Observe = _unobserved
         self.trace: Trace = untraced  # (a tracing span per call, when tracing is on)
+        self.turns = NO_TURNS  # (the store's take_turns sets its host's)
         self._push_fusers: dict[str | None, Fuser[_Push, list[PushResult]]] = {}
         self._pops: Fuser[_Pop, list[Popped]] = self._fuser(
             "pop", self._pop_call, limit=FUSED_POPS
@@ -268,8 +270,16 @@ class Messages:
             max_calls=self.fused_calls,
             observe=self._observe,
             trace=lambda kind, requests: self.trace(kind, requests),
+            turn=self.turns.of(kind),
             **options,
         )
+
+    def take_turns(self, turns: Turns) -> None:
+        """Take turns with the host's other workers at each kind of call (the store's)."""
+        self.turns = turns
+        fusers: list[Fuser[Any, Any]] = [self._pops, self._acks, *self._push_fusers.values()]
+        for fuser in fusers:
+            fuser.turn = turns.of(fuser.kind)
 
     def _observe(self, kind: str, requests: int) -> None:
         self.observe(kind, requests)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
+import time
 from collections import Counter
 from typing import Any
 
 import requests
 
+from queen.server.turns import TURN_WAIT_S
 from tests.conftest import Server
 
 CLIENTS = 24
@@ -66,6 +70,39 @@ def test_concurrent_pushes_pops_and_acks_fuse_and_each_client_gets_its_own_answe
         assert fusion["push"]["calls"] < fusion["push"]["requests"]
         assert fusion["pop"]["requests"] >= total // 3
     finally:
+        srv.stop()
+
+
+def test_a_hosts_workers_take_turns_at_each_kind_of_call(db_dsn, tmp_path):
+    """A push waits while another process holds the host's push turn, and goes without it
+    once it has waited TURN_WAIT_S: a stuck holder costs fusion, not availability."""
+    srv = Server(db_dsn, workers=2, QUEEN_CLAIMS_DIR=str(tmp_path)).start()
+    fd = os.open(tmp_path / "push.turn", os.O_RDWR | os.O_CREAT)
+    try:
+        def push(name: str, answers: list[requests.Response]) -> threading.Thread:
+            item = {"queue": "turns", "payload": {"n": name}}
+            thread = threading.Thread(target=lambda: answers.append(requests.post(
+                srv.url + "/api/v1/push", json={"items": [item]}, timeout=TIMEOUT_S)))
+            thread.start()
+            return thread
+
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a worker in the middle of its push call
+        answers: list[requests.Response] = []
+        thread = push("waits", answers)
+        thread.join(0.5)
+        assert answers == []  # waiting for the turn
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        thread.join(TIMEOUT_S)
+        assert [r.status_code for r in answers] == [201]
+
+        fcntl.flock(fd, fcntl.LOCK_EX)  # now as a worker that never gives it back
+        started = time.monotonic()
+        answers = []
+        push("goes without", answers).join(TIMEOUT_S)
+        assert [r.status_code for r in answers] == [201]
+        assert time.monotonic() - started >= TURN_WAIT_S * 0.9
+    finally:
+        os.close(fd)
         srv.stop()
 
 

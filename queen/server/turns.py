@@ -1,0 +1,219 @@
+"""Turns: the workers of one host take turns at each kind of fused call.
+
+Each worker fuses its own requests (queen.fusion): while its call of a kind runs, the
+requests of that kind queue and share its next call. Two workers each running their own
+calls split the requests between them: each call carries half as many, and PostgreSQL
+runs twice the calls, each with its fixed costs (executor start-up, a commit, the
+wake-ups it sends). So a worker takes its host's turn for a kind before it gathers a
+call's requests, and gives it back once the call has run: while one worker's call runs,
+the other's requests queue, and its next call takes them all, as one worker's would.
+
+A turn is an exclusive flock on a file per kind in the directory the workers share with
+their master (QUEEN_CLAIMS_DIR): the kernel gives it back when its holder dies. flock
+blocks, so a worker waits for it in a real thread (gevent's pool under gevent) while its
+greenlets go on. It waits at most TURN_WAIT_S: a holder that is frozen or stuck in a call
+costs its host the shared fusion, never its availability. The worker then goes without
+the turn until that wait ends.
+
+A server without the directory (an app built in a test, another WSGI server) takes no
+turns: each worker fuses alone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from queen.server.claims import CLAIMS_ENV
+
+# Seconds a worker waits for its host's turn before it calls without it. A turn is held
+# for one call, and a call ends within its deadline (queen.store.bounds).
+TURN_WAIT_S = 2.0
+
+log = logging.getLogger(__name__)
+
+
+def _patched() -> bool:
+    try:
+        from gevent import monkey
+    except ImportError:  # pragma: no cover - gevent is a dependency
+        return False
+    return bool(monkey.is_module_patched("threading"))
+
+
+def _real_lock() -> Callable[[], threading.Lock]:
+    """A lock that works between a greenlet and a real thread (gevent's would not)."""
+    if _patched():
+        from gevent.monkey import get_original
+
+        return get_original("threading", "Lock")  # type: ignore[no-any-return]
+    return threading.Lock
+
+
+def _in_thread(work: Callable[[], None]) -> Callable[[float], bool]:
+    """Run work in a real thread; return wait(timeout) -> whether it has ended."""
+    if _patched():
+        from gevent import get_hub
+
+        result = get_hub().threadpool.spawn(work)
+
+        def wait(timeout: float) -> bool:
+            result.wait(timeout)
+            return bool(result.ready())
+
+        return wait
+    ended = threading.Event()
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            ended.set()
+
+    threading.Thread(target=run, name="queen-turn", daemon=True).start()
+    return ended.wait
+
+
+class _Wait:
+    """A blocking flock on fd, in a thread; whoever gives up on it leaves fd to it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = _real_lock()()
+        self.held = False
+        self.abandoned = False
+        self.ended = False  # the thread is done: fd closed, unless held
+        self._wait = _in_thread(self._block)
+
+    def _block(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            got = True
+        except OSError:
+            got = False
+        with self._lock:
+            if got and not self.abandoned:
+                self.held = True
+            else:
+                os.close(self.fd)  # (gives the turn back if it was got too late)
+            self.ended = True
+
+    def until(self, timeout: float) -> bool:
+        """Wait up to timeout for the turn; True when held, False when given up on (also
+        when the waiting greenlet is killed: it then raises)."""
+        try:
+            self._wait(timeout)
+        finally:
+            with self._lock:
+                if not self.held:
+                    self.abandoned = True
+        return self.held
+
+
+class Turn:
+    """One kind's turn among a host's workers (a file); one greenlet of a worker at a time."""
+
+    def __init__(self, path: Path, wait_s: float = TURN_WAIT_S) -> None:
+        self.path = path
+        self.wait_s = wait_s
+        self._mine = threading.Lock()  # (gevent's under gevent) this worker's one taker
+        self._fd: int | None = None
+        self._stray: _Wait | None = None  # a wait given up on, not ended yet
+        self._held = False
+
+    def take(self) -> None:
+        """Wait for the host's turn, or give up on it after wait_s; then call give()."""
+        self._mine.acquire()
+        try:
+            self._held = self._take()
+        except BaseException:
+            self._mine.release()
+            raise
+
+    def give(self) -> None:
+        try:
+            if self._held and self._fd is not None:
+                self._held = False
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._mine.release()
+
+    def __enter__(self) -> Turn:
+        self.take()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.give()
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def _take(self) -> bool:
+        if self._stray is not None:
+            if not self._stray.ended:
+                return False  # still waiting out a stuck holder: go without
+            self._stray = None
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        wait = _Wait(self._fd)
+        try:
+            if wait.until(self.wait_s):
+                return True
+        except BaseException:  # killed while waiting
+            if wait.held:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            else:
+                self._stray, self._fd = wait, None
+            raise
+        log.warning(
+            "no %s turn after %.1f s (another worker is stuck in a call or frozen): "
+            "calling without it until it ends",
+            self.path.stem,
+            self.wait_s,
+        )
+        self._stray, self._fd = wait, None  # the wait closes its fd when it ends
+        return False
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class Turns:
+    """A worker's turns, one per kind of fused call, in its host's shared directory."""
+
+    def __init__(self, directory: Path | None, wait_s: float = TURN_WAIT_S) -> None:
+        self.directory = directory
+        self.wait_s = wait_s
+        self._turns: dict[str, Turn] = {}
+
+    def of(self, kind: str) -> Turn | None:
+        """kind's turn; None without a directory (the worker fuses alone)."""
+        if self.directory is None:
+            return None
+        turn = self._turns.get(kind)
+        if turn is None:
+            turn = self._turns.setdefault(
+                kind, Turn(self.directory / f"{kind}.turn", self.wait_s)
+            )
+        return turn
+
+
+NO_TURNS = Turns(None)
+
+
+def for_this_worker() -> Turns:
+    """The turns of this worker's host: in the directory its master chose, if any."""
+    directory = os.environ.get(CLAIMS_ENV)
+    return Turns(Path(directory)) if directory else NO_TURNS

@@ -1,0 +1,208 @@
+"""Turns: a host's workers take turns at each kind of fused call (queen.server.turns).
+
+Two Turn objects on one file stand for two workers: their flocks exclude each other as two
+processes' would.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from queen.fusion import Fuser
+from queen.server.turns import NO_TURNS, Turn, Turns
+from tests.conftest import ROOT
+
+WAIT_S = 30.0  # long enough never to give up on a holder that is not stuck
+
+
+def test_a_turn_excludes_the_other_workers_until_given_back(tmp_path: Path) -> None:
+    first, second = Turn(tmp_path / "pop.turn", WAIT_S), Turn(tmp_path / "pop.turn", WAIT_S)
+    first.take()
+    assert first.held
+    got = threading.Event()
+
+    def take_second() -> None:
+        with second:
+            assert second.held
+            got.set()
+
+    waiter = threading.Thread(target=take_second)
+    waiter.start()
+    assert not got.wait(0.3)
+    first.give()
+    assert got.wait(10)
+    waiter.join(10)
+    with first:  # and back again
+        assert first.held
+
+
+def _hold(path: str, ready: multiprocessing.synchronize.Event) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ready.set()
+    time.sleep(600)
+
+
+def test_a_dead_holders_turn_is_free_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "push.turn"
+    ready = multiprocessing.get_context("fork").Event()
+    holder = multiprocessing.get_context("fork").Process(target=_hold, args=(str(path), ready))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        turn = Turn(path, WAIT_S)
+        done = threading.Event()
+
+        def take() -> None:
+            with turn:
+                assert turn.held
+                done.set()
+
+        threading.Thread(target=take, daemon=True).start()
+        assert not done.wait(0.3)
+        holder.kill()
+        assert done.wait(10)  # long before WAIT_S: the kernel gave the turn back
+    finally:
+        holder.kill()
+        holder.join(10)
+
+
+def test_a_stuck_holder_costs_fusion_not_availability(tmp_path: Path) -> None:
+    stuck, turn = Turn(tmp_path / "ack.turn"), Turn(tmp_path / "ack.turn", wait_s=0.2)
+    stuck.take()
+    started = time.monotonic()
+    with turn:
+        assert not turn.held  # went without it
+    assert time.monotonic() - started >= 0.2
+    started = time.monotonic()
+    with turn:  # while that wait goes on, the next calls go without at once
+        assert not turn.held
+    assert time.monotonic() - started < 0.2
+    stuck.give()  # the abandoned wait gets it, gives it back and ends
+    deadline = time.monotonic() + 10
+    while True:
+        with turn:
+            if turn.held:
+                break
+        assert time.monotonic() < deadline, "the turn never came back"
+        time.sleep(0.01)
+    with stuck:  # nobody kept it
+        assert stuck.held
+
+
+def test_no_directory_no_turns(tmp_path: Path) -> None:
+    assert NO_TURNS.of("pop") is None
+    turns = Turns(tmp_path)
+    assert turns.of("pop") is turns.of("pop")
+    assert turns.of("pop") is not turns.of("ack")
+
+
+def test_two_workers_fusers_never_call_at_once_and_requests_wait_for_the_next_call(
+    tmp_path: Path,
+) -> None:
+    """While one worker's call runs, the other's requests queue; its next call takes them."""
+    running = 0
+    overlaps = 0
+    calls: list[tuple[str, list[int]]] = []
+    lock = threading.Lock()
+    release_first = threading.Event()
+
+    def runner(name: str):
+        def run(requests: list[int]) -> list[int]:
+            nonlocal running, overlaps
+            with lock:
+                running += 1
+                overlaps += running > 1
+                calls.append((name, list(requests)))
+            if requests == [0]:
+                release_first.wait(10)  # worker a's first call holds the turn
+            time.sleep(0.01)
+            with lock:
+                running -= 1
+            return [r * 10 for r in requests]
+
+        return run
+
+    a = Fuser("pop", runner("a"), max_calls=1, limit=100,
+              turn=Turn(tmp_path / "pop.turn", WAIT_S))
+    b = Fuser("pop", runner("b"), max_calls=1, limit=100,
+              turn=Turn(tmp_path / "pop.turn", WAIT_S))
+    results: dict[int, int] = {}
+
+    def submit(fuser: Fuser[int, int], request: int) -> None:
+        results[request] = fuser.submit(request)
+
+    first = threading.Thread(target=submit, args=(a, 0))
+    first.start()
+    while not calls:
+        time.sleep(0.001)
+    others = [threading.Thread(target=submit, args=(b, n)) for n in range(1, 6)]
+    for thread in others:
+        thread.start()
+    time.sleep(0.3)  # b's requests all wait for a's call: b has not called
+    assert [name for name, _ in calls] == ["a"]
+    release_first.set()
+    for thread in [first, *others]:
+        thread.join(10)
+    assert results == {n: n * 10 for n in range(6)}
+    assert overlaps == 0
+    # b's first request waited for the turn; by then the others had queued behind it.
+    assert len(calls) == 2
+    assert calls[1][0] == "b"
+    assert sorted(calls[1][1]) == [1, 2, 3, 4, 5]
+
+
+GEVENT_KILL = textwrap.dedent(
+    """
+    from gevent import monkey
+    monkey.patch_all()
+    import sys, gevent
+    from pathlib import Path
+    from queen.fusion import Fuser
+    from queen.server.turns import Turn
+
+    path = Path(sys.argv[1])
+    holder = Turn(path, 30)
+    holder.take()
+    fuser = Fuser("pop", lambda requests: list(requests), max_calls=1, limit=100,
+                  turn=Turn(path, 30))
+    ticks = 0
+
+    def tick():
+        global ticks
+        while True:
+            ticks += 1
+            gevent.sleep(0.01)
+
+    ticker = gevent.spawn(tick)
+    waiting = gevent.spawn(fuser.submit, 1)
+    gevent.sleep(0.3)
+    assert not waiting.ready()
+    assert ticks > 5, ticks  # the wait for the turn did not block the worker
+    waiting.kill()
+    holder.give()
+    assert fuser.submit(2) == 2  # the killed request left no slot or turn behind
+    with holder:
+        assert holder.held
+    print("ok")
+    """
+)
+
+
+def test_under_gevent_a_request_killed_while_waiting_for_the_turn_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", GEVENT_KILL, str(tmp_path / "pop.turn")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
