@@ -45,11 +45,12 @@ _NO_SPAN = contextlib.nullcontext()
 
 
 class Turn(Protocol):
-    """Taken around each call, before its requests are gathered (queen.server.turns)."""
+    """Taken before a call gathers its requests, given back once the database has answered
+    it (queen.server.turns)."""
 
-    def __enter__(self) -> object: ...
+    def take(self) -> None: ...
 
-    def __exit__(self, *exc: object) -> None: ...
+    def give(self) -> None: ...
 
 
 def untraced(kind: str, requests: int) -> AbstractContextManager[object]:
@@ -80,8 +81,8 @@ class Fuser(Generic[R, T]):
     request of a call always goes, whatever its size.
     observe(kind, requests): told the number of requests of every call made.
     trace(kind, requests): a context manager entered around every call made.
-    turn: taken before a call gathers its requests, given back once it has run (None: no
-    turn to take). Settable later.
+    turn: taken before a call gathers its requests, given back once it has run, or once
+    run calls answered() (None: no turn to take). Settable later.
     """
 
     def __init__(
@@ -106,6 +107,7 @@ class Fuser(Generic[R, T]):
         self.observe = observe
         self.trace = trace
         self.turn = turn
+        self._turn_held: Turn | None = None  # the running call's, until given back
         self._lock = threading.Lock()
         self._running = 0
         self._queued: deque[_Entry[R, T]] = deque()
@@ -160,27 +162,32 @@ class Fuser(Generic[R, T]):
             self._call(self._take(leader))
             return
         try:
-            turn.__enter__()
+            turn.take()
         except BaseException:  # killed while waiting: the next request leads
             leader.error = Unavailable("call ended")
             self._next()
             raise
-        self._call(self._take(leader), turn=turn)
+        self._turn_held = turn
+        self._call(self._take(leader))
 
-    def _call(
-        self, batch: list[_Entry[R, T]], hand_on: bool = True, turn: Turn | None = None
-    ) -> None:
+    def answered(self) -> None:
+        """The database has answered the running call (run calls this): give the host's turn
+        back now; what is left of the call is this worker's own work."""
+        turn, self._turn_held = self._turn_held, None
+        if turn is not None:
+            turn.give()
+
+    def _call(self, batch: list[_Entry[R, T]], hand_on: bool = True) -> None:
         """Run one call for batch (this greenlet is batch[0]'s) and hand out its results;
         hand_on: then let the next queued request lead (not without fusion: no slot taken).
-        turn: taken by the caller; given back once run has returned."""
+        The turn the caller took is given back once run has returned, if not before."""
         try:
             try:
                 self.observe(self.kind, len(batch))
                 with self.trace(self.kind, len(batch)):
                     results = self.run([e.request for e in batch])
             finally:
-                if turn is not None:
-                    turn.__exit__(None, None, None)
+                self.answered()
             if len(results) != len(batch):
                 raise RuntimeError(f"{self.kind} call answered {len(results)} of {len(batch)}")
             for entry, result in zip(batch, results, strict=True):

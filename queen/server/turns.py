@@ -5,7 +5,7 @@ requests of that kind queue and share its next call. Two workers each running th
 calls split the requests between them: each call carries half as many, and PostgreSQL
 runs twice the calls, each with its fixed costs (executor start-up, a commit, the
 wake-ups it sends). So a worker takes its host's turn for a kind before it gathers a
-call's requests, and gives it back once the call has run: while one worker's call runs,
+call's requests, and gives it back once the database has answered: while one worker's call runs,
 the other's requests queue, and its next call takes them all, as one worker's would.
 
 A turn is an exclusive flock on a file per kind in the directory the workers share with

@@ -467,8 +467,8 @@ class Database:
         patient: run under the longer statement timeout of calls off the hot path (admin
         actions), in a transaction of its own.
 
-        after_execute: called with the connection once the statement has run (a test
-        hook: it may break the connection there).
+        after_execute: called with the connection once the statement has run, before its
+        rows are read (tests break the connection there).
         on_lost: called as in connection() when the answer is lost with the connection.
         large: tells whether the rows hold a value over LARGE_CALL_BYTES (parameters are
         weighed here), after which the connection is retired.

@@ -417,16 +417,21 @@ class Messages:
             for lease in leases:
                 self.give_backs.add(lease, backend)
 
+        def answered(conn: psycopg.Connection[Any]) -> None:
+            self._pops.answered()  # the rows are here: the host's next pop call may go
+            if self.after_pop_statement is not None:
+                self.after_pop_statement(conn)
+
         if len(pops) == 1:  # (queen.pop itself: no pass of pop_many over its rows)
             rows = self.db.fetch(
                 "pop_one", pops[0].params, _popped_of_pops, raw_json=True,
-                large=_large_payload, after_execute=self.after_pop_statement, on_lost=lost,
+                large=_large_payload, after_execute=answered, on_lost=lost,
             )
         else:
             rows = self.db.fetch(
                 "pop_many", {"pops": orjson.dumps([p.params for p in pops]).decode()},
                 _popped_of_pops, raw_json=True, large=_large_payload,
-                after_execute=self.after_pop_statement, on_lost=lost,
+                after_execute=answered, on_lost=lost,
             )
         popped: list[list[Popped]] = [[] for _ in pops]
         for position, message in rows:
