@@ -160,6 +160,38 @@ def test_two_workers_fusers_never_call_at_once_and_requests_wait_for_the_next_ca
     assert sorted(calls[1][1]) == [1, 2, 3, 4, 5]
 
 
+def test_a_call_gives_the_turn_back_once_the_database_has_answered(tmp_path: Path) -> None:
+    """What is left of a call after answered() (reading its rows) holds no other worker up."""
+    reading = threading.Event()
+    read = threading.Event()
+
+    def run_a(requests: list[int]) -> list[int]:
+        a.answered()
+        reading.set()
+        read.wait(10)  # this worker still reads its rows
+        return requests
+
+    a: Fuser[int, int] = Fuser("pop", run_a, max_calls=1, limit=100,
+                               turn=Turn(tmp_path / "pop.turn", WAIT_S))
+    b: Fuser[int, int] = Fuser("pop", lambda requests: requests, max_calls=1, limit=100,
+                               turn=Turn(tmp_path / "pop.turn", WAIT_S))
+    got: list[int] = []
+    first = threading.Thread(target=lambda: got.append(a.submit(1)))
+    first.start()
+    try:
+        assert reading.wait(10)
+        answers: list[int] = []
+        second = threading.Thread(target=lambda: answers.append(b.submit(2)))
+        second.start()
+        second.join(10)
+        assert answers == [2]
+    finally:
+        read.set()
+        first.join(10)
+    assert got == [1]  # (a turn given back twice would have failed the call)
+    assert a.submit(3) == 3
+
+
 GEVENT_KILL = textwrap.dedent(
     """
     from gevent import monkey
