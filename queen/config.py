@@ -87,7 +87,8 @@ class Settings:
         "QUEEN_FUSED_CALLS",
         FUSED_CALLS,
         "push, pop, ack or lease calls of each kind a worker runs at once; requests arriving"
-        " meanwhile share the next call (0: no fusion)",
+        " meanwhile share the next call (0: no fusion); with 1, a host's workers take turns"
+        " at each kind",
         least=0,
     )
     encryption_key: str = _s(
