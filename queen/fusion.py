@@ -13,8 +13,8 @@ request, in order; a result that is an exception is raised in that request only.
 exception from `run` fails every request of that call, and only those.
 
 A fuser given a turn (queen.server.turns: its host's workers take turns at a kind) takes
-it before it gathers a call's requests and gives it back once the call has run, so that
-the requests of every worker of a host that arrive during one call share the next.
+it before it gathers a call's requests and gives it back once the database has answered,
+so that a worker's requests that arrive during another worker's call share its next one.
 
 Works the same under gevent (monkey-patched threading) and with real threads.
 """

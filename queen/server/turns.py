@@ -5,8 +5,9 @@ requests of that kind queue and share its next call. Two workers each running th
 calls split the requests between them: each call carries half as many, and PostgreSQL
 runs twice the calls, each with its fixed costs (executor start-up, a commit, the
 wake-ups it sends). So a worker takes its host's turn for a kind before it gathers a
-call's requests, and gives it back once the database has answered: while one worker's call runs,
-the other's requests queue, and its next call takes them all, as one worker's would.
+call's requests, and gives it back once the database has answered: while one worker's
+call runs, the other's requests queue, and its next call takes them all, as one worker's
+would.
 
 A turn is an exclusive flock on a file per kind in the directory the workers share with
 their master (QUEEN_CLAIMS_DIR): the kernel gives it back when its holder dies. flock
@@ -183,11 +184,6 @@ class Turn:
         )
         self._stray, self._fd = wait, None  # the wait closes its fd when it ends
         return False
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class Turns:
