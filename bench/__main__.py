@@ -36,7 +36,7 @@ from bench.runner import Case, run_case
 from bench.systems import (
     BENCH_DIR,
     ROOT,
-    QueenServer,
+    QueenHosts,
     drop_database,
     dsn_url,
     fresh_database,
@@ -65,7 +65,7 @@ class Context:
     systems: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     dsns: dict[str, str] = field(default_factory=dict)
-    queen: QueenServer | None = None
+    queen: QueenHosts | None = None
     versions: dict[str, str] = field(default_factory=dict)
     results: list[dict[str, Any]] = field(default_factory=list)
     quota: pgquota.CpuQuota | None = None
@@ -151,6 +151,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="N",
         help=f"Queen's gunicorn workers (default {QUEEN_WORKERS}, one per core): each fuses "
         "only its own requests into database calls",
+    )
+    parser.add_argument(
+        "--queen-hosts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Queen servers (gunicorn masters) on the one database, each with --queen-workers "
+        "workers; client i talks to server i mod N (default 1)",
     )
     parser.add_argument(
         "--queen-pool",
@@ -251,7 +259,7 @@ def setup_databases(ctx: Context) -> None:
 def target(ctx: Context, system: str) -> dict[str, Any]:
     if system in ("queen", "queen3"):
         assert ctx.queen is not None
-        return {"url": ctx.queen.url, "dsn": ctx.dsns["queen"]}
+        return {"url": ctx.queen.url, "urls": ctx.queen.urls, "dsn": ctx.dsns["queen"]}
     if system == "rabbitmq":
         return {"amqp": ctx.amqp}
     if system == "pgboss":
@@ -647,6 +655,7 @@ def conditions(ctx: Context, started: float) -> dict[str, Any]:
         "versions": ctx.versions,
         "skipped": ctx.skipped,
         "queen_workers": int(ctx.queen.env["QUEEN_WORKERS"]) if ctx.queen else None,
+        "queen_hosts": len(ctx.queen.servers) if ctx.queen else None,
         "queen_pool": int(ctx.queen.env["DB_POOL_SIZE"]) if ctx.queen else None,
         "queen_maintenance": bool(ctx.queen and ctx.queen.maintenance),
     }
@@ -657,8 +666,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         print("--rounds must be at least 1", file=sys.stderr)
         return 2
-    if args.queen_workers < 1:
-        print("--queen-workers must be at least 1", file=sys.stderr)
+    if args.queen_workers < 1 or args.queen_hosts < 1:
+        print("--queen-workers and --queen-hosts must be at least 1", file=sys.stderr)
         return 2
     with contextlib.ExitStack() as stack:
         if args.pg_cpus is None:
@@ -731,10 +740,13 @@ def run(
         fanout = [c for c in fanout if any(w in c.label for w in wanted_labels)]
     setup_databases(ctx)
     if "queen" in ctx.systems:
-        pool = args.queen_pool or queen_pool(cases + fanout, args.queen_workers)
-        ctx.queen = QueenServer(
-            ctx.dsns["queen"], workers=args.queen_workers, extra_env={"DB_POOL_SIZE": str(pool)}
-        ).start()
+        pool = args.queen_pool or queen_pool(
+            cases + fanout, args.queen_workers * args.queen_hosts
+        )
+        ctx.queen = QueenHosts.start(
+            ctx.dsns["queen"], args.queen_hosts, args.queen_workers,
+            extra_env={"DB_POOL_SIZE": str(pool)},
+        )
     try:
         total = (
             (len(cases) + len(fanout)) * args.rounds

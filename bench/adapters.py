@@ -36,6 +36,12 @@ class EmptyPop(Exception):
 # --------------------------------------------------------------------------- Queen (HTTP)
 
 
+def host_url(target: dict[str, Any], spec: dict[str, Any]) -> str:
+    """The Queen server a client talks to: of several (--queen-hosts), the one of its index."""
+    urls = target.get("urls") or [target["url"]]
+    return str(urls[int(spec.get("client_index", 0)) % len(urls)])
+
+
 class QueenClient:
     """Queen over HTTP/1.1 keep-alive (bench.http1: a client that costs the machine little).
 
@@ -47,7 +53,7 @@ class QueenClient:
     """
 
     def __init__(self, target: dict[str, Any], spec: dict[str, Any]) -> None:
-        url = urlsplit(target["url"])
+        url = urlsplit(host_url(target, spec))
         self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
         self.conn = http1.Connection(self.host, self.port, timeout=60)
         self.partitions = max(1, int(spec.get("partitions", 1)))

@@ -352,7 +352,7 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
         f"- PostgreSQL {pg.get('server_version')} ({facts.get('postgres_server', '?')}): "
         f"autovacuum {pg.get('autovacuum', '?')}, shared_buffers {pg.get('shared_buffers')}, "
         f"synchronous_commit {pg.get('synchronous_commit')}, fsync {pg.get('fsync')}",
-        f"- Queen: gunicorn, {facts.get('queen_workers') or 2} gevent workers, DB_POOL_SIZE "
+        f"- Queen: {hosts(facts)}gunicorn, {facts.get('queen_workers') or 2} gevent workers, DB_POOL_SIZE "
         f"{facts.get('queen_pool') or 10} per worker, maintenance process "
         f"{'on' if facts.get('queen_maintenance') else 'absent'}; Python {facts.get('python')}",
         f"- versions: {versions}",
@@ -758,3 +758,9 @@ def write(
     raw = out_dir / f"results-{mode}.json"
     raw.write_text(json.dumps({"conditions": facts, "results": results}, indent=1, default=str))
     return [md, raw, *plots(out_dir, mode, median_windows(results))]
+
+
+def hosts(facts: dict[str, Any]) -> str:
+    """"N hosts, each " for a run with several Queen servers (--queen-hosts), else nothing."""
+    n = facts.get("queen_hosts") or 1
+    return f"{n} hosts, each " if n > 1 else ""

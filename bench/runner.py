@@ -219,16 +219,19 @@ def server_counts(target: dict[str, Any]) -> dict[str, Any] | None:
     database calls and the requests they served per kind (fusion); None if unanswered."""
     import urllib.request
 
+    counts: dict[str, Any] = {"statements": 0, "commits": 0, "fusion": {}}
     try:
-        with urllib.request.urlopen(target["url"] + "/metrics", timeout=5) as answer:
-            doc = json.loads(answer.read())
-        return {
-            "statements": doc["database"]["statements"],
-            "commits": doc["database"]["commits"],
-            "fusion": {k: (v["calls"], v["requests"]) for k, v in doc["fusion"].items()},
-        }
+        for url in target.get("urls") or [target["url"]]:  # (every host's, summed)
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as answer:
+                doc = json.loads(answer.read())
+            counts["statements"] += doc["database"]["statements"]
+            counts["commits"] += doc["database"]["commits"]
+            for kind, v in doc["fusion"].items():
+                calls, requests = counts["fusion"].get(kind, (0, 0))
+                counts["fusion"][kind] = (calls + v["calls"], requests + v["requests"])
     except (OSError, ValueError, KeyError):
         return None
+    return counts
 
 
 def server_per_message(

@@ -205,3 +205,43 @@ class QueenServer:
                 proc.kill()
                 proc.wait()
         self.log.close()
+
+
+class QueenHosts:
+    """Several Queen servers (each its own gunicorn master: hosts, as far as fusion and
+    turns go) on one database, the maintenance process beside the first only; a client
+    talks to the host of its index (bench.adapters)."""
+
+    def __init__(self, servers: list[QueenServer]) -> None:
+        self.servers = servers
+        self.url = servers[0].url
+        self.urls = [s.url for s in servers]
+        self.env = servers[0].env
+        self.maintenance = servers[0].maintenance
+
+    @classmethod
+    def start(
+        cls, dsn: str, hosts: int, workers: int, extra_env: dict[str, str] | None = None
+    ) -> QueenHosts:
+        servers: list[QueenServer] = []
+        try:
+            for n in range(hosts):
+                server = QueenServer(dsn, workers, maintenance=n == 0, extra_env=extra_env)
+                servers.append(server)
+                server.start()
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
+        return cls(servers)
+
+    def pids(self) -> list[int]:
+        return [pid for s in self.servers for pid in s.pids()]
+
+    def rss(self) -> dict[str, int]:
+        """Resident memory of the first host's master and workers (see QueenServer.rss)."""
+        return self.servers[0].rss()
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()

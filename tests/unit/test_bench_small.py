@@ -65,6 +65,21 @@ def test_fewer_queen_workers_get_a_larger_pool_each():
     assert bench.main(["--queen-workers", "0"]) == 2
 
 
+def test_several_queen_hosts_share_the_clients_and_say_so_in_the_report():
+    from bench.adapters import host_url
+
+    assert bench.parse_args(["--queen-hosts", "2"]).queen_hosts == 2
+    assert bench.parse_args([]).queen_hosts == 1
+    assert bench.main(["--queen-hosts", "0"]) == 2
+    target = {"url": "http://a", "urls": ["http://a", "http://b"]}
+    assert [host_url(target, {"client_index": i}) for i in range(4)] == [
+        "http://a", "http://b", "http://a", "http://b"]
+    assert host_url({"url": "http://a"}, {"client_index": 3}) == "http://a"
+    text = report.markdown("t", mixed(), {"queen_workers": 1, "queen_hosts": 2})
+    assert "- Queen: 2 hosts, each gunicorn, 1 gevent workers" in text
+    assert "- Queen: gunicorn, 2 gevent workers" in report.markdown("t", mixed(), {})
+
+
 def test_runs_without_many_clients_keep_queens_default_pool():
     ctx = bench.Context(profiles.FULL, "postgresql://unused", "", "t", systems=SYSTEMS)
     assert bench.queen_pool(bench.plan(ctx, {"push", "e2e"})) == bench.QUEEN_DEFAULT_POOL
