@@ -88,8 +88,16 @@ class Settings:
         FUSED_CALLS,
         "push, pop, ack or lease calls of each kind a worker runs at once; requests arriving"
         " meanwhile share the next call (0: no fusion); with 1, a host's workers take turns"
-        " at each kind",
+        " (QUEEN_FUSION_TURNS)",
         least=0,
+    )
+    fusion_turns: str = _s(
+        "QUEEN_FUSION_TURNS",
+        "kind",
+        "how a host's workers take turns at database calls: kind (one call of each kind at a"
+        " time), host (one call at a time: deeper calls, for several hosts on one PostgreSQL"
+        " at small batches), off (each worker alone)",
+        choices=("kind", "host", "off"),
     )
     encryption_key: str = _s(
         "QUEEN_ENCRYPTION_KEY", "", "64 hex chars (AES-256) for encryptionEnabled queues"

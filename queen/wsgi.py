@@ -44,7 +44,7 @@ def get_app() -> Any:
         logs.setup("worker", settings.log_level.upper())
     store = Store.from_settings(settings)
     store.messages.claims = claims.for_this_worker()  # for the master, should we die
-    store.take_turns(turns.for_this_worker())  # fused calls shared with the other workers
+    store.take_turns(turns.for_this_worker(settings.fusion_turns))  # (with other workers)
     store.open()
     events = Events(settings.dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)
     hub = Hub.from_settings(settings, store.dashboard)

@@ -16,8 +16,10 @@ greenlets go on. It waits at most TURN_WAIT_S: a holder that is frozen or stuck 
 costs its host the shared fusion, never its availability. The worker then goes without
 the turn until that wait ends.
 
-A server without the directory (an app built in a test, another WSGI server) takes no
-turns: each worker fuses alone.
+QUEEN_FUSION_TURNS=host makes one turn of them all: one call of any kind at a time on a
+host, for the deepest calls (several hosts on one PostgreSQL, small batches); off, and a
+server without the directory (an app built in a test, another WSGI server), take no turns:
+each worker fuses alone.
 """
 
 from __future__ import annotations
@@ -187,17 +189,23 @@ class Turn:
 
 
 class Turns:
-    """A worker's turns, one per kind of fused call, in its host's shared directory."""
+    """A worker's turns in its host's shared directory: one per kind of fused call, or one
+    for every kind (shared: one call of any kind at a time on the host)."""
 
-    def __init__(self, directory: Path | None, wait_s: float = TURN_WAIT_S) -> None:
+    def __init__(
+        self, directory: Path | None, wait_s: float = TURN_WAIT_S, shared: bool = False
+    ) -> None:
         self.directory = directory
         self.wait_s = wait_s
+        self.shared = shared
         self._turns: dict[str, Turn] = {}
 
     def of(self, kind: str) -> Turn | None:
         """kind's turn; None without a directory (the worker fuses alone)."""
         if self.directory is None:
             return None
+        if self.shared:
+            kind = "call"
         turn = self._turns.get(kind)
         if turn is None:
             turn = self._turns.setdefault(
@@ -209,7 +217,11 @@ class Turns:
 NO_TURNS = Turns(None)
 
 
-def for_this_worker() -> Turns:
-    """The turns of this worker's host: in the directory its master chose, if any."""
+def for_this_worker(mode: str = "kind") -> Turns:
+    """The turns of this worker's host, in the directory its master chose (none without
+    one). mode (QUEEN_FUSION_TURNS): kind, a turn a kind; host, one turn for every kind;
+    off, no turns."""
     directory = os.environ.get(CLAIMS_ENV)
-    return Turns(Path(directory)) if directory else NO_TURNS
+    if not directory or mode == "off":
+        return NO_TURNS
+    return Turns(Path(directory), shared=mode == "host")

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
 import requests
 
 from queen.server.turns import TURN_WAIT_S
@@ -73,11 +74,14 @@ def test_concurrent_pushes_pops_and_acks_fuse_and_each_client_gets_its_own_answe
         srv.stop()
 
 
-def test_a_hosts_workers_take_turns_at_each_kind_of_call(db_dsn, tmp_path):
-    """A push waits while another process holds the host's push turn, and goes without it
-    once it has waited TURN_WAIT_S: a stuck holder costs fusion, not availability."""
-    srv = Server(db_dsn, workers=2, QUEEN_CLAIMS_DIR=str(tmp_path)).start()
-    fd = os.open(tmp_path / "push.turn", os.O_RDWR | os.O_CREAT)
+@pytest.mark.parametrize(("mode", "turn"), [("kind", "push.turn"), ("host", "call.turn")])
+def test_a_hosts_workers_take_turns_at_calls(db_dsn, tmp_path, mode, turn):
+    """A push waits while another process holds the host's turn (the push turn, or with
+    QUEEN_FUSION_TURNS=host the one for every call), and goes without it once it has
+    waited TURN_WAIT_S: a stuck holder costs fusion, not availability."""
+    srv = Server(db_dsn, workers=2, QUEEN_CLAIMS_DIR=str(tmp_path),
+                 QUEEN_FUSION_TURNS=mode).start()
+    fd = os.open(tmp_path / turn, os.O_RDWR | os.O_CREAT)
     try:
         def push(name: str, answers: list[requests.Response]) -> threading.Thread:
             item = {"queue": "turns", "payload": {"n": name}}

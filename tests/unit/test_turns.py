@@ -16,8 +16,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from queen.config import SettingError, Settings
 from queen.fusion import Fuser
-from queen.server.turns import NO_TURNS, Turn, Turns
+from queen.server.claims import CLAIMS_ENV
+from queen.server.turns import NO_TURNS, Turn, Turns, for_this_worker
 from tests.conftest import ROOT
 
 WAIT_S = 30.0  # long enough never to give up on a holder that is not stuck
@@ -103,6 +107,23 @@ def test_no_directory_no_turns(tmp_path: Path) -> None:
     turns = Turns(tmp_path)
     assert turns.of("pop") is turns.of("pop")
     assert turns.of("pop") is not turns.of("ack")
+
+
+def test_the_setting_chooses_a_turn_a_kind_one_for_all_or_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CLAIMS_ENV, str(tmp_path))
+    kinds = for_this_worker("kind")
+    assert kinds.of("pop") is not kinds.of("push")
+    host = for_this_worker("host")
+    assert host.of("pop") is host.of("push") is host.of("ack")
+    assert for_this_worker("off") is NO_TURNS
+    assert Settings.from_env({"QUEEN_FUSION_TURNS": "host"}).fusion_turns == "host"
+    assert Settings.from_env({}).fusion_turns == "kind"
+    with pytest.raises(SettingError):
+        Settings.from_env({"QUEEN_FUSION_TURNS": "always"})
+    monkeypatch.delenv(CLAIMS_ENV)
+    assert for_this_worker("host") is NO_TURNS
 
 
 def test_two_workers_fusers_never_call_at_once_and_requests_wait_for_the_next_call(
