@@ -95,8 +95,8 @@ class Settings:
         "QUEEN_FUSION_TURNS",
         "kind",
         "how a host's workers take turns at database calls: kind (one call of each kind at a"
-        " time), host (one call at a time: deeper calls, for several hosts on one PostgreSQL"
-        " at small batches), off (each worker alone)",
+        " time), host (one call at a time: deeper calls, for several hosts on one"
+        " PostgreSQL), off (each worker alone)",
         choices=("kind", "host", "off"),
     )
     encryption_key: str = _s(

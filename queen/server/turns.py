@@ -17,7 +17,7 @@ costs its host the shared fusion, never its availability. The worker then goes w
 the turn until that wait ends.
 
 QUEEN_FUSION_TURNS=host makes one turn of them all: one call of any kind at a time on a
-host, for the deepest calls (several hosts on one PostgreSQL, small batches); off, and a
+host, for the deepest calls (several hosts on one PostgreSQL); off, and a
 server without the directory (an app built in a test, another WSGI server), take no turns:
 each worker fuses alone.
 """
