@@ -19,7 +19,8 @@ the turn until that wait ends.
 QUEEN_FUSION_TURNS=host makes one turn of them all: one call of any kind at a time on a
 host, for the deepest calls (several hosts on one PostgreSQL); off, and a server without
 the directory (an app built in a test, another WSGI server), take no turns: each worker
-fuses alone. """
+fuses alone.
+"""
 
 from __future__ import annotations
 
