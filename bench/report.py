@@ -352,8 +352,8 @@ def _conditions(facts: dict[str, Any]) -> list[str]:
         f"- PostgreSQL {pg.get('server_version')} ({facts.get('postgres_server', '?')}): "
         f"autovacuum {pg.get('autovacuum', '?')}, shared_buffers {pg.get('shared_buffers')}, "
         f"synchronous_commit {pg.get('synchronous_commit')}, fsync {pg.get('fsync')}",
-        f"- Queen: {hosts(facts)}gunicorn, {facts.get('queen_workers') or 2} gevent workers, DB_POOL_SIZE "
-        f"{facts.get('queen_pool') or 10} per worker, maintenance process "
+        f"- Queen: {hosts(facts)}gunicorn, {facts.get('queen_workers') or 2} gevent workers, "
+        f"DB_POOL_SIZE {facts.get('queen_pool') or 10} per worker, maintenance process "
         f"{'on' if facts.get('queen_maintenance') else 'absent'}; Python {facts.get('python')}",
         f"- versions: {versions}",
     ]
@@ -761,6 +761,7 @@ def write(
 
 
 def hosts(facts: dict[str, Any]) -> str:
-    """"N hosts, each " for a run with several Queen servers (--queen-hosts), else nothing."""
+    """The words before "gunicorn" in a report's conditions: "N hosts, each " for a run with
+    several Queen servers (--queen-hosts), else none."""
     n = facts.get("queen_hosts") or 1
     return f"{n} hosts, each " if n > 1 else ""
