@@ -93,11 +93,12 @@ class Settings:
     )
     fusion_turns: str = _s(
         "QUEEN_FUSION_TURNS",
-        "kind",
+        "auto",
         "how a host's workers take turns at database calls: kind (one call of each kind at a"
         " time), host (one call at a time: deeper calls, for several hosts on one"
-        " PostgreSQL), off (each worker alone)",
-        choices=("kind", "host", "off"),
+        " PostgreSQL), auto (kind while the server is alone on its PostgreSQL, host while"
+        " others share it), off (each worker alone)",
+        choices=("auto", "kind", "host", "off"),
     )
     encryption_key: str = _s(
         "QUEEN_ENCRYPTION_KEY", "", "64 hex chars (AES-256) for encryptionEnabled queues"

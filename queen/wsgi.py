@@ -44,10 +44,11 @@ def get_app() -> Any:
         logs.setup("worker", settings.log_level.upper())
     store = Store.from_settings(settings)
     store.messages.claims = claims.for_this_worker()  # for the master, should we die
-    store.take_turns(turns.for_this_worker(settings.fusion_turns))  # (with other workers)
+    hub = Hub.from_settings(settings, store.dashboard)
+    # (with the host's other workers; auto: as the node notes show the servers)
+    store.take_turns(turns.for_this_worker(settings.fusion_turns, hub.nodes.servers))
     store.open()
     events = Events(settings.dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)
-    hub = Hub.from_settings(settings, store.dashboard)
     hub.start_relay(store.dashboard.notify)  # batches reach every worker through NOTIFY
     events.on_dashboard = hub.receive
     events.start()

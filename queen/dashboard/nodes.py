@@ -1,9 +1,10 @@
 """The workers of the cluster, as each describes itself in a node note.
 
 Every worker sends a node note on the dashboard channel every NOTE_INTERVAL_S (its host,
-pid, memory, pool and dashboard sockets); every worker's listener receives every note,
-so whichever worker answers GET /api/v1/system/nodes knows every live worker of every
-host. A worker silent for NOTE_TTL_S has stopped and is left out.
+pid, server, memory, pool and dashboard sockets); every worker's listener receives every
+note, so whichever worker answers GET /api/v1/system/nodes knows every live worker of
+every host, and how many servers share the database (their turns: queen.server.turns).
+A worker silent for NOTE_TTL_S has stopped and is left out.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import orjson
 
 from queen.dashboard.formats import now_iso
+from queen.server.turns import server_id
 
 NOTE_INTERVAL_S = 5.0  # seconds between node notes of one worker (each costs a NOTIFY)
 NOTE_TTL_S = 3 * NOTE_INTERVAL_S  # a worker not heard from this long is gone
@@ -53,6 +55,7 @@ class Nodes:
         self.clock = clock
         self.host = socket.gethostname()
         self.pid = os.getpid()
+        self.server = server_id()
         self.started_at = now_iso()
         self._seen: dict[str, tuple[float, dict[str, Any]]] = {}
         self._lock = threading.Lock()
@@ -62,6 +65,7 @@ class Nodes:
         info = {
             "host": self.host,
             "pid": self.pid,
+            "server": self.server,
             "startedAt": self.started_at,
             "rssBytes": rss_bytes(),
             **self.describe(),
@@ -85,6 +89,11 @@ class Nodes:
             seen = sorted(self._seen.items())
         found = [{"workerId": worker, **info} for worker, (_, info) in seen]
         return sorted(found, key=lambda w: (str(w.get("host")), w["workerId"]))
+
+    def servers(self) -> int:
+        """Return how many servers the live workers belong to (a worker of a build whose
+        notes name none counts as its host's)."""
+        return len({w.get("server") or w.get("host") for w in self.workers()})
 
     def run(self, send: Callable[[str], None], stopping: threading.Event) -> None:
         """Send a note every NOTE_INTERVAL_S until stopping is set."""

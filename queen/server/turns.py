@@ -16,10 +16,13 @@ greenlets go on. It waits at most TURN_WAIT_S: a holder that is frozen or stuck 
 costs its host the shared fusion, never its availability. The worker then goes without
 the turn until that wait ends.
 
-QUEEN_FUSION_TURNS=host makes one turn of them all: one call of any kind at a time on a
-host, for the deepest calls (several hosts on one PostgreSQL); off, and a server without
-the directory (an app built in a test, another WSGI server), take no turns: each worker
-fuses alone.
+With one turn of them all, one call of any kind at a time on a host, calls are deepest:
+where several hosts share one PostgreSQL, that keeps it busy and moves more, while a host
+alone leaves it short of work. So by default (QUEEN_FUSION_TURNS=auto) a worker takes a
+turn a kind while its server is the only one its node notes show (queen.dashboard.nodes),
+and the one for every kind while others share the database; kind and host choose one way
+for good. off, and a server without the directory (an app built in a test, another WSGI
+server), take no turns: each worker fuses alone.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +41,8 @@ from queen.server.claims import CLAIMS_ENV
 # Seconds a worker waits for its host's turn before it calls without it. A turn is held
 # for one call, and a call ends within its deadline (queen.store.bounds).
 TURN_WAIT_S = 2.0
+# Seconds an auto mode's count of servers holds before it is asked again.
+SERVERS_TTL_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -188,28 +195,102 @@ class Turn:
         return False
 
 
+class _Either:
+    """auto: a kind's own turn while this server is alone on its PostgreSQL, the one for
+    every kind while others share it (chosen at each take); one greenlet of a worker at a
+    time, so that give() gives back the one taken."""
+
+    def __init__(self, own: Turn, shared: Turn, together: Callable[[], bool]) -> None:
+        self.own = own
+        self.shared = shared
+        self.together = together
+        self._mine = threading.Lock()
+        self._taken: Turn | None = None
+
+    def take(self) -> None:
+        self._mine.acquire()
+        try:
+            turn = self.shared if self.together() else self.own
+            turn.take()
+        except BaseException:
+            self._mine.release()
+            raise
+        self._taken = turn
+
+    def give(self) -> None:
+        turn, self._taken = self._taken, None
+        try:
+            if turn is not None:
+                turn.give()
+        finally:
+            self._mine.release()
+
+    def __enter__(self) -> _Either:
+        self.take()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.give()
+
+    @property
+    def held(self) -> bool:
+        return self._taken is not None and self._taken.held
+
+
 class Turns:
     """A worker's turns in its host's shared directory: one per kind of fused call, or one
-    for every kind (shared: one call of any kind at a time on the host)."""
+    for every kind (shared: one call of any kind at a time on the host), or (servers
+    given: auto) the one for every kind while more than one server shares the database."""
 
     def __init__(
-        self, directory: Path | None, wait_s: float = TURN_WAIT_S, shared: bool = False
+        self,
+        directory: Path | None,
+        wait_s: float = TURN_WAIT_S,
+        shared: bool = False,
+        servers: Callable[[], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.directory = directory
         self.wait_s = wait_s
         self.shared = shared
+        self.servers = servers
+        self.clock = clock
         self._turns: dict[str, Turn] = {}
+        self._either: dict[str, _Either] = {}
+        self._together = (float("-inf"), False)  # (asked at, more than one server)
 
-    def of(self, kind: str) -> Turn | None:
+    def of(self, kind: str) -> Turn | _Either | None:
         """kind's turn; None without a directory (the worker fuses alone)."""
         if self.directory is None:
             return None
         if self.shared:
-            kind = "call"
-        turn = self._turns.get(kind)
+            return self._turn("call")
+        if self.servers is None:
+            return self._turn(kind)
+        either = self._either.get(kind)
+        if either is None:
+            either = self._either.setdefault(
+                kind, _Either(self._turn(kind), self._turn("call"), self.together)
+            )
+        return either
+
+    def together(self) -> bool:
+        """Whether other servers share the database (auto: asked every SERVERS_TTL_S)."""
+        if self.servers is None:
+            return self.shared
+        asked, together = self._together
+        now = self.clock()
+        if now - asked >= SERVERS_TTL_S:
+            together = self.servers() > 1
+            self._together = (now, together)
+        return together
+
+    def _turn(self, name: str) -> Turn:
+        assert self.directory is not None
+        turn = self._turns.get(name)
         if turn is None:
             turn = self._turns.setdefault(
-                kind, Turn(self.directory / f"{kind}.turn", self.wait_s)
+                name, Turn(self.directory / f"{name}.turn", self.wait_s)
             )
         return turn
 
@@ -217,11 +298,20 @@ class Turns:
 NO_TURNS = Turns(None)
 
 
-def for_this_worker(mode: str = "kind") -> Turns:
+def server_id() -> str:
+    """This worker's server among those sharing the database, as its node notes name it:
+    the host and its master's pid (the workers of one master share its turns)."""
+    return f"{socket.gethostname()}:{os.getppid()}"
+
+
+def for_this_worker(mode: str = "auto", servers: Callable[[], int] | None = None) -> Turns:
     """The turns of this worker's host, in the directory its master chose (none without
-    one). mode (QUEEN_FUSION_TURNS): kind, a turn a kind; host, one turn for every kind;
-    off, no turns."""
+    one). mode (QUEEN_FUSION_TURNS): auto, a turn a kind while servers() (the servers
+    sharing the database) is 1 and one for every kind while it is more; kind, a turn a
+    kind; host, one turn for every kind; off, no turns."""
     directory = os.environ.get(CLAIMS_ENV)
     if not directory or mode == "off":
         return NO_TURNS
+    if mode == "auto" and servers is not None:
+        return Turns(Path(directory), servers=servers)
     return Turns(Path(directory), shared=mode == "host")

@@ -9,10 +9,13 @@ import time
 from collections import Counter
 from typing import Any
 
+import psycopg
 import pytest
 import requests
 
-from queen.server.turns import TURN_WAIT_S
+from queen.dashboard.nodes import encode
+from queen.server.turns import SERVERS_TTL_S, TURN_WAIT_S
+from queen.store.dashboard import DASHBOARD_CHANNEL
 from tests.conftest import Server
 
 CLIENTS = 24
@@ -74,11 +77,14 @@ def test_concurrent_pushes_pops_and_acks_fuse_and_each_client_gets_its_own_answe
         srv.stop()
 
 
-@pytest.mark.parametrize(("mode", "turn"), [("kind", "push.turn"), ("host", "call.turn")])
+@pytest.mark.parametrize(
+    ("mode", "turn"), [("kind", "push.turn"), ("host", "call.turn"), ("auto", "push.turn")]
+)
 def test_a_hosts_workers_take_turns_at_calls(db_dsn, tmp_path, mode, turn):
     """A push waits while another process holds the host's turn (the push turn, or with
-    QUEEN_FUSION_TURNS=host the one for every call), and goes without it once it has
-    waited TURN_WAIT_S: a stuck holder costs fusion, not availability."""
+    QUEEN_FUSION_TURNS=host the one for every call; auto, alone on its database: the push
+    turn), and goes without it once it has waited TURN_WAIT_S: a stuck holder costs
+    fusion, not availability."""
     srv = Server(db_dsn, workers=2, QUEEN_CLAIMS_DIR=str(tmp_path),
                  QUEEN_FUSION_TURNS=mode).start()
     fd = os.open(tmp_path / turn, os.O_RDWR | os.O_CREAT)
@@ -106,6 +112,58 @@ def test_a_hosts_workers_take_turns_at_calls(db_dsn, tmp_path, mode, turn):
         assert [r.status_code for r in answers] == [201]
         assert time.monotonic() - started >= TURN_WAIT_S * 0.9
     finally:
+        os.close(fd)
+        srv.stop()
+
+
+def test_auto_turns_follow_the_servers_the_node_notes_show(db_dsn, tmp_path):
+    """By default a server alone on its database takes a turn a kind; once another
+    server's node notes arrive, its workers take the one turn for every kind."""
+    srv = Server(db_dsn, workers=2, QUEEN_CLAIMS_DIR=str(tmp_path)).start()
+    fd = os.open(tmp_path / "call.turn", os.O_RDWR | os.O_CREAT)
+    stop = threading.Event()
+    try:
+        def push(name: str) -> requests.Response:
+            item = {"queue": "auto-turns", "payload": {"n": name}}
+            return requests.post(srv.url + "/api/v1/push", json={"items": [item]},
+                                 timeout=TIMEOUT_S)
+
+        assert push("first").status_code == 201
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held for good: alone, no push waits for it
+        started = time.monotonic()
+        assert push("alone").status_code == 201
+        assert time.monotonic() - started < TURN_WAIT_S * 0.9
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+        def another_server() -> None:  # its one worker's note, every second
+            note = encode("elsewhere-1", {"host": "elsewhere", "pid": 1,
+                                          "server": "elsewhere:1"})
+            with psycopg.connect(db_dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    conn.execute("SELECT pg_notify(%s, %s)", (DASHBOARD_CHANNEL, note))
+                    stop.wait(1.0)
+
+        threading.Thread(target=another_server, daemon=True).start()
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:  # both workers heard it (each answers some of these)
+            hosts = [requests.get(srv.url + "/api/v1/system/nodes", timeout=10).json()["hosts"]
+                     for _ in range(8)]
+            if all(any(h["host"] == "elsewhere" for h in seen) for seen in hosts):
+                break
+            assert time.monotonic() < deadline, "the other server's notes never arrived"
+            time.sleep(0.2)
+        time.sleep(SERVERS_TTL_S + 1.0)  # (each worker counts again after SERVERS_TTL_S)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as another worker's call of any kind
+        answers: list[requests.Response] = []
+        thread = threading.Thread(target=lambda: answers.append(push("shared")))
+        thread.start()
+        thread.join(0.5)
+        assert [(r.status_code, r.text) for r in answers] == []  # waiting for the one turn
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        thread.join(TIMEOUT_S)
+        assert [r.status_code for r in answers] == [201]
+    finally:
+        stop.set()
         os.close(fd)
         srv.stop()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import orjson
 
 from queen.dashboard.hub import Hub
@@ -21,6 +23,7 @@ def test_a_note_names_host_pid_memory_and_what_the_worker_adds():
     assert doc["type"] == "node" and doc["worker"] == "w1"
     info = doc["info"]
     assert info["pid"] > 0 and info["host"] and info["rssBytes"] > 0
+    assert info["server"] == f"{info['host']}:{os.getppid()}"  # (its master's)
     assert info["dashboardSockets"] == 2
 
 
@@ -36,6 +39,21 @@ def test_workers_not_heard_from_within_the_ttl_are_left_out():
     assert [w["workerId"] for w in nodes.workers()] == ["b"]
     nodes.receive({"type": "node", "worker": "c", "info": "not a dict"})
     assert [w["workerId"] for w in nodes.workers()] == ["b"]
+
+
+def test_servers_count_the_live_workers_masters():
+    clock = Clock()
+    nodes = Nodes("w1", dict, clock)
+    assert nodes.servers() == 0  # (no note heard yet: none)
+    for worker, server in [("a", "h1:10"), ("b", "h1:10"), ("c", "h1:20")]:
+        nodes.receive({"type": "node", "worker": worker, "info": {"host": "h1", "server": server}})
+    assert nodes.servers() == 2  # two masters on one host: two servers
+    nodes.receive({"type": "node", "worker": "d", "info": {"host": "h2"}})  # (names none)
+    assert nodes.servers() == 3
+    clock.now += NOTE_TTL_S / 2
+    nodes.receive({"type": "node", "worker": "a", "info": {"host": "h1", "server": "h1:10"}})
+    clock.now += NOTE_TTL_S / 2 + 0.1
+    assert nodes.servers() == 1  # the others went silent
 
 
 def test_the_hub_keeps_node_notes_apart_from_events_and_ignores_broken_ones():

@@ -21,7 +21,7 @@ import pytest
 from queen.config import SettingError, Settings
 from queen.fusion import Fuser
 from queen.server.claims import CLAIMS_ENV
-from queen.server.turns import NO_TURNS, Turn, Turns, for_this_worker
+from queen.server.turns import NO_TURNS, SERVERS_TTL_S, Turn, Turns, for_this_worker
 from tests.conftest import ROOT
 
 WAIT_S = 30.0  # long enough never to give up on a holder that is not stuck
@@ -118,12 +118,45 @@ def test_the_setting_chooses_a_turn_a_kind_one_for_all_or_none(
     host = for_this_worker("host")
     assert host.of("pop") is host.of("push") is host.of("ack")
     assert for_this_worker("off") is NO_TURNS
+    auto = for_this_worker("auto", lambda: 2)
+    assert auto.servers is not None and auto.together()
+    assert for_this_worker("auto").servers is None  # (none to count: a turn a kind)
     assert Settings.from_env({"QUEEN_FUSION_TURNS": "host"}).fusion_turns == "host"
-    assert Settings.from_env({}).fusion_turns == "kind"
+    assert Settings.from_env({}).fusion_turns == "auto"
     with pytest.raises(SettingError):
         Settings.from_env({"QUEEN_FUSION_TURNS": "always"})
     monkeypatch.delenv(CLAIMS_ENV)
     assert for_this_worker("host") is NO_TURNS
+
+
+def test_auto_takes_a_turn_a_kind_alone_and_one_for_all_while_servers_share_the_database(
+    tmp_path: Path,
+) -> None:
+    servers = [1]
+    clock = [100.0]
+    mine = Turns(tmp_path, servers=lambda: servers[0], clock=lambda: clock[0])
+    other = Turns(tmp_path, wait_s=0.2)  # another worker of this host, a turn a kind
+    pop = mine.of("pop")
+    assert pop is not None and pop is mine.of("pop") and pop is not mine.of("push")
+    with other.of("push"):
+        with pop:  # alone: the pop's own turn, free
+            assert pop.held and pop.own.held
+        servers[0] = 2  # a second server's notes arrived
+        with pop:  # counted at most every SERVERS_TTL_S: still the pop's own
+            assert pop.own.held
+        clock[0] += SERVERS_TTL_S
+        shared = Turns(tmp_path, shared=True)
+        with shared.of("ack"):  # another worker's call
+            started = time.monotonic()
+            with Turns(tmp_path, servers=lambda: 2, wait_s=0.2).of("pop") as waited:
+                assert not waited.held  # the one for every kind: taken, so it waited
+            assert time.monotonic() - started >= 0.2
+        with pop:  # the one for every kind, free now
+            assert pop.held and pop.shared.held and not pop.own.held
+    servers[0] = 1
+    clock[0] += SERVERS_TTL_S
+    with pop:
+        assert pop.own.held  # alone again
 
 
 def test_two_workers_fusers_never_call_at_once_and_requests_wait_for_the_next_call(
