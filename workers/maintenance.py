@@ -65,6 +65,11 @@ COUNT_PARTITIONS = 200  # partitions whose count rows one counts step refreshes
 # in ids is walked whole, without a walk to find where the step ends (under a steady load,
 # a partition's window between two refreshes, its ids shared with the others).
 COUNT_STEP = 20_000
+# A partition refreshed less than COUNT_SETTLE_S ago waits for a later step unless more
+# than COUNT_LAG messages arrived or were passed since: a refresh costs about as much for
+# one message as for dozens, and reads count what lies past the watermarks themselves.
+COUNT_SETTLE_S = 5.0
+COUNT_LAG = 1000
 MORE_DELAY = 0.02  # seconds before the next batch of a task that filled its batch
 MIN_DELAY = 0.05  # seconds: the soonest the lease task looks again at a lease it skipped
 DUE_MARGIN = 0.002  # seconds past a due time before the scan that wakes it
@@ -319,7 +324,9 @@ class Maintenance:
         return self._batch(lambda: self.session.expire_ttl(limit), "ttl expired", limit)
 
     def _counts(self) -> float | None:
-        behind = self.session.refresh_counts(COUNT_PARTITIONS, COUNT_STEP)
+        behind = self.session.refresh_counts(
+            COUNT_PARTITIONS, COUNT_STEP, COUNT_SETTLE_S, COUNT_LAG
+        )
         self._count("partitions behind in counts", behind)
         return MORE_DELAY if behind else None
 

@@ -463,8 +463,8 @@ SELECT queen.retention(%(limit)s)
 -- maintenance_analyze: ANALYZE the message tables that changed by a tenth --
 SELECT queen.analyze_tables(%(min_changes)s)
 
--- maintenance_refresh_counts: bring the count rows of some partitions up to date, a bounded step each; how many are behind --
-SELECT queen.count_refresh(%(partitions)s, %(step)s)
+-- maintenance_refresh_counts: bring the count rows of some partitions up to date, a bounded step each, those that moved little since a refresh settle seconds ago left for later; how many are behind --
+SELECT queen.count_refresh(%(partitions)s, %(step)s, %(settle)s, %(lag)s)
 
 -- maintenance_vacuum_candidates: Queen's tables holding many dead row versions that no vacuum has cleaned for a while, and the few-row tables of names with rows added since their last vacuum; smallest first, and whether autovacuum runs at all --
 -- (A pop reads a queue's partitions by an index alone, and a page of new rows is read

@@ -297,6 +297,18 @@ $$;
 -- walk itself.
 CREATE OR REPLACE FUNCTION queen.count_refresh(p_partitions integer, p_step integer)
 RETURNS integer
+LANGUAGE sql AS $$
+    SELECT queen.count_refresh(p_partitions, p_step, 0, 0)
+$$;
+
+-- As above, but a partition refreshed less than p_settle seconds ago waits for its next
+-- turn unless more than p_lag messages arrived or were passed since: a refresh costs a
+-- partition about as much for one new message as for dozens, so a partition that moves
+-- slowly is refreshed every p_settle seconds, and one that moves fast as often as before
+-- (the reads count what lies past the watermarks themselves, exact either way).
+CREATE OR REPLACE FUNCTION queen.count_refresh(p_partitions integer, p_step integer,
+                                               p_settle double precision, p_lag integer)
+RETURNS integer
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     picked uuid;
@@ -305,12 +317,24 @@ BEGIN
     FOR picked IN
         SELECT p.id FROM queen.partitions p
         LEFT JOIN queen.partition_counts k ON k.partition_id = p.id
+        CROSS JOIN LATERAL (
+            SELECT coalesce((SELECT c.cursor_id FROM queen.consumers c
+                             WHERE c.partition_id = p.id
+                               AND c.consumer_group = '__queue__'), 0) AS cursor) c
         WHERE k.partition_id IS NULL
-           OR coalesce((SELECT c.cursor_id FROM queen.consumers c
-                        WHERE c.partition_id = p.id AND c.consumer_group = '__queue__'), 0)
-              <> k.cursor_counted
-           OR coalesce((SELECT m.id FROM queen.messages m WHERE m.partition_id = p.id
-                        ORDER BY m.id DESC LIMIT 1), 0) > k.counted_id
+           OR ((c.cursor <> k.cursor_counted
+                OR coalesce((SELECT m.id FROM queen.messages m WHERE m.partition_id = p.id
+                             ORDER BY m.id DESC LIMIT 1), 0) > k.counted_id)
+               AND (k.refreshed_at <= now() - make_interval(secs => p_settle)
+                    -- (probes of the key, in order, of at most p_lag + 1 entries)
+                    OR (SELECT m.id FROM queen.messages m
+                        WHERE m.partition_id = p.id AND m.id > k.counted_id
+                        ORDER BY m.id OFFSET p_lag LIMIT 1) IS NOT NULL
+                    OR (SELECT m.id FROM queen.messages m
+                        WHERE m.partition_id = p.id
+                          AND m.id > least(k.cursor_counted, c.cursor)
+                          AND m.id <= greatest(k.cursor_counted, c.cursor)
+                        ORDER BY m.id OFFSET p_lag LIMIT 1) IS NOT NULL))
         ORDER BY k.refreshed_at NULLS FIRST, p.id
         LIMIT p_partitions
     LOOP

@@ -69,7 +69,8 @@ def round_of_calls(conn: psycopg.Connection[Any]) -> None:
                 for t in txids]
         conn.execute(QUERIES["ack"], ack_columns(acks)).fetchall()
     # The maintenance that runs per message: counts, expired leases, due wake-ups.
-    conn.execute(QUERIES["maintenance_refresh_counts"], {"partitions": 64, "step": 1000})
+    conn.execute(QUERIES["maintenance_refresh_counts"],
+                 {"partitions": 64, "step": 1000, "settle": 0, "lag": 0})
     conn.execute(QUERIES["maintenance_expire_leases"], {"limit": 100})
     conn.execute(QUERIES["maintenance_wake_due"], {"since": None})
 

@@ -26,6 +26,7 @@ import pytest
 from queen.store import lifecycle
 from queen.store.db import QUERIES
 from queen.store.messages import ack_columns, ack_lease_params, push_new_params
+from workers.maintenance import COUNT_LAG, COUNT_SETTLE_S
 
 PARTITIONS = 8
 CONSUMED = 20_000  # per partition, queue mode's cursor past them
@@ -423,7 +424,9 @@ def test_the_count_rollup_plans_its_walk_once_per_session(seeded: str) -> None:
         explained.conn.execute("SET auto_explain.log_verbose = on")
         for _ in range(2):  # a step into the history, then one more
             behind, plans = explained.run(
-                "maintenance_refresh_counts", {"partitions": PARTITIONS, "step": 100}
+                "maintenance_refresh_counts",
+                {"partitions": PARTITIONS, "step": 100, "settle": COUNT_SETTLE_S,
+                 "lag": COUNT_LAG},
             )
             assert behind == [(PARTITIONS,)]  # 100 of 20,000 a step: every partition behind
             walks = [p for p in plans if "activity_walk" in p.query]

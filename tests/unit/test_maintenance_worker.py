@@ -92,7 +92,7 @@ class FakeSession:
     def cleanup_partitions(self, idle_s: int, limit: int) -> int:
         return self._answer("cleanup_partitions", 0)
 
-    def refresh_counts(self, partitions: int, step: int) -> int:
+    def refresh_counts(self, partitions: int, step: int, settle_s: float, lag: int) -> int:
         return self._answer("refresh_counts", 0)
 
     def prune_metrics(self, days: int, limit: int) -> int:
