@@ -91,9 +91,10 @@ class Nodes:
         return sorted(found, key=lambda w: (str(w.get("host")), w["workerId"]))
 
     def servers(self) -> int:
-        """Return how many servers the live workers belong to (a worker of a build whose
-        notes name none counts as its host's)."""
-        return len({w.get("server") or w.get("host") for w in self.workers()})
+        """Return how many servers the live workers belong to, this worker's own always
+        among them (its own notes may not have come back yet); a worker of a build whose
+        notes name none counts as its host's."""
+        return len({self.server} | {w.get("server") or w.get("host") for w in self.workers()})
 
     def run(self, send: Callable[[str], None], stopping: threading.Event) -> None:
         """Send a note every NOTE_INTERVAL_S until stopping is set."""

@@ -44,14 +44,17 @@ def test_workers_not_heard_from_within_the_ttl_are_left_out():
 def test_servers_count_the_live_workers_masters():
     clock = Clock()
     nodes = Nodes("w1", dict, clock)
-    assert nodes.servers() == 0  # (no note heard yet: none)
-    for worker, server in [("a", "h1:10"), ("b", "h1:10"), ("c", "h1:20")]:
-        nodes.receive({"type": "node", "worker": worker, "info": {"host": "h1", "server": server}})
-    assert nodes.servers() == 2  # two masters on one host: two servers
+    nodes.server = "h1:10"
+    assert nodes.servers() == 1  # its own, before any note came back
+    nodes.receive({"type": "node", "worker": "c", "info": {"host": "h1", "server": "h1:20"}})
+    assert nodes.servers() == 2  # another master on this host: another server
+    for worker in ("w1", "b"):
+        nodes.receive({"type": "node", "worker": worker, "info": {"host": "h1", "server": "h1:10"}})
+    assert nodes.servers() == 2
     nodes.receive({"type": "node", "worker": "d", "info": {"host": "h2"}})  # (names none)
     assert nodes.servers() == 3
     clock.now += NOTE_TTL_S / 2
-    nodes.receive({"type": "node", "worker": "a", "info": {"host": "h1", "server": "h1:10"}})
+    nodes.receive({"type": "node", "worker": "b", "info": {"host": "h1", "server": "h1:10"}})
     clock.now += NOTE_TTL_S / 2 + 0.1
     assert nodes.servers() == 1  # the others went silent
 
