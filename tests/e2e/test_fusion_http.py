@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import threading
 import time
 from collections import Counter
@@ -114,6 +115,29 @@ def test_a_hosts_workers_take_turns_at_calls(db_dsn, tmp_path, mode, turn):
     finally:
         os.close(fd)
         srv.stop()
+
+
+def test_node_notes_name_each_workers_server(db_dsn):
+    """Two servers on one database: each worker's note names its server, the host and its
+    gunicorn master, which its workers share (and with it their turns)."""
+    first = Server(db_dsn, workers=2).start()
+    second = Server(db_dsn, workers=1)
+    try:
+        second.start()
+        assert first.proc is not None and second.proc is not None
+        host = socket.gethostname()
+        wanted = Counter({f"{host}:{first.proc.pid}": 2, f"{host}:{second.proc.pid}": 1})
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:  # (a worker's first note may go out before any worker listens)
+            doc = requests.get(second.url + "/api/v1/system/nodes", timeout=10).json()
+            servers = Counter(w["server"] for h in doc["hosts"] for w in h["workers"])
+            if servers == wanted:
+                break
+            assert time.monotonic() < deadline, servers
+            time.sleep(0.5)
+    finally:
+        second.stop()
+        first.stop()
 
 
 def test_auto_turns_follow_the_servers_the_node_notes_show(db_dsn, tmp_path):
