@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 from queen.server.claims import CLAIMS_ENV
 
@@ -124,7 +125,24 @@ class _Wait:
         return self.held
 
 
-class Turn:
+class _Taken:
+    """take() on entering, give() on leaving: `with turn:`."""
+
+    def take(self) -> None:
+        raise NotImplementedError
+
+    def give(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.take()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.give()
+
+
+class Turn(_Taken):
     """One kind's turn among a host's workers (a file); one greenlet of a worker at a time."""
 
     def __init__(self, path: Path, wait_s: float = TURN_WAIT_S) -> None:
@@ -151,13 +169,6 @@ class Turn:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
             self._mine.release()
-
-    def __enter__(self) -> Turn:
-        self.take()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.give()
 
     @property
     def held(self) -> bool:
@@ -195,7 +206,7 @@ class Turn:
         return False
 
 
-class _Either:
+class _Either(_Taken):
     """auto: a kind's own turn while this server is alone on its PostgreSQL, the one for
     every kind while others share it (chosen at each take); one greenlet of a worker at a
     time, so that give() gives back the one taken."""
@@ -224,13 +235,6 @@ class _Either:
                 turn.give()
         finally:
             self._mine.release()
-
-    def __enter__(self) -> _Either:
-        self.take()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.give()
 
     @property
     def held(self) -> bool:
