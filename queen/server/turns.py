@@ -280,8 +280,7 @@ class Turns:
 
     def together(self) -> bool:
         """Whether other servers share the database (auto: asked every SERVERS_TTL_S)."""
-        if self.servers is None:
-            return self.shared
+        assert self.servers is not None  # (only auto's turns ask)
         asked, together = self._together
         now = self.clock()
         if now - asked >= SERVERS_TTL_S:

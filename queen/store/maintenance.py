@@ -278,9 +278,7 @@ class MaintenanceSession:
         """Delete up to limit rows of per-minute activity older than days."""
         return int(self._value("maintenance_prune_metrics", {"days": days, "limit": limit}))
 
-    def refresh_counts(
-        self, partitions: int, step: int, settle_s: float = 0.0, lag: int = 0
-    ) -> int:
+    def refresh_counts(self, partitions: int, step: int, settle_s: float, lag: int) -> int:
         """Bring the count rollup up to date by a bounded step; return how many
         partitions are still behind. A partition refreshed less than settle_s ago waits
         unless more than lag messages arrived or were passed since."""
