@@ -94,11 +94,17 @@ class Settings:
     fusion_turns: str = _s(
         "QUEEN_FUSION_TURNS",
         "auto",
-        "how a host's workers take turns at database calls: kind (one call of each kind at a"
-        " time), host (one call at a time: deeper calls, for several hosts on one"
-        " PostgreSQL), auto (kind while the server is alone on its PostgreSQL, host while"
-        " others share it), off (each worker alone)",
+        "how a host's workers take turns at database calls: auto (calls of any kind, the"
+        " host's share of QUEEN_DB_CALLS at once), kind (one call of each kind at a time),"
+        " host (one call at a time), off (each worker alone)",
         choices=("auto", "kind", "host", "off"),
+    )
+    db_calls: int = _s(
+        "QUEEN_DB_CALLS",
+        2,
+        "fused calls of any kind the database is given at once (QUEEN_FUSION_TURNS=auto),"
+        " split among the servers sharing it, at least one each",
+        least=1,
     )
     encryption_key: str = _s(
         "QUEEN_ENCRYPTION_KEY", "", "64 hex chars (AES-256) for encryptionEnabled queues"

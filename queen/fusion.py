@@ -12,7 +12,7 @@ The call itself (`run`) gets the requests in arrival order and answers one resul
 request, in order; a result that is an exception is raised in that request only. An
 exception from `run` fails every request of that call, and only those.
 
-A fuser given a turn (queen.server.turns: its host's workers take turns at a kind) takes
+A fuser given a turn (queen.server.turns: its host's workers share slots for calls) takes
 it before it gathers a call's requests and gives it back once the database has answered,
 so that a worker's requests that arrive during another worker's call share its next one.
 

@@ -46,7 +46,9 @@ def get_app() -> Any:
     store.messages.claims = claims.for_this_worker()  # for the master, should we die
     hub = Hub.from_settings(settings, store.dashboard)
     # (with the host's other workers; auto: as the node notes show the servers)
-    store.take_turns(turns.for_this_worker(settings.fusion_turns, hub.nodes.servers))
+    store.take_turns(
+        turns.for_this_worker(settings.fusion_turns, settings.db_calls, hub.nodes.servers)
+    )
     store.open()
     events = Events(settings.dsn, settings.poll_fallback_s, ready=store.polling.ready_partitions)
     hub.start_relay(store.dashboard.notify)  # batches reach every worker through NOTIFY

@@ -1,27 +1,27 @@
-"""Turns: the workers of one host take turns at each kind of fused call.
+"""Turns: the workers of one host take turns at fused calls.
 
 Each worker fuses its own requests (queen.fusion): while its call of a kind runs, the
 requests of that kind queue and share its next call. Two workers each running their own
 calls split the requests between them: each call carries half as many, and PostgreSQL
 runs twice the calls, each with its fixed costs (executor start-up, a commit, the
-wake-ups it sends). So a worker takes its host's turn for a kind before it gathers a
-call's requests, and gives it back once the database has answered: while one worker's
-call runs, the other's requests queue, and its next call takes them all, as one worker's
-would.
+wake-ups it sends). So a worker takes a turn of its host before it gathers a call's
+requests, and gives it back once the database has answered: while one worker's call
+runs, the other's requests queue, and its next call takes them all, as one worker's would.
 
-A turn is an exclusive flock on a file per kind in the directory the workers share with
-their master (QUEEN_CLAIMS_DIR): the kernel gives it back when its holder dies. flock
-blocks, so a worker waits for it in a real thread (gevent's pool under gevent) while its
-greenlets go on. It waits at most TURN_WAIT_S: a holder that is frozen or stuck in a call
-costs its host the shared fusion, never its availability. The worker then goes without
-the turn until that wait ends.
+A turn is an exclusive flock on a file (one a kind, or one a slot) in the directory the
+workers share with their master (QUEEN_CLAIMS_DIR): the kernel gives it back when its
+holder dies. flock blocks, so a worker waits for it in a real thread (gevent's pool under
+gevent) while its greenlets go on. It waits at most TURN_WAIT_S: a holder that is frozen
+or stuck in a call costs its host the shared fusion, never its availability. The worker
+then goes without the turn until that wait ends.
 
-With one turn of them all, one call of any kind at a time on a host, calls are deepest:
-where several hosts share one PostgreSQL, that keeps it busy and moves more, while a host
-alone leaves it short of work. So by default (QUEEN_FUSION_TURNS=auto) a worker takes a
-turn a kind while its server is the only one its node notes show (queen.dashboard.nodes),
-and the one for every kind while others share the database; kind and host choose one way
-for good. off, and a server without the directory (an app built in a test, another WSGI
+What counts most is how many calls are in flight against the database: too few leave it
+short of work, too many make each shallower, and PostgreSQL pays each one's fixed costs.
+So by default (QUEEN_FUSION_TURNS=auto) a host's workers share slots for calls of any
+kind, a file each: the database is given QUEEN_DB_CALLS calls at once, split among the
+servers its node notes show (queen.dashboard.nodes), at least one a server. kind (a turn
+a kind: as many calls at once as kinds) and host (one call at a time) choose one way for
+good. off, and a server without the directory (an app built in a test, another WSGI
 server), take no turns: each worker fuses alone.
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -42,7 +43,7 @@ from queen.server.claims import CLAIMS_ENV
 # Seconds a worker waits for its host's turn before it calls without it. A turn is held
 # for one call, and a call ends within its deadline (queen.store.bounds).
 TURN_WAIT_S = 2.0
-# Seconds an auto mode's count of servers holds before it is asked again.
+# Seconds auto's count of the servers sharing the database holds before it is asked again.
 SERVERS_TTL_S = 1.0
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,25 @@ class Turn(_Taken):
     def held(self) -> bool:
         return self._held
 
-    def _take(self) -> bool:
+    @property
+    def here(self) -> bool:
+        """Whether a greenlet of this worker has it or waits for it."""
+        return self._mine.locked()
+
+    def try_take(self) -> bool:
+        """Take the host's turn if it is free now, without waiting; then call give()."""
+        if not self._mine.acquire(blocking=False):
+            return False
+        try:
+            self._held = self._take(wait=False)
+        except BaseException:
+            self._mine.release()
+            raise
+        if not self._held:
+            self._mine.release()
+        return self._held
+
+    def _take(self, wait: bool = True) -> bool:
         if self._stray is not None:
             if not self._stray.ended:
                 return False  # still waiting out a stuck holder: go without
@@ -185,16 +204,17 @@ class Turn(_Taken):
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            pass
-        wait = _Wait(self._fd)
+            if not wait:
+                return False
+        waiting = _Wait(self._fd)
         try:
-            if wait.until(self.wait_s):
+            if waiting.until(self.wait_s):
                 return True
         except BaseException:  # killed while waiting
-            if wait.held:
+            if waiting.held:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             else:
-                self._stray, self._fd = wait, None
+                self._stray, self._fd = waiting, None
             raise
         log.warning(
             "no %s turn after %.1f s (another worker is stuck in a call or frozen): "
@@ -202,27 +222,32 @@ class Turn(_Taken):
             self.path.stem,
             self.wait_s,
         )
-        self._stray, self._fd = wait, None  # the wait closes its fd when it ends
+        self._stray, self._fd = waiting, None  # the wait closes its fd when it ends
         return False
 
 
-class _Either(_Taken):
-    """auto: a kind's own turn while this server is alone on its PostgreSQL, the one for
-    every kind while others share it (chosen at each take); one greenlet of a worker at a
-    time, so that give() gives back the one taken."""
+class Calls(_Taken):
+    """A slot among a host's first count() for calls of any kind (a Turn each, a file per
+    slot): at most that many calls at once on the host. A free slot is taken at once;
+    when none is, a random one of them is waited for. One greenlet of a worker at a time
+    (one kind's fuser), so that give() gives back the slot taken."""
 
-    def __init__(self, own: Turn, shared: Turn, together: Callable[[], bool]) -> None:
-        self.own = own
-        self.shared = shared
-        self.together = together
+    def __init__(self, slot: Callable[[int], Turn], count: Callable[[], int]) -> None:
+        self.slot = slot
+        self.count = count
         self._mine = threading.Lock()
         self._taken: Turn | None = None
 
     def take(self) -> None:
         self._mine.acquire()
         try:
-            turn = self.shared if self.together() else self.own
-            turn.take()
+            count = self.count()
+            start = random.randrange(count)
+            order = [self.slot((start + i) % count) for i in range(count)]
+            turn = next((t for t in order if t.try_take()), None)
+            if turn is None:  # (one this worker's other kinds hold is waited for last)
+                turn = next((t for t in order if not t.here), order[0])
+                turn.take()
         except BaseException:
             self._mine.release()
             raise
@@ -243,50 +268,55 @@ class _Either(_Taken):
 
 class Turns:
     """A worker's turns in its host's shared directory: one per kind of fused call, or one
-    for every kind (shared: one call of any kind at a time on the host), or (servers
-    given: auto) the one for every kind while more than one server shares the database."""
+    for every kind (shared: one call of any kind at a time on the host), or (calls given:
+    auto) slots for calls of any kind, the host's share of the calls the database is
+    given at once (calls, split among the servers() sharing it; at least one)."""
 
     def __init__(
         self,
         directory: Path | None,
         wait_s: float = TURN_WAIT_S,
         shared: bool = False,
-        servers: Callable[[], int] | None = None,
+        calls: int = 0,
+        servers: Callable[[], int] = lambda: 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.directory = directory
         self.wait_s = wait_s
         self.shared = shared
+        self.calls = calls
         self.servers = servers
         self.clock = clock
         self._turns: dict[str, Turn] = {}
-        self._either: dict[str, _Either] = {}
-        self._together = (float("-inf"), False)  # (asked at, more than one server)
+        self._calls: dict[str, Calls] = {}
+        self._share = (float("-inf"), 1)  # (asked at, this host's calls at once)
 
-    def of(self, kind: str) -> Turn | _Either | None:
+    def of(self, kind: str) -> Turn | Calls | None:
         """kind's turn; None without a directory (the worker fuses alone)."""
         if self.directory is None:
             return None
         if self.shared:
             return self._turn("call")
-        if self.servers is None:
+        if not self.calls:
             return self._turn(kind)
-        either = self._either.get(kind)
-        if either is None:
-            either = self._either.setdefault(
-                kind, _Either(self._turn(kind), self._turn("call"), self.together)
-            )
-        return either
+        calls = self._calls.get(kind)
+        if calls is None:
+            calls = self._calls.setdefault(kind, Calls(self.slot, self.share))
+        return calls
 
-    def together(self) -> bool:
-        """Whether other servers share the database (auto: asked every SERVERS_TTL_S)."""
-        assert self.servers is not None  # (only auto's turns ask)
-        asked, together = self._together
+    def share(self) -> int:
+        """This host's calls at once: its share of calls among the servers sharing the
+        database (counted every SERVERS_TTL_S), at least one."""
+        asked, share = self._share
         now = self.clock()
         if now - asked >= SERVERS_TTL_S:
-            together = self.servers() > 1
-            self._together = (now, together)
-        return together
+            share = max(1, self.calls // max(1, self.servers()))
+            self._share = (now, share)
+        return share
+
+    def slot(self, index: int) -> Turn:
+        """The host's slot index for calls of any kind (the first is the shared turn)."""
+        return self._turn("call" if index == 0 else f"call.{index}")
 
     def _turn(self, name: str) -> Turn:
         assert self.directory is not None
@@ -307,14 +337,16 @@ def server_id() -> str:
     return f"{socket.gethostname()}:{os.getppid()}"
 
 
-def for_this_worker(mode: str = "auto", servers: Callable[[], int] | None = None) -> Turns:
+def for_this_worker(
+    mode: str = "auto", calls: int = 2, servers: Callable[[], int] = lambda: 1
+) -> Turns:
     """The turns of this worker's host, in the directory its master chose (none without
-    one). mode (QUEEN_FUSION_TURNS): auto, a turn a kind while servers() (the servers
-    sharing the database) is 1 and one for every kind while it is more; kind, a turn a
+    one). mode (QUEEN_FUSION_TURNS): auto, slots for calls of any kind, the host's share
+    of calls (QUEEN_DB_CALLS) among the servers() sharing the database; kind, a turn a
     kind; host, one turn for every kind; off, no turns."""
     directory = os.environ.get(CLAIMS_ENV)
     if not directory or mode == "off":
         return NO_TURNS
-    if mode == "auto" and servers is not None:
-        return Turns(Path(directory), servers=servers)
+    if mode == "auto":
+        return Turns(Path(directory), calls=max(1, calls), servers=servers)
     return Turns(Path(directory), shared=mode == "host")

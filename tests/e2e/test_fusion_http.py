@@ -79,16 +79,17 @@ def test_concurrent_pushes_pops_and_acks_fuse_and_each_client_gets_its_own_answe
 
 
 @pytest.mark.parametrize(
-    ("mode", "turn"), [("kind", "push.turn"), ("host", "call.turn"), ("auto", "push.turn")]
+    ("mode", "turns"),
+    [("kind", ["push.turn"]), ("host", ["call.turn"]), ("auto", ["call.turn", "call.1.turn"])],
 )
-def test_a_hosts_workers_take_turns_at_calls(db_dsn, tmp_path, mode, turn):
-    """A push waits while another process holds the host's turn (the push turn, or with
-    QUEEN_FUSION_TURNS=host the one for every call; auto, alone on its database: the push
-    turn), and goes without it once it has waited TURN_WAIT_S: a stuck holder costs
-    fusion, not availability."""
+def test_a_hosts_workers_take_turns_at_calls(db_dsn, tmp_path, mode, turns):
+    """A push waits while other processes hold the host's turns (the push turn; with
+    QUEEN_FUSION_TURNS=host the one for every call; auto, alone on its database: both of
+    its two slots for calls of any kind), and goes without once it has waited
+    TURN_WAIT_S: a stuck holder costs fusion, not availability."""
     srv = Server(db_dsn, workers=2, QUEEN_CLAIMS_DIR=str(tmp_path),
                  QUEEN_FUSION_TURNS=mode).start()
-    fd = os.open(tmp_path / turn, os.O_RDWR | os.O_CREAT)
+    fds = [os.open(tmp_path / turn, os.O_RDWR | os.O_CREAT) for turn in turns]
     try:
         def push(name: str, answers: list[requests.Response]) -> threading.Thread:
             item = {"queue": "turns", "payload": {"n": name}}
@@ -97,23 +98,27 @@ def test_a_hosts_workers_take_turns_at_calls(db_dsn, tmp_path, mode, turn):
             thread.start()
             return thread
 
-        fcntl.flock(fd, fcntl.LOCK_EX)  # as a worker in the middle of its push call
+        for fd in fds:  # as workers in the middle of their calls
+            fcntl.flock(fd, fcntl.LOCK_EX)
         answers: list[requests.Response] = []
         thread = push("waits", answers)
         thread.join(0.5)
-        assert answers == []  # waiting for the turn
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        assert answers == []  # waiting for a turn
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_UN)
         thread.join(TIMEOUT_S)
         assert [r.status_code for r in answers] == [201]
 
-        fcntl.flock(fd, fcntl.LOCK_EX)  # now as a worker that never gives it back
+        for fd in fds:  # now as workers that never give them back
+            fcntl.flock(fd, fcntl.LOCK_EX)
         started = time.monotonic()
         answers = []
         push("goes without", answers).join(TIMEOUT_S)
         assert [r.status_code for r in answers] == [201]
         assert time.monotonic() - started >= TURN_WAIT_S * 0.9
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
         srv.stop()
 
 
@@ -141,8 +146,9 @@ def test_node_notes_name_each_workers_server(db_dsn):
 
 
 def test_auto_turns_follow_the_servers_the_node_notes_show(db_dsn, tmp_path):
-    """By default a server alone on its database takes a turn a kind; once another
-    server's node notes arrive, its workers take the one turn for every kind."""
+    """By default a server alone on its database makes two calls at once (one slot held
+    elsewhere, a push goes at once); once another server's node notes arrive, its share
+    of the database's two calls is one: a push waits for that slot."""
     srv = Server(db_dsn, workers=2, QUEEN_CLAIMS_DIR=str(tmp_path)).start()
     fd = os.open(tmp_path / "call.turn", os.O_RDWR | os.O_CREAT)
     stop = threading.Event()
@@ -153,7 +159,7 @@ def test_auto_turns_follow_the_servers_the_node_notes_show(db_dsn, tmp_path):
                                  timeout=TIMEOUT_S)
 
         assert push("first").status_code == 201
-        fcntl.flock(fd, fcntl.LOCK_EX)  # held for good: alone, no push waits for it
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held for good: alone, the other slot is free
         started = time.monotonic()
         assert push("alone").status_code == 201
         assert time.monotonic() - started < TURN_WAIT_S * 0.9
@@ -182,7 +188,7 @@ def test_auto_turns_follow_the_servers_the_node_notes_show(db_dsn, tmp_path):
         thread = threading.Thread(target=lambda: answers.append(push("shared")))
         thread.start()
         thread.join(0.5)
-        assert [(r.status_code, r.text) for r in answers] == []  # waiting for the one turn
+        assert [(r.status_code, r.text) for r in answers] == []  # waiting for its slot
         fcntl.flock(fd, fcntl.LOCK_UN)
         thread.join(TIMEOUT_S)
         assert [r.status_code for r in answers] == [201]

@@ -21,7 +21,7 @@ import pytest
 from queen.config import SettingError, Settings
 from queen.fusion import Fuser
 from queen.server.claims import CLAIMS_ENV
-from queen.server.turns import NO_TURNS, SERVERS_TTL_S, Turn, Turns, for_this_worker
+from queen.server.turns import NO_TURNS, SERVERS_TTL_S, Calls, Turn, Turns, for_this_worker
 from tests.conftest import ROOT
 
 WAIT_S = 30.0  # long enough never to give up on a holder that is not stuck
@@ -109,7 +109,7 @@ def test_no_directory_no_turns(tmp_path: Path) -> None:
     assert turns.of("pop") is not turns.of("ack")
 
 
-def test_the_setting_chooses_a_turn_a_kind_one_for_all_or_none(
+def test_the_setting_chooses_slots_a_turn_a_kind_one_for_all_or_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(CLAIMS_ENV, str(tmp_path))
@@ -118,45 +118,111 @@ def test_the_setting_chooses_a_turn_a_kind_one_for_all_or_none(
     host = for_this_worker("host")
     assert host.of("pop") is host.of("push") is host.of("ack")
     assert for_this_worker("off") is NO_TURNS
-    auto = for_this_worker("auto", lambda: 2)
-    assert auto.servers is not None and auto.together()
-    assert for_this_worker("auto").servers is None  # (none to count: a turn a kind)
+    auto = for_this_worker("auto", 4, lambda: 2)
+    pop, push = auto.of("pop"), auto.of("push")
+    assert isinstance(pop, Calls) and pop is auto.of("pop") and pop is not push
+    assert auto.share() == 2  # four calls at once between two servers
+    assert for_this_worker("auto", 1, lambda: 3).share() == 1  # at least one a server
     assert Settings.from_env({"QUEEN_FUSION_TURNS": "host"}).fusion_turns == "host"
     assert Settings.from_env({}).fusion_turns == "auto"
+    assert Settings.from_env({}).db_calls == 2
+    assert Settings.from_env({"QUEEN_DB_CALLS": "8"}).db_calls == 8
     with pytest.raises(SettingError):
         Settings.from_env({"QUEEN_FUSION_TURNS": "always"})
+    with pytest.raises(SettingError):
+        Settings.from_env({"QUEEN_DB_CALLS": "0"})
     monkeypatch.delenv(CLAIMS_ENV)
     assert for_this_worker("host") is NO_TURNS
 
 
-def test_auto_takes_a_turn_a_kind_alone_and_one_for_all_while_servers_share_the_database(
-    tmp_path: Path,
-) -> None:
+def _took_at_once(turn: Calls) -> bool:
+    """Take turn (up to its wait_s); whether it was held, and at once."""
+    started = time.monotonic()
+    with turn:
+        return turn.held and time.monotonic() - started < 0.2
+
+
+def _held_again(turn: Calls) -> None:
+    """A wait given up on ends once its slot is free; the slot is taken again after it."""
+    deadline = time.monotonic() + 10
+    while not _took_at_once(turn):
+        assert time.monotonic() < deadline, "the slot never came back"
+        time.sleep(0.01)
+
+
+def test_auto_gives_the_database_its_calls_split_among_the_servers(tmp_path: Path) -> None:
+    """Two calls at once, of any kind: one is taken at once while another worker's call
+    runs, none while two do; once a second server shares the database, one a server."""
     servers = [1]
     clock = [100.0]
-    mine = Turns(tmp_path, servers=lambda: servers[0], clock=lambda: clock[0])
-    other = Turns(tmp_path, wait_s=0.2)  # another worker of this host, a turn a kind
-    pop = mine.of("pop")
-    assert pop is not None and pop is mine.of("pop") and pop is not mine.of("push")
-    with other.of("push"):
-        with pop:  # alone: the pop's own turn, free
-            assert pop.held and pop.own.held
-        servers[0] = 2  # a second server's notes arrived
-        with pop:  # counted at most every SERVERS_TTL_S: still the pop's own
-            assert pop.own.held
-        clock[0] += SERVERS_TTL_S
-        shared = Turns(tmp_path, shared=True)
-        with shared.of("ack"):  # another worker's call
+    mine = Turns(tmp_path, wait_s=0.2, calls=2, servers=lambda: servers[0],
+                 clock=lambda: clock[0])
+    pop, push = mine.of("pop"), mine.of("push")
+    assert isinstance(pop, Calls) and isinstance(push, Calls)
+    first, second = Turn(tmp_path / "call.turn"), Turn(tmp_path / "call.1.turn")
+    with first:  # another worker's call of any kind
+        assert _took_at_once(pop)  # the other slot
+        with pop:  # and this worker's push beside its pop: the two slots held
+            assert pop.held
             started = time.monotonic()
-            with Turns(tmp_path, servers=lambda: 2, wait_s=0.2).of("pop") as waited:
-                assert not waited.held  # the one for every kind: taken, so it waited
+            with push:
+                assert not push.held  # none free: waited wait_s, then went without
             assert time.monotonic() - started >= 0.2
-        with pop:  # the one for every kind, free now
-            assert pop.held and pop.shared.held and not pop.own.held
+    _held_again(push)
+    got = threading.Event()
+
+    def take() -> None:
+        with Turns(tmp_path, wait_s=WAIT_S, calls=2).of("ack") as waited:
+            assert waited.held
+            got.set()
+
+    with first, second:  # two other calls: a third waits
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        assert not got.wait(0.3)
+    assert got.wait(10)
+    waiter.join(10)
+    servers[0] = 2  # a second server's notes arrived
+    with first:
+        assert _took_at_once(pop)  # counted at most every SERVERS_TTL_S: still two
+        clock[0] += SERVERS_TTL_S
+        assert mine.share() == 1
+        started = time.monotonic()
+        with pop:
+            assert not pop.held  # its one slot is taken: it waited
+        assert time.monotonic() - started >= 0.2
+    _held_again(pop)
     servers[0] = 1
     clock[0] += SERVERS_TTL_S
-    with pop:
-        assert pop.own.held  # alone again
+    with first:
+        assert _took_at_once(pop)  # alone again: two
+
+
+def test_four_workers_never_make_more_calls_at_once_than_the_slots(tmp_path: Path) -> None:
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def calls(turns: Turns, kind: str) -> None:
+        nonlocal running, peak
+        for _ in range(30):
+            with turns.of(kind) as turn:
+                assert turn is not None and turn.held
+                with lock:
+                    running += 1
+                    peak = max(peak, running)
+                time.sleep(0.001)
+                with lock:
+                    running -= 1
+
+    workers = [Turns(tmp_path, wait_s=WAIT_S, calls=2) for _ in range(4)]
+    threads = [threading.Thread(target=calls, args=(w, kind))
+               for w in workers for kind in ("push", "pop", "ack")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert 1 <= peak <= 2
 
 
 def test_two_workers_fusers_never_call_at_once_and_requests_wait_for_the_next_call(
