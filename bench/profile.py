@@ -7,6 +7,9 @@ Starts Queen (the cursor store) on a fresh database, drives an end-to-end load, 
   the samples of a pop-and-ack load landed in psycopg's send of a query that way);
 - reads pg_stat_user_functions (track_functions = 'pl') before and after: calls,
   total and self time of every queen.* SQL function;
+- reads pg_stat_statements over the window, where loaded (--cluster): the top-level
+  statements, or with --nested the statements functions run too (their times are their
+  runs, without executor set-up);
 - runs push, pop and ack once more in a session with auto_explain loaded (plans of
   the statements nested in the functions, with actual times) and keeps those plans.
 Writes bench/results/profiles/<case>/{pyspy-*.txt, functions.md, explain.txt, summary.md}.
@@ -25,6 +28,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg import sql
 
 from bench import adapters, cluster
 from bench.runner import Case, run_case
@@ -42,10 +46,12 @@ def function_stats(dsn: str) -> dict[str, tuple[int, float, float]]:
         return {r[0]: (r[1], r[2], r[3]) for r in conn.execute(FUNCTIONS).fetchall()}
 
 
+# (Comments dropped: most of Queen's statements open with one.)
 STATEMENTS = """
-SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 90), calls, total_exec_time, rows
+SELECT left(regexp_replace(regexp_replace(query, '--[^\n]*', '', 'g'), '\\s+', ' ', 'g'), 110),
+       calls, total_exec_time, rows
 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-ORDER BY total_exec_time DESC LIMIT 15
+ORDER BY total_exec_time DESC LIMIT %s
 """
 
 
@@ -60,10 +66,21 @@ def reset_statements(dsn: str) -> bool:
         return False
 
 
-def statement_table(dsn: str, seconds: float, messages: float) -> str:
-    """The top-level statements by total time since reset_statements (pg_stat_statements)."""
+def track_nested(server_dsn: str, name: str) -> None:
+    """Have pg_stat_statements count the statements that functions run in database name,
+    from its next session on (pg_stat_statements.track = all; superuser)."""
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET pg_stat_statements.track = 'all'").format(
+                sql.Identifier(name)
+            )
+        )
+
+
+def statement_table(dsn: str, seconds: float, messages: float, limit: int = 15) -> str:
+    """The statements by total time since reset_statements (pg_stat_statements)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(STATEMENTS).fetchall()
+        rows = conn.execute(STATEMENTS, (limit,)).fetchall()
     out = [
         "| statement | calls | rows/call | total ms | ms/call | us per message | share of wall |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -280,6 +297,8 @@ def profile_case(
 ) -> str:
     dbname = f"{args.db_prefix}_profile"
     dsn = fresh_database(args.dsn, dbname)
+    if args.nested:
+        track_nested(args.dsn, dbname)
     server = QueenServer(dsn, workers=2).start()
     try:
         target = {"url": server.url, "dsn": dsn}
@@ -330,7 +349,7 @@ def profile_case(
         after = function_stats(dsn)
         messages = result["msgs_per_s"] * args.duration
         statements = (
-            statement_table(dsn, args.duration, messages)
+            statement_table(dsn, args.duration, messages, 40 if args.nested else 15)
             if counting and counting[0]
             else "(pg_stat_statements is not loaded on this server)"
         )
@@ -358,7 +377,10 @@ def profile_case(
             "",
             waits.table(),
             "",
-            "## Top-level statements (pg_stat_statements, during the window)",
+            "## Statements, nested ones too (pg_stat_statements, during the window; a"
+            " statement's time is its run, not its executor set-up)"
+            if args.nested
+            else "## Top-level statements (pg_stat_statements, during the window)",
             "",
             statements,
             "",
@@ -392,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--consumers", type=int, default=0, help="default 8")
     parser.add_argument("--processes", type=int, default=2, help="client processes")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "profiles")
+    parser.add_argument(
+        "--nested",
+        action="store_true",
+        help="count the statements functions run too (pg_stat_statements.track = all)",
+    )
     cluster.add_argument(parser)
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as stack:
