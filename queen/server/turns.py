@@ -144,7 +144,8 @@ class _Taken:
 
 
 class Turn(_Taken):
-    """One kind's turn among a host's workers (a file); one greenlet of a worker at a time."""
+    """A turn among a host's workers (a file: a kind's, or a slot for calls of any kind);
+    one greenlet of a worker at a time."""
 
     def __init__(self, path: Path, wait_s: float = TURN_WAIT_S) -> None:
         self.path = path
@@ -181,7 +182,8 @@ class Turn(_Taken):
         return self._mine.locked()
 
     def try_take(self) -> bool:
-        """Take the host's turn if it is free now, without waiting; then call give()."""
+        """Take the host's turn if it is free now, without waiting; True: it is held, and
+        give() gives it back."""
         if not self._mine.acquire(blocking=False):
             return False
         try:
