@@ -7,6 +7,8 @@ Starts Queen (the cursor store) on a fresh database, drives an end-to-end load, 
   the samples of a pop-and-ack load landed in psycopg's send of a query that way);
 - reads pg_stat_user_functions (track_functions = 'pl') before and after: calls,
   total and self time of every queen.* SQL function;
+- reads pg_stat_all_tables before and after: the tuples each table (catalogs too) had
+  fetched by index and read by scans, a message;
 - reads pg_stat_statements over the window, where loaded (--cluster): the top-level
   statements, or with --nested the statements functions run too (their times are their
   runs, without executor set-up);
@@ -44,6 +46,43 @@ def function_stats(dsn: str) -> dict[str, tuple[int, float, float]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
         return {r[0]: (r[1], r[2], r[3]) for r in conn.execute(FUNCTIONS).fetchall()}
+
+
+TABLES = """
+SELECT schemaname || '.' || relname, coalesce(idx_tup_fetch, 0), seq_tup_read,
+       coalesce(idx_scan, 0), seq_scan
+FROM pg_stat_all_tables
+"""
+
+
+def table_stats(dsn: str) -> dict[str, tuple[int, int, int, int]]:
+    """Tuples fetched by index, read by scans, and the scans of each table, catalogs too
+    (what pg_stat_database's tup_fetched sums: its index fetches)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return {r[0]: (r[1], r[2], r[3], r[4]) for r in conn.execute(TABLES).fetchall()}
+
+
+def tuple_table(before: dict[str, Any], after: dict[str, Any], messages: float) -> str:
+    """The tables by tuples fetched a message over the window (table_stats)."""
+    rows = []
+    for name, counts in after.items():
+        fetched, read, index_scans, seq_scans = (
+            a - b for a, b in zip(counts, before.get(name, (0, 0, 0, 0)), strict=True)
+        )
+        if fetched or read:
+            rows.append((name, fetched, read, index_scans, seq_scans))
+    rows.sort(key=lambda r: -r[1])
+    m = max(messages, 1)
+    out = [
+        "| table | fetched/msg | seq read/msg | index scans/msg | seq scans/msg |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    out += [
+        f"| {name} | {f / m:.2f} | {r / m:.2f} | {i / m:.2f} | {s / m:.2f} |"
+        for name, f, r, i, s in rows[:20]
+    ]
+    return "\n".join(out)
 
 
 # (Comments dropped: most of Queen's statements open with one.)
@@ -327,6 +366,7 @@ def profile_case(
             extra=extra,
         )
         before: dict[str, Any] = {}
+        tables_before: dict[str, Any] = {}
         spies: list[subprocess.Popen[bytes] | None] = []
         stack_files = [out_dir / f"pyspy-worker{i}.txt" for i in range(2)]
 
@@ -335,6 +375,7 @@ def profile_case(
 
         def start_sampling() -> None:
             before.update(function_stats(dsn))
+            tables_before.update(table_stats(dsn))
             counting.append(reset_statements(dsn))
             waits.start()
             for pid, path in zip(server.worker_pids(), stack_files, strict=False):
@@ -348,6 +389,7 @@ def profile_case(
         waits.join()
         after = function_stats(dsn)
         messages = result["msgs_per_s"] * args.duration
+        tuples = tuple_table(tables_before, table_stats(dsn), messages)
         statements = (
             statement_table(dsn, args.duration, messages, 40 if args.nested else 15)
             if counting and counting[0]
@@ -383,6 +425,10 @@ def profile_case(
             else "## Top-level statements (pg_stat_statements, during the window)",
             "",
             statements,
+            "",
+            "## Tuples by table, catalogs too (pg_stat_all_tables, during the window)",
+            "",
+            tuples,
             "",
             "## SQL functions (pg_stat_user_functions, during the window)",
             "",
