@@ -272,7 +272,10 @@ BEGIN
         counted_id = coalesce(newest, x.counted_id), total = x.total + arrived,
         cursor_counted = coalesce(reached, x.cursor_counted), below = x.below + passed,
         failed = x.failed + n_failed, dead_letter = x.dead_letter + n_dead,
-        refreshed_at = now()
+        refreshed_at = now(),
+        -- (not from the first refresh: its arrivals may start anywhere past id 0)
+        share = CASE WHEN arrived > 0 AND k.counted_id > 0 AND newest > k.counted_id
+                     THEN arrived::real / (newest - k.counted_id) ELSE x.share END
     WHERE x.partition_id = p_partition;
     -- (Arrivals counted in the passed window come on top of their own walk's p_step.
     -- The probe is ordered by the key: as an EXISTS, a generic plan may scan the table.)
@@ -302,10 +305,15 @@ LANGUAGE sql AS $$
 $$;
 
 -- As above, but a partition refreshed less than p_settle seconds ago waits for its next
--- turn unless more than p_lag messages arrived or were passed since: a refresh costs a
--- partition about as much for one new message as for dozens, so a partition that moves
--- slowly is refreshed every p_settle seconds, and one that moves fast as often as before
--- (the reads count what lies past the watermarks themselves, exact either way).
+-- turn unless more than about p_lag messages arrived or were passed since: a refresh
+-- costs a partition about as much for one new message as for dozens, so a partition that
+-- moves slowly is refreshed every p_settle seconds, and one that moves fast as often as
+-- before (the reads count what lies past the watermarks themselves, exact either way).
+-- How many is estimated, not walked: the ids drawn since (past its counted_id, or
+-- between its cursor's two places) times the share of them its last refresh found it
+-- got (partition_counts.share; unknown: every one), where a walk of up to p_lag
+-- messages of every partition at every step would fetch each message several times. A
+-- partition whose share grew since waits at most p_settle seconds.
 CREATE OR REPLACE FUNCTION queen.count_refresh(p_partitions integer, p_step integer,
                                                p_settle double precision, p_lag integer)
 RETURNS integer
@@ -320,21 +328,14 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT coalesce((SELECT c.cursor_id FROM queen.consumers c
                              WHERE c.partition_id = p.id
-                               AND c.consumer_group = '__queue__'), 0) AS cursor) c
+                               AND c.consumer_group = '__queue__'), 0) AS cursor,
+                   coalesce((SELECT m.id FROM queen.messages m WHERE m.partition_id = p.id
+                             ORDER BY m.id DESC LIMIT 1), 0) AS newest) c
         WHERE k.partition_id IS NULL
-           OR ((c.cursor <> k.cursor_counted
-                OR coalesce((SELECT m.id FROM queen.messages m WHERE m.partition_id = p.id
-                             ORDER BY m.id DESC LIMIT 1), 0) > k.counted_id)
+           OR ((c.cursor <> k.cursor_counted OR c.newest > k.counted_id)
                AND (k.refreshed_at <= now() - make_interval(secs => p_settle)
-                    -- (probes of the key, in order, of at most p_lag + 1 entries)
-                    OR (SELECT m.id FROM queen.messages m
-                        WHERE m.partition_id = p.id AND m.id > k.counted_id
-                        ORDER BY m.id OFFSET p_lag LIMIT 1) IS NOT NULL
-                    OR (SELECT m.id FROM queen.messages m
-                        WHERE m.partition_id = p.id
-                          AND m.id > least(k.cursor_counted, c.cursor)
-                          AND m.id <= greatest(k.cursor_counted, c.cursor)
-                        ORDER BY m.id OFFSET p_lag LIMIT 1) IS NOT NULL))
+                    OR (c.newest - k.counted_id) * coalesce(k.share, 1) > p_lag
+                    OR abs(c.cursor - k.cursor_counted) * coalesce(k.share, 1) > p_lag))
         ORDER BY k.refreshed_at NULLS FIRST, p.id
         LIMIT p_partitions
     LOOP

@@ -699,6 +699,54 @@ def test_a_partition_that_moved_little_waits_for_its_refresh_and_reads_stay_exac
     assert counted() == (18, 5) and pending() == 13
 
 
+def test_what_a_partition_got_since_its_refresh_is_estimated_from_its_share_of_ids(
+    conn: Conn,
+) -> None:
+    """Between refreshes, the messages a partition got are estimated from the ids drawn
+    since and its share of them at its last refresh (unknown at first: every id): a
+    partition given every other id waits while about the lag or fewer arrived, and is
+    refreshed once more did; the counts read are exact throughout."""
+    make_queue(conn, "q")
+
+    def push_both(n: int, start: int) -> None:  # n into each of a and b, ids alternating
+        items = [
+            {"queue": "q", "partition": name, "payload": {"n": i}}
+            for i in range(start, start + n)
+            for name in ("a", "b")
+        ]
+        assert [r.status for r in lifecycle.push(conn, items)] == ["queued"] * 2 * n
+
+    def refresh() -> None:
+        conn.execute("SELECT queen.count_refresh(10, 5000, 5.0, 10)")
+
+    def counted() -> dict[str, tuple[int, float | None]]:
+        rows = conn.execute(
+            "SELECT p.name, k.total, k.share FROM queen.partition_counts k"
+            " JOIN queen.partitions p ON p.id = k.partition_id").fetchall()
+        return {name: (total, share) for name, total, share in rows}
+
+    def pending() -> dict[str, int]:
+        rows = conn.execute(
+            "SELECT p.name, c.pending FROM queen.partitions p,"
+            " queen.message_counts(ARRAY[p.id]) c").fetchall()
+        return {name: int(n) for name, n in rows}
+
+    push_both(4, 0)
+    refresh()
+    assert counted() == {"a": (4, None), "b": (4, None)}  # from id 0 on: no share
+    push_both(8, 4)
+    refresh()  # 16 ids drawn past each, every one counted while the share is unknown
+    assert counted() == {"a": (12, 0.5), "b": (12, 0.5)}
+    push_both(8, 12)
+    refresh()  # 16 ids again, half of them each's: 8, no more than the lag
+    assert counted() == {"a": (12, 0.5), "b": (12, 0.5)}
+    assert pending() == {"a": 20, "b": 20}
+    push_both(4, 20)
+    refresh()  # 24 ids since, 12 each's: past the lag
+    assert counted() == {"a": (24, 0.5), "b": (24, 0.5)}
+    assert pending() == {"a": 24, "b": 24}
+
+
 @pytest.mark.parametrize("step", [3, 7, 5000])
 def test_refreshes_between_pushes_and_acks_count_each_message_once(
     conn: Conn, step: int
