@@ -699,6 +699,36 @@ def test_a_partition_that_moved_little_waits_for_its_refresh_and_reads_stay_exac
     assert counted() == (18, 5) and pending() == 13
 
 
+def _push_both(conn: Conn, n: int, start: int) -> None:
+    """Push n messages into each of partitions a and b of queue q, their ids alternating."""
+    items = [
+        {"queue": "q", "partition": name, "payload": {"n": i}}
+        for i in range(start, start + n)
+        for name in ("a", "b")
+    ]
+    assert [r.status for r in lifecycle.push(conn, items)] == ["queued"] * 2 * n
+
+
+def _counted(conn: Conn) -> dict[str, tuple[int, int, float | None]]:
+    """Each partition's count row: messages counted, those below the cursor, its share."""
+    rows = conn.execute(
+        "SELECT p.name, k.total, k.below, k.share FROM queen.partition_counts k"
+        " JOIN queen.partitions p ON p.id = k.partition_id").fetchall()
+    return {name: (total, below, share) for name, total, below, share in rows}
+
+
+def _pending(conn: Conn) -> dict[str, int]:
+    rows = conn.execute(
+        "SELECT p.name, c.pending FROM queen.partitions p,"
+        " queen.message_counts(ARRAY[p.id]) c").fetchall()
+    return {name: int(n) for name, n in rows}
+
+
+def _refresh_settled(conn: Conn) -> None:
+    """A count step with a 5 s settle time and a lag of 10 messages."""
+    conn.execute("SELECT queen.count_refresh(10, 5000, 5.0, 10)")
+
+
 def test_what_a_partition_got_since_its_refresh_is_estimated_from_its_share_of_ids(
     conn: Conn,
 ) -> None:
@@ -707,44 +737,42 @@ def test_what_a_partition_got_since_its_refresh_is_estimated_from_its_share_of_i
     partition given every other id waits while about the lag or fewer arrived, and is
     refreshed once more did; the counts read are exact throughout."""
     make_queue(conn, "q")
+    _push_both(conn, 4, 0)
+    _refresh_settled(conn)
+    assert _counted(conn) == {"a": (4, 0, None), "b": (4, 0, None)}  # from id 0 on: no share
+    _push_both(conn, 8, 4)
+    _refresh_settled(conn)  # 16 ids drawn past each, every one counted: share unknown
+    assert _counted(conn) == {"a": (12, 0, 0.5), "b": (12, 0, 0.5)}
+    _push_both(conn, 8, 12)
+    _refresh_settled(conn)  # 16 ids again, half of them each's: 8, no more than the lag
+    assert _counted(conn) == {"a": (12, 0, 0.5), "b": (12, 0, 0.5)}
+    assert _pending(conn) == {"a": 20, "b": 20}
+    _push_both(conn, 4, 20)
+    _refresh_settled(conn)  # 24 ids since, 12 each's: past the lag
+    assert _counted(conn) == {"a": (24, 0, 0.5), "b": (24, 0, 0.5)}
+    assert _pending(conn) == {"a": 24, "b": 24}
 
-    def push_both(n: int, start: int) -> None:  # n into each of a and b, ids alternating
-        items = [
-            {"queue": "q", "partition": name, "payload": {"n": i}}
-            for i in range(start, start + n)
-            for name in ("a", "b")
-        ]
-        assert [r.status for r in lifecycle.push(conn, items)] == ["queued"] * 2 * n
 
-    def refresh() -> None:
-        conn.execute("SELECT queen.count_refresh(10, 5000, 5.0, 10)")
-
-    def counted() -> dict[str, tuple[int, float | None]]:
-        rows = conn.execute(
-            "SELECT p.name, k.total, k.share FROM queen.partition_counts k"
-            " JOIN queen.partitions p ON p.id = k.partition_id").fetchall()
-        return {name: (total, share) for name, total, share in rows}
-
-    def pending() -> dict[str, int]:
-        rows = conn.execute(
-            "SELECT p.name, c.pending FROM queen.partitions p,"
-            " queen.message_counts(ARRAY[p.id]) c").fetchall()
-        return {name: int(n) for name, n in rows}
-
-    push_both(4, 0)
-    refresh()
-    assert counted() == {"a": (4, None), "b": (4, None)}  # from id 0 on: no share
-    push_both(8, 4)
-    refresh()  # 16 ids drawn past each, every one counted while the share is unknown
-    assert counted() == {"a": (12, 0.5), "b": (12, 0.5)}
-    push_both(8, 12)
-    refresh()  # 16 ids again, half of them each's: 8, no more than the lag
-    assert counted() == {"a": (12, 0.5), "b": (12, 0.5)}
-    assert pending() == {"a": 20, "b": 20}
-    push_both(4, 20)
-    refresh()  # 24 ids since, 12 each's: past the lag
-    assert counted() == {"a": (24, 0.5), "b": (24, 0.5)}
-    assert pending() == {"a": 24, "b": 24}
+def test_what_a_cursor_passed_since_the_refresh_is_estimated_from_the_share_too(
+    conn: Conn,
+) -> None:
+    """Queue mode's cursor passing the ids of a partition given every other one: about
+    half as many messages as the ids it moved over, refreshed once that is past the lag."""
+    make_queue(conn, "q")
+    _push_both(conn, 24, 0)
+    ack_all(conn, lifecycle.pop(conn, "q", partition="a", batch=2))
+    _refresh_settled(conn)
+    _push_both(conn, 8, 24)
+    _refresh_settled(conn)  # 16 ids past each, share unknown: refreshed, share found
+    assert _counted(conn) == {"a": (32, 2, 0.5), "b": (32, 0, 0.5)}
+    ack_all(conn, lifecycle.pop(conn, "q", partition="a", batch=8))
+    _refresh_settled(conn)  # the cursor moved over 16 ids: about 8 messages
+    assert _counted(conn)["a"] == (32, 2, 0.5)
+    assert _pending(conn) == {"a": 22, "b": 32}
+    ack_all(conn, lifecycle.pop(conn, "q", partition="a", batch=4))
+    _refresh_settled(conn)  # 24 ids: about 12, past the lag
+    assert _counted(conn)["a"] == (32, 14, 0.5)
+    assert _pending(conn) == {"a": 18, "b": 32}
 
 
 @pytest.mark.parametrize("step", [3, 7, 5000])
