@@ -171,10 +171,12 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
             "",
             "What Queen's workers counted in the same windows (their /metrics): the "
             "statements they sent and the commits they made a message, and the requests "
-            "each database call of a kind served (fusion: above 1).",
+            "each database call of a kind served (fusion: above 1); the long polls that "
+            "parked and the wake-up transactions sent (pushes' and acks'), a message.",
             "",
-            "| case | statements/msg | commits/msg | requests a call: push | pop | ack |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| case | statements/msg | commits/msg | requests a call: push | pop | ack"
+            " | polls parked/msg | wake-up calls/msg |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in counted:
             c = r["server"]
@@ -183,7 +185,8 @@ def table(results: list[dict[str, Any]], facts: dict[str, Any]) -> list[str]:
                 f"| {r['case']} | {fmt(c['statements_per_msg'], 2)}"
                 f" | {fmt(c['commits_per_msg'], 2)}"
                 + "".join(f" | {fmt(per_call.get(k, math.nan), 2)}" for k in ("push", "pop", "ack"))
-                + " |"
+                + f" | {fmt(c.get('parked_per_msg', math.nan), 3)}"
+                + f" | {fmt(c.get('wakeup_calls_per_msg', math.nan), 3)} |"
             )
     top = [r for r in shown if r["system"] == "queen" and r.get("pg_top_statements")]
     if top:

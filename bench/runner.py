@@ -219,13 +219,18 @@ def server_counts(target: dict[str, Any]) -> dict[str, Any] | None:
     database calls and the requests they served per kind (fusion); None if unanswered."""
     import urllib.request
 
-    counts: dict[str, Any] = {"statements": 0, "commits": 0, "fusion": {}}
+    counts: dict[str, Any] = {
+        "statements": 0, "commits": 0, "fusion": {}, "parked": 0, "wakeup_calls": 0
+    }
     try:
         for url in target.get("urls") or [target["url"]]:  # (every host's, summed)
             with urllib.request.urlopen(url + "/metrics", timeout=5) as answer:
                 doc = json.loads(answer.read())
             counts["statements"] += doc["database"]["statements"]
             counts["commits"] += doc["database"]["commits"]
+            polls = doc.get("longPolls") or {}  # (not from a server before it had them)
+            counts["parked"] += polls.get("parked", 0)
+            counts["wakeup_calls"] += polls.get("wakeupCalls", 0)
             for kind, v in doc["fusion"].items():
                 calls, requests = counts["fusion"].get(kind, (0, 0))
                 counts["fusion"][kind] = (calls + v["calls"], requests + v["requests"])
@@ -237,8 +242,9 @@ def server_counts(target: dict[str, Any]) -> dict[str, Any] | None:
 def server_per_message(
     before: dict[str, Any], after: dict[str, Any], messages: int
 ) -> dict[str, Any]:
-    """A window's statements and commits per message as Queen's workers counted them, and
-    the requests each of their push, pop and ack calls served."""
+    """A window's statements and commits per message as Queen's workers counted them, the
+    requests each of their push, pop and ack calls served, and the long polls parked and
+    wake-up transactions sent per message."""
     per = max(messages, 1)
     served = {}
     for kind, (calls, requests) in after["fusion"].items():
@@ -250,6 +256,9 @@ def server_per_message(
         "statements_per_msg": (after["statements"] - before["statements"]) / per,
         "commits_per_msg": (after["commits"] - before["commits"]) / per,
         "requests_per_call": served,
+        "parked_per_msg": (after.get("parked", 0) - before.get("parked", 0)) / per,
+        "wakeup_calls_per_msg": (after.get("wakeup_calls", 0) - before.get("wakeup_calls", 0))
+        / per,
     }
 
 

@@ -32,6 +32,7 @@ from queen.api.metrics import (
     MetricsMiddleware,
     PrometheusResource,
     observe_fused,
+    observe_parked,
     observe_statement,
 )
 from queen.api.queues import ConfigureResource
@@ -194,6 +195,7 @@ def create_app(
     store = store or Store.from_settings(settings)
     hub = hub or Hub.from_settings(settings, store.dashboard)
     poller = LongPoller(store, events, settings.effective_worker_id, clock)
+    poller.parked = observe_parked
     measure = MetricsMiddleware(store)
     store.observe_calls(observe_fused)
     store.db.observe = observe_statement

@@ -56,6 +56,7 @@ class LongPoller:
         # pool, and leaves connections for pushes and acks.
         self._rechecks = threading.BoundedSemaphore(max(1, store.db.pool.max_size // 2))
         self.presence = Presence(store, worker_id, clock)
+        self.parked: Callable[[], None] = lambda: None  # called as a poll parks (metrics)
         if events is not None:
             events.while_waiting = self.presence.refresh
             # An ack's wake-up wakes a poll parked here first, with no notification.
@@ -90,6 +91,8 @@ class LongPoller:
         with self.events.subscribe(route) as waiter:
             self.presence.ensure()  # pushes notify only while some worker is listed
             messages = self._claim(route, batch)
+            if not messages:
+                self.parked()
             while not messages:
                 remaining = deadline - self.clock()
                 if remaining <= 0 or not waiter.wait(remaining):

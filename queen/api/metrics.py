@@ -95,6 +95,10 @@ COMMITS = Counter(
     "Commits the workers made, by query (transaction: a block of several statements)",
     ["query"],
 )
+PARKED = Counter(
+    "queen_long_polls_parked",
+    "Long polls that found nothing at once and waited for a wake-up or their timeout",
+)
 _statements: dict[str, Any] = {}
 _commits: dict[str, Any] = {}
 
@@ -118,6 +122,11 @@ def observe_statement(query: str, ran: bool, committed: bool) -> None:
         if child is None:
             child = _commits[query] = COMMITS.labels(query)
         child.inc()
+
+
+def observe_parked() -> None:
+    """Count a long poll that parked (queen.polling.LongPoller)."""
+    PARKED.inc()
 
 
 def multiprocess_mode() -> bool:
@@ -186,6 +195,23 @@ def database_work(acked: int) -> dict[str, Any]:
         **found,
         "perMessage": {k: round(v / acked, 3) if acked else None for k, v in found.items()},
     }
+
+
+WAKEUP_QUERIES = ("notify_sent", "notify_wakes")  # queen/store/queries.sql
+
+
+def long_polls() -> dict[str, int]:
+    """Long polls parked so far, and the wake-up transactions sent (pushes' and acks'),
+    summed over every worker of this host."""
+    found = {"parked": 0, "wakeupCalls": 0}
+    for metric in _samples_registry().collect():
+        for sample in metric.samples:
+            if sample.name == "queen_long_polls_parked_total":
+                found["parked"] += int(sample.value)
+            elif (sample.name == "queen_db_statements_total"
+                  and sample.labels.get("query") in WAKEUP_QUERIES):
+                found["wakeupCalls"] += int(sample.value)
+    return found
 
 
 def fusion() -> dict[str, dict[str, float]]:

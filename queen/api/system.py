@@ -145,6 +145,7 @@ class MetricsResource:
                     **metrics.database_work(counted["acked"]),
                 },
                 "fusion": metrics.fusion(),
+                "longPolls": metrics.long_polls(),
                 "memory": metrics.memory(),
                 "cpu": metrics.cpu(),
                 "process": {"pid": os.getpid()},

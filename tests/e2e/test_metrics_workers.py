@@ -94,6 +94,29 @@ def test_totals_and_prometheus_agree_across_workers(db_dsn):
         srv.stop()
 
 
+def test_a_long_poll_that_waits_is_counted_as_parked(db_dsn):
+    """queen_long_polls_parked_total counts the long polls that found nothing at once and
+    waited; one that found a message at once, or did not ask to wait, is not counted."""
+    srv = Server(db_dsn).start()
+    try:
+        pop = srv.url + "/api/v1/pop/queue/parked"
+        pushed = requests.post(srv.url + "/api/v1/push", json={"items": [
+            {"queue": "parked", "payload": {"i": 1}}]}, timeout=10)
+        assert pushed.status_code == 201
+        assert requests.get(pop + "?wait=true&timeout=5000", timeout=10).status_code == 200
+        assert requests.get(pop + "?wait=false", timeout=10).status_code == 204
+        for _ in range(2):  # nothing left: both wait out their timeout
+            assert requests.get(pop + "?wait=true&timeout=200", timeout=10).status_code == 204
+        text = fresh(srv.url + "/metrics/prometheus").text
+        assert sample(text, "queen_long_polls_parked_total") == 2
+        # The push sent its wake-up transaction (notifying no one: no poll was listed).
+        assert sample(text, 'queen_db_statements_total{query="notify_sent"}') == 1
+        assert fresh(srv.url + "/metrics").json()["longPolls"] == {
+            "parked": 2, "wakeupCalls": 1}
+    finally:
+        srv.stop()
+
+
 def test_health_answers_503_with_a_reason_when_the_database_is_gone(db_dsn, server_dsn):
     srv = Server(db_dsn, DB_TIMEOUT="1000").start()  # ms to wait for a connection
     try:

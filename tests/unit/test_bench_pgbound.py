@@ -129,10 +129,13 @@ def test_a_report_shows_the_phase_first_and_keeps_it_out_of_the_whole_machine_ta
 def test_the_server_s_counts_of_a_window_are_per_message_and_per_call():
     from bench.runner import server_per_message
 
-    before = {"statements": 100, "commits": 90, "fusion": {"push": (10, 10), "pop": (5, 9)}}
-    after = {"statements": 160, "commits": 130, "fusion": {"push": (30, 70), "pop": (5, 9)}}
+    before = {"statements": 100, "commits": 90, "fusion": {"push": (10, 10), "pop": (5, 9)},
+              "parked": 4, "wakeup_calls": 20}
+    after = {"statements": 160, "commits": 130, "fusion": {"push": (30, 70), "pop": (5, 9)},
+             "parked": 14, "wakeup_calls": 70}
     assert server_per_message(before, after, 200) == {
-        "statements_per_msg": 0.3, "commits_per_msg": 0.2, "requests_per_call": {"push": 3.0}
+        "statements_per_msg": 0.3, "commits_per_msg": 0.2, "requests_per_call": {"push": 3.0},
+        "parked_per_msg": 0.05, "wakeup_calls_per_msg": 0.25,
     }
 
 
