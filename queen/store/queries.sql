@@ -53,7 +53,7 @@ WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array l
         unnest(%(slots)s::integer[])) x(gathered, apart, slot)
     CROSS JOIN LATERAL (SELECT coalesce(x.gathered, x.apart) AS i) y
     WHERE f.fits
-    RETURNING id, partition_id
+    RETURNING id
 )
 SELECT f.fits, f.prefix, a.ids,
        ARRAY(SELECT queen.made_prefix(p) FROM unnest(f.parts) WITH ORDINALITY u(p, k)
