@@ -180,38 +180,41 @@ def totals() -> dict[str, int]:
     return found
 
 
-def database_work(acked: int) -> dict[str, Any]:
-    """Statements and commits so far, summed over every worker of this host, and per
-    message acked (acked so far, as totals() counts it: a message's push, pop and ack, with
-    everything else the workers ran)."""
-    found = {"statements": 0, "commits": 0}
+WAKEUP_QUERIES = ("notify_sent", "notify_wakes")  # queen/store/queries.sql
+
+
+def work() -> dict[str, int]:
+    """What the workers of this host did so far, summed over them in one pass: statements
+    sent, commits made, long polls parked, and wake-up transactions sent (pushes' and
+    acks'); for database_work() and long_polls()."""
+    found = {"statements": 0, "commits": 0, "parked": 0, "wakeupCalls": 0}
     for metric in _samples_registry().collect():
         for sample in metric.samples:
             if sample.name == "queen_db_statements_total":
                 found["statements"] += int(sample.value)
+                if sample.labels.get("query") in WAKEUP_QUERIES:
+                    found["wakeupCalls"] += int(sample.value)
             elif sample.name == "queen_db_commits_total":
                 found["commits"] += int(sample.value)
+            elif sample.name == "queen_long_polls_parked_total":
+                found["parked"] += int(sample.value)
+    return found
+
+
+def database_work(done: dict[str, int], acked: int) -> dict[str, Any]:
+    """Statements and commits (of work()), and per message acked (acked so far, as
+    totals() counts it: a message's push, pop and ack, with everything else the workers
+    ran)."""
+    found = {k: done[k] for k in ("statements", "commits")}
     return {
         **found,
         "perMessage": {k: round(v / acked, 3) if acked else None for k, v in found.items()},
     }
 
 
-WAKEUP_QUERIES = ("notify_sent", "notify_wakes")  # queen/store/queries.sql
-
-
-def long_polls() -> dict[str, int]:
-    """Long polls parked so far, and the wake-up transactions sent (pushes' and acks'),
-    summed over every worker of this host."""
-    found = {"parked": 0, "wakeupCalls": 0}
-    for metric in _samples_registry().collect():
-        for sample in metric.samples:
-            if sample.name == "queen_long_polls_parked_total":
-                found["parked"] += int(sample.value)
-            elif (sample.name == "queen_db_statements_total"
-                  and sample.labels.get("query") in WAKEUP_QUERIES):
-                found["wakeupCalls"] += int(sample.value)
-    return found
+def long_polls(done: dict[str, int]) -> dict[str, int]:
+    """Long polls parked and wake-up transactions sent (of work())."""
+    return {k: done[k] for k in ("parked", "wakeupCalls")}
 
 
 def fusion() -> dict[str, dict[str, float]]:

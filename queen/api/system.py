@@ -121,6 +121,7 @@ class MetricsResource:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         counted = metrics.rates()
+        done = metrics.work()
         pool = self.store.db.stats()
         send_json(
             resp,
@@ -142,10 +143,10 @@ class MetricsResource:
                     "maxPoolSize": pool["max"],
                     "idleConnections": pool["idle"],
                     "waitingRequests": pool["waiting"],
-                    **metrics.database_work(counted["acked"]),
+                    **metrics.database_work(done, counted["acked"]),
                 },
                 "fusion": metrics.fusion(),
-                "longPolls": metrics.long_polls(),
+                "longPolls": metrics.long_polls(done),
                 "memory": metrics.memory(),
                 "cpu": metrics.cpu(),
                 "process": {"pid": os.getpid()},

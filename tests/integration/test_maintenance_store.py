@@ -655,50 +655,6 @@ def test_the_activity_walk_is_its_two_walks_from_watermarks_in_either_order(
                 assert walked == expected, args
 
 
-def test_a_partition_that_moved_little_waits_for_its_refresh_and_reads_stay_exact(
-    conn: Conn,
-) -> None:
-    """With a settle time and a lag, a partition refreshed a moment ago is left for later
-    while few messages arrived or were passed since, refreshed at once past the lag, and
-    again once the settle time has gone by; the counts read are exact throughout."""
-    make_queue(conn, "q")
-
-    def refresh() -> None:
-        conn.execute("SELECT queen.count_refresh(10, 5000, 5.0, 10)")
-
-    def counted() -> tuple[int, int]:
-        row = conn.execute("SELECT total, below FROM queen.partition_counts").fetchone()
-        assert row is not None
-        return row
-
-    def pending() -> int:
-        row = conn.execute(
-            "SELECT c.pending FROM queen.partitions p,"
-            " queen.message_counts(ARRAY[p.id]) c").fetchone()
-        assert row is not None
-        return int(row[0])
-
-    push_n(conn, "q", 4)
-    refresh()
-    assert counted() == (4, 0)
-    push_n(conn, "q", 3, start=4)
-    ack_all(conn, lifecycle.pop(conn, "q", batch=2))
-    refresh()
-    assert counted() == (4, 0)  # moved little: left for later
-    assert pending() == 5  # read exactly all the same
-    push_n(conn, "q", 11, start=7)
-    refresh()
-    assert counted() == (18, 2)  # more than the lag arrived: refreshed at once
-    ack_all(conn, lifecycle.pop(conn, "q", batch=3))
-    refresh()
-    assert counted() == (18, 2) and pending() == 13
-    conn.execute("UPDATE queen.partition_counts SET refreshed_at = now() - interval '6 s'")
-    refresh()
-    assert counted() == (18, 5)  # the settle time went by
-    conn.execute("SELECT queen.count_refresh(10, 5000)")  # (no settle: as before)
-    assert counted() == (18, 5) and pending() == 13
-
-
 def _push_both(conn: Conn, n: int, start: int) -> None:
     """Push n messages into each of partitions a and b of queue q, their ids alternating."""
     items = [
@@ -727,6 +683,45 @@ def _pending(conn: Conn) -> dict[str, int]:
 def _refresh_settled(conn: Conn) -> None:
     """A count step with a 5 s settle time and a lag of 10 messages."""
     conn.execute("SELECT queen.count_refresh(10, 5000, 5.0, 10)")
+
+
+def test_a_partition_that_moved_little_waits_for_its_refresh_and_reads_stay_exact(
+    conn: Conn,
+) -> None:
+    """With a settle time and a lag, a partition refreshed a moment ago is left for later
+    while few messages arrived or were passed since, refreshed at once past the lag, and
+    again once the settle time has gone by; the counts read are exact throughout."""
+    make_queue(conn, "q")
+
+    def refresh() -> None:
+        _refresh_settled(conn)
+
+    def counted() -> tuple[int, int]:
+        total, below, _ = _counted(conn)["Default"]
+        return total, below
+
+    def pending() -> int:
+        return _pending(conn)["Default"]
+
+    push_n(conn, "q", 4)
+    refresh()
+    assert counted() == (4, 0)
+    push_n(conn, "q", 3, start=4)
+    ack_all(conn, lifecycle.pop(conn, "q", batch=2))
+    refresh()
+    assert counted() == (4, 0)  # moved little: left for later
+    assert pending() == 5  # read exactly all the same
+    push_n(conn, "q", 11, start=7)
+    refresh()
+    assert counted() == (18, 2)  # more than the lag arrived: refreshed at once
+    ack_all(conn, lifecycle.pop(conn, "q", batch=3))
+    refresh()
+    assert counted() == (18, 2) and pending() == 13
+    conn.execute("UPDATE queen.partition_counts SET refreshed_at = now() - interval '6 s'")
+    refresh()
+    assert counted() == (18, 5)  # the settle time went by
+    conn.execute("SELECT queen.count_refresh(10, 5000)")  # (no settle: as before)
+    assert counted() == (18, 5) and pending() == 13
 
 
 def test_what_a_partition_got_since_its_refresh_is_estimated_from_its_share_of_ids(
