@@ -673,11 +673,15 @@ BEGIN
     -- (The LATERAL probes the key of each candidate in the list's order, whatever the
     -- statistics, and stops once it has locked a row for every pop. A partition's name is
     -- read once, with its row, not for each message: on a small table each read is a
-    -- scan of the whole table.)
+    -- scan of the whole table; its lease id is made once too. Each lease's digest joins
+    -- its batch as the CTE holds it, in id order, with no sort of its own (an aggregate's
+    -- ORDER BY sorts each group apart, and rules out hashing the groups): in any other
+    -- order it would only fail to match, and the ack take the items path, as queen.pop's.)
     WITH picked AS MATERIALIZED (
         SELECT k.*, row_number() OVER ()::integer AS j,
                (SELECT p.name FROM queen.partitions p WHERE p.id = k.partition_id) AS name,
-               queen.made_prefix(k.partition_id) AS made
+               queen.made_prefix(k.partition_id) AS made,
+               queen.lease_in(k.partition_id, p_leases[row_number() OVER ()]) AS lease
         FROM (SELECT x.* FROM unnest(p_candidates) u
               CROSS JOIN LATERAL (SELECT x.ctid AS row, x.* FROM queen.consumers x
                                   WHERE x.partition_id = u AND x.consumer_group = p_group
@@ -686,8 +690,8 @@ BEGIN
                                   FOR UPDATE SKIP LOCKED) x
               LIMIT cardinality(p_positions)) k
     ), batch AS MATERIALIZED (
-        SELECT k.j, k.partition_id, k.row, k.name, m.id, m.transaction_id, m.payload, m.encrypted,
-               m.created_at, m.trace_id,
+        SELECT k.j, k.partition_id, k.row, k.name, k.lease, m.id, m.transaction_id, m.payload,
+               m.encrypted, m.created_at, m.trace_id,
                CASE WHEN m.id <= k.retried_max  -- (a message of it may have been retried)
                     THEN queen.retries_of(k.partition_id, p_group, m.id, k.retried_max)
                     ELSE 0 END AS retries
@@ -706,15 +710,15 @@ BEGIN
                             ORDER BY m.id LIMIT p_batch) m
     ), leased AS (
         UPDATE queen.consumers x SET
-            lease_id = queen.lease_in(s.partition_id, p_leases[s.j]), leased_by = p_workers[s.j],
+            lease_id = s.lease, leased_by = p_workers[s.j],
             lease_expires_at = expires,
             lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
             lease_digest = s.digest, not_before = NULL, updated_at = now()
-        FROM (SELECT b.j, b.partition_id, b.row, max(b.id) AS last_id,
+        FROM (SELECT b.j, b.partition_id, b.row, b.lease, max(b.id) AS last_id,
                      count(*)::integer AS size,
-                     queen.lease_digest(string_agg(b.transaction_id, E'\x1f' ORDER BY b.id),
+                     queen.lease_digest(string_agg(b.transaction_id, E'\x1f'),
                                         count(*)::integer) AS digest
-              FROM batch b GROUP BY b.j, b.partition_id, b.row) s
+              FROM batch b GROUP BY b.j, b.partition_id, b.row, b.lease) s
         WHERE x.ctid = s.row AND x.partition_id = s.partition_id
           AND x.consumer_group = p_group
     )
@@ -722,7 +726,7 @@ BEGIN
            array_agg(ROW(CASE WHEN p_api_ids THEN queen.message_uuid(b.id, b.created_at) END,
                          b.transaction_id, q.name,
                          b.name, b.payload, b.encrypted, b.retries, q.priority,
-                         b.created_at, now(), queen.lease_in(b.partition_id, p_leases[b.j]),
+                         b.created_at, now(), b.lease,
                          expires, q.lease_time,
                          q.retry_limit, b.trace_id, b.partition_id, b.id)::queen.popped
                      ORDER BY b.j, b.id),

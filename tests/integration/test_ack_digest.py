@@ -245,6 +245,26 @@ def test_pops_claimed_as_a_set_keep_a_digest_per_lease(conn: Conn) -> None:
     assert all(row[3] for row in state(conn)[:2])
 
 
+def test_large_batches_claimed_as_a_set_keep_each_digest_in_id_order(conn: Conn) -> None:
+    # Batches of 60 a lease, in more calls of one session than PL/pgSQL makes custom
+    # plans for: each lease's digest is of its messages in id order.
+    call = (
+        "SELECT m.pop, (m.message).transaction_id FROM queen.pop_many((SELECT jsonb_agg("
+        "jsonb_build_object('kind', 'queue', 'queue', %s::text, 'group', '__queue__',"
+        " 'batch', 100, 'worker', 'w', 'lease', gen_random_uuid()))"
+        " FROM generate_series(1, 3))) m"
+    )
+    for turn in range(7):
+        for partition in ("p", "q", "r"):
+            push(conn, partition, *(f"{turn}-{partition}-{n:03d}" for n in range(60)))
+        by_pop: dict[int, list[str]] = {}
+        for position, txid in conn.execute(call, [QUEUE]).fetchall():
+            by_pop.setdefault(position, []).append(txid)
+        assert sorted(by_pop) == [1, 2, 3]
+        assert all(txids == sorted(txids) and len(txids) == 60 for txids in by_pop.values())
+        assert whole(conn, by_pop[1] + by_pop[2] + by_pop[3], [60, 60, 60]), turn
+
+
 def _checked(conn: Conn, acks: list[dict[str, Any]]) -> tuple[list[tuple[Any, ...]], set[str]]:
     """queen.ack_checked (a transaction's acks) of acks: its rows, and the functions it ran."""
     got, calls = with_calls(conn, "SELECT * FROM queen.ack_checked(%s::jsonb)",
