@@ -66,13 +66,11 @@ $$;
 -- the answer still names the lease: queen.give_back). No index covers lease_id, so that
 -- claims and acks stay HOT updates; a lookup by lease id instead reads the consumer rows
 -- of the partitions sharing that prefix, by the primary key (queen.lease_low/high).
+-- (Made on the ids' text, whose first 13 characters are the first 6 bytes and whose
+-- 15th is the version digit: cheaper than the same on their bytes.)
 CREATE OR REPLACE FUNCTION queen.lease_in(p_partition uuid, p_chosen uuid) RETURNS uuid
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT encode(set_byte(overlay(uuid_send(p_chosen)
-                                   PLACING substring(uuid_send(p_partition) FROM 1 FOR 6)
-                                   FROM 1 FOR 6),
-                           6, 128 | (get_byte(uuid_send(p_chosen), 6) & 15)),
-                  'hex')::uuid
+    SELECT (left(p_partition::text, 14) || '8' || substr(p_chosen::text, 16))::uuid
 $$;
 
 -- Whether a lease id is of queen.lease_in's making (version 8).

@@ -68,6 +68,20 @@ def test_a_lease_id_begins_with_its_partition_id(store: Store) -> None:
                   (a,)) == lease
 
 
+def test_a_lease_id_is_the_partition_s_first_bytes_version_8_and_the_chosen_rest(
+    store: Store,
+) -> None:
+    pairs = [(uuid.uuid4(), uuid.UUID(bytes=bytes(range(k, k + 16)))) for k in range(100)]
+    pairs += [(uuid.uuid4(), uuid.uuid4()) for _ in range(400)]
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        made = conn.execute(
+            "SELECT queen.lease_in(p, c) FROM unnest(%s::uuid[], %s::uuid[]) u(p, c)",
+            ([p for p, _ in pairs], [c for _, c in pairs])).fetchall()
+    expected = [uuid.UUID(bytes=p.bytes[:6] + bytes([0x80 | (c.bytes[6] & 0x0F)]) + c.bytes[7:])
+                for p, c in pairs]
+    assert [row[0] for row in made] == expected
+
+
 def test_extension_give_back_and_a_token_s_check_read_one_partition_s_rows(
     store: Store,
 ) -> None:
