@@ -62,7 +62,7 @@ class LongPoller:
             # An ack's wake-up wakes a poll parked here first, with no notification.
             wakeups = store.polling.wakeups
             wakeups.here = events.wake_here
-            events.notify_unused = lambda payload: wakeups.send_freed([payload])
+            events.notify_unused = lambda payload: wakeups.send([payload])
 
     @property
     def shutting_down(self) -> bool:

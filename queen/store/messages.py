@@ -317,33 +317,35 @@ class Messages:
         try:
             bodies = pushes[0].body if len(pushes) == 1 else ",".join(p.body for p in pushes)
             params = {"bodies": f"[{bodies}]", "producer": producer}
-            rows = None
-            if not any("transactionId" in item for p in pushes for item in p.items):
-                rows = self._push_new(params, [item for p in pushes for item in p.items])
+            items = [item for p in pushes for item in p.items]
+            rows, wakes = None, None
+            if not any("transactionId" in item for item in items):
+                rows, wakes = self._push_new(params, items)
             if rows is None:
                 rows = _push_results(self.db.fetch("push", params, _push_rows))
         except InvalidInput:
             if len(pushes) == 1:
                 raise
             return self._alone(functools.partial(self._push_call, producer), pushes)
-        self.after_push([item for p in pushes for item in p.items])
+        self.after_push(items, wakes)
         return _renumber(rows, [len(p.items) for p in pushes])
 
     def _push_new(
         self, params: dict[str, Any], items: list[dict[str, Any]]
-    ) -> list[PushResult] | None:
-        """The results of push_new, one an item in order; None when it stored nothing."""
+    ) -> tuple[list[PushResult] | None, list[str] | None]:
+        """The results of push_new, one an item in order, and the wake-up payloads of their
+        partitions; (None, None) when it stored nothing."""
         params, slots = push_new_params(params, items)
-        ((fits, prefix, ids, made, api_ids),) = self.db.fetch("push_new", params)
+        ((fits, prefix, ids, made, api_ids, wakes),) = self.db.fetch("push_new", params)
         if not fits:
-            return None
+            return None, None
         idents = api_ids or [f"{prefix}{message_id:012x}" for message_id in ids]
         txids = made_txids(made if len(made) == 1 else [made[s - 1] for s in slots], ids)
         make = functools.partial(tuple.__new__, PushResult)
         return [
             make((k, ident, txid, "queued"))
             for k, (ident, txid) in enumerate(zip(idents, txids, strict=True), 1)
-        ]
+        ], wakes
 
     @staticmethod
     def _alone(run: Any, requests: list[Any]) -> list[Any]:

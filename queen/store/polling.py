@@ -73,24 +73,30 @@ class Wakeups:
 
     Queen's sessions defer the push notifications (`queen.push_notify = after_commit`,
     see queen.notify_pushed for why), and acks hand back the wake-ups of the partitions
-    they freed (queen.ack). Started, one thread (a greenlet under gevent) per
-    process sends every wake-up noted meanwhile in one small transaction (queen.notify_sent),
-    so concurrent calls share it; not started, each call sends its own. An ack's wake-up
-    that wakes a poll parked in this process (here) is not sent at all.
+    they freed (queen.ack), as the server's common push (push_new) does for its
+    partitions. Started, one thread (a greenlet under gevent) per process sends every
+    wake-up noted meanwhile in one small transaction (queen.notify_sent, or
+    queen.notify_wakes when every one noted is a payload already), so concurrent calls
+    share it; not started, each call sends its own. An ack's wake-up that wakes a poll
+    parked in this process (here) is not sent at all.
     """
 
     def __init__(self, db: Database) -> None:
         self.db = db
         self._pending: dict[tuple[str, str], None] = {}
-        self._freed: dict[str, None] = {}
+        self._payloads: dict[str, None] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._running = False
         # Wakes a poll parked in this process for an ack's wake-up; True when one was.
         self.here: Callable[[str], bool] | None = None
 
-    def pushed(self, items: Iterable[dict[str, Any]]) -> None:
-        """Note the partitions of items that were just stored (the push has committed)."""
+    def pushed(self, items: Iterable[dict[str, Any]], payloads: list[str] | None = None) -> None:
+        """Note the partitions of items that were just stored (the push has committed), or
+        their wake-up payloads when the push made them."""
+        if payloads is not None:
+            self.send(payloads)
+            return
         pairs = {(i["queue"], i.get("partition") or DEFAULT_PARTITION): None for i in items}
         if not self._running:
             self._send(list(pairs), [])
@@ -103,18 +109,18 @@ class Wakeups:
         """Note the wake-up payloads of partitions committed acks freed with work left:
         woken here when a poll parked here takes them, else sent."""
         here = self.here
-        self.send_freed([p for p in dict.fromkeys(payloads) if here is None or not here(p)])
+        self.send([p for p in dict.fromkeys(payloads) if here is None or not here(p)])
 
-    def send_freed(self, payloads: list[str]) -> None:
-        """Send the wake-ups of partitions committed acks freed, each once (no poll here
-        woken)."""
+    def send(self, payloads: list[str]) -> None:
+        """Send wake-up payloads of committed work, each once, waking no poll here first:
+        those of acks no poll here took, and those of pushes (for every group)."""
         if not payloads:
             return
         if not self._running:
             self._send([], payloads)
             return
         with self._lock:
-            self._freed.update(dict.fromkeys(payloads))
+            self._payloads.update(dict.fromkeys(payloads))
         self._wake_sender()
 
     def _wake_sender(self) -> None:
@@ -135,7 +141,7 @@ class Wakeups:
             self._ready.clear()
             with self._lock:
                 pairs, self._pending = list(self._pending), {}
-                payloads, self._freed = list(self._freed), {}
+                payloads, self._payloads = list(self._payloads), {}
             self._send(pairs, payloads)
 
     def _send(self, pairs: list[tuple[str, str]], payloads: list[str]) -> None:

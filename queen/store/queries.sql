@@ -10,7 +10,7 @@ CROSS JOIN LATERAL queen.push_batch(
          ELSE jsonb_path_query_array(x.b, '$[*].items[*]') END,
     %(producer)s, true) p
 
--- push_new: the common push in one statement: items naming no transactionId (the server sends no other) into existing partitions of queues without maxSize (bodies and producer as push's; queues and partitions: the names of the partitions they go to, each once; slots: each item's, in item order across the bodies, as a 1-based position in those), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), none storing a transactionId (each's is made of its partition's id and its own: queen.made_txid); one row: fits (false: nothing was stored, the call goes to push), the API ids' prefix (queen.uuid_prefix), the ids in item order, the made transactionIds' prefixes (queen.made_prefix), one a slot, and the API ids only when an id is 2^48 or more (the server makes the rest: Messages) --
+-- push_new: the common push in one statement: items naming no transactionId (the server sends no other) into existing partitions of queues without maxSize (bodies and producer as push's; queues and partitions: the names of the partitions they go to, each once; slots: each item's, in item order across the bodies, as a 1-based position in those), stored with ids drawn in item order under their partitions' push locks (queen.push_locks), none storing a transactionId (each's is made of its partition's id and its own: queen.made_txid); one row: fits (false: nothing was stored, the call goes to push), the API ids' prefix (queen.uuid_prefix), the ids in item order, the made transactionIds' prefixes (queen.made_prefix), one a slot, the API ids only when an id is 2^48 or more (the server makes the rest: Messages), and the wake-up payloads of the partitions (queen.wake_payload), one a partition, for the server to send once the push committed (queen.notify_wakes) --
 -- Each name is found by a probe of its key (a LATERAL with a LIMIT, whatever the
 -- statistics); the conditions are checked before the locks are taken, and the insert
 -- runs only when all hold. An item's partition is its slot's (ROWS FROM: each item beside
@@ -20,13 +20,14 @@ CROSS JOIN LATERAL queen.push_batch(
 -- (queen.push_items; the other function of the two has no argument and gives no row).
 -- Their ids are drawn in item order with no sort: the items' scan is the only source of
 -- more than one row, joined to one-row sources with no join clause, so every plan keeps
--- its order (a sort copied each payload once more). No wake-up here: the server's
--- sessions send theirs once the push committed.
+-- its order (a sort copied each payload once more). No wake-up here: the server sends
+-- the payloads once the push committed, made here from the queues' rows the push reads
+-- anyway (queen.notify_sent would look the names up again).
 WITH targets AS MATERIALIZED (  -- (generate_subscripts: an estimate the array leaves alone)
-    SELECT n.k, q.max_size, p.id AS partition_id
+    SELECT n.k, n.queue, n.partition, q.max_size, q.namespace, q.task, p.id AS partition_id
     FROM (SELECT k, (%(queues)s::text[])[k] AS queue, (%(partitions)s::text[])[k] AS partition
           FROM generate_subscripts(%(queues)s::text[], 1) k) n
-    LEFT JOIN LATERAL (SELECT q.id, q.max_size FROM queen.queues q
+    LEFT JOIN LATERAL (SELECT q.id, q.max_size, q.namespace, q.task FROM queen.queues q
                        WHERE q.name = n.queue LIMIT 1) q ON true
     LEFT JOIN LATERAL (SELECT p.id FROM queen.partitions p
                        WHERE p.queue_id = q.id AND p.name = n.partition LIMIT 1) p ON true
@@ -60,7 +61,9 @@ SELECT f.fits, f.prefix, a.ids,
              ORDER BY u.k) AS made,
        CASE WHEN a.ids[cardinality(a.ids)] >= 281474976710656
             THEN (SELECT array_agg(queen.message_uuid_text(s.id, f.prefix, now()) ORDER BY s.id)
-                  FROM stored s) END AS api_ids
+                  FROM stored s) END AS api_ids,
+       ARRAY(SELECT queen.wake_payload(t.queue, t.partition, t.namespace, t.task, NULL)
+             FROM targets t ORDER BY t.k) AS wakes
 FROM fit f, (SELECT array_agg(s.id) AS ids FROM stored s) a  -- (as inserted: in id order)
 
 -- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped, id the message's bigint id --
@@ -109,7 +112,7 @@ FROM (SELECT p.*, p.ordinality = 1 AS first
 -- notify_sent: wake long polls for pushes that committed, with the wake-ups acks collected (one transaction, asynchronous commit) --
 SELECT queen.notify_sent(%(queues)s::text[], %(partitions)s::text[], %(wakes)s::text[])
 
--- notify_wakes: send the wake-ups that acks collected, once they committed (as notify_sent) --
+-- notify_wakes: send the wake-ups that acks collected or push_new made, once they committed (as notify_sent) --
 SELECT queen.notify_wakes(%(payloads)s::text[])
 
 -- list_waiting_worker: list this worker as having parked polls, for the next seconds --

@@ -245,8 +245,8 @@ def test_push_into_existing_partitions(explained: Explained) -> None:
     # five custom plans): on its keys, and its generic plan kept.
     params, _ = push_new_params({"bodies": f"[{body}]", "producer": None}, items)
     for _ in range(RUNS + 6):
-        ((fits, _, ids, _, _),), plans = explained.run("push_new", params)
-        assert fits and len(ids) == 100
+        ((fits, _, ids, _, _, wakes),), plans = explained.run("push_new", params)
+        assert fits and len(ids) == 100 and len(wakes) == len(set(wakes))
     check("push_new", plans)
     (kept,) = explained.conn.execute(
         "SELECT generic_plans FROM pg_prepared_statements"

@@ -78,6 +78,21 @@ def test_the_payload_carries_namespace_and_task(store, listener):
     assert received(listener) == ["billing/Default/prod/invoices"]
 
 
+def test_the_common_push_makes_its_wake_ups_in_its_own_statement(store, listener):
+    store.queues.configure("billing", "prod", "invoices", {})
+    push(store, items("billing", "Default", 1) + items("billing", "eu", 1))  # (made here)
+    received(listener)
+    ran: list[str] = []
+    store.db.observe = lambda name, statement, committed: ran.append(name)
+    try:
+        push(store, items("billing", "eu", 2) + items("billing", "Default", 1))
+    finally:
+        store.db.observe = None
+    assert ran == ["push_new", "notify_wakes"]  # (no lookup of the names again)
+    assert sorted(received(listener)) == [
+        "billing/Default/prod/invoices", "billing/eu/prod/invoices"]
+
+
 def test_a_batch_of_failed_acks_notifies_once_per_partition(store, listener):
     push(store, items("q", "a", 10))
     received(listener)
