@@ -662,7 +662,7 @@ def test_a_push_into_a_partition_removed_while_it_waited_for_the_lock_stores_not
 
         def pusher() -> None:
             with psycopg.connect(db_dsn, autocommit=True, application_name=app) as conn:
-                ((fits, _, ids, _, _),) = conn.execute(QUERIES["push_new"], params).fetchall()
+                ((fits, _, ids, *_),) = conn.execute(QUERIES["push_new"], params).fetchall()
                 results.append((fits, ids))
                 if not fits:
                     conn.execute(QUERIES["push"], params).fetchall()
