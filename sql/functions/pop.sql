@@ -475,10 +475,11 @@ $$;
 -- pop's position (1-based) and its messages as queen.popped, with the API id, or
 -- (p_api_ids false) only their bigint ids (message_id), from which the server makes
 -- the API id itself, for less than queen.message_uuid costs here.
--- Two or more pops by queue of one queue, group and batch, none naming a partition to
--- prefer, are claimed as a set (queen.claim_set): one ranking of the queue's partitions
--- (queen.candidates), one statement locking the first free ones in rank order and
--- leasing each its batch. When it took every free one it ranked, the route's pops it
+-- Two or more pops by queue of one queue, group and batch are claimed as a set
+-- (queen.claim_set): one ranking of the queue's partitions (queen.candidates), one
+-- statement locking the first free ones in order and leasing each its batch; the
+-- partitions that woken ones among them name (polls woken for those) come first, in
+-- their order, then the ranking (a pop may get another's, all being polls of one route). When it took every free one it ranked, the route's pops it
 -- left get nothing (a walk would find the same partitions leased); the pops it could
 -- not serve otherwise, and all others, go one by one through queen.pop, in order, each
 -- seeing the leases of those before it; those of a queue and group share one ranking (a
@@ -487,13 +488,8 @@ $$;
 -- find the same ones leased: when more consumers poll than there are partitions, most
 -- pops end so, and ranking was most of their cost; once one has walked the ranking and
 -- found nothing, those after it get nothing without a walk of their own).
--- A pop naming a partition to prefer (a poll woken for it) tries that one first, and the
--- queue is ranked only when it gave nothing: about half such pops find their partition
--- free, and need no ranking. Two or more such pops of one queue, group and batch, and no
--- other, are claimed as a set first, over the partitions they name (in their order; a
--- pop may get another's, all being polls of one route); those it could not serve are a
--- set over its ranking. Beside pops of their route that were not woken, they are one
--- set with those: over the partitions they name first, then the ranking (one claim).
+-- A lone pop of its route naming a partition to prefer (a poll woken for it) tries that
+-- one first, and the queue is ranked only when it gave nothing.
 -- The pops' commit does not wait for the disk (synchronous_commit off for the
 -- transaction): a claim a crash forgets leaves its messages to be delivered again, as
 -- at-least-once allows. One plan per session (plan_cache_mode), as queen.pop.
@@ -515,78 +511,63 @@ DECLARE
     served  integer[] := '{}';  -- positions the set claims are done with (below)
     woken   integer[] := '{}';  -- positions of woken pops a set claim tried
     preferred uuid[];           -- the partitions a set claim tries, in order
-    pass    integer;
     got     integer[];
     rows    queen.popped[];
     done    boolean;
 BEGIN
     ignored := set_config('synchronous_commit', 'off', true);
     IF jsonb_array_length(p_pops) > 1 THEN
-        -- Woken pops, to their partitions (when there are any); then the rest, ranked.
-        FOR pass IN CASE WHEN jsonb_path_exists(p_pops, '$[*].prefer ? (@ != null)') THEN 1
-                         ELSE 2 END..2 LOOP
-            FOR g IN
-                SELECT x.queue, x."group", x.batch, min(x.mode) AS mode,
-                       min(x.since) AS since,
-                       array_agg(x.ordinality::integer ORDER BY x.ordinality) AS positions,
-                       array_agg(x.worker ORDER BY x.ordinality) AS workers,
-                       array_agg(x.lease ORDER BY x.ordinality) AS leases,
-                       array_agg(x.prefer ORDER BY x.ordinality) AS prefers
-                FROM ROWS FROM (jsonb_to_recordset(p_pops)
-                                AS (kind text, queue text, "group" text, batch integer,
-                                    worker text, mode text, since timestamptz, lease uuid,
-                                    prefer text))
-                     WITH ORDINALITY x
-                WHERE x.kind = 'queue' AND NOT x.ordinality::integer = ANY (served)
-                GROUP BY x.queue, x."group", x.batch
-                HAVING count(*) > 1 AND (pass = 2 OR bool_and(x.prefer IS NOT NULL))
-            LOOP
-                SELECT * INTO q FROM queen.queues x WHERE x.name = g.queue;
-                CONTINUE WHEN NOT FOUND OR q.window_buffer > 0 OR q.ttl > 0;
-                IF NOT EXISTS (SELECT 1 FROM queen.consumer_groups c
-                               WHERE c.queue_id = q.id
-                                 AND c.consumer_group = g."group") THEN
-                    PERFORM queen.join_group(q.id, g."group", g.mode, g.since);
-                END IF;
-                IF pass = 1 THEN  -- the partitions they were woken for, in their order
-                    woken := woken || g.positions;
-                    preferred := ARRAY(
-                        SELECT p.id FROM unnest(g.prefers) WITH ORDINALITY n(name, k)
-                        JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.name
-                        GROUP BY p.id ORDER BY min(n.k));
-                ELSE
-                    ranked := g.queue || E'\n' || g."group";
-                    ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
-                    preferred := ranking;
-                    IF NOT g.positions <@ woken AND array_remove(g.prefers, NULL) <> '{}' THEN
-                        -- Woken pops beside others of their route: the partitions they
-                        -- were woken for first, then the ranking, in one claim.
-                        preferred := ARRAY(
-                            SELECT p.id FROM unnest(g.prefers, g.positions)
-                                             WITH ORDINALITY n(name, pos, k)
-                            JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.name
-                            WHERE NOT n.pos = ANY (woken)
-                            GROUP BY p.id ORDER BY min(n.k));
-                        preferred := preferred || ARRAY(
-                            SELECT u.x FROM unnest(ranking) WITH ORDINALITY u(x, k)
-                            WHERE u.x <> ALL (preferred) ORDER BY u.k);
-                        woken := woken || g.positions;
-                    END IF;
-                END IF;
-                SELECT s.pops, s.messages, s.exhausted INTO got, rows, done
-                FROM queen.claim_set(q, g."group", g.batch, preferred, g.positions,
-                                     g.workers, g.leases, p_api_ids) s;
-                IF got IS NOT NULL THEN
-                    RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
-                END IF;
-                -- Done: the pops served, or all of the set when it took every free
-                -- partition of the ranking (those it left would find them leased).
-                IF pass = 2 AND done THEN
-                    served := served || g.positions;
-                ELSIF got IS NOT NULL THEN
-                    served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
-                END IF;
-            END LOOP;
+        -- Each route's pops as a set: the partitions woken ones name first, then the
+        -- ranking, in one claim.
+        FOR g IN
+            SELECT x.queue, x."group", x.batch, min(x.mode) AS mode,
+                   min(x.since) AS since,
+                   array_agg(x.ordinality::integer ORDER BY x.ordinality) AS positions,
+                   array_agg(x.worker ORDER BY x.ordinality) AS workers,
+                   array_agg(x.lease ORDER BY x.ordinality) AS leases,
+                   array_agg(x.prefer ORDER BY x.ordinality) AS prefers
+            FROM ROWS FROM (jsonb_to_recordset(p_pops)
+                            AS (kind text, queue text, "group" text, batch integer,
+                                worker text, mode text, since timestamptz, lease uuid,
+                                prefer text))
+                 WITH ORDINALITY x
+            WHERE x.kind = 'queue'
+            GROUP BY x.queue, x."group", x.batch
+            HAVING count(*) > 1
+        LOOP
+            SELECT * INTO q FROM queen.queues x WHERE x.name = g.queue;
+            CONTINUE WHEN NOT FOUND OR q.window_buffer > 0 OR q.ttl > 0;
+            IF NOT EXISTS (SELECT 1 FROM queen.consumer_groups c
+                           WHERE c.queue_id = q.id
+                             AND c.consumer_group = g."group") THEN
+                PERFORM queen.join_group(q.id, g."group", g.mode, g.since);
+            END IF;
+            ranked := g.queue || E'\n' || g."group";
+            ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
+            preferred := ranking;
+            IF array_remove(g.prefers, NULL) <> '{}' THEN
+                preferred := ARRAY(
+                    SELECT p.id FROM unnest(g.prefers) WITH ORDINALITY n(name, k)
+                    JOIN queen.partitions p ON p.queue_id = q.id AND p.name = n.name
+                    GROUP BY p.id ORDER BY min(n.k));
+                preferred := preferred || ARRAY(
+                    SELECT u.x FROM unnest(ranking) WITH ORDINALITY u(x, k)
+                    WHERE u.x <> ALL (preferred) ORDER BY u.k);
+                woken := woken || g.positions;
+            END IF;
+            SELECT s.pops, s.messages, s.exhausted INTO got, rows, done
+            FROM queen.claim_set(q, g."group", g.batch, preferred, g.positions,
+                                 g.workers, g.leases, p_api_ids) s;
+            IF got IS NOT NULL THEN
+                RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
+            END IF;
+            -- Done: the pops served, or all of the set when it took every free
+            -- partition of the ranking (those it left would find them leased).
+            IF done THEN
+                served := served || g.positions;
+            ELSIF got IS NOT NULL THEN
+                served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
+            END IF;
         END LOOP;
         IF cardinality(served) = jsonb_array_length(p_pops) THEN
             RETURN;  -- (every pop done as a set)
