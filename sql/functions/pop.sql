@@ -163,7 +163,8 @@ $$;
 -- Every partition of queue q a group may pop now ranked by its next message, oldest
 -- first, up to p_limit (one probe of the partition's cursor and next message each; the
 -- next message is read from the cursor row when the last ack found it, next_id):
--- queen.candidates for a narrow queue, or when its walk found none. The cursor rows are
+-- queen.candidates for a narrow queue (queen.pop and queen.pop_many call it for one
+-- themselves), or when its walk found none. The cursor rows are
 -- probed by key, as the walk's are: a join may read every row of the group, in every
 -- queue.
 CREATE OR REPLACE FUNCTION queen.rank_partitions(q queen.queues, p_group text, p_limit integer)
@@ -322,8 +323,16 @@ BEGIN
             named := NULL;
         ELSIF p_kind = 'queue' THEN
             IF candidates IS NULL THEN
-                candidates := coalesce(
-                    p_candidates, ARRAY(SELECT x FROM queen.candidates(q, p_group, 32) x));
+                IF p_candidates IS NOT NULL THEN
+                    candidates := p_candidates;
+                ELSIF NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = q.id
+                                  ORDER BY p.id OFFSET 256 LIMIT 1) THEN
+                    -- (A narrow queue ranked here, as queen.candidates would: a call of
+                    -- that function costs more than this ranking itself.)
+                    candidates := ARRAY(SELECT x FROM queen.rank_partitions(q, p_group, 32) x);
+                ELSE
+                    candidates := ARRAY(SELECT x FROM queen.candidates(q, p_group, 32) x);
+                END IF;
                 IF tried < 0 THEN  -- (the named one was tried)
                     candidates := array_remove(candidates, candidate);
                 END IF;
@@ -543,7 +552,12 @@ BEGIN
                 PERFORM queen.join_group(q.id, g."group", g.mode, g.since);
             END IF;
             ranked := g.queue || E'\n' || g."group";
-            ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
+            IF NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = q.id
+                           ORDER BY p.id OFFSET 256 LIMIT 1) THEN  -- (as queen.pop's)
+                ranking := ARRAY(SELECT x FROM queen.rank_partitions(q, g."group", 32) x);
+            ELSE
+                ranking := ARRAY(SELECT x FROM queen.candidates(q, g."group", 32) x);
+            END IF;
             preferred := ranking;
             IF array_remove(g.prefers, NULL) <> '{}' THEN
                 preferred := ARRAY(

@@ -3,6 +3,7 @@ same on a plain connection through queen.store.lifecycle."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +66,39 @@ def with_calls(
         got = conn.execute(query, params).fetchall()
         after = dict(conn.execute(FUNCTION_CALLS).fetchall())
     return got, {f: n - before.get(f, 0) for f, n in after.items() if n > before.get(f, 0)}
+
+
+# A ranking of a queue's partitions, as queen.pop and queen.pop_many make it (a narrow
+# queue's in place, a wide one's by queen.candidates): the statement that assigns it.
+RANKING = re.compile(r"^Query Text: (?:ranking|candidates) :=", re.MULTILINE)
+AUTO_EXPLAIN = (
+    "LOAD 'auto_explain'",
+    "SET auto_explain.log_min_duration = 0",
+    "SET auto_explain.log_nested_statements = on",
+    "SET auto_explain.log_level = 'notice'",
+    "SET client_min_messages = 'notice'",
+)
+
+
+def with_rankings(
+    conn: psycopg.Connection[Any], query: str, params: Any = ()
+) -> tuple[list[tuple[Any, ...]], dict[str, int], int]:
+    """with_calls, and how many rankings of a queue's partitions the query made (the
+    statements making one, as auto_explain reports each statement run)."""
+    notes: list[str] = []
+
+    def note(diagnostic: psycopg.errors.Diagnostic) -> None:
+        notes.append(diagnostic.message_primary or "")
+
+    conn.add_notice_handler(note)
+    try:
+        for setting in AUTO_EXPLAIN:
+            conn.execute(setting)
+        got, calls = with_calls(conn, query, params)
+    finally:
+        conn.execute("SET auto_explain.log_min_duration = -1")
+        conn.remove_notice_handler(note)
+    return got, calls, sum(1 for n in notes if RANKING.search(n))
 
 
 def partition_id(dsn: str, queue: str, partition: str) -> Any:

@@ -19,7 +19,7 @@ from tests.integration.helpers import (
     push,
     rows,
     scalar,
-    with_calls,
+    with_rankings,
 )
 
 
@@ -115,13 +115,14 @@ def test_a_filtered_pop_tries_only_queues_it_may_find_work_in(store: Store) -> N
     route = {"kind": "filter", "namespace": "ns", "group": "__queue__", "batch": 1,
              "worker": "test", "lease": str(uuid.uuid4())}
     with psycopg.connect(store.db.dsn, autocommit=True) as conn:
-        got, calls = with_calls(conn, "SELECT (message).payload FROM queen.pop_many(%s::jsonb)",
-                                (orjson.dumps([route]).decode(),))
+        got, calls, rankings = with_rankings(
+            conn, "SELECT (message).payload FROM queen.pop_many(%s::jsonb)",
+            (orjson.dumps([route]).decode(),))
     assert got == [("w",)]
     # (queen.pop once for the filter, once for the one queue with work: no ranking of the
     # others)
     assert calls["pop"] == 2
-    assert calls["candidates"] == 1
+    assert rankings == 1
 
 
 def _age(store: Store, partition: str, seconds: int) -> None:
@@ -249,13 +250,16 @@ def _fused_pops(
 ) -> tuple[dict[int, list[str]], dict[str, int]]:
     """pops pops by queue of q in one call (a fused call), each trying its partition of
     prefer first (None: none): each pop's payloads, and how often the call ran each
-    function."""
+    function ("rankings": the rankings of the queue it made)."""
     one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": batch, "worker": "test"}
     body = [{**one, "lease": str(uuid.uuid4()), "prefer": (prefer or [None] * pops)[k]}
             for k in range(pops)]
     with psycopg.connect(store.db.dsn, autocommit=True) as conn:
-        got, calls = with_calls(conn, "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
-                                (orjson.dumps(body).decode(),))
+        got, calls, rankings = with_rankings(
+            conn, "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
+            (orjson.dumps(body).decode(),))
+    if rankings:
+        calls["rankings"] = rankings
     served: dict[int, list[str]] = {}
     for pop_no, payload in got:
         served.setdefault(pop_no, []).append(payload)
@@ -287,7 +291,7 @@ def test_fused_woken_pops_take_their_partitions_before_older_ones_in_one_claim(
     # One ranking and one claim, whether or not their partitions turn out free: a claim
     # over their partitions alone, then another over the ranking for those it could not
     # serve, cost more under load than the ranking it spared.
-    assert called["claim_set"] == 1 and called["candidates"] == 1 and "pop" not in called
+    assert called["claim_set"] == 1 and called["rankings"] == 1 and "pop" not in called
 
 
 def test_a_fused_pop_whose_preferred_partition_is_taken_ranks_once_for_the_call(
@@ -297,7 +301,7 @@ def test_a_fused_pop_whose_preferred_partition_is_taken_ranks_once_for_the_call(
     pop(store, "q", "a")  # a is leased: the pops preferring it take the oldest free ones
     served, called = _pop_many_preferring(store, ["a", "a", None])
     assert served == {1: ["b0"], 2: ["c0"]}
-    assert called["candidates"] == 1
+    assert called["rankings"] == 1
 
 
 def test_woken_pops_of_a_route_are_claimed_as_a_set_over_their_partitions(
@@ -323,7 +327,7 @@ def test_woken_pops_alone_whose_partitions_are_taken_are_a_set_over_the_ranking(
         pop(store, "q", name)
     served, called = _pop_many_preferring(store, ["b", "c"])
     assert served == {1: ["a0"]}  # (their partitions first, then the ranking's: one claim)
-    assert called["claim_set"] == 1 and called["candidates"] == 1
+    assert called["claim_set"] == 1 and called["rankings"] == 1
 
 
 def _pop_many(store: Store, pops: int, batch: int = 1) -> dict[int, list[str]]:
