@@ -164,9 +164,8 @@ $$;
 -- first, up to p_limit (one probe of the partition's cursor and next message each; the
 -- next message is read from the cursor row when the last ack found it, next_id):
 -- queen.candidates for a narrow queue (queen.pop and queen.pop_many call it for one
--- themselves), or when its walk found none. The cursor rows are
--- probed by key, as the walk's are: a join may read every row of the group, in every
--- queue.
+-- themselves), or when its walk found none. The cursor rows are probed by key, as the
+-- walk's are: a join may read every row of the group, in every queue.
 CREATE OR REPLACE FUNCTION queen.rank_partitions(q queen.queues, p_group text, p_limit integer)
 RETURNS SETOF uuid
 LANGUAGE sql STABLE AS $$
@@ -485,10 +484,11 @@ $$;
 -- (p_api_ids false) only their bigint ids (message_id), from which the server makes
 -- the API id itself, for less than queen.message_uuid costs here.
 -- Two or more pops by queue of one queue, group and batch are claimed as a set
--- (queen.claim_set): one ranking of the queue's partitions (queen.candidates), one
--- statement locking the first free ones in order and leasing each its batch; the
--- partitions that woken ones among them name (polls woken for those) come first, in
--- their order, then the ranking (a pop may get another's, all being polls of one route). When it took every free one it ranked, the route's pops it
+-- (queen.claim_set): one ranking of the queue's partitions (as queen.candidates ranks
+-- them), one statement locking the first free ones in order and leasing each its batch;
+-- the partitions that woken ones among them name (polls woken for those) come first, in
+-- their order, then the ranking (a pop may get another's, all being polls of one
+-- route). When it took every free one it ranked, the route's pops it
 -- left get nothing (a walk would find the same partitions leased); the pops it could
 -- not serve otherwise, and all others, go one by one through queen.pop, in order, each
 -- seeing the leases of those before it; those of a queue and group share one ranking (a
