@@ -71,6 +71,7 @@ def with_calls(
 # A ranking of a queue's partitions, as queen.pop and queen.pop_many make it (a narrow
 # queue's in place, a wide one's by queen.candidates): the statement that assigns it.
 RANKING = re.compile(r"^Query Text: (?:ranking|candidates) :=", re.MULTILINE)
+# (auto_explain reporting every statement run, nested ones too, to the session.)
 AUTO_EXPLAIN = (
     "LOAD 'auto_explain'",
     "SET auto_explain.log_min_duration = 0",

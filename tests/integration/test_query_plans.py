@@ -26,6 +26,7 @@ import pytest
 from queen.store import lifecycle
 from queen.store.db import QUERIES
 from queen.store.messages import ack_columns, ack_lease_params, push_new_params
+from tests.integration import helpers
 from workers.maintenance import COUNT_LAG, COUNT_SETTLE_S
 
 PARTITIONS = 8
@@ -38,15 +39,9 @@ TABLES = ("messages", "consumers", "failures", "completions")
 # are small or empty (the planner rightly does), and the row counts below still bound
 # what any node reads.
 
-AUTO_EXPLAIN = (
-    "LOAD 'auto_explain'",
-    "SET auto_explain.log_min_duration = 0",
-    "SET auto_explain.log_nested_statements = on",
-    "SET auto_explain.log_analyze = on",
-    "SET auto_explain.log_timing = off",
-    "SET auto_explain.log_level = 'notice'",
-    "SET client_min_messages = 'notice'",
-)
+# (Every statement's plan as it ran, row counts included.)
+AUTO_EXPLAIN = (*helpers.AUTO_EXPLAIN, "SET auto_explain.log_analyze = on",
+                "SET auto_explain.log_timing = off")
 HISTORY = """
 INSERT INTO queen.messages (partition_id, transaction_id, payload)
 SELECT p.id, 'done-' || p.name || '-' || g, '{"old": true}'
