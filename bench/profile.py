@@ -88,7 +88,7 @@ def tuple_table(before: dict[str, Any], after: dict[str, Any], messages: float) 
 # (Comments dropped: most of Queen's statements open with one.)
 STATEMENTS = """
 SELECT left(regexp_replace(regexp_replace(query, '--[^\n]*', '', 'g'), '\\s+', ' ', 'g'), 110),
-       calls, total_exec_time, rows
+       calls, total_exec_time, rows, plans, total_plan_time
 FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 ORDER BY total_exec_time DESC LIMIT %s
 """
@@ -109,11 +109,12 @@ def track_nested(server_dsn: str, name: str) -> None:
     """Have pg_stat_statements count the statements that functions run in database name,
     from its next session on (pg_stat_statements.track = all; superuser)."""
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("ALTER DATABASE {} SET pg_stat_statements.track = 'all'").format(
-                sql.Identifier(name)
+        for setting in ("track = 'all'", "track_planning = on"):
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET pg_stat_statements." + setting).format(
+                    sql.Identifier(name)
+                )
             )
-        )
 
 
 def statement_table(dsn: str, seconds: float, messages: float, limit: int = 15) -> str:
@@ -121,15 +122,16 @@ def statement_table(dsn: str, seconds: float, messages: float, limit: int = 15) 
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(STATEMENTS, (limit,)).fetchall()
     out = [
-        "| statement | calls | rows/call | total ms | ms/call | us per message | share of wall |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| statement | calls | rows/call | total ms | ms/call | us per message | share of wall"
+        " | plans | plan ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for text, calls, total, returned in rows:
+    for text, calls, total, returned, plans, planning in rows:
         cell = text.replace("|", "\\|")
         out.append(
             f"| `{cell}` | {calls:,} | {returned / max(calls, 1):.2f} | {total:,.0f} |"
             f" {total / max(calls, 1):.3f} | {1000 * total / max(messages, 1):.0f} |"
-            f" {total / 1000 / seconds:.0%} |"
+            f" {total / 1000 / seconds:.0%} | {plans:,} | {planning:,.0f} |"
         )
     return "\n".join(out)
 

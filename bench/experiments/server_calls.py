@@ -60,6 +60,7 @@ SPENT = (  # (ack_whole: the statement that updates the consumer rows itself)
     " THEN 'ack' ELSE 'pop' END,"
     " sum(total_exec_time) * 1000 / sum(calls) FROM pg_stat_statements"
     " WHERE toplevel AND (query LIKE '%%queen.pop(%%' OR query LIKE '%%queen.pop_many(%%'"
+    " OR query LIKE '%%queen.pop_rows(%%'"
     " OR query LIKE '%%queen.ack_items(%%' OR query LIKE '%%UPDATE queen.consumers%%'"
     " OR query LIKE '%%queen.push%%(%%') GROUP BY 1"
 )
