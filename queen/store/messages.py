@@ -57,7 +57,7 @@ class _Push(NamedTuple):
 
 
 class _Pop(NamedTuple):
-    params: dict[str, Any]  # one element of queen.pop_many's array
+    params: dict[str, Any]  # one element of queen.pop_rows's array
     lease: uuid.UUID
 
 

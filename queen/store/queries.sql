@@ -66,24 +66,24 @@ SELECT f.fits, f.prefix, a.ids,
              FROM targets t ORDER BY t.k) AS wakes
 FROM fit f, (SELECT array_agg(s.id) AS ids FROM stored s) a  -- (as inserted: in id order)
 
--- pop_many: several pops in one call, each leasing a partition of its own; rows: the pop's position and its messages as queen.popped, id the message's bigint id --
+-- pop_many: several pops in one call, each leasing a partition of its own (queen.pop_rows); rows: the pop's position and its messages, id the message's bigint id --
 -- The API id is the server's to make (Messages: cheaper there than queen.message_uuid in SQL).
 -- What the messages of one pop share (queue, partition, its id, priority, lockedAt, the lease, the options) comes on its first row only, NULL on the others: formatting and loading those nine values again on every row is a large share of what psycopg spends loading a row.
-SELECT x.pop, (x.message).message_id AS id, (x.message).transaction_id,
-       CASE WHEN x.first THEN (x.message).queue END AS queue,
-       CASE WHEN x.first THEN (x.message).partition END AS partition,
-       (x.message).payload, (x.message).encrypted, (x.message).retry_count,
-       CASE WHEN x.first THEN (x.message).priority END AS priority,
-       (x.message).created_at,
-       CASE WHEN x.first THEN (x.message).locked_at END AS locked_at,
-       CASE WHEN x.first THEN (x.message).lease_id END AS lease_id,
-       CASE WHEN x.first THEN (x.message).lease_expires_at END AS lease_expires_at,
-       CASE WHEN x.first THEN (x.message).lease_time END AS lease_time,
-       CASE WHEN x.first THEN (x.message).retry_limit END AS retry_limit,
-       (x.message).trace_id,
-       CASE WHEN x.first THEN (x.message).partition_id END AS partition_id
-FROM (SELECT m.pop, m.message, m.pop IS DISTINCT FROM lag(m.pop) OVER () AS first
-      FROM queen.pop_many(%(pops)s::jsonb, false) m) x
+SELECT x.pop, x.id, x.transaction_id,
+       CASE WHEN x.first THEN x.queue END AS queue,
+       CASE WHEN x.first THEN x.partition END AS partition,
+       x.payload, x.encrypted, x.retry_count,
+       CASE WHEN x.first THEN x.priority END AS priority,
+       x.created_at,
+       CASE WHEN x.first THEN x.locked_at END AS locked_at,
+       CASE WHEN x.first THEN x.lease_id END AS lease_id,
+       CASE WHEN x.first THEN x.lease_expires_at END AS lease_expires_at,
+       CASE WHEN x.first THEN x.lease_time END AS lease_time,
+       CASE WHEN x.first THEN x.retry_limit END AS retry_limit,
+       x.trace_id,
+       CASE WHEN x.first THEN x.partition_id END AS partition_id
+FROM (SELECT m.*, m.pop IS DISTINCT FROM lag(m.pop) OVER () AS first
+      FROM queen.pop_rows(%(pops)s::jsonb) m) x
 
 -- pop_one: a call of one pop, queen.pop itself (its route and options as parameters, as in an element of pop_many's array), with no second pass over its rows; rows as pop_many's, its position 1 --
 -- The claim's commit does not wait for the disk, as pop_many's: the LATERAL call runs after the setting is made.

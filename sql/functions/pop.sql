@@ -480,15 +480,17 @@ $$;
 -- Several pops in one call (a worker's concurrent pops, fused): p_pops is an array of
 -- {kind, queue, partition, namespace, task, group, batch, worker, mode, since, lease,
 -- prefer}, popped in one transaction, each leasing a partition of its own. Rows: the
--- pop's position (1-based) and its messages as queen.popped, with the API id, or
--- (p_api_ids false) only their bigint ids (message_id), from which the server makes
--- the API id itself, for less than queen.message_uuid costs here.
--- Two or more pops by queue of one queue, group and batch are claimed as a set
--- (queen.claim_set): one ranking of the queue's partitions (as queen.candidates ranks
--- them), one statement locking the first free ones in order and leasing each its batch;
--- the partitions that woken ones among them name (polls woken for those) come first, in
--- their order, then the ranking (a pop may get another's, all being polls of one
--- route). When it took every free one it ranked, the route's pops it
+-- pop's position (1-based) and its messages, in order, as columns (the server makes
+-- each message's API id from its bigint id and created_at).
+-- Two or more pops by queue of one queue, group and batch are claimed as a set: one
+-- ranking of the queue's partitions (as queen.candidates ranks them), then the partitions
+-- that woken ones among them name (polls woken for those) first, in their order, then
+-- the ranking (a pop may get another's, all being polls of one route). One statement
+-- locks the first free cursor rows in that order, one for each pop, and notes which have
+-- a message to deliver; the next leases each of those its batch and answers the rows
+-- (the pops in order: the first locked row is the first pop's). A row found empty is
+-- left as it was, and forgets a next message it kept (deleted, or not due yet). When the
+-- claim took every free partition it ranked and each gave a batch, the route's pops it
 -- left get nothing (a walk would find the same partitions leased); the pops it could
 -- not serve otherwise, and all others, go one by one through queen.pop, in order, each
 -- seeing the leases of those before it; those of a queue and group share one ranking (a
@@ -497,15 +499,23 @@ $$;
 -- find the same ones leased: when more consumers poll than there are partitions, most
 -- pops end so, and ranking was most of their cost; once one has walked the ranking and
 -- found nothing, those after it get nothing without a walk of their own).
+-- No claim as a set while a partition it would try has no cursor row yet (queen.pop
+-- makes one, in turn), nor on a queue with a window or ttl (queen.pop's rare steps),
+-- nor over a lease that expired (queen.pop takes it over).
 -- A lone pop of its route naming a partition to prefer (a poll woken for it) tries that
 -- one first, and the queue is ranked only when it gave nothing.
 -- The pops' commit does not wait for the disk (synchronous_commit off for the
 -- transaction): a claim a crash forgets leaves its messages to be delivered again, as
--- at-least-once allows. One plan per session (plan_cache_mode), as queen.pop.
-DROP FUNCTION IF EXISTS queen.pop_many(jsonb);  -- (an earlier build's: no p_api_ids)
-CREATE OR REPLACE FUNCTION queen.pop_many(p_pops jsonb, p_api_ids boolean DEFAULT true)
-RETURNS TABLE (pop integer, message queen.popped)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- at-least-once allows. One plan per session (plan_cache_mode), as queen.pop, and no
+-- JIT: a set claim's estimates grow with the table, and compiling its statement would
+-- cost many times what it takes.
+CREATE OR REPLACE FUNCTION queen.pop_rows(p_pops jsonb)
+RETURNS TABLE (pop integer, id bigint, transaction_id text, queue text, partition text,
+               payload jsonb, encrypted boolean, retry_count integer, priority integer,
+               created_at timestamptz, locked_at timestamptz, lease_id uuid,
+               lease_expires_at timestamptz, lease_time integer, retry_limit integer,
+               trace_id text, partition_id uuid)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     r       record;
@@ -520,14 +530,16 @@ DECLARE
     served  integer[] := '{}';  -- positions the set claims are done with (below)
     woken   integer[] := '{}';  -- positions of woken pops a set claim tried
     preferred uuid[];           -- the partitions a set claim tries, in order
-    got     integer[];
-    rows    queen.popped[];
-    done    boolean;
+    missing boolean;            -- one of them has no cursor row yet
+    picked  integer;            -- cursor rows the set claim locked
+    locked  tid[];              -- those with a message to deliver, in order
+    js      integer[];          -- their pops (1-based, in the set)
+    took    integer[];          -- those pops' positions
+    forget  tid[];              -- rows found empty that kept a next message
+    expires timestamptz;
 BEGIN
     ignored := set_config('synchronous_commit', 'off', true);
     IF jsonb_array_length(p_pops) > 1 THEN
-        -- Each route's pops as a set: the partitions woken ones name first, then the
-        -- ranking, in one claim.
         FOR g IN
             SELECT x.queue, x."group", x.batch, min(x.mode) AS mode,
                    min(x.since) AS since,
@@ -569,18 +581,130 @@ BEGIN
                     WHERE u.x <> ALL (preferred) ORDER BY u.k);
                 woken := woken || g.positions;
             END IF;
-            SELECT s.pops, s.messages, s.exhausted INTO got, rows, done
-            FROM queen.claim_set(q, g."group", g.batch, preferred, g.positions,
-                                 g.workers, g.leases, p_api_ids) s;
-            IF got IS NOT NULL THEN
-                RETURN QUERY SELECT got[i], rows[i] FROM generate_subscripts(got, 1) i;
+            -- The locks. (Each LATERAL probes a key in the list's order, whatever the
+            -- statistics, and the LIMIT stops it once it has a row for every pop; each
+            -- locked row's next message is one probe of the index, in id order.)
+            WITH m AS MATERIALIZED (
+                SELECT EXISTS (SELECT 1 FROM unnest(preferred) u
+                               LEFT JOIN LATERAL (SELECT true AS found FROM queen.consumers x
+                                                  WHERE x.partition_id = u
+                                                    AND x.consumer_group = g."group") x
+                                 ON true
+                               WHERE x.found IS NULL) AS missing
+            )
+            SELECT m.missing, k.picked, k.locked, k.js, k.took, k.forget
+            INTO missing, picked, locked, js, took, forget
+            FROM m CROSS JOIN LATERAL (
+                SELECT count(*)::integer AS picked,
+                       coalesce(array_agg(k.row) FILTER (WHERE k.full), '{}') AS locked,
+                       coalesce(array_agg(k.j) FILTER (WHERE k.full), '{}') AS js,
+                       coalesce(array_agg(g.positions[k.j]) FILTER (WHERE k.full), '{}')
+                         AS took,
+                       coalesce(array_agg(k.row) FILTER (WHERE NOT k.full AND k.kept), '{}')
+                         AS forget
+                FROM (SELECT x.row, row_number() OVER ()::integer AS j,
+                             (SELECT n.id FROM queen.messages n
+                              WHERE n.partition_id = x.partition_id AND n.id > x.cursor_id
+                                AND n.id <> ALL (x.done_ids)
+                                AND (q.delayed_processing = 0
+                                     OR n.created_at <= now()
+                                        - make_interval(secs => q.delayed_processing))
+                              ORDER BY n.id LIMIT 1) IS NOT NULL AS full,
+                             queen.kept_next(x.cursor_id, x.next_id, x.next_after)
+                               IS NOT NULL AS kept
+                      FROM (SELECT x.* FROM unnest(preferred) u
+                            CROSS JOIN LATERAL (
+                                SELECT x.ctid AS row, x.partition_id, x.cursor_id,
+                                       x.done_ids, x.next_id, x.next_after
+                                FROM queen.consumers x
+                                WHERE x.partition_id = u AND x.consumer_group = g."group"
+                                  AND x.lease_id IS NULL
+                                  AND NOT coalesce(x.not_before > now(), false)
+                                FOR UPDATE SKIP LOCKED) x
+                            WHERE NOT m.missing
+                            LIMIT cardinality(g.positions)) x) k) k;
+            CONTINUE WHEN missing;
+            IF forget <> '{}' THEN
+                UPDATE queen.consumers x SET next_id = NULL, next_after = NULL
+                WHERE x.ctid = ANY (forget);
             END IF;
-            -- Done: the pops served, or all of the set when it took every free
-            -- partition of the ranking (those it left would find them leased).
-            IF done THEN
+            -- The leases and the answer. (A partition's name is read once, with its row,
+            -- not for each message: on a small table each read is a scan of the whole
+            -- table; its lease id is made once too. Each lease's digest joins its batch
+            -- as the CTE holds it, in id order, with no sort of its own (an aggregate's
+            -- ORDER BY sorts each group apart, and rules out hashing the groups): in any
+            -- other order it would only fail to match, and the ack take the items path,
+            -- as queen.pop's. The LIMIT on the locked rows keeps the estimates of the
+            -- messages read to what one pop reads.)
+            expires := now() + make_interval(secs => q.lease_time);
+            RETURN QUERY
+            WITH picked AS MATERIALIZED (
+                SELECT u.j, x.row, x.partition_id, x.cursor_id, x.done_ids, x.retried_max,
+                       (SELECT p.name FROM queen.partitions p WHERE p.id = x.partition_id)
+                         AS name,
+                       queen.made_prefix(x.partition_id) AS made,
+                       queen.lease_in(x.partition_id, g.leases[u.j]) AS lease
+                FROM unnest(locked, js) u(row, j)
+                CROSS JOIN LATERAL (SELECT x.ctid AS row, x.partition_id, x.cursor_id,
+                                           x.done_ids, x.retried_max
+                                    FROM queen.consumers x
+                                    WHERE x.ctid = u.row LIMIT 1) x
+                LIMIT cardinality(locked)
+            ), batch AS MATERIALIZED (
+                SELECT k.j, k.partition_id, k.row, k.name, k.lease, m.id, m.transaction_id,
+                       m.payload, m.encrypted, m.created_at, m.trace_id,
+                       CASE WHEN m.id <= k.retried_max  -- (a message of it may be a retry)
+                            THEN queen.retries_of(k.partition_id, g."group", m.id,
+                                                  k.retried_max)
+                            ELSE 0 END AS retries
+                FROM picked k
+                CROSS JOIN LATERAL (SELECT m.id,
+                                           coalesce(m.transaction_id,
+                                                    queen.made_txid_text(k.made, m.id))
+                                             AS transaction_id,
+                                           m.payload, m.encrypted, m.created_at, m.trace_id
+                                    FROM queen.messages m
+                                    WHERE m.partition_id = k.partition_id
+                                      AND m.id > k.cursor_id
+                                      AND m.id <> ALL (k.done_ids)
+                                      AND (q.delayed_processing = 0
+                                           OR m.created_at <= now()
+                                              - make_interval(secs => q.delayed_processing))
+                                    ORDER BY m.id LIMIT g.batch) m
+            ), leased AS (
+                UPDATE queen.consumers x SET
+                    lease_id = s.lease, leased_by = g.workers[s.j],
+                    lease_expires_at = expires,
+                    lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
+                    lease_digest = s.digest, not_before = NULL, updated_at = now()
+                FROM (SELECT b.j, b.partition_id, b.row, b.lease, max(b.id) AS last_id,
+                             count(*)::integer AS size,
+                             queen.lease_digest(string_agg(b.transaction_id, E'\x1f'),
+                                                count(*)::integer) AS digest
+                      FROM batch b GROUP BY b.j, b.partition_id, b.row, b.lease) s
+                WHERE x.ctid = s.row AND x.partition_id = s.partition_id
+                  AND x.consumer_group = g."group"
+            )
+            SELECT g.positions[b.j], b.id, b.transaction_id, q.name, b.name, b.payload,
+                   b.encrypted, b.retries, q.priority, b.created_at, now(), b.lease,
+                   expires, q.lease_time, q.retry_limit, b.trace_id, b.partition_id
+            FROM batch b
+            ORDER BY b.j, b.id;
+            -- Done: the pops served, or all of the set when it took every free partition
+            -- of the ranking and each gave a batch (those it left would find them
+            -- leased), with no lease among them expired (each row probed by key).
+            IF cardinality(took) = cardinality(g.positions)
+               OR picked < cardinality(g.positions) AND picked = cardinality(took)
+                  AND NOT EXISTS (SELECT 1 FROM unnest(preferred) u
+                                  CROSS JOIN LATERAL (
+                                      SELECT 1 FROM queen.consumers x
+                                      WHERE x.partition_id = u
+                                        AND x.consumer_group = g."group"
+                                        AND x.lease_id IS NOT NULL
+                                        AND x.lease_expires_at <= now()) x) THEN
                 served := served || g.positions;
-            ELSIF got IS NOT NULL THEN
-                served := served || ARRAY(SELECT DISTINCT p FROM unnest(got) p);
+            ELSE
+                served := served || took;
             END IF;
         END LOOP;
         IF cardinality(served) = jsonb_array_length(p_pops) THEN
@@ -613,12 +737,10 @@ BEGIN
                 END IF;
             END IF;
             RETURN QUERY
-            SELECT r.ordinality::integer,
-                   ROW(CASE WHEN p_api_ids THEN queen.message_uuid(d.id, d.created_at) END,
-                       d.transaction_id, d.queue,
-                       d.partition, d.payload, d.encrypted, d.retry_count, d.priority,
-                       d.created_at, now(), d.lease_id, d.lease_expires_at, d.lease_time,
-                       d.retry_limit, d.trace_id, d.partition_id, d.id)::queen.popped
+            SELECT r.ordinality::integer, d.id, d.transaction_id, d.queue, d.partition,
+                   d.payload, d.encrypted, d.retry_count, d.priority, d.created_at, now(),
+                   d.lease_id, d.lease_expires_at, d.lease_time, d.retry_limit, d.trace_id,
+                   d.partition_id
             FROM queen.pop(r.kind, r.queue, r.partition, r.namespace, r.task, r."group",
                            r.batch, r.worker, r.mode, r.since, r.lease, prefer,
                            CASE WHEN route IS NULL THEN NULL
@@ -634,115 +756,27 @@ BEGIN
 END
 $$;
 
--- Pops by queue of one queue, group and batch claimed as a set (queen.pop_many): the
--- first free partitions of p_candidates (ranked, queen.candidates) in rank order, one
--- per pop (p_positions, with its worker and lease id), each leased over its next batch.
--- Only partitions whose cursor row exists with no lease at all and is not held back are
--- taken, and none while a candidate has no cursor row yet (an expired lease, a partition
--- with no cursor yet and a queue with a window or ttl are queen.pop's, where the pops
--- this leaves go); a partition found empty is left as it was. pops: the positions
--- served, one per message, with messages (in order; API ids as queen.pop_many's).
--- exhausted: the pops it left would find nothing in p_candidates either: it took every
--- free one and each gave a batch, and none holds an expired lease (the others are
--- leased, held back, or being claimed by another call); asked only when it left some.
-CREATE OR REPLACE FUNCTION queen.claim_set(q queen.queues, p_group text, p_batch integer,
-                                           p_candidates uuid[], p_positions integer[],
-                                           p_workers text[], p_leases uuid[],
-                                           p_api_ids boolean,
-                                           OUT pops integer[], OUT messages queen.popped[],
-                                           OUT exhausted boolean)
-LANGUAGE plpgsql AS $$
-DECLARE
-    expires timestamptz := now() + make_interval(secs => q.lease_time);
-    picked  integer;  -- partitions locked
-BEGIN
-    exhausted := false;
-    -- A candidate with no cursor row yet: none served here (queen.pop makes it, in turn).
-    IF EXISTS (SELECT 1 FROM unnest(p_candidates) u
-               LEFT JOIN LATERAL (SELECT true AS found FROM queen.consumers x
-                                  WHERE x.partition_id = u
-                                    AND x.consumer_group = p_group) x ON true
-               WHERE x.found IS NULL) THEN
-        RETURN;
-    END IF;
-    -- (The LATERAL probes the key of each candidate in the list's order, whatever the
-    -- statistics, and stops once it has locked a row for every pop. A partition's name is
-    -- read once, with its row, not for each message: on a small table each read is a
-    -- scan of the whole table; its lease id is made once too. Each lease's digest joins
-    -- its batch as the CTE holds it, in id order, with no sort of its own (an aggregate's
-    -- ORDER BY sorts each group apart, and rules out hashing the groups): in any other
-    -- order it would only fail to match, and the ack take the items path, as queen.pop's.)
-    WITH picked AS MATERIALIZED (
-        SELECT k.*, row_number() OVER ()::integer AS j,
-               (SELECT p.name FROM queen.partitions p WHERE p.id = k.partition_id) AS name,
-               queen.made_prefix(k.partition_id) AS made,
-               queen.lease_in(k.partition_id, p_leases[row_number() OVER ()]) AS lease
-        FROM (SELECT x.* FROM unnest(p_candidates) u
-              CROSS JOIN LATERAL (SELECT x.ctid AS row, x.* FROM queen.consumers x
-                                  WHERE x.partition_id = u AND x.consumer_group = p_group
-                                    AND x.lease_id IS NULL
-                                    AND NOT coalesce(x.not_before > now(), false)
-                                  FOR UPDATE SKIP LOCKED) x
-              LIMIT cardinality(p_positions)) k
-    ), batch AS MATERIALIZED (
-        SELECT k.j, k.partition_id, k.row, k.name, k.lease, m.id, m.transaction_id, m.payload,
-               m.encrypted, m.created_at, m.trace_id,
-               CASE WHEN m.id <= k.retried_max  -- (a message of it may have been retried)
-                    THEN queen.retries_of(k.partition_id, p_group, m.id, k.retried_max)
-                    ELSE 0 END AS retries
-        FROM picked k
-        CROSS JOIN LATERAL (SELECT m.id,
-                                   coalesce(m.transaction_id,
-                                            queen.made_txid_text(k.made, m.id))
-                                     AS transaction_id,
-                                   m.payload, m.encrypted, m.created_at, m.trace_id
-                            FROM queen.messages m
-                            WHERE m.partition_id = k.partition_id AND m.id > k.cursor_id
-                              AND m.id <> ALL (k.done_ids)
-                              AND (q.delayed_processing = 0
-                                   OR m.created_at <= now()
-                                      - make_interval(secs => q.delayed_processing))
-                            ORDER BY m.id LIMIT p_batch) m
-    ), leased AS (
-        UPDATE queen.consumers x SET
-            lease_id = s.lease, leased_by = p_workers[s.j],
-            lease_expires_at = expires,
-            lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
-            lease_digest = s.digest, not_before = NULL, updated_at = now()
-        FROM (SELECT b.j, b.partition_id, b.row, b.lease, max(b.id) AS last_id,
-                     count(*)::integer AS size,
-                     queen.lease_digest(string_agg(b.transaction_id, E'\x1f'),
-                                        count(*)::integer) AS digest
-              FROM batch b GROUP BY b.j, b.partition_id, b.row, b.lease) s
-        WHERE x.ctid = s.row AND x.partition_id = s.partition_id
-          AND x.consumer_group = p_group
-    )
-    SELECT array_agg(p_positions[b.j] ORDER BY b.j, b.id),
-           array_agg(ROW(CASE WHEN p_api_ids THEN queen.message_uuid(b.id, b.created_at) END,
-                         b.transaction_id, q.name,
-                         b.name, b.payload, b.encrypted, b.retries, q.priority,
-                         b.created_at, now(), b.lease,
-                         expires, q.lease_time,
-                         q.retry_limit, b.trace_id, b.partition_id, b.id)::queen.popped
-                     ORDER BY b.j, b.id),
-           (SELECT count(*)::integer FROM picked)
-    INTO pops, messages, picked
-    FROM batch b;
-    IF picked < cardinality(p_positions) THEN  -- (it passed every candidate)
-        exhausted := picked = (SELECT count(DISTINCT p) FROM unnest(pops) p)
-                     AND NOT EXISTS (  -- (each candidate's row probed by key)
-                         SELECT 1 FROM unnest(p_candidates) u
-                         CROSS JOIN LATERAL (SELECT 1 FROM queen.consumers x
-                                             WHERE x.partition_id = u
-                                               AND x.consumer_group = p_group
-                                               AND x.lease_id IS NOT NULL
-                                               AND x.lease_expires_at <= now()) x);
-    END IF;
-END
+-- queen.pop_rows with each message as queen.popped (with the API id, or with p_api_ids
+-- false only its bigint id, message_id): what an earlier build's statements call while
+-- hosts are replaced one at a time, and SQL callers.
+DROP FUNCTION IF EXISTS queen.pop_many(jsonb);  -- (an earlier build's: no p_api_ids)
+CREATE OR REPLACE FUNCTION queen.pop_many(p_pops jsonb, p_api_ids boolean DEFAULT true)
+RETURNS TABLE (pop integer, message queen.popped)
+LANGUAGE sql AS $$
+    SELECT r.pop,
+           ROW(CASE WHEN p_api_ids THEN queen.message_uuid(r.id, r.created_at) END,
+               r.transaction_id, r.queue, r.partition, r.payload, r.encrypted,
+               r.retry_count, r.priority, r.created_at, r.locked_at, r.lease_id,
+               r.lease_expires_at, r.lease_time, r.retry_limit, r.trace_id, r.partition_id,
+               r.id)::queen.popped
+    FROM queen.pop_rows(p_pops) r
 $$;
 
--- queen.claim_set without exhausted: an earlier build's pop_many calls it, and that
--- build installs its own in its place, while hosts are replaced one at a time.
+-- Pops by queue of one queue, group and batch as a set, each with its worker and lease
+-- id, answered at positions p_positions: what an earlier build's pop_many calls while
+-- hosts are replaced (through queen.pop_many; the queue is ranked there again).
+DROP FUNCTION IF EXISTS queen.claim_set(queen.queues, text, integer, uuid[], integer[],
+                                         text[], uuid[], boolean);
 DROP FUNCTION IF EXISTS queen.pop_set(queen.queues, text, integer, uuid[], integer[],
                                        text[], uuid[]);  -- (an earlier build's: no p_api_ids)
 CREATE OR REPLACE FUNCTION queen.pop_set(q queen.queues, p_group text, p_batch integer,
@@ -751,7 +785,11 @@ CREATE OR REPLACE FUNCTION queen.pop_set(q queen.queues, p_group text, p_batch i
                                          p_api_ids boolean,
                                          OUT pops integer[], OUT messages queen.popped[])
 LANGUAGE sql AS $$
-    SELECT s.pops, s.messages
-    FROM queen.claim_set(q, p_group, p_batch, p_candidates, p_positions, p_workers,
-                         p_leases, p_api_ids) s
+    SELECT array_agg(p_positions[m.pop]), array_agg(m.message)
+    FROM queen.pop_many((SELECT jsonb_agg(jsonb_build_object(
+                                    'kind', 'queue', 'queue', q.name, 'group', p_group,
+                                    'batch', p_batch, 'worker', w.worker, 'lease', w.lease)
+                                ORDER BY w.k)
+                         FROM unnest(p_workers, p_leases) WITH ORDINALITY w(worker, lease, k)),
+                        p_api_ids) m
 $$;

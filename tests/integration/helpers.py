@@ -68,9 +68,11 @@ def with_calls(
     return got, {f: n - before.get(f, 0) for f, n in after.items() if n > before.get(f, 0)}
 
 
-# A ranking of a queue's partitions, as queen.pop and queen.pop_many make it (a narrow
+# A ranking of a queue's partitions, as queen.pop and queen.pop_rows make it (a narrow
 # queue's in place, a wide one's by queen.candidates): the statement that assigns it.
 RANKING = re.compile(r"^Query Text: (?:ranking|candidates) :=", re.MULTILINE)
+# A set claim of queen.pop_rows: the statement that leases the rows it locked.
+SET_CLAIM = re.compile(r"^Query Text: WITH picked AS MATERIALIZED", re.MULTILINE)
 # (auto_explain reporting every statement run, nested ones too, to the session.)
 AUTO_EXPLAIN = (
     "LOAD 'auto_explain'",
@@ -84,8 +86,10 @@ AUTO_EXPLAIN = (
 def with_rankings(
     conn: psycopg.Connection[Any], query: str, params: Any = ()
 ) -> tuple[list[tuple[Any, ...]], dict[str, int], int]:
-    """with_calls, and how many rankings of a queue's partitions the query made (the
-    statements making one, as auto_explain reports each statement run)."""
+    """with_calls, with how many rankings of a queue's partitions (as "rankings") and set
+    claims (as "set_claims") the query made among the calls, counted from the statements
+    auto_explain reports (an inlined SQL function and a statement leave no call count);
+    and the rankings."""
     notes: list[str] = []
 
     def note(diagnostic: psycopg.errors.Diagnostic) -> None:
@@ -99,7 +103,11 @@ def with_rankings(
     finally:
         conn.execute("SET auto_explain.log_min_duration = -1")
         conn.remove_notice_handler(note)
-    return got, calls, sum(1 for n in notes if RANKING.search(n))
+    for name, statement in (("rankings", RANKING), ("set_claims", SET_CLAIM)):
+        made = sum(1 for n in notes if statement.search(n))
+        if made:
+            calls[name] = made
+    return got, calls, calls.get("rankings", 0)
 
 
 def partition_id(dsn: str, queue: str, partition: str) -> Any:

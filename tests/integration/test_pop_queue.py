@@ -116,7 +116,7 @@ def test_a_filtered_pop_tries_only_queues_it_may_find_work_in(store: Store) -> N
              "worker": "test", "lease": str(uuid.uuid4())}
     with psycopg.connect(store.db.dsn, autocommit=True) as conn:
         got, calls, rankings = with_rankings(
-            conn, "SELECT (message).payload FROM queen.pop_many(%s::jsonb)",
+            conn, "SELECT payload FROM queen.pop_rows(%s::jsonb)",
             (orjson.dumps([route]).decode(),))
     assert got == [("w",)]
     # (queen.pop once for the filter, once for the one queue with work: no ranking of the
@@ -215,7 +215,7 @@ def test_pops_a_set_left_after_an_empty_partition_still_walk_the_ranking(
         conn.execute("ALTER TABLE queen.messages ENABLE TRIGGER messages_deleted")
     served, called = _fused_pops(store, 3)
     assert served == {2: ["b1"]}
-    assert called["claim_set"] == 1 and called["pop"] == 1
+    assert called["set_claims"] == 1 and called["pop"] == 1
     assert rows(dsn, NEXT, ("a",)) == [(None, None)]
 
 
@@ -250,16 +250,15 @@ def _fused_pops(
 ) -> tuple[dict[int, list[str]], dict[str, int]]:
     """pops pops by queue of q in one call (a fused call), each trying its partition of
     prefer first (None: none): each pop's payloads, and how often the call ran each
-    function ("rankings": the rankings of the queue it made)."""
+    function, with the rankings of the queue and the set claims it made ("rankings",
+    "set_claims")."""
     one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": batch, "worker": "test"}
     body = [{**one, "lease": str(uuid.uuid4()), "prefer": (prefer or [None] * pops)[k]}
             for k in range(pops)]
     with psycopg.connect(store.db.dsn, autocommit=True) as conn:
-        got, calls, rankings = with_rankings(
-            conn, "SELECT pop, (message).payload FROM queen.pop_many(%s::jsonb)",
+        got, calls, _ = with_rankings(
+            conn, "SELECT pop, payload FROM queen.pop_rows(%s::jsonb)",
             (orjson.dumps(body).decode(),))
-    if rankings:
-        calls["rankings"] = rankings
     served: dict[int, list[str]] = {}
     for pop_no, payload in got:
         served.setdefault(pop_no, []).append(payload)
@@ -291,7 +290,7 @@ def test_fused_woken_pops_take_their_partitions_before_older_ones_in_one_claim(
     # One ranking and one claim, whether or not their partitions turn out free: a claim
     # over their partitions alone, then another over the ranking for those it could not
     # serve, cost more under load than the ranking it spared.
-    assert called["claim_set"] == 1 and called["rankings"] == 1 and "pop" not in called
+    assert called["set_claims"] == 1 and called["rankings"] == 1 and "pop" not in called
 
 
 def test_a_fused_pop_whose_preferred_partition_is_taken_ranks_once_for_the_call(
@@ -310,13 +309,13 @@ def test_woken_pops_of_a_route_are_claimed_as_a_set_over_their_partitions(
     _partitions_with_cursors(store, 2)
     served, called = _pop_many_preferring(store, ["c", "b"])
     assert served == {1: ["c0"], 2: ["b0"]}
-    assert called["claim_set"] == 1 and "pop" not in called  # one statement for both
+    assert called["set_claims"] == 1 and "pop" not in called  # one statement for both
     # b and c are leased now. Woken pops beside one that was not are one set, over the
     # partitions they were woken for, then the ranking: the first takes a, and nothing
     # is left, nor a lease to take over: no walk follows
     served, called = _pop_many_preferring(store, ["a", "a", "b", None])
     assert served == {1: ["a0"]}
-    assert called["claim_set"] == 1 and "pop" not in called
+    assert called["set_claims"] == 1 and "pop" not in called
 
 
 def test_woken_pops_alone_whose_partitions_are_taken_are_a_set_over_the_ranking(
@@ -327,7 +326,7 @@ def test_woken_pops_alone_whose_partitions_are_taken_are_a_set_over_the_ranking(
         pop(store, "q", name)
     served, called = _pop_many_preferring(store, ["b", "c"])
     assert served == {1: ["a0"]}  # (their partitions first, then the ranking's: one claim)
-    assert called["claim_set"] == 1 and called["rankings"] == 1
+    assert called["set_claims"] == 1 and called["rankings"] == 1
 
 
 def _pop_many(store: Store, pops: int, batch: int = 1) -> dict[int, list[str]]:
@@ -397,7 +396,7 @@ def test_pops_a_set_did_not_serve_still_take_over_an_expired_lease(store: Store)
         expire_leases_now(conn)
     served, called = _pop_many_calling(store, 4, batch=5)
     assert sorted(served.values()) == [["a0", "a1"], ["b0", "b1"], ["c0", "c1"]]
-    assert {"claim_set", "pop"} <= called  # the set takes b and c; a pop alone, a's lease
+    assert {"set_claims", "pop"} <= called  # the set takes b and c; a pop alone, a's lease
 
 
 NEXT = (

@@ -120,14 +120,16 @@ def explained(seeded: str) -> Iterator[Explained]:
 
 
 def check(name: str, plans: list[Plan]) -> None:
-    """Assert no plan scans the messages whole, and no node on the store's tables
-    touches more than MAX_ROWS rows."""
+    """Assert no plan scans the messages whole, none is compiled by JIT (its estimates
+    past jit_above_cost: compiling costs many times what these statements take), and no
+    node on the store's tables touches more than MAX_ROWS rows."""
     assert plans, "auto_explain captured nothing"
     names = "|".join(TABLES)
     on_table = re.compile(rf"\b(?:on|using) (?:{names})(?:_\w+)?\b")
     for p in plans:
         where = f"{name}: {p.query[:80]!r}\n{p.plan}"
         assert not re.search(r"Seq Scan on messages\b", p.plan), where
+        assert "JIT:" not in p.plan, where
         ours = False
         for line in p.plan.splitlines():
             if "(cost=" in line:
