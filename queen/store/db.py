@@ -375,6 +375,9 @@ class Database:
             # may plan a hot call afresh every time (docs/DECISIONS.md). Reads, the
             # dashboard and admin actions choose again, for their transaction.
             " set_config('plan_cache_mode', 'force_generic_plan', false),"
+            # No JIT: compiling costs many times what these short statements take, and
+            # a generic plan's estimates grow with the tables, past jit_above_cost.
+            " set_config('jit', 'off', false),"
             " pg_postmaster_start_time()",
             (str(self._hot_path_timeout_ms),),
         ).fetchone()

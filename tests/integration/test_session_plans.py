@@ -1,5 +1,5 @@
-"""The server's pooled sessions keep one plan per prepared hot call; reads, the dashboard
-and admin actions choose plans for their values."""
+"""The server's pooled sessions keep one plan per prepared hot call, never compiled by
+JIT; reads, the dashboard and admin actions choose plans for their values."""
 
 from __future__ import annotations
 
@@ -48,3 +48,14 @@ def test_reads_the_dashboard_and_admin_actions_plan_for_their_values(store: Stor
     assert seen == ["auto"]  # (the dashboard's transactions set the same)
     with store.db.connection() as conn:  # (for their transaction only)
         assert conn.execute(mode).fetchone() == ("force_generic_plan",)
+
+
+def test_no_pooled_session_compiles_a_plan_by_jit(store: Store) -> None:
+    # (Whatever the server's jit_above_cost: a session that would compile, as every
+    # statement over that cost does, plans the same statement without it here.)
+    with store.db.connection() as conn:
+        conn.execute("SET jit_above_cost = 0")
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF) SELECT count(*) FROM generate_series(1, 10)"))
+        assert conn.execute("SELECT current_setting('jit')").fetchone() == ("off",)
+    assert "JIT:" not in plan
