@@ -10,6 +10,7 @@ import psycopg
 
 from queen.models import Popped, PopRoute
 from queen.store import Store
+from queen.store.messages import message_uuid
 from tests import storage
 from tests.integration.helpers import (
     ack,
@@ -309,7 +310,7 @@ def test_woken_pops_of_a_route_are_claimed_as_a_set_over_their_partitions(
     _partitions_with_cursors(store, 2)
     served, called = _pop_many_preferring(store, ["c", "b"])
     assert served == {1: ["c0"], 2: ["b0"]}
-    assert called["set_claims"] == 1 and "pop" not in called  # one statement for both
+    assert called["set_claims"] == 1 and "pop" not in called  # one claim for both
     # b and c are leased now. Woken pops beside one that was not are one set, over the
     # partitions they were woken for, then the ranking: the first takes a, and nothing
     # is left, nor a lease to take over: no walk follows
@@ -514,6 +515,27 @@ def test_a_pop_forgets_a_next_message_that_is_not_there(store: Store) -> None:
     assert rows(dsn, NEXT, ("a",))[0][0] is True  # kept, though a1 is gone
     assert [data(m) for m in pop(store, "q")] == ["b1"]
     assert rows(dsn, NEXT, ("a",)) == [(None, None)]
+
+
+def test_pop_many_answers_the_rows_of_pop_rows_as_popped(store: Store) -> None:
+    # (What SQL callers and an earlier build's statements read: with the API id, or with
+    # p_api_ids false only the bigint id.)
+    _partitions_with_cursors(store, 2)
+    one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": 2, "worker": "test"}
+    body = orjson.dumps([{**one, "lease": str(uuid.uuid4())} for _ in range(2)]).decode()
+    with psycopg.connect(store.db.dsn, autocommit=True) as conn:
+        got = conn.execute(
+            "SELECT pop, (message).id, (message).message_id, (message).created_at,"
+            " (message).payload, (message).lease_id FROM queen.pop_many(%s::jsonb)",
+            (body,)).fetchall()
+        conn.execute("UPDATE queen.consumers SET lease_id = NULL")  # (given back)
+        bare = conn.execute("SELECT (message).id FROM queen.pop_many(%s::jsonb, false)",
+                            (body,)).fetchall()
+    assert [(pop, payload) for pop, *_, payload, _ in got] == [
+        (1, "a0"), (1, "a1"), (2, "b0"), (2, "b1")]
+    assert all(api == message_uuid(bigint, created) for _, api, bigint, created, *_ in got)
+    assert len({lease for *_, lease in got}) == 2
+    assert bare == [(None,)] * 4
 
 
 def test_an_earlier_build_s_set_claim_still_serves(store: Store) -> None:
