@@ -581,6 +581,10 @@ BEGIN
                     WHERE u.x <> ALL (preferred) ORDER BY u.k);
                 woken := woken || g.positions;
             END IF;
+            IF preferred = '{}' THEN  -- (none free with work, nor a lease expired: done)
+                served := served || g.positions;
+                CONTINUE;
+            END IF;
             -- The locks. (Each LATERAL probes a key in the list's order, whatever the
             -- statistics, and the LIMIT stops it once it has a row for every pop; each
             -- locked row's next message is one probe of the index, in id order.)
@@ -636,60 +640,62 @@ BEGIN
             -- other order it would only fail to match, and the ack take the items path,
             -- as queen.pop's. The LIMIT on the locked rows keeps the estimates of the
             -- messages read to what one pop reads.)
-            expires := now() + make_interval(secs => q.lease_time);
-            RETURN QUERY
-            WITH picked AS MATERIALIZED (
-                SELECT u.j, x.row, x.partition_id, x.cursor_id, x.done_ids, x.retried_max,
-                       (SELECT p.name FROM queen.partitions p WHERE p.id = x.partition_id)
-                         AS name,
-                       queen.made_prefix(x.partition_id) AS made,
-                       queen.lease_in(x.partition_id, g.leases[u.j]) AS lease
-                FROM unnest(locked, js) u(row, j)
-                CROSS JOIN LATERAL (SELECT x.ctid AS row, x.partition_id, x.cursor_id,
-                                           x.done_ids, x.retried_max
-                                    FROM queen.consumers x
-                                    WHERE x.ctid = u.row LIMIT 1) x
-                LIMIT cardinality(locked)
-            ), batch AS MATERIALIZED (
-                SELECT k.j, k.partition_id, k.row, k.name, k.lease, m.id, m.transaction_id,
-                       m.payload, m.encrypted, m.created_at, m.trace_id,
-                       CASE WHEN m.id <= k.retried_max  -- (a message of it may be a retry)
-                            THEN queen.retries_of(k.partition_id, g."group", m.id,
-                                                  k.retried_max)
-                            ELSE 0 END AS retries
-                FROM picked k
-                CROSS JOIN LATERAL (SELECT m.id,
-                                           coalesce(m.transaction_id,
-                                                    queen.made_txid_text(k.made, m.id))
-                                             AS transaction_id,
-                                           m.payload, m.encrypted, m.created_at, m.trace_id
-                                    FROM queen.messages m
-                                    WHERE m.partition_id = k.partition_id
-                                      AND m.id > k.cursor_id
-                                      AND m.id <> ALL (k.done_ids)
-                                      AND (q.delayed_processing = 0
-                                           OR m.created_at <= now()
-                                              - make_interval(secs => q.delayed_processing))
-                                    ORDER BY m.id LIMIT g.batch) m
-            ), leased AS (
-                UPDATE queen.consumers x SET
-                    lease_id = s.lease, leased_by = g.workers[s.j],
-                    lease_expires_at = expires,
-                    lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
-                    lease_digest = s.digest, not_before = NULL, updated_at = now()
-                FROM (SELECT b.j, b.partition_id, b.row, b.lease, max(b.id) AS last_id,
-                             count(*)::integer AS size,
-                             queen.lease_digest(string_agg(b.transaction_id, E'\x1f'),
-                                                count(*)::integer) AS digest
-                      FROM batch b GROUP BY b.j, b.partition_id, b.row, b.lease) s
-                WHERE x.ctid = s.row AND x.partition_id = s.partition_id
-                  AND x.consumer_group = g."group"
-            )
-            SELECT g.positions[b.j], b.id, b.transaction_id, q.name, b.name, b.payload,
-                   b.encrypted, b.retries, q.priority, b.created_at, now(), b.lease,
-                   expires, q.lease_time, q.retry_limit, b.trace_id, b.partition_id
-            FROM batch b
-            ORDER BY b.j, b.id;
+            IF locked <> '{}' THEN
+                expires := now() + make_interval(secs => q.lease_time);
+                RETURN QUERY
+                WITH picked AS MATERIALIZED (
+                    SELECT u.j, x.row, x.partition_id, x.cursor_id, x.done_ids, x.retried_max,
+                           (SELECT p.name FROM queen.partitions p WHERE p.id = x.partition_id)
+                             AS name,
+                           queen.made_prefix(x.partition_id) AS made,
+                           queen.lease_in(x.partition_id, g.leases[u.j]) AS lease
+                    FROM unnest(locked, js) u(row, j)
+                    CROSS JOIN LATERAL (SELECT x.ctid AS row, x.partition_id, x.cursor_id,
+                                               x.done_ids, x.retried_max
+                                        FROM queen.consumers x
+                                        WHERE x.ctid = u.row LIMIT 1) x
+                    LIMIT cardinality(locked)
+                ), batch AS MATERIALIZED (
+                    SELECT k.j, k.partition_id, k.row, k.name, k.lease, m.id, m.transaction_id,
+                           m.payload, m.encrypted, m.created_at, m.trace_id,
+                           CASE WHEN m.id <= k.retried_max  -- (a message of it may be a retry)
+                                THEN queen.retries_of(k.partition_id, g."group", m.id,
+                                                      k.retried_max)
+                                ELSE 0 END AS retries
+                    FROM picked k
+                    CROSS JOIN LATERAL (SELECT m.id,
+                                               coalesce(m.transaction_id,
+                                                        queen.made_txid_text(k.made, m.id))
+                                                 AS transaction_id,
+                                               m.payload, m.encrypted, m.created_at, m.trace_id
+                                        FROM queen.messages m
+                                        WHERE m.partition_id = k.partition_id
+                                          AND m.id > k.cursor_id
+                                          AND m.id <> ALL (k.done_ids)
+                                          AND (q.delayed_processing = 0
+                                               OR m.created_at <= now()
+                                                  - make_interval(secs => q.delayed_processing))
+                                        ORDER BY m.id LIMIT g.batch) m
+                ), leased AS (
+                    UPDATE queen.consumers x SET
+                        lease_id = s.lease, leased_by = g.workers[s.j],
+                        lease_expires_at = expires,
+                        lease_last_id = s.last_id, lease_size = s.size, lease_acked = '{}',
+                        lease_digest = s.digest, not_before = NULL, updated_at = now()
+                    FROM (SELECT b.j, b.partition_id, b.row, b.lease, max(b.id) AS last_id,
+                                 count(*)::integer AS size,
+                                 queen.lease_digest(string_agg(b.transaction_id, E'\x1f'),
+                                                    count(*)::integer) AS digest
+                          FROM batch b GROUP BY b.j, b.partition_id, b.row, b.lease) s
+                    WHERE x.ctid = s.row AND x.partition_id = s.partition_id
+                      AND x.consumer_group = g."group"
+                )
+                SELECT g.positions[b.j], b.id, b.transaction_id, q.name, b.name, b.payload,
+                       b.encrypted, b.retries, q.priority, b.created_at, now(), b.lease,
+                       expires, q.lease_time, q.retry_limit, b.trace_id, b.partition_id
+                FROM batch b
+                ORDER BY b.j, b.id;
+            END IF;
             -- Done: the pops served, or all of the set when it took every free partition
             -- of the ranking and each gave a batch (those it left would find them
             -- leased), with no lease among them expired (each row probed by key).

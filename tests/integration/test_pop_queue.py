@@ -361,6 +361,18 @@ def test_pops_a_set_left_with_no_free_partition_get_nothing_at_once(
     assert "pop" not in calls  # the others get nothing without a walk of the ranking
 
 
+def test_pops_of_a_queue_with_every_partition_leased_end_at_the_ranking(
+    store: Store,
+) -> None:
+    _partitions_with_cursors(store, 2)
+    for name in ("a", "b", "c"):
+        pop(store, "q", name)
+    served, calls = _fused_pops(store, 3)
+    assert served == {}
+    # (The ranking found no partition free: no claim is tried, nor a walk.)
+    assert calls["rankings"] == 1 and "set_claims" not in calls and "pop" not in calls
+
+
 def test_pops_claimed_as_a_set_name_each_message_s_partition(store: Store) -> None:
     _partitions_with_cursors(store, 3)
     one = {"kind": "queue", "queue": "q", "group": "__queue__", "batch": 3, "worker": "test"}
