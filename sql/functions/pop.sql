@@ -490,8 +490,9 @@ $$;
 -- a message to deliver; the next leases each of those its batch and answers the rows
 -- (the pops in order: the first locked row is the first pop's). A row found empty is
 -- left as it was, and forgets a next message it kept (deleted, or not due yet). When the
--- claim took every free partition it ranked and each gave a batch, the route's pops it
--- left get nothing (a walk would find the same partitions leased); the pops it could
+-- claim took every free partition it ranked and each gave a batch (or the ranking was
+-- empty: no claim then), the route's pops it left get nothing (a walk would find the
+-- same partitions leased); the pops it could
 -- not serve otherwise, and all others, go one by one through queen.pop, in order, each
 -- seeing the leases of those before it; those of a queue and group share one ranking (a
 -- pop walks it past the partitions those before it leased, and one that finds none left
