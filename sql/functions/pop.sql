@@ -587,13 +587,15 @@ BEGIN
                 CONTINUE;
             END IF;
             -- The locks. (Each LATERAL probes a key in the list's order, whatever the
-            -- statistics, and the LIMIT stops it once it has a row for every pop; each
-            -- locked row's next message is one probe of the index, in id order.)
+            -- statistics: a join may read every row of the group, in every queue. The
+            -- LIMIT stops the locks once there is a row for every pop; each locked row's
+            -- next message is one probe of the index, in id order.)
             WITH m AS MATERIALIZED (
                 SELECT EXISTS (SELECT 1 FROM unnest(preferred) u
                                LEFT JOIN LATERAL (SELECT true AS found FROM queen.consumers x
                                                   WHERE x.partition_id = u
-                                                    AND x.consumer_group = g."group") x
+                                                    AND x.consumer_group = g."group"
+                                                  LIMIT 1) x
                                  ON true
                                WHERE x.found IS NULL) AS missing
             )
