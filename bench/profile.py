@@ -11,7 +11,7 @@ Starts Queen (the cursor store) on a fresh database, drives an end-to-end load, 
   fetched by index and read by scans, a message;
 - reads pg_stat_statements over the window, where loaded (--cluster): the top-level
   statements, or with --nested the statements functions run too (their times are their
-  runs, without executor set-up);
+  runs, without executor set-up), with the plans each made and their planning time;
 - runs push, pop and ack once more in a session with auto_explain loaded (plans of
   the statements nested in the functions, with actual times) and keeps those plans.
 Writes bench/results/profiles/<case>/{pyspy-*.txt, functions.md, explain.txt, summary.md}.
