@@ -83,13 +83,12 @@ AUTO_EXPLAIN = (
 )
 
 
-def with_rankings(
+def with_statements(
     conn: psycopg.Connection[Any], query: str, params: Any = ()
-) -> tuple[list[tuple[Any, ...]], dict[str, int], int]:
-    """with_calls, with how many rankings of a queue's partitions (as "rankings") and set
-    claims (as "set_claims") the query made among the calls, counted from the statements
-    auto_explain reports (an inlined SQL function and a statement leave no call count);
-    and the rankings."""
+) -> tuple[list[tuple[Any, ...]], dict[str, int]]:
+    """with_calls, with how many rankings of a queue's partitions ("rankings") and set
+    claims ("set_claims") the query made among the calls, counted from the statements
+    auto_explain reports (an inlined SQL function and a statement leave no call count)."""
     notes: list[str] = []
 
     def note(diagnostic: psycopg.errors.Diagnostic) -> None:
@@ -107,7 +106,7 @@ def with_rankings(
         made = sum(1 for n in notes if statement.search(n))
         if made:
             calls[name] = made
-    return got, calls, calls.get("rankings", 0)
+    return got, calls
 
 
 def partition_id(dsn: str, queue: str, partition: str) -> Any:

@@ -20,7 +20,7 @@ from tests.integration.helpers import (
     push,
     rows,
     scalar,
-    with_rankings,
+    with_statements,
 )
 
 
@@ -116,14 +116,14 @@ def test_a_filtered_pop_tries_only_queues_it_may_find_work_in(store: Store) -> N
     route = {"kind": "filter", "namespace": "ns", "group": "__queue__", "batch": 1,
              "worker": "test", "lease": str(uuid.uuid4())}
     with psycopg.connect(store.db.dsn, autocommit=True) as conn:
-        got, calls, rankings = with_rankings(
+        got, calls = with_statements(
             conn, "SELECT payload FROM queen.pop_rows(%s::jsonb)",
             (orjson.dumps([route]).decode(),))
     assert got == [("w",)]
     # (queen.pop once for the filter, once for the one queue with work: no ranking of the
     # others)
     assert calls["pop"] == 2
-    assert rankings == 1
+    assert calls["rankings"] == 1
 
 
 def _age(store: Store, partition: str, seconds: int) -> None:
@@ -257,7 +257,7 @@ def _fused_pops(
     body = [{**one, "lease": str(uuid.uuid4()), "prefer": (prefer or [None] * pops)[k]}
             for k in range(pops)]
     with psycopg.connect(store.db.dsn, autocommit=True) as conn:
-        got, calls, _ = with_rankings(
+        got, calls = with_statements(
             conn, "SELECT pop, payload FROM queen.pop_rows(%s::jsonb)",
             (orjson.dumps(body).decode(),))
     served: dict[int, list[str]] = {}
