@@ -1,27 +1,27 @@
-"""What a message's lifecycle costs PostgreSQL when requests of one message share calls:
-Queen's server statements beside the same design in plain SQL and the naive lifecycle.
+"""What a message's lifecycle costs PostgreSQL when requests share calls: Queen's server
+statements beside the same design in plain SQL and the naive lifecycle.
 
-    python -m bench.experiments.fused_limit [--fused 1,8,16] [--partitions 16]
-        [--cycles 300] [--rounds 3] [--out FILE]
+    python -m bench.experiments.fused_limit [--fused 1,8,16] [--batch 1] [--partitions 16]
+        [--cycles 300] [--rounds 3] [--out FILE] [--plot FILE]
 
 On a cluster of the bench's own, one database holds Queen's schema (`queen migrate`'s
-code), raw's and minimal's (bench/adapters.py). A cycle is --fused messages of one item
-each, pushed, popped and acked; each system runs --cycles of them in turns within every
+code), raw's and minimal's (bench/adapters.py). A cycle is --fused requests of --batch
+messages each (a request's into one partition), pushed, popped and acked; each system runs --cycles of them in turns within every
 round (a warm-up pass, then a measured one), on two sessions of its own: a producer's,
 whose commits wait for the disk, and a consumer's, whose claims and acks do not, as in
 the PG-bound bench; every session is set as the server's pool sets its own (one plan a
 prepared statement, no JIT), so that no system pays for planning. The systems:
 
-- raw: the naive lifecycle as raw's clients run it, a statement a message for each step;
-- raw fused: the same statements with the cycle's messages in one call a step (raw's
-  lifecycle at batch --fused);
-- minimal: Queen's model in plain SQL as minimal's clients run it, a call a message a step;
-- minimal fused: each step of the cycle in one statement: one message pushed into each of
-  --fused partitions under their locks, --fused partitions leased with a message read
-  from each, their cursors moved;
+- raw: the naive lifecycle as raw's clients run it, a statement a request for each step;
+- raw fused: the same statements with the cycle's requests in one call a step (raw's
+  lifecycle at batch --fused times --batch);
+- minimal: Queen's model in plain SQL as minimal's clients run it, a call a request a step;
+- minimal fused: each step of the cycle in one statement: each request's messages pushed
+  into a partition of its own under the partitions' locks, --fused partitions leased with
+  a request's batch read from each, their cursors moved;
 - queen: the server's own statements for a call of --fused requests of each kind
   (`push_new`, `pop_many`, `ack_whole`; one request: `push_new`, `pop_one`, `ack_lease`),
-  pops by queue of one message on --partitions partitions. The wake-ups a push sends
+  pops by queue on --partitions partitions. The wake-ups a push sends
   while polls are parked and maintenance's count rollup are not counted (the PG-bound
   bench reports them).
 
@@ -65,7 +65,6 @@ from queen.store.migrate import migrate
 
 Conn = psycopg.Connection[Any]
 STEPS = ("push", "pop", "ack")
-ONE = "[" + PAYLOAD_JSON.decode() + "]"  # a push body of one message
 # Every session as the server's pool sets its own (queen.store.db): one plan a prepared
 # statement, no JIT, UTC timestamps, pushes' wake-ups left to the server.
 SESSION = (
@@ -81,11 +80,11 @@ SESSION = (
 # every message to find the partitions with work.
 MINIMAL_PUSH_MANY = """
 WITH locked AS MATERIALIZED (
-    SELECT pg_advisory_xact_lock(p::bigint) FROM unnest(%(partitions)s::integer[]) p
-    ORDER BY p
+    SELECT pg_advisory_xact_lock(p::bigint)
+    FROM (SELECT DISTINCT p FROM unnest(%(partitions)s::integer[]) p) p ORDER BY p
 ), made AS (
     INSERT INTO bench_min.cursors (partition)
-    SELECT p FROM (SELECT count(*) FROM locked) l, unnest(%(partitions)s::integer[]) p
+    SELECT DISTINCT p FROM (SELECT count(*) FROM locked) l, unnest(%(partitions)s::integer[]) p
     ON CONFLICT DO NOTHING
 )
 INSERT INTO bench_min.messages (partition, payload)
@@ -104,7 +103,7 @@ WITH c AS (
     SELECT m.partition, m.id, m.transaction_id, m.payload
     FROM c CROSS JOIN LATERAL (
         SELECT x.partition, x.id, x.transaction_id, x.payload FROM bench_min.messages x
-        WHERE x.partition = c.partition AND x.id > c.cursor_id ORDER BY x.id LIMIT 1
+        WHERE x.partition = c.partition AND x.id > c.cursor_id ORDER BY x.id LIMIT {batch}
     ) m
 ), leased AS (
     UPDATE bench_min.cursors x
@@ -124,8 +123,9 @@ WHERE x.partition = u.p AND x.lease_last = u.l
 class System:
     """One system's producer and consumer sessions, the CPU their backends spend by step."""
 
-    def __init__(self, dsn: str, fused: int, partitions: int) -> None:
+    def __init__(self, dsn: str, fused: int, batch: int, partitions: int) -> None:
         self.fused = fused
+        self.batch = batch
         self.partitions = partitions
         self.producer: Conn = psycopg.connect(dsn, autocommit=True)
         self.consumer: Conn = psycopg.connect(dsn, autocommit=True)
@@ -157,7 +157,7 @@ class System:
         """The median CPU of a cycle's step, over the cycle's messages (µs)."""
         spent = {kind: statistics.median(self.cpu[kind].spent[kind]) / 1000 for kind in STEPS}
         per_cycle = {kind: spent[kind] * self.calls_a_step() for kind in STEPS}
-        return {kind: per_cycle[kind] / self.fused for kind in STEPS}
+        return {kind: per_cycle[kind] / (self.fused * self.batch) for kind in STEPS}
 
     def calls_a_step(self) -> int:
         return 1
@@ -172,20 +172,17 @@ class Raw(System):
 
     def cycle(self) -> None:
         for _ in range(self.fused):
-            self.step("push", RAW_PUSH, (0, ONE))
-        ids = []
-        for _ in range(self.fused):
-            rows = self.step("pop", RAW_POP, (1,))
-            ids += [r[0] for r in rows]
-        for i in ids:
-            self.step("ack", RAW_ACK, ([i],))
+            self.step("push", RAW_PUSH, (0, body(self.batch)))
+        popped = [[r[0] for r in self.step("pop", RAW_POP, (self.batch,))]
+                  for _ in range(self.fused)]
+        for ids in popped:
+            self.step("ack", RAW_ACK, (ids,))
 
 
 class RawFused(System):
     def cycle(self) -> None:
-        body = "[" + ",".join([PAYLOAD_JSON.decode()] * self.fused) + "]"
-        self.step("push", RAW_PUSH, (0, body))
-        rows = self.step("pop", RAW_POP, (self.fused,))
+        self.step("push", RAW_PUSH, (0, body(self.fused * self.batch)))
+        rows = self.step("pop", RAW_POP, (self.fused * self.batch,))
         self.step("ack", RAW_ACK, ([r[0] for r in rows],))
 
 
@@ -197,57 +194,74 @@ class Minimal(System):
         for _ in range(self.fused):
             partition = self.number % self.partitions
             self.number += 1
-            self.step("push", MINIMAL_PUSH, {"partition": partition, "items": ONE})
+            self.step("push", MINIMAL_PUSH, {"partition": partition, "items": body(self.batch)})
         leases: list[tuple[int, int]] = []
         for _ in range(self.fused):
-            rows = self.step("pop", MINIMAL_POP, {"batch": 1})
-            leases += [(r[0], r[1]) for r in rows]
+            rows = self.step("pop", MINIMAL_POP, {"batch": self.batch})
+            leases.append((rows[0][0], max(r[1] for r in rows)))
         for partition, last in leases:
             self.step("ack", MINIMAL_ACK, {"partition": partition, "last": last})
 
 
 class MinimalFused(System):
     def cycle(self) -> None:
-        partitions = [(self.number + k) % self.partitions for k in range(self.fused)]
+        partitions = [(self.number + k) % self.partitions for k in range(self.fused)
+                      for _ in range(self.batch)]
         self.number += self.fused
-        payloads = [PAYLOAD_JSON.decode()] * self.fused
+        payloads = [PAYLOAD_JSON.decode()] * len(partitions)
         self.step("push", MINIMAL_PUSH_MANY, {"partitions": partitions, "payloads": payloads})
-        rows = self.step("pop", MINIMAL_POP_MANY.format(pops=self.fused), None)
-        self.step("ack", MINIMAL_ACK_MANY, {"partitions": [r[0] for r in rows],
-                                             "lasts": [r[1] for r in rows]})
+        pop = MINIMAL_POP_MANY.format(pops=self.fused, batch=self.batch)
+        lasts: dict[int, int] = {}
+        for row in self.step("pop", pop, None):  # (in partition and id order)
+            lasts[row[0]] = row[1]
+        self.step("ack", MINIMAL_ACK_MANY, {"partitions": list(lasts),
+                                             "lasts": list(lasts.values())})
 
 
 class Queen(System):
     def cycle(self) -> None:
-        items = []
+        requests = []
         for _ in range(self.fused):
-            items.append({"queue": "bench", "partition": f"p{self.number % self.partitions}",
-                          "payload": PAYLOAD})
+            partition = f"p{self.number % self.partitions}"
+            requests.append([{"queue": "bench", "partition": partition, "payload": PAYLOAD}
+                             for _ in range(self.batch)])
             self.number += 1
-        bodies = ",".join(orjson.dumps({"items": [i]}).decode() for i in items)
+        bodies = ",".join(orjson.dumps({"items": r}).decode() for r in requests)
+        items = [item for r in requests for item in r]
         params, _ = push_new_params({"bodies": f"[{bodies}]", "producer": None}, items)
         (fits, *_), = self.step("push", QUERIES["push_new"], params)
         if not fits:
             raise SystemExit("push_new stored nothing: the queue's partitions must exist")
         if self.fused > 1:
-            pops = orjson.dumps([pop_params(1) for _ in range(self.fused)]).decode()
+            pops = orjson.dumps([pop_params(self.batch) for _ in range(self.fused)]).decode()
             rows = self.step("pop", QUERIES["pop_many"], {"pops": pops})
         else:
-            rows = self.step("pop", QUERIES["pop_one"], pop_params(1))
-        requests: dict[int, list[dict[str, Any]]] = {}
-        lease = None
-        for row in rows:  # (position, id, transactionId, ..., leaseId on a pop's first row)
-            lease = row[11] or lease
-            requests.setdefault(row[0], []).append(
-                {"transactionId": row[2], "status": "completed", "leaseId": str(lease)})
-        acks = [item for request in requests.values() for item in request]
-        if len(acks) != self.fused:
-            raise SystemExit(f"a pop call served {len(acks)} of {self.fused} messages")
+            rows = self.step("pop", QUERIES["pop_one"], pop_params(self.batch))
+        acks = popped_acks(rows)
+        if sum(map(len, acks)) != len(items):
+            raise SystemExit(f"a pop call served {sum(map(len, acks))} of {len(items)}")
         if self.fused == 1:  # (a lone request naming its lease: ack_lease, as the server's)
-            self.step("ack", QUERIES["ack_lease"], ack_lease_params(acks))
+            self.step("ack", QUERIES["ack_lease"], ack_lease_params(acks[0]))
             return
-        columns = ack_columns(acks, [len(r) for r in requests.values()])
+        columns = ack_columns([a for r in acks for a in r], [len(r) for r in acks])
         self.step("ack", QUERIES["ack_whole"], columns)
+
+
+def popped_acks(rows: list[Any]) -> list[list[dict[str, Any]]]:
+    """The acks of each pop's messages as popped, from the rows of pop_one or pop_many
+    (position, id, transactionId, ..., the leaseId on a pop's first row)."""
+    requests: dict[int, list[dict[str, Any]]] = {}
+    lease = None
+    for row in rows:
+        lease = row[11] or lease
+        requests.setdefault(row[0], []).append(
+            {"transactionId": row[2], "status": "completed", "leaseId": str(lease)})
+    return list(requests.values())
+
+
+def body(n: int) -> str:
+    """A push body of n messages (raw's and minimal's)."""
+    return "[" + ",".join([PAYLOAD_JSON.decode()] * n) + "]"
 
 
 SYSTEMS: dict[str, type[System]] = {
@@ -267,14 +281,17 @@ def prepare(dsn: str, partitions: int) -> None:
             (partitions,))
         items = [{"queue": "bench", "partition": f"p{k}", "payload": PAYLOAD}
                  for k in range(partitions)]
-        # (A message each stays as a backlog: a cycle's pops take the oldest.)
         conn.execute("SELECT count(*) FROM queen.push(%s::jsonb, NULL)",
                      (orjson.dumps(items).decode(),))
+        # (Drained, so that each cycle's pops take what it pushed.)
+        while rows := conn.execute(QUERIES["pop_one"], pop_params(1)).fetchall():
+            conn.execute(QUERIES["ack_lease"], ack_lease_params(popped_acks(rows)[0]))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.experiments.fused_limit")
-    parser.add_argument("--fused", default="1,8,16", help="messages a cycle, comma list")
+    parser.add_argument("--fused", default="1,8,16", help="requests a call, comma list")
+    parser.add_argument("--batch", type=int, default=1, help="messages a request")
     parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--cycles", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
@@ -293,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         for number in range(1, args.rounds + 1):
             for fused in sizes:
                 for name, kind in SYSTEMS.items():
-                    system = kind(dsn, fused, args.partitions)
+                    system = kind(dsn, fused, args.batch, args.partitions)
                     try:
                         for _warm_then_measured in range(2):
                             system.reset()
@@ -315,10 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         "# A message's lifecycle, fused: Queen's statements beside minimal and raw",
         "",
         f"- {describe}",
-        f"- {args.cycles} cycles a round, {args.rounds} rounds, {args.partitions} partitions;"
-        " the backends' CPU a message (µs), medians of the rounds",
+        f"- {args.cycles} cycles a round, {args.rounds} rounds, {args.partitions} partitions,"
+        f" {args.batch} message(s) a request; the backends' CPU a message (µs), medians of"
+        " the rounds",
         "",
-        "| messages a call | system | push | pop | ack | total | raw / this |",
+        "| requests a call | system | push | pop | ack | total | raw / this |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for fused in sizes:
@@ -333,11 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\n".join(lines))
     if args.plot:
-        plot(args.plot, sizes, medians)
+        plot(args.plot, sizes, args.batch, medians)
     return 0
 
 
-def plot(path: str, sizes: list[int], medians: dict[tuple[int, str], dict[str, float]]) -> None:
+def plot(path: str, sizes: list[int], batch: int,
+         medians: dict[tuple[int, str], dict[str, float]]) -> None:
     """Stacked bars: each system's µs a message by step, a group of bars a call size."""
     import matplotlib
 
@@ -359,9 +378,10 @@ def plot(path: str, sizes: list[int], medians: dict[tuple[int, str], dict[str, f
             ax.text(x, total, name, rotation=90, ha="center", va="bottom", fontsize=7)
     top = max(sum(m.values()) for m in medians.values())
     ax.set_ylim(0, top * 1.2)  # (room for the names above the bars)
-    ax.set_xticks(range(len(sizes)), [f"{f} message(s) a call" for f in sizes])
+    ax.set_xticks(range(len(sizes)), [f"{f} request(s) a call" for f in sizes])
     ax.set_ylabel("PostgreSQL CPU µs / message")
-    ax.set_title("A message's lifecycle, fused: Queen beside minimal and raw")
+    ax.set_title(f"A message's lifecycle, fused ({batch} message(s) a request):"
+                 " Queen beside minimal and raw")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
