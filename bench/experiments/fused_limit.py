@@ -6,11 +6,12 @@ statements beside the same design in plain SQL and the naive lifecycle.
 
 On a cluster of the bench's own, one database holds Queen's schema (`queen migrate`'s
 code), raw's and minimal's (bench/adapters.py). A cycle is --fused requests of --batch
-messages each (a request's into one partition), pushed, popped and acked; each system runs --cycles of them in turns within every
-round (a warm-up pass, then a measured one), on two sessions of its own: a producer's,
-whose commits wait for the disk, and a consumer's, whose claims and acks do not, as in
-the PG-bound bench; every session is set as the server's pool sets its own (one plan a
-prepared statement, no JIT), so that no system pays for planning. The systems:
+messages each (a request's into one partition), pushed, popped and acked; each system
+runs --cycles of them in turns within every round (a warm-up pass, then a measured one),
+on two sessions of its own: a producer's, whose commits wait for the disk, and a
+consumer's, whose claims and acks do not, as in the PG-bound bench; every session is set
+as the server's pool sets its own (one plan a prepared statement, no JIT), so that no
+system pays for planning. The systems:
 
 - raw: the naive lifecycle as raw's clients run it, a statement a request for each step;
 - raw fused: the same statements with the cycle's requests in one call a step (raw's
@@ -21,9 +22,9 @@ prepared statement, no JIT), so that no system pays for planning. The systems:
   a request's batch read from each, their cursors moved;
 - queen: the server's own statements for a call of --fused requests of each kind
   (`push_new`, `pop_many`, `ack_whole`; one request: `push_new`, `pop_one`, `ack_lease`),
-  pops by queue on --partitions partitions. The wake-ups a push sends
-  while polls are parked and maintenance's count rollup are not counted (the PG-bound
-  bench reports them).
+  pops by queue on --partitions partitions. The wake-ups a push sends while polls are
+  parked and maintenance's count rollup are not counted (the PG-bound bench reports
+  them).
 
 Reported, the median of the rounds: the backends' CPU a message (/proc/<pid>/schedstat,
 so the cluster runs on this machine; it counts what pg_stat_statements leaves out: the
